@@ -1,0 +1,75 @@
+// Status and Result: how every fallible Baton call reports what went wrong.
+// No exceptions cross the public API; a Status carries a code and a message
+// that names the call, the offending value and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace baton {
+
+enum class StatusCode : std::uint8_t {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kAlreadyExists,
+  kOutOfRange,
+  kTimeout,
+  kCancelled,
+  kUnavailable,
+  kDeadlineInfeasible,
+  kResourceExhausted,
+  kInternal,
+};
+
+// "ok", "invalid_argument", … — the snake_case name used in logs and JSON.
+std::string_view to_string(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;  // ok
+  Status(StatusCode code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+
+  static Status ok() { return {}; }
+
+#define BATON_STATUS_FACTORY(name, code)                                   \
+  template <typename... Args>                                              \
+  static Status name(fmt::format_string<Args...> format, Args&&... args) { \
+    return {StatusCode::code,                                              \
+            fmt::format(format, std::forward<Args>(args)...)};             \
+  }
+  BATON_STATUS_FACTORY(invalid_argument, kInvalidArgument)
+  BATON_STATUS_FACTORY(not_found, kNotFound)
+  BATON_STATUS_FACTORY(already_exists, kAlreadyExists)
+  BATON_STATUS_FACTORY(out_of_range, kOutOfRange)
+  BATON_STATUS_FACTORY(timeout, kTimeout)
+  BATON_STATUS_FACTORY(cancelled, kCancelled)
+  BATON_STATUS_FACTORY(unavailable, kUnavailable)
+  BATON_STATUS_FACTORY(deadline_infeasible, kDeadlineInfeasible)
+  BATON_STATUS_FACTORY(resource_exhausted, kResourceExhausted)
+  BATON_STATUS_FACTORY(internal, kInternal)
+#undef BATON_STATUS_FACTORY
+
+  [[nodiscard]] bool is_ok() const { return code_ == StatusCode::kOk; }
+  [[nodiscard]] StatusCode code() const { return code_; }
+  [[nodiscard]] const std::string& message() const { return message_; }
+  // "invalid_argument: parse_size: …", or "ok".
+  [[nodiscard]] std::string to_string() const;
+
+  friend bool operator==(const Status&, const Status&) = default;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+template <typename T>
+using Result = std::expected<T, Status>;
+
+}  // namespace baton

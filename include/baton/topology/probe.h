@@ -1,0 +1,48 @@
+// Probes: where TopologyFacts come from. probe_machine() tries the sources
+// from richest to poorest (NVML → CUDA → `nvidia-smi topo -m` → hwloc) and
+// merges what it finds with hwloc's view of the host; each skipped source
+// leaves a note saying why. Synthetic models stand in for machines we lack.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "baton/common/status.h"
+#include "baton/topology/facts.h"
+
+namespace baton::topology {
+
+// Parses the text of `nvidia-smi topo -m` (or `-mp`): GPU and NIC rows and
+// columns, X/SYS/NODE/PHB/PXB/PIX/NV#, CPU/NUMA affinity and GPU NUMA ID
+// columns, tabs or spaces, ANSI escapes, CRLF, with or without legends.
+// Text that is not such a matrix → invalid_argument naming the line.
+[[nodiscard]] Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text);
+
+// Reads `path` and parses it as above; unreadable file → not_found/unavailable.
+[[nodiscard]] Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path);
+
+// Runs `nvidia-smi topo -m` on this machine; unavailable when the command is
+// missing or fails.
+[[nodiscard]] Result<TopologyFacts> probe_nvidia_smi();
+
+// NVML, loaded with dlopen("libnvidia-ml.so.1") at run time (never linked).
+// unavailable when the library or a GPU is missing.
+[[nodiscard]] Result<TopologyFacts> probe_nvml();
+
+// CUDA runtime (cudaDeviceCanAccessPeer, PCI bus ids); unavailable in a build
+// without CUDA or on a machine without a GPU.
+[[nodiscard]] Result<TopologyFacts> probe_cuda();
+
+// hwloc: this machine's NUMA nodes, CPUs, NVIDIA GPUs seen on PCI, network
+// and OpenFabrics devices, and the PCIe locality between those devices.
+[[nodiscard]] Result<TopologyFacts> probe_hwloc();
+
+// This machine, from the best source available, merged with hwloc.
+[[nodiscard]] Result<TopologyFacts> probe_machine();
+
+// Synthetic machines: "nvswitch8", "pcie4", "nvlink-pairs".
+[[nodiscard]] std::vector<std::string> model_names();
+[[nodiscard]] Result<TopologyFacts> load_model(std::string_view name);
+
+}  // namespace baton::topology

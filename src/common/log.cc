@@ -1,0 +1,30 @@
+#include "baton/common/log.h"
+
+#include <cstdlib>
+#include <string>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace baton {
+
+Status init_logging(std::string_view level) {
+  std::string name(level);
+  if (name.empty()) {
+    const char* env = std::getenv("BATON_LOG_LEVEL");
+    name = env != nullptr && *env != '\0' ? env : "warn";
+  }
+  const auto parsed = spdlog::level::from_str(name);
+  // from_str answers "off" for anything it does not know; only "off" means off.
+  if (parsed == spdlog::level::off && name != "off") {
+    return Status::invalid_argument(
+        "init_logging: unknown level \"{}\" (expected trace, debug, info, warn, "
+        "error or off)",
+        name);
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("baton"));
+  spdlog::set_level(parsed);
+  return Status::ok();
+}
+
+}  // namespace baton

@@ -1,0 +1,347 @@
+// Parser for `nvidia-smi topo -m` text. Real outputs vary by driver and by how
+// they were copied: tabs or aligned spaces, ANSI underline in the header,
+// CRLF, NIC columns named NIC# (with a "NIC Legend") or mlx5_#, "CPU Affinity"
+// alone or with "NUMA Affinity" and "GPU NUMA ID", rows with extra empty
+// fields. The parser keys on tokens, not columns of characters, and checks
+// the matrix (square, X on the diagonal, symmetric) so that a damaged paste
+// is reported rather than half-read.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "baton/topology/probe.h"
+
+namespace baton::topology {
+namespace {
+
+// A GPU's NVLink ports: 18 on H100/H200/B200, fewer on older parts. A GPU
+// whose bonded links to its peers add up to more than this cannot be wired
+// to them directly, so its NV# entries describe an NVSwitch fabric.
+constexpr int kMaxNvlinksPerGpu = 18;
+
+constexpr std::string_view kTrailingColumns[] = {"CPU Affinity", "NUMA Affinity", "GPU NUMA ID"};
+
+struct Line {
+  int number;  // 1-based, as an editor shows it
+  std::string text;
+};
+
+std::string strip_ansi_and_cr(std::string_view raw) {
+  std::string out;
+  out.reserve(raw.size());
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\x1b' && i + 1 < raw.size() && raw[i + 1] == '[') {
+      i += 2;
+      while (i < raw.size() && !std::isalpha(static_cast<unsigned char>(raw[i]))) ++i;
+      continue;  // skips the final letter too
+    }
+    if (raw[i] != '\r') out.push_back(raw[i]);
+  }
+  return out;
+}
+
+std::vector<Line> split_lines(std::string_view text) {
+  std::vector<Line> lines;
+  int number = 1;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    lines.push_back({number++, strip_ansi_and_cr(text.substr(start, end - start))});
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::vector<std::string> tokens_of(std::string_view s) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(s)};
+  for (std::string t; in >> t;) out.push_back(t);
+  return out;
+}
+
+bool is_blank(std::string_view s) {
+  return std::ranges::all_of(s, [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
+}
+
+std::optional<int> parse_int(std::string_view s) {
+  int v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// "GPU3" → 3.
+std::optional<int> gpu_index(std::string_view name) {
+  if (name.size() < 4 || name.substr(0, 3) != "GPU") return std::nullopt;
+  return parse_int(name.substr(3));
+}
+
+// Number of CPUs in a list such as "0-63,128-191"; nullopt if not a list.
+std::optional<int> cpu_list_count(std::string_view list) {
+  int count = 0;
+  std::istringstream in{std::string(list)};
+  for (std::string part; std::getline(in, part, ',');) {
+    const auto dash = part.find('-');
+    const auto lo = parse_int(std::string_view(part).substr(0, dash));
+    const auto hi = dash == std::string::npos ? lo : parse_int(std::string_view(part).substr(dash + 1));
+    if (!lo || !hi || *hi < *lo) return std::nullopt;
+    count += *hi - *lo + 1;
+  }
+  return count == 0 ? std::nullopt : std::optional(count);
+}
+
+struct Cell {
+  bool self = false;
+  PciLocality pci = PciLocality::kUnknown;
+  int nvlinks = 0;
+  friend bool operator==(const Cell&, const Cell&) = default;
+};
+
+std::optional<Cell> parse_cell(std::string_view t) {
+  if (t == "X") return Cell{true, PciLocality::kUnknown, 0};
+  if (t == "PIX") return Cell{false, PciLocality::kPix, 0};
+  if (t == "PXB") return Cell{false, PciLocality::kPxb, 0};
+  if (t == "PHB") return Cell{false, PciLocality::kPhb, 0};
+  if (t == "NODE") return Cell{false, PciLocality::kNode, 0};
+  // Drivers before NODE existed called the socket link SOC.
+  if (t == "SYS" || t == "SOC") return Cell{false, PciLocality::kSys, 0};
+  if (t.size() > 2 && t.substr(0, 2) == "NV") {
+    if (auto n = parse_int(t.substr(2)); n && *n > 0) return Cell{false, PciLocality::kUnknown, *n};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
+  const std::vector<Line> lines = split_lines(text);
+  auto error = [](int line, std::string why) {
+    return std::unexpected(Status::invalid_argument("nvidia-smi topo: line {}: {}", line, why));
+  };
+
+  std::size_t at = 0;
+  while (at < lines.size() && is_blank(lines[at].text)) ++at;
+  if (at == lines.size()) {
+    return std::unexpected(Status::invalid_argument("nvidia-smi topo: the text is empty"));
+  }
+
+  // Header: device columns, then the trailing affinity columns.
+  const Line& header = lines[at++];
+  std::size_t devices_end = header.text.size();
+  std::vector<std::pair<std::size_t, std::string_view>> trailing;
+  for (std::string_view name : kTrailingColumns) {
+    if (const auto pos = header.text.find(name); pos != std::string::npos) {
+      trailing.emplace_back(pos, name);
+      devices_end = std::min(devices_end, pos);
+    }
+  }
+  std::ranges::sort(trailing);
+  const std::vector<std::string> columns = tokens_of(std::string_view(header.text).substr(0, devices_end));
+  if (columns.empty() || columns.front() != "GPU0") {
+    return error(header.number,
+                 fmt::format("expected the matrix header \"GPU0 GPU1 … CPU Affinity …\", found \"{}\"",
+                             header.text));
+  }
+  const int n = static_cast<int>(columns.size());
+  std::vector<int> gpu_of(n, -1);  // column → GPU index, or -1 for a NIC
+  std::vector<int> nic_of(n, -1);
+  int gpus = 0;
+  int nics = 0;
+  for (int c = 0; c < n; ++c) {
+    if (std::count(columns.begin(), columns.end(), columns[c]) > 1) {
+      return error(header.number, fmt::format("column \"{}\" appears twice", columns[c]));
+    }
+    if (auto g = gpu_index(columns[c])) {
+      if (*g != gpus) {
+        return error(header.number, fmt::format("column \"{}\" where GPU{} was expected", columns[c], gpus));
+      }
+      gpu_of[c] = gpus++;
+    } else {
+      nic_of[c] = nics++;
+    }
+  }
+
+  // Matrix rows, one per column, in the same order.
+  std::vector<std::vector<Cell>> cells(n);
+  std::vector<std::map<std::string_view, std::string>> extras(n);
+  std::vector<int> row_line(n);
+  for (int r = 0; r < n; ++r, ++at) {
+    if (at == lines.size() || is_blank(lines[at].text)) {
+      const int where = at == lines.size() ? lines.back().number : lines[at].number;
+      return error(where, fmt::format("the matrix ends after {} rows but the header has {} columns", r, n));
+    }
+    const Line& line = lines[at];
+    row_line[r] = line.number;
+    const std::vector<std::string> t = tokens_of(line.text);
+    if (t.front() != columns[r]) {
+      return error(line.number, fmt::format("expected the row of \"{}\", found \"{}\"", columns[r], t.front()));
+    }
+    if (static_cast<int>(t.size()) < n + 1) {
+      return error(line.number, fmt::format("row \"{}\" has {} cells, expected {}", columns[r], t.size() - 1, n));
+    }
+    for (int c = 0; c < n; ++c) {
+      const auto cell = parse_cell(t[c + 1]);
+      if (!cell) {
+        return error(line.number,
+                     fmt::format("{}-{}: unknown value \"{}\" (expected X, SYS, NODE, PHB, PXB, PIX or NV#)",
+                                 columns[r], columns[c], t[c + 1]));
+      }
+      if (cell->self != (r == c)) {
+        return error(line.number, fmt::format("{}-{}: \"{}\" {}", columns[r], columns[c], t[c + 1],
+                                              r == c ? "on the diagonal must be X" : "X off the diagonal"));
+      }
+      cells[r].push_back(*cell);
+    }
+    const std::size_t extra_count = t.size() - 1 - n;
+    if (extra_count > trailing.size()) {
+      return error(line.number, fmt::format("row \"{}\" has {} values after the matrix, the header names {}",
+                                            columns[r], extra_count, trailing.size()));
+    }
+    for (std::size_t k = 0; k < extra_count; ++k) extras[r][trailing[k].second] = t[1 + n + k];
+  }
+  for (int r = 0; r < n; ++r) {
+    for (int c = r + 1; c < n; ++c) {
+      if (!(cells[r][c] == cells[c][r])) {
+        return error(row_line[c], fmt::format("{}-{} differs from {}-{}: the matrix is not symmetric",
+                                              columns[c], columns[r], columns[r], columns[c]));
+      }
+    }
+  }
+
+  // After the matrix: only the legends matter ("  NIC0: mlx5_0").
+  static const std::regex kNicLegend(R"(^\s*NIC(\d+)\s*:\s*(\S+)\s*$)");
+  std::map<int, std::string> nic_names;
+  for (; at < lines.size(); ++at) {
+    std::smatch m;
+    if (std::regex_match(lines[at].text, m, kNicLegend)) nic_names[std::stoi(m[1])] = m[2];
+  }
+
+  TopologyFacts facts;
+  facts.source = "nvidia-smi";
+  facts.gpus.resize(gpus);
+  facts.nics.resize(nics);
+  bool numa_inferred = false;
+  std::map<std::string, int> numa_by_cpus;  // only when there is no NUMA column
+  for (int c = 0; c < n; ++c) {
+    if (gpu_of[c] >= 0) {
+      GpuInfo& gpu = facts.gpus[gpu_of[c]];
+      gpu.name = columns[c];
+      const auto& ex = extras[c];
+      if (auto it = ex.find("CPU Affinity"); it != ex.end() && it->second != "N/A") {
+        gpu.cpu_affinity = it->second;
+      }
+      if (auto it = ex.find("NUMA Affinity"); it != ex.end()) {
+        if (auto v = parse_int(it->second)) gpu.numa = *v;
+      } else if (!gpu.cpu_affinity.empty()) {
+        // Older drivers print only CPU Affinity: GPUs with the same CPU set
+        // share a socket, numbered in order of appearance.
+        auto [it2, fresh] = numa_by_cpus.try_emplace(gpu.cpu_affinity, static_cast<int>(numa_by_cpus.size()));
+        gpu.numa = it2->second;
+        numa_inferred = true;
+      }
+      if (auto it = ex.find("GPU NUMA ID"); it != ex.end()) {
+        if (auto v = parse_int(it->second)) gpu.gpu_numa_id = *v;
+      }
+    } else {
+      const int k = nic_of[c];
+      NicInfo& nic = facts.nics[k];
+      nic.kind = NicKind::kRdma;  // nvidia-smi lists RDMA devices only
+      nic.name = columns[c];
+      if (columns[c].starts_with("NIC")) {
+        if (auto idx = parse_int(std::string_view(columns[c]).substr(3)); idx && nic_names.contains(*idx)) {
+          nic.name = nic_names[*idx];
+        }
+      }
+    }
+  }
+  if (numa_inferred) {
+    facts.notes.push_back("nvidia-smi: no NUMA Affinity column; NUMA nodes inferred from CPU Affinity");
+  }
+
+  for (int r = 0; r < n; ++r) {
+    for (int c = r + 1; c < n; ++c) {
+      const Cell& cell = cells[r][c];
+      auto ref = [&](int col) {
+        return gpu_of[col] >= 0 ? DeviceRef{DeviceRef::Kind::kGpu, gpu_of[col]}
+                                : DeviceRef{DeviceRef::Kind::kNic, nic_of[col]};
+      };
+      facts.relations.push_back({ref(r), ref(c), cell.pci, cell.nvlinks, false, false});
+    }
+  }
+
+  // NVSwitch: a GPU bonded to its peers by more links than it has.
+  std::vector<int> nvlink_sum(gpus, 0);
+  for (const Relation& rel : facts.relations) {
+    if (rel.nvlinks > 0) {
+      nvlink_sum[rel.a.index] += rel.nvlinks;
+      nvlink_sum[rel.b.index] += rel.nvlinks;
+    }
+  }
+  for (Relation& rel : facts.relations) {
+    if (rel.nvlinks > 0 &&
+        (nvlink_sum[rel.a.index] > kMaxNvlinksPerGpu || nvlink_sum[rel.b.index] > kMaxNvlinksPerGpu)) {
+      rel.via_nvswitch = true;
+    }
+  }
+  // Active links: on a fabric every NV# is the GPU's own link count to the
+  // switches; with direct links the bonds to each peer add up.
+  for (int g = 0; g < gpus; ++g) {
+    int fabric = 0;
+    for (const Relation& rel : facts.relations) {
+      if (rel.via_nvswitch && (rel.a.index == g || rel.b.index == g)) fabric = std::max(fabric, rel.nvlinks);
+    }
+    facts.gpus[g].nvlink_active = fabric > 0 ? fabric : nvlink_sum[g];
+  }
+
+  // A NIC sits on the NUMA node of any GPU it reaches without the socket link.
+  for (const Relation& rel : facts.relations) {
+    if (rel.a.kind != DeviceRef::Kind::kGpu || rel.b.kind != DeviceRef::Kind::kNic) continue;
+    if (rel.pci == PciLocality::kSys || rel.pci == PciLocality::kUnknown) continue;
+    NicInfo& nic = facts.nics[rel.b.index];
+    const int numa = facts.gpus[rel.a.index].numa;
+    if (numa == kUnknownNuma) continue;
+    nic.numa = nic.numa == kUnknownNuma || nic.numa == numa ? numa : kUnknownNuma;
+  }
+
+  // NUMA nodes named by the GPUs, with the CPU set the matrix gives for them.
+  std::map<int, NumaInfo> numa;
+  for (const GpuInfo& gpu : facts.gpus) {
+    if (gpu.numa == kUnknownNuma || numa.contains(gpu.numa)) continue;
+    numa[gpu.numa] = {gpu.numa, gpu.cpu_affinity, cpu_list_count(gpu.cpu_affinity).value_or(0), 0};
+  }
+  for (auto& [id, info] : numa) facts.numa_nodes.push_back(info);
+  return facts;
+}
+
+Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return std::unexpected(Status::not_found("nvidia-smi topo: \"{}\" is not a readable file", path));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return std::unexpected(Status::not_found("nvidia-smi topo: cannot open \"{}\"", path));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return std::unexpected(Status::unavailable("nvidia-smi topo: cannot read \"{}\"", path));
+  }
+  auto facts = parse_nvidia_smi_topo(text.str());
+  if (!facts) {
+    return std::unexpected(Status(facts.error().code(), fmt::format("{}: {}", path, facts.error().message())));
+  }
+  facts->source = fmt::format("nvidia-smi:{}", path);
+  return facts;
+}
+
+}  // namespace baton::topology

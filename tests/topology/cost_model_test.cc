@@ -1,0 +1,85 @@
+#include "baton/topology/cost_model.h"
+
+#include <gtest/gtest.h>
+
+namespace baton::topology {
+namespace {
+
+double score(const CostModel& m, PathType p, Proximity x, int nvlinks = 0) {
+  const auto c = m.cost(p, x, nvlinks);
+  EXPECT_TRUE(c.has_value()) << to_string(p) << " " << to_string(x);
+  return c ? c->score : 0;
+}
+
+TEST(CostModel, FabricBeatsPcieBeatsHostStaging) {
+  const CostModel m;
+  const double nvswitch = score(m, PathType::kNvswitch, Proximity::kLocal, 18);
+  const double nvlink = score(m, PathType::kNvlink, Proximity::kLocal, 4);
+  const double p2p = score(m, PathType::kPcieP2p, Proximity::kPix);
+  const double staging = score(m, PathType::kHostStaging, Proximity::kPix);
+  EXPECT_GT(nvswitch, nvlink);
+  EXPECT_GT(nvlink, p2p);
+  EXPECT_GT(p2p, staging);
+  EXPECT_GT(score(m, PathType::kHostStaging, Proximity::kNode), score(m, PathType::kHostStaging, Proximity::kSys));
+}
+
+TEST(CostModel, NvlinkBandwidthScalesWithLinks) {
+  const CostModel m;
+  EXPECT_DOUBLE_EQ(m.cost(PathType::kNvswitch, Proximity::kLocal, 18)->bandwidth_gbps, 450.0);
+  EXPECT_DOUBLE_EQ(m.cost(PathType::kNvlink, Proximity::kLocal, 12)->bandwidth_gbps, 300.0);
+  EXPECT_FALSE(m.cost(PathType::kNvlink, Proximity::kLocal, 0).has_value());
+}
+
+TEST(CostModel, GdrPrefersTheSharedSwitchAndRefusesCrossSocket) {
+  const CostModel m;
+  const double pix = score(m, PathType::kGdr, Proximity::kPix);
+  const double pxb = score(m, PathType::kGdr, Proximity::kPxb);
+  const double phb = score(m, PathType::kGdr, Proximity::kPhb);
+  const double node = score(m, PathType::kGdr, Proximity::kNode);
+  EXPECT_GT(pix, pxb);
+  EXPECT_GT(pxb, phb);
+  EXPECT_GT(phb, node);
+  EXPECT_FALSE(m.cost(PathType::kGdr, Proximity::kSys).has_value());
+  // PCIe P2P is not offered between host bridges either.
+  EXPECT_FALSE(m.cost(PathType::kPcieP2p, Proximity::kNode).has_value());
+  EXPECT_FALSE(m.cost(PathType::kPcieP2p, Proximity::kSys).has_value());
+}
+
+TEST(CostModel, ScoreIsEffectiveBandwidthOfTheReferenceSlice) {
+  EXPECT_DOUBLE_EQ(CostModel::score(25.0, 0.0), 25.0);
+  const double bytes = static_cast<double>(kScoreReferenceBytes);
+  const double expected = bytes / (10e-6 + bytes / 10e9) / 1e9;
+  EXPECT_DOUBLE_EQ(CostModel::score(10.0, 10.0), expected);
+  EXPECT_LT(CostModel::score(10.0, 10.0), 10.0);
+}
+
+TEST(CostModel, OverridesAndDisables) {
+  CostModel m;
+  ASSERT_TRUE(m.set(PathType::kTcp, Proximity::kLocal, 100.0, 1.0).is_ok());
+  EXPECT_DOUBLE_EQ(m.cost(PathType::kTcp, Proximity::kLocal)->bandwidth_gbps, 100.0);
+  ASSERT_TRUE(m.set(PathType::kGdr, Proximity::kSys, 5.0, 4.0).is_ok());  // an operator may allow it
+  EXPECT_TRUE(m.cost(PathType::kGdr, Proximity::kSys).has_value());
+  m.disable(PathType::kGdr, Proximity::kSys);
+  EXPECT_FALSE(m.cost(PathType::kGdr, Proximity::kSys).has_value());
+}
+
+TEST(CostModel, RefusesNonsense) {
+  CostModel m;
+  EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 0.0, 1.0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, -3.0, 1.0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 3.0, -1.0).code(), StatusCode::kInvalidArgument);
+  EXPECT_DOUBLE_EQ(m.cost(PathType::kTcp, Proximity::kLocal)->bandwidth_gbps, 3.0);  // unchanged
+}
+
+TEST(PathType, NamesRoundTrip) {
+  for (int i = 0; i < kPathTypeCount; ++i) {
+    const auto p = static_cast<PathType>(i);
+    EXPECT_EQ(parse_path_type(to_string(p)).value(), p);
+  }
+  const auto bad = parse_path_type("infiniband");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("\"infiniband\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace baton::topology

@@ -1,0 +1,376 @@
+// The nvidia-smi topo parser against real published outputs (tests/data, with
+// the ground truth from its README) and fixtures of our own for shapes the real
+// set lacks, plus malformed text.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "baton/topology/probe.h"
+
+namespace baton::topology {
+namespace {
+
+std::string data(const std::string& name) {
+  return std::string(BATON_TEST_DATA_DIR) + "/nvidia-smi-topo/" + name;
+}
+
+TopologyFacts load(const std::string& name) {
+  auto facts = load_nvidia_smi_topo(data(name));
+  EXPECT_TRUE(facts.has_value()) << name << ": " << facts.error().to_string();
+  return facts.value_or(TopologyFacts{});
+}
+
+// "GPU3" → gpu 3; "NIC2" → the third NIC as listed; "mlx5_2" → the NIC with that name.
+DeviceRef ref(const TopologyFacts& f, std::string_view name) {
+  if (name.starts_with("GPU")) return {DeviceRef::Kind::kGpu, std::stoi(std::string(name.substr(3)))};
+  if (name.starts_with("NIC")) return {DeviceRef::Kind::kNic, std::stoi(std::string(name.substr(3)))};
+  for (std::size_t i = 0; i < f.nics.size(); ++i) {
+    if (f.nics[i].name == name) return {DeviceRef::Kind::kNic, static_cast<int>(i)};
+  }
+  ADD_FAILURE() << "no device " << name;
+  return {};
+}
+
+// The cell the way nvidia-smi prints it: "NV18", "PIX", …
+std::string cell(const TopologyFacts& f, std::string_view a, std::string_view b) {
+  const Relation* r = f.find(ref(f, a), ref(f, b));
+  if (r == nullptr) return "none";
+  if (r->nvlinks > 0) return "NV" + std::to_string(r->nvlinks);
+  return to_string(r->pci);
+}
+
+TEST(NvidiaSmiParser, H200EightGpusTenNicsWithLegendAndAnsi) {
+  const auto f = load("h200-8gpu-10nic-glm.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 10u);
+  for (int a = 0; a < 8; ++a) {
+    for (int b = a + 1; b < 8; ++b) {
+      EXPECT_EQ(cell(f, "GPU" + std::to_string(a), "GPU" + std::to_string(b)), "NV18");
+      EXPECT_TRUE(f.find({DeviceRef::Kind::kGpu, a}, {DeviceRef::Kind::kGpu, b})->via_nvswitch);
+    }
+  }
+  const std::pair<const char*, const char*> pix[] = {
+      {"GPU0", "NIC3"}, {"GPU1", "NIC5"}, {"GPU2", "NIC4"}, {"GPU3", "NIC0"}, {"GPU3", "NIC1"},
+      {"GPU3", "NIC2"}, {"GPU4", "NIC7"}, {"GPU5", "NIC9"}, {"GPU6", "NIC8"}, {"GPU7", "NIC6"}};
+  for (auto [g, n] : pix) EXPECT_EQ(cell(f, g, n), "PIX") << g << "-" << n;
+  int pix_for_gpu3 = 0;
+  for (int k = 0; k < 10; ++k) pix_for_gpu3 += cell(f, "GPU3", "NIC" + std::to_string(k)) == "PIX";
+  EXPECT_EQ(pix_for_gpu3, 3);
+  EXPECT_EQ(cell(f, "GPU0", "NIC0"), "NODE");
+  EXPECT_EQ(cell(f, "GPU0", "NIC6"), "SYS");
+  EXPECT_EQ(cell(f, "NIC0", "NIC1"), "PIX");
+  EXPECT_EQ(cell(f, "NIC0", "NIC2"), "PIX");
+  EXPECT_EQ(cell(f, "NIC1", "NIC2"), "PIX");
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(f.nics[k].name, "mlx5_" + std::to_string(k));
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(f.gpus[g].cpu_affinity, g < 4 ? "0-63,128-191" : "64-127,192-255");
+    EXPECT_EQ(f.gpus[g].numa, g < 4 ? 0 : 1);
+    EXPECT_FALSE(f.gpus[g].gpu_numa_id.has_value());  // N/A
+    EXPECT_EQ(f.gpus[g].nvlink_active, 18);
+  }
+  EXPECT_EQ(f.nics[3].numa, 0);  // PIX to GPU0
+  EXPECT_EQ(f.nics[6].numa, 1);  // PIX to GPU7
+  ASSERT_EQ(f.numa_nodes.size(), 2u);
+  EXPECT_EQ(f.numa_nodes[1].cpu_count, 128);
+}
+
+TEST(NvidiaSmiParser, DgxA100NamedNicColumnsNoLegend) {
+  const auto f = load("dgx-a100-gengwg.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 12u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU7"), "NV12");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_0"), "PXB");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_1"), "PXB");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_2"), "SYS");
+  for (const char* g : {"GPU2", "GPU3"}) {
+    EXPECT_EQ(cell(f, g, "mlx5_2"), "PXB");
+    EXPECT_EQ(cell(f, g, "mlx5_3"), "PXB");
+  }
+  for (const char* g : {"GPU4", "GPU5"}) EXPECT_EQ(cell(f, g, "mlx5_7"), "PXB");
+  for (const char* g : {"GPU6", "GPU7"}) EXPECT_EQ(cell(f, g, "mlx5_9"), "PXB");
+  for (int g = 0; g < 8; ++g) {
+    for (const char* n : {"mlx5_4", "mlx5_5", "mlx5_10", "mlx5_11"}) {
+      EXPECT_EQ(cell(f, "GPU" + std::to_string(g), n), "SYS");
+    }
+  }
+  EXPECT_EQ(cell(f, "mlx5_4", "mlx5_5"), "PIX");
+  EXPECT_EQ(cell(f, "mlx5_10", "mlx5_11"), "PIX");
+  const int numa[] = {3, 3, 1, 1, 7, 7, 5, 5};
+  const char* cpus[] = {"48-63,176-191", "48-63,176-191", "16-31,144-159", "16-31,144-159",
+                        "112-127,240-255", "112-127,240-255", "80-95,208-223", "80-95,208-223"};
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(f.gpus[g].numa, numa[g]);
+    EXPECT_EQ(f.gpus[g].cpu_affinity, cpus[g]);
+  }
+  EXPECT_EQ(f.nics[0].numa, 3);             // mlx5_0 is PXB to GPU0
+  EXPECT_EQ(f.nics[4].numa, kUnknownNuma);  // mlx5_4 is SYS to every GPU
+  EXPECT_EQ(f.numa_nodes.size(), 4u);
+}
+
+TEST(NvidiaSmiParser, Dgx1PcieOnlyViewHasNoNvlink) {
+  const auto f = load("dgx1-pcie-mp-gengwg.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 4u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "GPU2"), "PHB");
+  EXPECT_EQ(cell(f, "GPU0", "GPU4"), "SYS");
+  EXPECT_EQ(cell(f, "GPU2", "GPU3"), "PIX");
+  EXPECT_EQ(cell(f, "GPU4", "GPU5"), "PIX");
+  EXPECT_EQ(cell(f, "GPU6", "GPU7"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_0"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_1"), "PHB");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_2"), "SYS");
+  EXPECT_EQ(cell(f, "GPU2", "mlx5_1"), "PIX");
+  EXPECT_EQ(cell(f, "GPU4", "mlx5_2"), "PIX");
+  EXPECT_EQ(cell(f, "GPU6", "mlx5_3"), "PIX");
+  EXPECT_EQ(cell(f, "mlx5_0", "mlx5_1"), "PHB");
+  EXPECT_EQ(cell(f, "mlx5_0", "mlx5_2"), "SYS");
+  for (const Relation& r : f.relations) EXPECT_EQ(r.nvlinks, 0);
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(f.gpus[g].numa, g < 4 ? 0 : 1);
+    EXPECT_EQ(f.gpus[g].cpu_affinity, g < 4 ? "0-19,40-59" : "20-39,60-79");
+  }
+}
+
+TEST(NvidiaSmiParser, A800SpaceAlignedCrlf) {
+  const auto f = load("a800-8gpu-4nic-llmaction.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 4u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU5"), "NV8");
+  EXPECT_EQ(cell(f, "GPU0", "NIC0"), "NODE");
+  EXPECT_EQ(cell(f, "GPU1", "NIC0"), "PIX");
+  EXPECT_EQ(cell(f, "GPU3", "NIC1"), "PIX");
+  EXPECT_EQ(cell(f, "GPU7", "NIC2"), "PIX");
+  EXPECT_EQ(cell(f, "GPU7", "NIC3"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "NIC2"), "SYS");
+  EXPECT_EQ(cell(f, "GPU4", "NIC2"), "NODE");
+  EXPECT_EQ(cell(f, "NIC0", "NIC1"), "NODE");
+  EXPECT_EQ(cell(f, "NIC2", "NIC3"), "PIX");
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(f.nics[k].name, "mlx5_" + std::to_string(k));
+  EXPECT_EQ(f.gpus[0].cpu_affinity, "0-31,64-95");
+  EXPECT_EQ(f.gpus[4].cpu_affinity, "32-63,96-127");
+  EXPECT_EQ(f.gpus[4].numa, 1);
+  // 7 peers × NV8 is more than a GPU has: an NVSwitch fabric.
+  EXPECT_TRUE(f.find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+}
+
+TEST(NvidiaSmiParser, H20WithoutLegends) {
+  const auto f = load("h20-8gpu-2nic-arthurchiao.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 2u);
+  EXPECT_EQ(cell(f, "GPU2", "GPU6"), "NV18");
+  for (const char* g : {"GPU0", "GPU1", "GPU2", "GPU3"}) {
+    EXPECT_EQ(cell(f, g, "NIC0"), "SYS");
+    EXPECT_EQ(cell(f, g, "NIC1"), "SYS");
+  }
+  for (const char* g : {"GPU4", "GPU5", "GPU7"}) EXPECT_EQ(cell(f, g, "NIC0"), "NODE");
+  EXPECT_EQ(cell(f, "GPU6", "NIC0"), "PHB");
+  EXPECT_EQ(cell(f, "GPU6", "NIC1"), "PHB");
+  EXPECT_EQ(cell(f, "NIC0", "NIC1"), "PIX");
+  EXPECT_EQ(f.nics[0].name, "NIC0");  // no NIC Legend: the column name stays
+  EXPECT_EQ(f.gpus[5].cpu_affinity, "96-191,288-383");
+  EXPECT_EQ(f.gpus[5].numa, 1);
+  EXPECT_FALSE(f.gpus[5].gpu_numa_id.has_value());
+  EXPECT_EQ(f.nics[0].numa, 1);
+}
+
+TEST(NvidiaSmiParser, RtxA6000BridgedPairPlusPcieGpu) {
+  const auto f = load("rtxa6000-3gpu-nvbridge-ansi.txt");
+  ASSERT_EQ(f.gpus.size(), 3u);
+  EXPECT_EQ(f.nics.size(), 0u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "NV4");
+  EXPECT_FALSE(f.find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+  EXPECT_EQ(cell(f, "GPU0", "GPU2"), "NODE");
+  EXPECT_EQ(cell(f, "GPU1", "GPU2"), "NODE");
+  for (const GpuInfo& g : f.gpus) {
+    EXPECT_EQ(g.cpu_affinity, "0-31,64-95");
+    EXPECT_EQ(g.numa, 0);
+  }
+  EXPECT_EQ(f.gpus[0].nvlink_active, 4);
+  EXPECT_EQ(f.gpus[2].nvlink_active, 0);
+}
+
+TEST(NvidiaSmiParser, Power9NonContiguousNumaIds) {
+  const auto f = load("traverse-power9-v100-nv3pairs.txt");
+  ASSERT_EQ(f.gpus.size(), 4u);
+  ASSERT_EQ(f.nics.size(), 4u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "NV3");
+  EXPECT_EQ(cell(f, "GPU2", "GPU3"), "NV3");
+  for (auto [a, b] : {std::pair{"GPU0", "GPU2"}, {"GPU0", "GPU3"}, {"GPU1", "GPU2"}, {"GPU1", "GPU3"}}) {
+    EXPECT_EQ(cell(f, a, b), "SYS");
+  }
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_0"), "NODE");
+  EXPECT_EQ(cell(f, "GPU1", "mlx5_1"), "NODE");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_2"), "SYS");
+  EXPECT_EQ(cell(f, "GPU3", "mlx5_3"), "NODE");
+  EXPECT_EQ(cell(f, "mlx5_0", "mlx5_1"), "PIX");
+  EXPECT_EQ(cell(f, "mlx5_2", "mlx5_3"), "PIX");
+  EXPECT_EQ(f.gpus[2].numa, 8);
+  EXPECT_EQ(f.gpus[2].cpu_affinity, "64-127");
+  ASSERT_EQ(f.numa_nodes.size(), 2u);
+  EXPECT_EQ(f.numa_nodes[1].os_index, 8);
+  EXPECT_EQ(f.nics[2].numa, 8);
+}
+
+TEST(NvidiaSmiParser, DellaTwoSocketPcie) {
+  const auto f = load("della-a100-2gpu-pcie.txt");
+  ASSERT_EQ(f.gpus.size(), 2u);
+  ASSERT_EQ(f.nics.size(), 2u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "SYS");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_0"), "NODE");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_1"), "SYS");
+  EXPECT_EQ(cell(f, "GPU1", "mlx5_0"), "SYS");
+  EXPECT_EQ(cell(f, "GPU1", "mlx5_1"), "NODE");
+  EXPECT_EQ(cell(f, "mlx5_0", "mlx5_1"), "SYS");
+  EXPECT_EQ(f.gpus[1].cpu_affinity, "64-127");
+  EXPECT_EQ(f.gpus[1].numa, 1);
+}
+
+TEST(NvidiaSmiParser, Dgx1HybridCubeMeshUnsortedNicsCpuAffinityOnly) {
+  const auto f = load("dgx1-v100-msccl.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 4u);
+  // NICs keep the order the source lists them.
+  EXPECT_EQ(f.nics[0].name, "mlx5_0");
+  EXPECT_EQ(f.nics[1].name, "mlx5_2");
+  EXPECT_EQ(f.nics[2].name, "mlx5_1");
+  EXPECT_EQ(f.nics[3].name, "mlx5_3");
+  struct Row {
+    const char* gpu;
+    std::vector<const char*> nv1, nv2;
+  };
+  const Row rows[] = {{"GPU0", {"GPU1", "GPU2"}, {"GPU3", "GPU4"}},
+                      {"GPU1", {"GPU0", "GPU3"}, {"GPU2", "GPU5"}},
+                      {"GPU4", {"GPU5", "GPU6"}, {"GPU0", "GPU7"}},
+                      {"GPU7", {"GPU3", "GPU5"}, {"GPU4", "GPU6"}}};
+  for (const Row& r : rows) {
+    for (const char* p : r.nv1) EXPECT_EQ(cell(f, r.gpu, p), "NV1") << r.gpu << "-" << p;
+    for (const char* p : r.nv2) EXPECT_EQ(cell(f, r.gpu, p), "NV2") << r.gpu << "-" << p;
+  }
+  for (const char* p : {"GPU5", "GPU6", "GPU7"}) EXPECT_EQ(cell(f, "GPU0", p), "SYS");
+  for (int g = 0; g < 8; ++g) {
+    int peers = 0;
+    for (int h = 0; h < 8; ++h) {
+      if (h != g) peers += cell(f, "GPU" + std::to_string(g), "GPU" + std::to_string(h)).starts_with("NV");
+    }
+    EXPECT_EQ(peers, 4) << "GPU" << g;
+    EXPECT_EQ(f.gpus[g].nvlink_active, 6);  // V100: six links, direct (no NVSwitch)
+  }
+  EXPECT_FALSE(f.find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_0"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_1"), "PHB");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_2"), "SYS");
+  EXPECT_EQ(cell(f, "GPU4", "mlx5_2"), "PIX");
+  EXPECT_EQ(cell(f, "GPU6", "mlx5_3"), "PIX");
+  EXPECT_EQ(cell(f, "mlx5_0", "mlx5_1"), "PHB");
+  EXPECT_EQ(f.gpus[0].cpu_affinity, "0-19,40-59");
+  EXPECT_EQ(f.gpus[7].cpu_affinity, "20-39,60-79");
+  // No NUMA column: sockets inferred from the CPU sets, and said so.
+  EXPECT_EQ(f.gpus[0].numa, 0);
+  EXPECT_EQ(f.gpus[7].numa, 1);
+  ASSERT_EQ(f.notes.size(), 1u);
+}
+
+TEST(NvidiaSmiParser, OwnFixtureHgxH100) {
+  const auto f = load("fixture-hgx-h100-nv18-mlx5.txt");
+  ASSERT_EQ(f.gpus.size(), 8u);
+  ASSERT_EQ(f.nics.size(), 8u);
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(cell(f, "GPU" + std::to_string(g), "NIC" + std::to_string(g)), "PIX");
+    EXPECT_EQ(f.nics[g].name, "mlx5_" + std::to_string(g));
+    EXPECT_EQ(f.nics[g].numa, g / 4);
+  }
+  EXPECT_EQ(cell(f, "GPU0", "NIC1"), "NODE");
+  EXPECT_EQ(cell(f, "GPU0", "NIC4"), "SYS");
+  EXPECT_EQ(cell(f, "GPU1", "GPU6"), "NV18");
+}
+
+TEST(NvidiaSmiParser, OwnFixtureEveryPcieLocality) {
+  const auto f = load("fixture-pcie-all-localities.txt");
+  ASSERT_EQ(f.gpus.size(), 6u);
+  ASSERT_EQ(f.nics.size(), 2u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "GPU2"), "PXB");
+  EXPECT_EQ(cell(f, "GPU4", "GPU5"), "PHB");
+  EXPECT_EQ(cell(f, "GPU0", "GPU3"), "NODE");
+  EXPECT_EQ(cell(f, "GPU0", "GPU4"), "SYS");
+  EXPECT_EQ(cell(f, "GPU4", "mlx5_1"), "PXB");
+  EXPECT_EQ(f.nics[1].numa, 1);
+}
+
+TEST(NvidiaSmiParser, OwnFixtureA100BridgedNoLegend) {
+  const auto f = load("fixture-a100-nv12-bridged-nolegend.txt");
+  ASSERT_EQ(f.gpus.size(), 4u);
+  ASSERT_EQ(f.nics.size(), 1u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "NV12");
+  EXPECT_EQ(cell(f, "GPU2", "GPU3"), "NV12");
+  EXPECT_EQ(cell(f, "GPU1", "GPU2"), "SYS");
+  EXPECT_FALSE(f.find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+  EXPECT_EQ(f.gpus[2].numa, 1);
+}
+
+TEST(NvidiaSmiParser, OwnFixtureOldDriverSoc) {
+  const auto f = load("fixture-k80-old-driver-soc.txt");
+  ASSERT_EQ(f.gpus.size(), 4u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU1"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "GPU2"), "SYS");  // SOC is the old name of SYS
+  EXPECT_EQ(cell(f, "GPU2", "GPU3"), "PHB");
+  EXPECT_EQ(f.gpus[2].numa, 1);  // inferred from CPU Affinity
+}
+
+// Malformed text: every case is refused with the line that is wrong.
+struct Malformed {
+  const char* name;
+  std::string text;
+  std::string expect;  // a substring of the message
+};
+
+void PrintTo(const Malformed& m, std::ostream* os) { *os << m.name; }
+
+class NvidiaSmiParserMalformed : public ::testing::TestWithParam<Malformed> {};
+
+TEST_P(NvidiaSmiParserMalformed, IsRefusedNamingTheLine) {
+  const auto r = parse_nvidia_smi_topo(GetParam().text);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find(GetParam().expect), std::string::npos) << r.error().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, NvidiaSmiParserMalformed,
+    ::testing::Values(
+        Malformed{"empty", "", "empty"},
+        Malformed{"blank", "\n  \n\t\n", "empty"},
+        Malformed{"prose", "hello world\nthis is not a matrix\n", "line 1: expected the matrix header"},
+        Malformed{"nvidia_smi_error",
+                  "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+                  "line 1"},
+        Malformed{"missing_row", "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-7\n\n", "line 3: the matrix ends after 1 rows"},
+        Malformed{"truncated", "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-7", "the matrix ends after 1 rows"},
+        Malformed{"wrong_row_order", "\tGPU0\tGPU1\nGPU1\tNV4\t X \nGPU0\t X \tNV4\n", "line 2: expected the row of \"GPU0\""},
+        Malformed{"unknown_cell", "\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tFOO\t X \n", "line 2: GPU0-GPU1: unknown value \"FOO\""},
+        Malformed{"nv_zero", "\tGPU0\tGPU1\nGPU0\t X \tNV0\nGPU1\tNV0\t X \n", "unknown value \"NV0\""},
+        Malformed{"x_off_diagonal", "\tGPU0\tGPU1\nGPU0\t X \t X \nGPU1\t X \t X \n", "X off the diagonal"},
+        Malformed{"no_x_on_diagonal", "\tGPU0\tGPU1\nGPU0\tSYS\tSYS\nGPU1\tSYS\t X \n", "on the diagonal must be X"},
+        Malformed{"short_row", "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\nGPU1\tNV4\t X \tSYS\nGPU2\tSYS\tSYS\t X \n",
+                  "line 2: row \"GPU0\" has 2 cells, expected 3"},
+        Malformed{"asymmetric", "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tSYS\t X \n", "line 3: GPU1-GPU0 differs"},
+        Malformed{"too_many_values", "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\t0\t1\n", "has 3 values after the matrix"},
+        Malformed{"gpu_gap", "\tGPU0\tGPU2\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", "column \"GPU2\" where GPU1 was expected"},
+        Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {
+  EXPECT_EQ(load_nvidia_smi_topo(data("no-such-file.txt")).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(load_nvidia_smi_topo(std::string(BATON_TEST_DATA_DIR)).error().code(), StatusCode::kNotFound);
+}
+
+TEST(NvidiaSmiParser, FileErrorsNameTheFile) {
+  const auto r = load_nvidia_smi_topo(data("README.md"));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("README.md"), std::string::npos);
+  EXPECT_NE(r.error().message().find("line 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace baton::topology

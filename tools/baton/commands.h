@@ -1,0 +1,19 @@
+// The `baton` subcommands. Each adds itself to the CLI11 app and hands back a
+// function that runs it once the command line has been parsed (so logging is
+// set up first) and returns the process exit code.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace baton::cli {
+
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command add_topo_command(CLI::App& parent);
+
+}  // namespace baton::cli

@@ -1,0 +1,26 @@
+#include <fmt/core.h>
+
+#include "baton/common/log.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
+  app.require_subcommand(1);
+  std::string log_level;
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (default: BATON_LOG_LEVEL or warn)");
+
+  const std::vector<baton::cli::Command> commands{baton::cli::add_topo_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (auto s = baton::init_logging(log_level); !s.is_ok()) {
+    fmt::print(stderr, "baton: {}\n", s.message());
+    return 2;
+  }
+  for (const auto& command : commands) {
+    if (command.app->parsed()) return command.run();
+  }
+  return 2;
+}
