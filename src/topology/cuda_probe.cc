@@ -5,6 +5,7 @@
 #include <string>
 
 #include "baton/topology/probe.h"
+#include "topology/sysfs.h"
 
 #ifdef BATON_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -22,15 +23,6 @@ namespace baton::topology {
 
 #ifdef BATON_WITH_CUDA
 namespace {
-
-// The NUMA node the kernel attributes a PCI device to; -1 there and an
-// unreadable file both mean unknown.
-int read_sysfs_numa_node(const std::string& pci_bus_id) {
-  std::ifstream file("/sys/bus/pci/devices/" + pci_bus_id + "/numa_node");
-  int node = kUnknownNuma;
-  if (!(file >> node) || node < 0) return kUnknownNuma;
-  return node;
-}
 
 std::string describe(cudaError_t error) {
   return fmt::format("{} ({})", cudaGetErrorString(error), cudaGetErrorName(error));

@@ -50,6 +50,7 @@ TopologyFacts merge_driver_into_host(const TopologyFacts& driver, TopologyFacts 
     g.name = d.name.empty() ? g.name : d.name;
     g.uuid = d.uuid;
     g.nvlink_active = d.nvlink_active;
+    g.gpu_numa_id = d.gpu_numa_id;
     if (g.numa == kUnknownNuma) g.numa = d.numa;
   }
   for (const Relation& r : driver.relations) {
@@ -68,6 +69,7 @@ TopologyFacts merge_driver_into_host(const TopologyFacts& driver, TopologyFacts 
       existing->peer_access = existing->peer_access || r.peer_access;
     }
   }
+  host.notes.insert(host.notes.end(), driver.notes.begin(), driver.notes.end());
   host.source = driver.source + "+hwloc";
   return host;
 }

@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "baton/topology/probe.h"
+#include "topology/sysfs.h"
 #include "topology/nvml_snapshot.h"
 
 namespace baton::topology {
@@ -136,15 +137,6 @@ class NvmlSession {
  private:
   const NvmlApi& api_;
 };
-
-// The NUMA node the kernel attributes a PCI device to; -1 there (no NUMA, or
-// a firmware that does not say) and an unreadable file both mean unknown.
-int read_sysfs_numa_node(const std::string& pci_bus_id) {
-  std::ifstream file("/sys/bus/pci/devices/" + pci_bus_id + "/numa_node");
-  int node = kUnknownNuma;
-  if (!(file >> node) || node < 0) return kUnknownNuma;
-  return node;
-}
 
 // NVML writes NUL-terminated strings into fixed buffers; never trust that the
 // NUL is there.

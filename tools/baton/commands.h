@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -15,5 +16,8 @@ struct Command {
 };
 
 Command add_topo_command(CLI::App& parent);
+
+// `baton bench <mode>`: one file per mode, each adding itself under `bench`.
+std::vector<Command> add_bench_commands(CLI::App& parent);
 
 }  // namespace baton::cli
