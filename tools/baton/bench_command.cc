@@ -6,7 +6,9 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   CLI::App* bench = parent.add_subcommand("bench", "Run a benchmark; every mode can write its figures as JSON");
   bench->require_subcommand(1);
   std::vector<Command> modes;
-  // Each bench mode registers here: modes.push_back(add_bench_<mode>(*bench));
+  // Each bench mode registers here.
+  modes.push_back(add_bench_mixed(*bench));
+  modes.push_back(add_bench_ablation(*bench));
   return modes;
 }
 

@@ -19,5 +19,7 @@ Command add_topo_command(CLI::App& parent);
 
 // `baton bench <mode>`: one file per mode, each adding itself under `bench`.
 std::vector<Command> add_bench_commands(CLI::App& parent);
+Command add_bench_mixed(CLI::App& bench);
+Command add_bench_ablation(CLI::App& bench);
 
 }  // namespace baton::cli

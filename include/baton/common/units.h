@@ -19,7 +19,7 @@ namespace baton {
 [[nodiscard]] Result<std::uint64_t> parse_size(std::string_view text);
 
 // Nanoseconds from "<number>[ ]<unit>", unit one of ns, us (or µs), ms, s,
-// min. The unit is required: a bare "250" is ambiguous and refused.
+// min, h. The unit is required: a bare "250" is ambiguous and refused.
 [[nodiscard]] Result<TimeNs> parse_duration(std::string_view text);
 
 // Human-readable forms for tables and logs: "64 KiB", "1.50 GiB", "250 us".

@@ -1,0 +1,74 @@
+// The Engine facade: what an inference server holds. It owns the topology,
+// the transport, the scheduler and the loop that drives them. Today the loop
+// runs under the VirtualClockDriver with the simulated transport (tests,
+// simulation, benchmarks); the wall-clock driver and real transports plug
+// into the same loop.
+//
+// Threads: submit and cancel post commands to the loop and return at once.
+// The loop runs when the driver advances it (run_until / run_until_idle);
+// status() and stats() read the loop's state and must be called from the
+// thread that drives it.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/sched/policy.h"
+#include "baton/sched/scheduler.h"
+#include "baton/topology/graph.h"
+#include "baton/transport/sim_transport.h"
+
+namespace baton::engine {
+
+struct EngineConfig {
+  // Where the topology comes from: a synthetic model name, else a saved
+  // `nvidia-smi topo -m` file, else this machine's probe.
+  std::string topology_model = "nvswitch8";
+  std::string topology_file;
+  sched::SchedPolicy policy = sched::SchedPolicy::defaults();
+  transport::SimConfig sim;
+};
+
+class Engine {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<Engine>> create(EngineConfig config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues; the loop picks the request up at its next tick.
+  // invalid_argument (zero bytes, same endpoints) or not_found (unknown
+  // endpoint) at once, never later.
+  [[nodiscard]] Result<sched::RequestId> submit(const sched::TransferRequest& request);
+  // All or nothing: one bad request refuses the whole batch.
+  [[nodiscard]] Result<std::vector<sched::RequestId>> submit(std::span<const sched::TransferRequest> batch);
+  // not_found for an id never handed out; the loop answers invalid_argument
+  // for a request that already ended (see status()).
+  [[nodiscard]] Status cancel(sched::RequestId id);
+
+  [[nodiscard]] Result<sched::RequestStatus> status(sched::RequestId id);
+  [[nodiscard]] const sched::SchedStats& stats() const;
+
+  // Virtual clock: advance to `t_ns`, running everything due on the way.
+  // out_of_range when `t_ns` is in the past.
+  [[nodiscard]] Status run_until(TimeNs t_ns);
+  // Until nothing is queued, posted or scheduled; timeout if that takes
+  // longer than `limit_ns` of virtual time (a stuck workload, not a hang).
+  [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
+  [[nodiscard]] TimeNs now_ns() const;
+
+  [[nodiscard]] const topology::TopologyGraph& topology() const;
+  [[nodiscard]] transport::SimTransport& sim_transport();
+  [[nodiscard]] const sched::Scheduler& scheduler() const;
+
+ private:
+  struct State;
+  explicit Engine(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace baton::engine

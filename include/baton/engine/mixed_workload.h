@@ -1,0 +1,58 @@
+// The seed workload of Baton's scheduling claims: a bulk prefill stream and a
+// small, deadline-bound decode stream contending for one hot link, run on the
+// Engine under the virtual clock. `baton bench mixed` and `ablation`, and the
+// scheduler's acceptance tests, all run it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/sched/policy.h"
+#include "baton/sched/scheduler.h"
+
+namespace baton::engine {
+
+struct MixedWorkload {
+  std::string topology_model = "nvswitch8";
+  std::string from = "gpu0";  // the hot link
+  std::string to = "gpu1";
+  // Prefill: bursts of `prefill_burst` requests of `prefill_bytes` (one long
+  // prompt's KV, layer by layer), bursts arriving with exponential gaps.
+  std::uint64_t prefill_bytes = 32ULL << 20;
+  int prefill_burst = 64;
+  TimeNs prefill_interval_ns = 10'000'000;  // mean gap between bursts (≈ 48% of the link)
+  // Decode: one request of `decode_bytes` every `decode_interval_ns` on
+  // average (exponential gaps), each due `decode_deadline_ns` after it arrives.
+  std::uint64_t decode_bytes = 256ULL << 10;
+  TimeNs decode_interval_ns = 100'000;
+  TimeNs decode_deadline_ns = 2'000'000;
+  TimeNs duration_ns = 100'000'000;  // arrivals stop here; the run drains after
+  std::uint64_t seed = 1;
+
+  // invalid_argument naming the field for zero sizes, counts or intervals.
+  [[nodiscard]] Status validate() const;
+};
+
+struct ClassResult {
+  std::uint64_t count = 0;  // completed requests
+  double p50_us = 0;
+  double p95_us = 0;
+  double p99_us = 0;
+  double miss_ratio = 0;       // requests with a deadline that ended after it
+  double throughput_gbps = 0;  // bytes completed / (last completion − first arrival)
+  std::vector<double> cdf_us;  // latency at percentiles 0, 1, …, 100 (101 points)
+};
+
+struct MixedResult {
+  ClassResult decode;
+  ClassResult prefill;
+  sched::SchedStats stats;
+  std::uint64_t bytes_delivered = 0;  // by the transport
+};
+
+[[nodiscard]] Result<MixedResult> run_mixed(const MixedWorkload& workload, const sched::SchedPolicy& policy);
+
+}  // namespace baton::engine

@@ -1,0 +1,85 @@
+// The scheduling policy: how urgency is weighed, how big a slice is on each
+// path, how much each path may have in flight, and whether critical slices
+// may preempt. Read from configs/sched_policy.yaml; every key is optional and
+// falls back to the defaults below (docs/scheduler.md explains them).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/topology/cost_model.h"
+
+namespace baton::sched {
+
+// Highest first. The order of the enumerators is the order of importance.
+enum class QosClass : std::uint8_t { kDecodeCritical, kHotKv, kPrefillBulk, kBackground };
+inline constexpr int kQosClassCount = 4;
+[[nodiscard]] std::string_view to_string(QosClass qos);
+[[nodiscard]] Result<QosClass> parse_qos_class(std::string_view name);
+
+enum class PolicyKind : std::uint8_t {
+  kDeadlineAware,  // urgency order, spill, preemption
+  kBaselineFifo,   // arrival order across classes; no deadlines, no preemption
+};
+[[nodiscard]] std::string_view to_string(PolicyKind kind);
+[[nodiscard]] Result<PolicyKind> parse_policy_kind(std::string_view name);
+
+// What one path may carry at once (backpressure).
+struct PathCredits {
+  int lanes = 2;                           // parallel channels on the path
+  int slices_per_lane = 2;                 // queued per lane: keeps the lane busy across completion latency
+  std::uint64_t inflight_bytes = 4 << 20;  // bytes posted and not yet completed
+  friend bool operator==(const PathCredits&, const PathCredits&) = default;
+};
+
+struct SchedPolicy {
+  PolicyKind kind = PolicyKind::kDeadlineAware;
+
+  // Urgency = w_deadline·(−laxity in µs) + w_priority·class_priority + w_aging·(µs waited).
+  double w_deadline = 1.0;
+  double w_priority = 1.0;
+  double w_aging = 0.05;
+  // Indexed by QosClass; in urgency units (µs of laxity).
+  std::array<double, kQosClassCount> class_priority{10000, 5000, 1000, 0};
+  // Hard anti-starvation bound: a request queued this long is served next,
+  // before anything more urgent (oldest first among those overdue).
+  TimeNs starvation_bound_ns = 50'000'000;
+
+  // Slice size per path type; indexed by topology::PathType. Zero until
+  // defaults() or the loader fills it: build policies with defaults().
+  std::array<std::uint64_t, topology::kPathTypeCount> slice_bytes{};
+  // Credits per path type; indexed by topology::PathType.
+  std::array<PathCredits, topology::kPathTypeCount> credits{};
+
+  bool preemption = true;
+  // Classes at or above this one may preempt lower classes.
+  QosClass preempt_min_class = QosClass::kDecodeCritical;
+
+  // The documented defaults (64 KiB slices on rdma/tcp/gdr/shm, 512 KiB on
+  // nvlink/nvswitch, 256 KiB on PCIe and host staging; 4 lanes on fabric paths).
+  [[nodiscard]] static SchedPolicy defaults();
+
+  [[nodiscard]] std::uint64_t slice_for(topology::PathType path) const {
+    return slice_bytes[static_cast<int>(path)];
+  }
+  [[nodiscard]] const PathCredits& credits_for(topology::PathType path) const {
+    return credits[static_cast<int>(path)];
+  }
+  // Checks ranges (positive sizes, weights ≥ 0, …); invalid_argument naming the field.
+  [[nodiscard]] Status validate() const;
+
+  friend bool operator==(const SchedPolicy&, const SchedPolicy&) = default;
+};
+
+// Parses policy YAML. Unknown keys and bad values are refused with the key
+// and the line ("sched_policy.yaml:7: slice_size.nvlink: \"12 parsecs\" …").
+// `origin` names the text in messages (a file name, or "<string>").
+[[nodiscard]] Result<SchedPolicy> parse_policy(std::string_view yaml_text,
+                                               std::string_view origin = "<string>");
+[[nodiscard]] Result<SchedPolicy> load_policy(const std::string& path);
+
+}  // namespace baton::sched

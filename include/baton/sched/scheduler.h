@@ -1,0 +1,117 @@
+// The slice scheduler: cuts requests into bounded slices and posts them on
+// the transport in urgency order, within each path's credits. It routes a
+// request on the best healthy path of its topology chain, spills a slice to
+// a slower fallback only when waiting would miss the deadline and the
+// fallback would not, and lets a critical slice preempt a lower-class one.
+// Lives on the engine loop: no locks; time enters as `now_ns`.
+// docs/scheduler.md explains the urgency order and why a heap can hold it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/sched/policy.h"
+#include "baton/topology/graph.h"
+#include "baton/transport/transport.h"
+
+namespace baton::sched {
+
+using RequestId = std::uint64_t;
+
+// One logical transfer as the scheduler sees it: bytes from one topology
+// endpoint to another.
+struct TransferRequest {
+  std::string from;  // "gpu0"
+  std::string to;    // "gpu1"
+  std::uint64_t bytes = 0;
+  QosClass qos = QosClass::kPrefillBulk;
+  TimeNs deadline_ns = 0;   // absolute, on the loop's clock; 0 = none
+  bool preemptible = true;  // may its posted slices be cancelled for a higher class?
+};
+
+enum class RequestState : std::uint8_t { kQueued, kRunning, kCompleted, kFailed, kCancelled };
+[[nodiscard]] std::string_view to_string(RequestState state);
+
+struct RequestStatus {
+  RequestState state = RequestState::kQueued;
+  Status status;  // why it failed or was cancelled
+  QosClass qos = QosClass::kPrefillBulk;
+  std::uint64_t bytes = 0;
+  std::uint64_t bytes_done = 0;
+  TimeNs deadline_ns = 0;
+  TimeNs submitted_ns = 0;
+  TimeNs completed_ns = 0;  // when it reached a final state
+  std::uint32_t slices_spilled = 0;    // sent on a fallback path
+  std::uint32_t slices_preempted = 0;  // of this request, cancelled and re-queued
+  [[nodiscard]] bool deadline_missed() const {
+    return deadline_ns != 0 && (state != RequestState::kCompleted || completed_ns > deadline_ns);
+  }
+};
+
+struct SchedStats {
+  std::uint64_t slices_posted = 0;
+  std::uint64_t slices_completed = 0;
+  std::uint64_t slices_spilled = 0;
+  std::uint64_t slices_preempted = 0;
+  std::uint64_t slices_retried = 0;  // failed on the wire and re-queued
+  std::uint64_t bytes_wasted = 0;    // sent, then cancelled by preemption or request cancel
+  std::uint64_t starvation_promotions = 0;  // served first because they waited past the bound
+};
+
+// What a path holds right now and the most it ever held, for credit checks.
+struct PathLoad {
+  int inflight_slices = 0;
+  std::uint64_t inflight_bytes = 0;
+  int max_inflight_slices = 0;
+  std::uint64_t max_inflight_bytes = 0;
+  std::uint64_t bytes_completed = 0;
+};
+
+class Scheduler {
+ public:
+  // The transport must offer the paths of `graph` (SimTransport::from_topology
+  // does); it must outlive the scheduler. invalid_argument for an invalid policy.
+  [[nodiscard]] static Result<std::unique_ptr<Scheduler>> create(const topology::TopologyGraph& graph,
+                                                                 const SchedPolicy& policy,
+                                                                 transport::Transport& transport);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. invalid_argument for zero bytes or identical endpoints;
+  // not_found for an endpoint the topology lacks; unavailable when the
+  // transport offers no path between them. A deadline already past is
+  // accepted: the request is simply late, and most urgent.
+  // `id` is the caller's (the engine hands ids out before the loop sees the
+  // request); already_exists when it is in use.
+  [[nodiscard]] Status submit(RequestId id, const TransferRequest& request, TimeNs now_ns);
+
+  // Stops a request: queued bytes are dropped, posted slices are cancelled
+  // (those already delivered are not undone). not_found for an unknown id,
+  // invalid_argument when it already ended (completed, failed, cancelled).
+  [[nodiscard]] Status cancel(RequestId id, TimeNs now_ns);
+
+  // Feeds one transport completion back: credits return, bytes count, a
+  // failed slice is re-queued (or the request fails after too many tries).
+  void on_completion(const transport::Completion& completion, TimeNs now_ns);
+
+  // Posts as many slices as credits allow, most urgent first.
+  void dispatch(TimeNs now_ns);
+
+  [[nodiscard]] Result<RequestStatus> status(RequestId id) const;
+  [[nodiscard]] const SchedStats& stats() const;
+  [[nodiscard]] const PathLoad& load(transport::PathId path) const;
+  [[nodiscard]] std::size_t queued_requests() const;  // not yet ended
+  [[nodiscard]] const SchedPolicy& policy() const;
+
+ private:
+  struct State;
+  explicit Scheduler(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace baton::sched

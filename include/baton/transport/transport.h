@@ -1,0 +1,87 @@
+// The Transport interface: what the scheduler needs from a datapath. A
+// transport carries slices on the lanes of its paths and reports completions
+// when the loop polls it with the current time. It never blocks and never
+// reads a clock itself: time comes in as `now_ns`, so the same scheduler runs
+// against the simulator under a virtual clock and against UCX under a wall
+// clock. Implementations live on the engine loop and take no locks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/topology/cost_model.h"
+
+namespace baton::transport {
+
+using SliceId = std::uint64_t;
+using PathId = std::uint32_t;  // index into Transport::paths()
+
+// One directed physical route between two endpoints, as the transport offers it.
+struct PathInfo {
+  std::string from;  // topology node ids: "gpu0"
+  std::string to;
+  topology::PathType type = topology::PathType::kHostStaging;
+  int lanes = 1;
+  double bandwidth_gbps = 0;  // the whole path; lanes share it
+  double latency_us = 0;
+  [[nodiscard]] std::string name() const;  // "gpu0->gpu1/nvswitch"
+};
+
+struct SliceSubmit {
+  SliceId id = 0;
+  PathId path = 0;
+  int lane = 0;
+  std::uint64_t bytes = 0;
+};
+
+// The end of a slice that was not cancelled. `status` is ok, or unavailable
+// when the path failed under it (a fault, a dead peer).
+struct Completion {
+  SliceId id = 0;
+  PathId path = 0;
+  int lane = 0;
+  std::uint64_t bytes = 0;
+  TimeNs at_ns = 0;
+  Status status;
+};
+
+struct CancelResult {
+  // True when the slice was stopped before it completed; it then produces
+  // no Completion. False when it had already delivered all its bytes (its
+  // completion is on the way) or is unknown.
+  bool stopped = false;
+  // Bytes that had crossed the wire before the stop: moved, then thrown away.
+  std::uint64_t bytes_wasted = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  [[nodiscard]] virtual const std::vector<PathInfo>& paths() const = 0;
+
+  // Queues a slice on a lane (FIFO per lane). invalid_argument for an unknown
+  // path, lane or a zero-byte slice; already_exists for a slice id in use;
+  // unavailable when the path is down (nothing is queued then).
+  [[nodiscard]] virtual Status submit(const SliceSubmit& slice, TimeNs now_ns) = 0;
+
+  // Best effort. A queued slice is removed; a slice on the wire stops now and
+  // its bytes so far are wasted.
+  virtual CancelResult cancel(SliceId id, TimeNs now_ns) = 0;
+
+  // Appends every completion due at or before `now_ns`, in time order.
+  virtual void poll(TimeNs now_ns, std::vector<Completion>& out) = 0;
+
+  // The next instant at which something will happen without new input (a
+  // completion, a path going down or up); nullopt when idle. The virtual
+  // driver jumps there.
+  [[nodiscard]] virtual std::optional<TimeNs> next_event_ns() const = 0;
+
+  [[nodiscard]] virtual bool path_healthy(PathId path, TimeNs now_ns) const = 0;
+};
+
+}  // namespace baton::transport

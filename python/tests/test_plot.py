@@ -1,0 +1,112 @@
+"""Tests for scripts/plot: run it as a subprocess on small hand-made documents."""
+import json
+import pathlib
+import subprocess
+
+PLOT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "plot"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+WORKLOAD = {
+    "topology": "nvswitch8", "link": "gpu0->gpu1",
+    "prefill": {"request_bytes": 32 << 20, "burst": 64, "mean_burst_interval_us": 10000.0},
+    "decode": {"request_bytes": 256 << 10, "mean_interval_us": 100.0, "deadline_us": 2000.0},
+    "duration_ms": 10.0, "seed": 1,
+}
+
+
+def policy(lo, hi, miss):
+    cdf = [lo + (hi - lo) * (i / 100) ** 3 for i in range(101)]
+    return {"decode_critical": {"count": 100, "p50_us": cdf[50], "p99_us": cdf[99],
+                                "miss_ratio": miss, "cdf_us": cdf}}
+
+
+MIXED = {"workload": WORKLOAD,
+         "policies": {"deadline_aware": policy(4.8, 7.0, 0.0),
+                      "baseline_fifo": policy(4.8, 15000.0, 0.6)},
+         "decode_p99_reduction": 0.99}
+
+ABLATION = {"workload": WORKLOAD, "path": "nvswitch", "cells": [
+    {"slice_bytes": s, "inflight_bytes": b, "decode_p99_us": 5.0 + s / b,
+     "decode_miss_ratio": 0.0, "prefill_throughput_gbps": 100.0 * b / s, "bytes_wasted": 0}
+    for s in (64 << 10, 1 << 20) for b in (1 << 20, 4 << 20) if s <= b
+] + [{"slice_bytes": 4 << 20, "inflight_bytes": 1 << 20,
+      "skipped": "budget smaller than one slice"},
+     {"slice_bytes": 4 << 20, "inflight_bytes": 4 << 20, "decode_p99_us": 9.0,
+      "decode_miss_ratio": 0.0, "prefill_throughput_gbps": 350.0, "bytes_wasted": 0}]}
+
+
+def run(*args):
+    return subprocess.run([str(PLOT), *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def write(tmp_path, doc, name="result.json"):
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 10_000
+
+
+def test_mixed_draws_a_png(tmp_path):
+    out = tmp_path / "mixed.png"
+    r = run(write(tmp_path, MIXED), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)
+
+
+def test_mixed_without_reduction_still_draws(tmp_path):
+    doc = {k: v for k, v in MIXED.items() if k != "decode_p99_reduction"}
+    out = tmp_path / "mixed.png"
+    r = run(write(tmp_path, doc), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)
+
+
+def test_ablation_with_a_skipped_cell_draws_a_png(tmp_path):
+    out = tmp_path / "ablation.png"
+    r = run(write(tmp_path, ABLATION), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)
+
+
+def test_unknown_shape_exits_2_naming_keys(tmp_path):
+    out = tmp_path / "x.png"
+    r = run(write(tmp_path, {"frobs": [], "widgets": 3}), out)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "frobs" in lines[0] and "widgets" in lines[0]
+    assert "policies" in lines[0] and "cells" in lines[0]  # the shapes it knows
+    assert not out.exists()
+
+
+def test_non_object_json_is_an_unknown_shape(tmp_path):
+    r = run(write(tmp_path, [1, 2, 3]), tmp_path / "x.png")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_invalid_json_exits_1(tmp_path):
+    out = tmp_path / "x.png"
+    r = run(write(tmp_path, "{not json"), out)
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_missing_file_exits_1(tmp_path):
+    r = run(tmp_path / "absent.json", tmp_path / "x.png")
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_wrong_argument_count_prints_usage(tmp_path):
+    for args in [(), (write(tmp_path, MIXED),), ("a", "b", "c")]:
+        r = run(*args)
+        assert r.returncode == 2
+        assert "usage" in r.stderr

@@ -1,0 +1,115 @@
+#include "baton/engine/mixed_workload.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "baton/common/stats.h"
+#include "baton/engine/engine.h"
+
+namespace baton::engine {
+namespace {
+
+struct Arrival {
+  TimeNs at_ns;
+  bool decode;
+};
+
+// Arrivals of both streams, merged in time order; a pure function of the seed.
+std::vector<Arrival> arrivals(const MixedWorkload& w) {
+  std::mt19937_64 rng(w.seed);
+  std::exponential_distribution<double> prefill_gap(1.0 / static_cast<double>(w.prefill_interval_ns));
+  std::exponential_distribution<double> decode_gap(1.0 / static_cast<double>(w.decode_interval_ns));
+  std::vector<Arrival> out;
+  for (double t = 0; t < static_cast<double>(w.duration_ns); t += prefill_gap(rng)) {
+    for (int i = 0; i < w.prefill_burst; ++i) out.push_back({static_cast<TimeNs>(t), false});
+  }
+  for (double t = decode_gap(rng); t < static_cast<double>(w.duration_ns); t += decode_gap(rng)) {
+    out.push_back({static_cast<TimeNs>(t), true});
+  }
+  std::ranges::stable_sort(out, {}, &Arrival::at_ns);
+  return out;
+}
+
+ClassResult summarize_class(const std::vector<sched::RequestStatus>& done) {
+  ClassResult r;
+  std::vector<double> latencies;
+  std::uint64_t bytes = 0;
+  std::uint64_t missed = 0;
+  std::uint64_t with_deadline = 0;
+  TimeNs first = 0;
+  TimeNs last = 0;
+  for (const sched::RequestStatus& s : done) {
+    if (s.deadline_ns != 0) {
+      ++with_deadline;
+      missed += s.deadline_missed();
+    }
+    if (s.state != sched::RequestState::kCompleted) continue;
+    latencies.push_back(static_cast<double>(s.completed_ns - s.submitted_ns) / 1000.0);
+    bytes += s.bytes;
+    first = latencies.size() == 1 ? s.submitted_ns : std::min(first, s.submitted_ns);
+    last = std::max(last, s.completed_ns);
+  }
+  r.count = latencies.size();
+  if (auto sum = summarize(latencies)) {
+    r.p50_us = sum->p50;
+    r.p95_us = sum->p95;
+    r.p99_us = sum->p99;
+    for (int p = 0; p <= 100; ++p) r.cdf_us.push_back(*percentile(latencies, p));
+  }
+  r.miss_ratio = with_deadline == 0 ? 0 : static_cast<double>(missed) / static_cast<double>(with_deadline);
+  r.throughput_gbps = last > first ? static_cast<double>(bytes) / static_cast<double>(last - first) : 0;
+  return r;
+}
+
+}  // namespace
+
+Status MixedWorkload::validate() const {
+  if (prefill_bytes == 0 || decode_bytes == 0) return Status::invalid_argument("mixed workload: request sizes must be > 0");
+  if (prefill_burst < 1) return Status::invalid_argument("mixed workload: prefill_burst {} must be >= 1", prefill_burst);
+  if (prefill_interval_ns <= 0 || decode_interval_ns <= 0) {
+    return Status::invalid_argument("mixed workload: arrival intervals must be > 0");
+  }
+  if (decode_deadline_ns <= 0) return Status::invalid_argument("mixed workload: decode deadline must be > 0");
+  if (duration_ns <= 0) return Status::invalid_argument("mixed workload: duration {} ns must be > 0", duration_ns);
+  return Status::ok();
+}
+
+Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& policy) {
+  if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
+  EngineConfig config;
+  config.topology_model = w.topology_model;
+  config.policy = policy;
+  config.sim.seed = w.seed;
+  auto engine = Engine::create(config);
+  if (!engine) return std::unexpected(engine.error());
+  Engine& e = **engine;
+
+  std::vector<sched::RequestId> decode_ids;
+  std::vector<sched::RequestId> prefill_ids;
+  for (const Arrival& a : arrivals(w)) {
+    if (Status s = e.run_until(a.at_ns); !s.is_ok()) return std::unexpected(s);
+    sched::TransferRequest r{w.from, w.to, w.prefill_bytes, sched::QosClass::kPrefillBulk, 0, true};
+    if (a.decode) {
+      r = {w.from, w.to, w.decode_bytes, sched::QosClass::kDecodeCritical, a.at_ns + w.decode_deadline_ns, false};
+    }
+    auto id = e.submit(r);
+    if (!id) return std::unexpected(id.error());
+    (a.decode ? decode_ids : prefill_ids).push_back(*id);
+  }
+  if (Status s = e.run_until_idle(); !s.is_ok()) return std::unexpected(s);
+
+  auto collect = [&e](const std::vector<sched::RequestId>& ids) {
+    std::vector<sched::RequestStatus> out;
+    for (sched::RequestId id : ids) out.push_back(*e.status(id));
+    return out;
+  };
+  MixedResult result;
+  result.decode = summarize_class(collect(decode_ids));
+  result.prefill = summarize_class(collect(prefill_ids));
+  result.stats = e.stats();
+  result.bytes_delivered = e.sim_transport().bytes_delivered();
+  return result;
+}
+
+}  // namespace baton::engine

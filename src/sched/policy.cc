@@ -1,0 +1,616 @@
+#include "baton/sched/policy.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "baton/common/units.h"
+
+namespace baton::sched {
+namespace {
+
+using topology::kPathTypeCount;
+using topology::PathType;
+
+constexpr std::array<std::string_view, kQosClassCount> kQosNames{
+    "decode_critical", "hot_kv", "prefill_bulk", "background"};
+constexpr std::array<std::string_view, 2> kPolicyNames{"deadline_aware", "baseline_fifo"};
+
+// "a, b or c": the tail of an "(expected …)" clause.
+std::string either(std::span<const std::string_view> names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i];
+  }
+  return out;
+}
+
+std::string comma_list(std::span<const std::string_view> names) {
+  std::string out;
+  for (std::string_view name : names) {
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out;
+}
+
+template <typename Enum, std::size_t N>
+std::optional<Enum> find_name(const std::array<std::string_view, N>& names,
+                              std::string_view name) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (names[i] == name) return static_cast<Enum>(i);
+  }
+  return std::nullopt;
+}
+
+std::string path_names_or_default() {
+  std::vector<std::string_view> names{"default"};
+  for (int i = 0; i < kPathTypeCount; ++i) names.push_back(to_string(static_cast<PathType>(i)));
+  return either(names);
+}
+
+// The policy file, read into a SchedPolicy. Each error names the origin, the
+// 1-based line, the dotted key and the offending text.
+class PolicyReader {
+ public:
+  explicit PolicyReader(std::string_view origin) : origin_(origin) {}
+
+  Status read(const YAML::Node& root, SchedPolicy& policy);
+
+ private:
+  struct Entry {
+    std::string key;
+    YAML::Node key_node;
+    YAML::Node value;
+  };
+  // Where a value that other values are checked against came from, so that
+  // a cross-field error can point at the line to change. line 0: built in.
+  struct Source {
+    std::string key;
+    std::string text;
+    int line = 0;
+  };
+  struct CreditsEntry {
+    std::optional<int> lanes;
+    std::optional<int> slices_per_lane;
+    std::optional<std::uint64_t> inflight_bytes;
+    Source inflight_source;
+  };
+
+  static int line_of(const YAML::Node& node) {
+    const YAML::Mark mark = node.Mark();
+    return mark.is_null() ? 0 : mark.line + 1;
+  }
+  // A null value's mark is where the parser noticed it (often the next line),
+  // so errors about a value report the key's line.
+  static int line_of(const Entry& entry) { return line_of(entry.key_node); }
+
+  static std::string describe(const YAML::Node& node) {
+    switch (node.Type()) {
+      case YAML::NodeType::Scalar: return fmt::format("\"{}\"", node.Scalar());
+      case YAML::NodeType::Sequence: return "a sequence";
+      case YAML::NodeType::Map: return "a mapping";
+      default: return "nothing";
+    }
+  }
+
+  Status bad_value(int line, std::string_view key, std::string_view what) const {
+    return Status::invalid_argument("{}:{}: {}: {}", origin_, line, key, what);
+  }
+
+  static std::string join(std::string_view prefix, std::string_view key) {
+    return prefix.empty() ? std::string(key) : fmt::format("{}.{}", prefix, key);
+  }
+
+  // The pairs of `map` (key `name`, whose own key is on `line`). A null value
+  // is an empty mapping, so a section whose entries are all commented out
+  // reads as absent. `allowed` empty: the caller checks the keys.
+  Result<std::vector<Entry>> entries(const YAML::Node& map, std::string_view name, int line,
+                                     std::span<const std::string_view> allowed) const;
+
+  Result<std::string> scalar(const Entry& e, std::string_view key) const;
+  Result<double> non_negative_number(const Entry& e, std::string_view key) const;
+  Result<int> at_least_one(const Entry& e, std::string_view key) const;
+  Result<std::uint64_t> size(const Entry& e, std::string_view key) const;
+
+  Status read_weights(const Entry& section, SchedPolicy& policy) const;
+  Status read_class_priority(const Entry& section, SchedPolicy& policy) const;
+  Status read_slice_size(const Entry& section, SchedPolicy& policy);
+  Status read_credits(const Entry& section, SchedPolicy& policy);
+  Status read_preemption(const Entry& section, SchedPolicy& policy) const;
+  Status check_inflight_holds_a_slice(const SchedPolicy& policy) const;
+
+  std::string_view origin_;
+  std::array<Source, kPathTypeCount> slice_source_{};
+  std::array<Source, kPathTypeCount> inflight_source_{};
+};
+
+Result<std::vector<PolicyReader::Entry>> PolicyReader::entries(
+    const YAML::Node& map, std::string_view name, int line,
+    std::span<const std::string_view> allowed) const {
+  std::vector<Entry> out;
+  if (map.IsNull()) return out;
+  if (!map.IsMap()) {
+    return std::unexpected(
+        bad_value(line, name, fmt::format("expected a mapping, got {}", describe(map))));
+  }
+  // yaml-cpp's iterators hand out a temporary pair; hold Nodes (handles), not
+  // references into it.
+  for (const auto& pair : map) {
+    const YAML::Node key = pair.first;
+    if (!key.IsScalar()) {
+      return std::unexpected(bad_value(line_of(key), name.empty() ? "(top level)" : name,
+                                       fmt::format("a key must be a name, got {}", describe(key))));
+    }
+    Entry entry{key.Scalar(), key, pair.second};
+    if (!allowed.empty() &&
+        std::find(allowed.begin(), allowed.end(), entry.key) == allowed.end()) {
+      return std::unexpected(Status::invalid_argument(
+          "{}:{}: unknown key \"{}\" (expected one of: {})", origin_, line_of(key),
+          join(name, entry.key), comma_list(allowed)));
+    }
+    // yaml-cpp keeps both pairs of a repeated key; reading either silently
+    // would hide an edit that did not take effect.
+    for (const Entry& seen : out) {
+      if (seen.key == entry.key) {
+        return std::unexpected(Status::invalid_argument(
+            "{}:{}: duplicate key \"{}\" (first on line {})", origin_, line_of(key),
+            join(name, entry.key), line_of(seen)));
+      }
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+Result<std::string> PolicyReader::scalar(const Entry& e, std::string_view key) const {
+  if (!e.value.IsScalar()) {
+    return std::unexpected(
+        bad_value(line_of(e), key, fmt::format("expected a value, got {}", describe(e.value))));
+  }
+  return e.value.Scalar();
+}
+
+Result<double> PolicyReader::non_negative_number(const Entry& e, std::string_view key) const {
+  auto text = scalar(e, key);
+  if (!text) return std::unexpected(text.error());
+  std::string_view digits = *text;
+  if (digits.starts_with('+')) digits.remove_prefix(1);
+  double value = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty()) {
+    return std::unexpected(bad_value(line_of(e), key, fmt::format("\"{}\" is not a number", *text)));
+  }
+  if (!std::isfinite(value)) {
+    return std::unexpected(bad_value(line_of(e), key, fmt::format("\"{}\" is not finite", *text)));
+  }
+  if (value < 0) {
+    return std::unexpected(
+        bad_value(line_of(e), key, fmt::format("\"{}\" is negative (expected >= 0)", *text)));
+  }
+  return value;
+}
+
+Result<int> PolicyReader::at_least_one(const Entry& e, std::string_view key) const {
+  auto text = scalar(e, key);
+  if (!text) return std::unexpected(text.error());
+  int value = 0;
+  const char* first = text->data();
+  const char* last = first + text->size();
+  const auto [end, ec] = std::from_chars(first, last, value);
+  if (ec != std::errc() || end != last || text->empty()) {
+    return std::unexpected(
+        bad_value(line_of(e), key, fmt::format("\"{}\" is not a whole number", *text)));
+  }
+  if (value < 1) {
+    return std::unexpected(
+        bad_value(line_of(e), key, fmt::format("\"{}\" is less than 1", *text)));
+  }
+  return value;
+}
+
+Result<std::uint64_t> PolicyReader::size(const Entry& e, std::string_view key) const {
+  auto text = scalar(e, key);
+  if (!text) return std::unexpected(text.error());
+  auto bytes = parse_size(*text);
+  if (!bytes) {
+    // parse_size already quotes the text; drop its own call name.
+    std::string_view why = bytes.error().message();
+    if (why.starts_with("parse_size: ")) why.remove_prefix(std::string_view("parse_size: ").size());
+    return std::unexpected(bad_value(line_of(e), key, why));
+  }
+  return *bytes;
+}
+
+Status PolicyReader::read_weights(const Entry& section, SchedPolicy& policy) const {
+  static constexpr std::array<std::string_view, 3> kKeys{"deadline", "priority", "aging"};
+  auto pairs = entries(section.value, "weights", line_of(section), kKeys);
+  if (!pairs) return pairs.error();
+  for (const Entry& e : *pairs) {
+    const std::string key = join("weights", e.key);
+    auto value = non_negative_number(e, key);
+    if (!value) return value.error();
+    if (e.key == "deadline") policy.w_deadline = *value;
+    if (e.key == "priority") policy.w_priority = *value;
+    if (e.key == "aging") policy.w_aging = *value;
+  }
+  return Status::ok();
+}
+
+Status PolicyReader::read_class_priority(const Entry& section, SchedPolicy& policy) const {
+  auto pairs = entries(section.value, "class_priority", line_of(section), {});
+  if (!pairs) return pairs.error();
+  for (const Entry& e : *pairs) {
+    const auto qos = find_name<QosClass>(kQosNames, e.key);
+    if (!qos) {
+      return bad_value(line_of(e), "class_priority",
+                       fmt::format("unknown class \"{}\" (expected {})", e.key, either(kQosNames)));
+    }
+    auto value = non_negative_number(e, join("class_priority", e.key));
+    if (!value) return value.error();
+    policy.class_priority[static_cast<int>(*qos)] = *value;
+  }
+  return Status::ok();
+}
+
+Status PolicyReader::read_slice_size(const Entry& section, SchedPolicy& policy) {
+  auto pairs = entries(section.value, "slice_size", line_of(section), {});
+  if (!pairs) return pairs.error();
+  // `default` first wherever it stands, so that per-path entries win.
+  for (const bool defaults_pass : {true, false}) {
+    for (const Entry& e : *pairs) {
+      if ((e.key == "default") != defaults_pass) continue;
+      std::optional<PathType> path;
+      if (!defaults_pass) {
+        auto parsed = topology::parse_path_type(e.key);
+        if (!parsed) {
+          return bad_value(line_of(e), "slice_size",
+                           fmt::format("unknown path \"{}\" (expected {})", e.key,
+                                       path_names_or_default()));
+        }
+        path = *parsed;
+      }
+      const std::string key = join("slice_size", e.key);
+      auto bytes = size(e, key);
+      if (!bytes) return bytes.error();
+      if (*bytes == 0) {
+        return bad_value(line_of(e), key,
+                         fmt::format("\"{}\" is zero (expected at least 1 byte)", e.value.Scalar()));
+      }
+      for (int i = 0; i < kPathTypeCount; ++i) {
+        if (path && i != static_cast<int>(*path)) continue;
+        policy.slice_bytes[i] = *bytes;
+        slice_source_[i] = {key, e.value.Scalar(), line_of(e)};
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status PolicyReader::read_credits(const Entry& section, SchedPolicy& policy) {
+  static constexpr std::array<std::string_view, 3> kKeys{"lanes", "slices_per_lane",
+                                                         "inflight_bytes"};
+  auto pairs = entries(section.value, "credits", line_of(section), {});
+  if (!pairs) return pairs.error();
+
+  std::optional<CreditsEntry> fallback;
+  std::array<std::optional<CreditsEntry>, kPathTypeCount> per_path;
+  for (const Entry& e : *pairs) {
+    std::optional<PathType> path;
+    if (e.key != "default") {
+      auto parsed = topology::parse_path_type(e.key);
+      if (!parsed) {
+        return bad_value(line_of(e), "credits",
+                         fmt::format("unknown path \"{}\" (expected {})", e.key,
+                                     path_names_or_default()));
+      }
+      path = *parsed;
+    }
+    const std::string name = join("credits", e.key);
+    auto fields = entries(e.value, name, line_of(e), kKeys);
+    if (!fields) return fields.error();
+    CreditsEntry entry;
+    for (const Entry& f : *fields) {
+      const std::string key = join(name, f.key);
+      if (f.key == "inflight_bytes") {
+        auto bytes = size(f, key);
+        if (!bytes) return bytes.error();
+        entry.inflight_bytes = *bytes;
+        entry.inflight_source = {key, f.value.Scalar(), line_of(f)};
+        continue;
+      }
+      auto count = at_least_one(f, key);
+      if (!count) return count.error();
+      (f.key == "lanes" ? entry.lanes : entry.slices_per_lane) = *count;
+    }
+    (path ? per_path[static_cast<int>(*path)] : fallback) = std::move(entry);
+  }
+
+  // Key by key: built-in < the file's `default` entry < the path's own entry.
+  auto apply = [&](const CreditsEntry& entry, int i) {
+    PathCredits& credits = policy.credits[i];
+    if (entry.lanes) credits.lanes = *entry.lanes;
+    if (entry.slices_per_lane) credits.slices_per_lane = *entry.slices_per_lane;
+    if (entry.inflight_bytes) {
+      credits.inflight_bytes = *entry.inflight_bytes;
+      inflight_source_[i] = entry.inflight_source;
+    }
+  };
+  for (int i = 0; i < kPathTypeCount; ++i) {
+    if (fallback) apply(*fallback, i);
+    if (per_path[i]) apply(*per_path[i], i);
+  }
+  return Status::ok();
+}
+
+Status PolicyReader::read_preemption(const Entry& section, SchedPolicy& policy) const {
+  static constexpr std::array<std::string_view, 2> kKeys{"enabled", "min_class"};
+  auto pairs = entries(section.value, "preemption", line_of(section), kKeys);
+  if (!pairs) return pairs.error();
+  for (const Entry& e : *pairs) {
+    const std::string key = join("preemption", e.key);
+    auto text = scalar(e, key);
+    if (!text) return text.error();
+    if (e.key == "enabled") {
+      // YAML 1.1 booleans: true/false, yes/no, on/off.
+      if (!YAML::convert<bool>::decode(e.value, policy.preemption)) {
+        return bad_value(line_of(e), key, fmt::format("\"{}\" is not true or false", *text));
+      }
+    } else {
+      const auto qos = find_name<QosClass>(kQosNames, *text);
+      if (!qos) {
+        return bad_value(line_of(e), key,
+                         fmt::format("unknown class \"{}\" (expected {})", *text, either(kQosNames)));
+      }
+      policy.preempt_min_class = *qos;
+    }
+  }
+  return Status::ok();
+}
+
+// A path whose inflight budget is below one slice could never post anything.
+// Point at whichever of the two values the file set.
+Status PolicyReader::check_inflight_holds_a_slice(const SchedPolicy& policy) const {
+  for (int i = 0; i < kPathTypeCount; ++i) {
+    const std::uint64_t slice = policy.slice_bytes[i];
+    const std::uint64_t inflight = policy.credits[i].inflight_bytes;
+    if (inflight >= slice) continue;
+    const std::string_view path = to_string(static_cast<PathType>(i));
+    const Source& in = inflight_source_[i];
+    if (in.line > 0) {
+      return bad_value(in.line, in.key,
+                       fmt::format("\"{}\" is smaller than the {} slice size ({})", in.text, path,
+                                   format_size(slice)));
+    }
+    const Source& sl = slice_source_[i];
+    if (sl.line > 0) {
+      return bad_value(sl.line, sl.key,
+                       fmt::format("\"{}\" is larger than the {} inflight_bytes ({}); raise "
+                                   "credits.{}.inflight_bytes too",
+                                   sl.text, path, format_size(inflight), path));
+    }
+  }
+  return Status::ok();
+}
+
+Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
+  if (root.IsNull()) return Status::ok();  // empty document: all defaults
+  if (!root.IsMap()) {
+    return Status::invalid_argument("{}:{}: expected a mapping of policy keys, got {}", origin_,
+                                    line_of(root), describe(root));
+  }
+  static constexpr std::array<std::string_view, 7> kKeys{
+      "policy", "weights", "class_priority", "starvation_bound", "slice_size", "credits",
+      "preemption"};
+  auto sections = entries(root, "", line_of(root), kKeys);
+  if (!sections) return sections.error();
+  for (const Entry& e : *sections) {
+    Status status;
+    if (e.key == "policy") {
+      auto text = scalar(e, "policy");
+      if (!text) return text.error();
+      const auto kind = find_name<PolicyKind>(kPolicyNames, *text);
+      if (!kind) {
+        return bad_value(line_of(e), "policy",
+                         fmt::format("unknown policy \"{}\" (expected {})", *text,
+                                     either(kPolicyNames)));
+      }
+      policy.kind = *kind;
+    } else if (e.key == "weights") {
+      status = read_weights(e, policy);
+    } else if (e.key == "class_priority") {
+      status = read_class_priority(e, policy);
+    } else if (e.key == "starvation_bound") {
+      auto text = scalar(e, "starvation_bound");
+      if (!text) return text.error();
+      auto ns = parse_duration(*text);
+      if (!ns) {
+        std::string_view why = ns.error().message();
+        if (why.starts_with("parse_duration: ")) {
+          why.remove_prefix(std::string_view("parse_duration: ").size());
+        }
+        return bad_value(line_of(e), "starvation_bound", why);
+      }
+      // Zero would make every queued request overdue: FIFO in disguise.
+      if (*ns == 0) {
+        return bad_value(line_of(e), "starvation_bound",
+                         fmt::format("\"{}\" is zero (expected a positive duration)", *text));
+      }
+      policy.starvation_bound_ns = *ns;
+    } else if (e.key == "slice_size") {
+      status = read_slice_size(e, policy);
+    } else if (e.key == "credits") {
+      status = read_credits(e, policy);
+    } else if (e.key == "preemption") {
+      status = read_preemption(e, policy);
+    }
+    if (!status.is_ok()) return status;
+  }
+  return check_inflight_holds_a_slice(policy);
+}
+
+}  // namespace
+
+std::string_view to_string(QosClass qos) { return kQosNames[static_cast<int>(qos)]; }
+
+Result<QosClass> parse_qos_class(std::string_view name) {
+  if (auto qos = find_name<QosClass>(kQosNames, name)) return *qos;
+  return std::unexpected(Status::invalid_argument(
+      "parse_qos_class: unknown class \"{}\" (expected {})", name, either(kQosNames)));
+}
+
+std::string_view to_string(PolicyKind kind) { return kPolicyNames[static_cast<int>(kind)]; }
+
+Result<PolicyKind> parse_policy_kind(std::string_view name) {
+  if (auto kind = find_name<PolicyKind>(kPolicyNames, name)) return *kind;
+  return std::unexpected(Status::invalid_argument(
+      "parse_policy_kind: unknown policy \"{}\" (expected {})", name, either(kPolicyNames)));
+}
+
+SchedPolicy SchedPolicy::defaults() {
+  SchedPolicy policy;
+  for (int i = 0; i < kPathTypeCount; ++i) {
+    // Fabric paths move ~25 GB/s per link at ~2 µs: bigger slices keep them
+    // busy; PCIe and staging sit between; NIC and shm paths keep slices small
+    // so a decode slice waits behind at most a few µs of bulk.
+    std::uint64_t slice_kib = 64;
+    PathCredits credits{.lanes = 2, .slices_per_lane = 2, .inflight_bytes = 4 << 20};
+    switch (static_cast<PathType>(i)) {
+      case PathType::kNvlink:
+      case PathType::kNvswitch:
+        slice_kib = 512;
+        credits = {.lanes = 4, .slices_per_lane = 2, .inflight_bytes = 8 << 20};
+        break;
+      case PathType::kPcieP2p:
+      case PathType::kHostStaging: slice_kib = 256; break;
+      case PathType::kGdr:
+      case PathType::kRdma:
+      case PathType::kTcp:
+      case PathType::kShm: break;
+    }
+    policy.slice_bytes[i] = slice_kib << 10;
+    policy.credits[i] = credits;
+  }
+  return policy;
+}
+
+Status SchedPolicy::validate() const {
+  if (static_cast<int>(kind) >= static_cast<int>(kPolicyNames.size())) {
+    return Status::invalid_argument("SchedPolicy: kind {} is not a policy",
+                                    static_cast<int>(kind));
+  }
+  const std::array<std::pair<std::string_view, double>, 3> weights{
+      {{"w_deadline", w_deadline}, {"w_priority", w_priority}, {"w_aging", w_aging}}};
+  for (const auto& [name, value] : weights) {
+    if (!std::isfinite(value) || value < 0) {
+      return Status::invalid_argument("SchedPolicy: {} is {} (expected a finite number >= 0)",
+                                      name, value);
+    }
+  }
+  for (int q = 0; q < kQosClassCount; ++q) {
+    const double value = class_priority[q];
+    if (!std::isfinite(value) || value < 0) {
+      return Status::invalid_argument(
+          "SchedPolicy: class_priority[{}] is {} (expected a finite number >= 0)",
+          kQosNames[q], value);
+    }
+  }
+  if (starvation_bound_ns <= 0) {
+    return Status::invalid_argument("SchedPolicy: starvation_bound_ns is {} (expected > 0)",
+                                    starvation_bound_ns);
+  }
+  for (int i = 0; i < kPathTypeCount; ++i) {
+    const std::string_view path = to_string(static_cast<PathType>(i));
+    const PathCredits& c = credits[i];
+    if (slice_bytes[i] == 0) {
+      return Status::invalid_argument("SchedPolicy: slice_bytes[{}] is 0 (expected > 0)", path);
+    }
+    if (c.lanes < 1 || c.slices_per_lane < 1) {
+      return Status::invalid_argument(
+          "SchedPolicy: credits[{}] has {} lanes and {} slices per lane (expected >= 1 each)",
+          path, c.lanes, c.slices_per_lane);
+    }
+    if (c.inflight_bytes < slice_bytes[i]) {
+      return Status::invalid_argument(
+          "SchedPolicy: credits[{}].inflight_bytes {} is below one slice ({} bytes)", path,
+          c.inflight_bytes, slice_bytes[i]);
+    }
+  }
+  if (static_cast<int>(preempt_min_class) >= kQosClassCount) {
+    return Status::invalid_argument("SchedPolicy: preempt_min_class {} is not a class",
+                                    static_cast<int>(preempt_min_class));
+  }
+  return Status::ok();
+}
+
+Result<SchedPolicy> parse_policy(std::string_view yaml_text, std::string_view origin) {
+  SchedPolicy policy = SchedPolicy::defaults();
+  try {
+    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
+    // A second document would be ignored silently (e.g. two files concatenated).
+    for (std::size_t i = 1; i < documents.size(); ++i) {
+      if (!documents[i].IsNull()) {
+        return std::unexpected(Status::invalid_argument(
+            "{}:{}: a second YAML document (expected one policy per file)", origin,
+            documents[i].Mark().line + 1));
+      }
+    }
+    if (!documents.empty()) {
+      PolicyReader reader(origin);
+      if (Status status = reader.read(documents.front(), policy); !status.is_ok()) {
+        return std::unexpected(std::move(status));
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) {
+      return std::unexpected(Status::invalid_argument("{}: invalid YAML: {}", origin, e.msg));
+    }
+    return std::unexpected(Status::invalid_argument("{}:{}: invalid YAML: {}", origin,
+                                                    e.mark.line + 1, e.msg));
+  } catch (const std::exception& e) {
+    return std::unexpected(Status::internal("{}: reading the policy failed: {}", origin, e.what()));
+  }
+  if (Status status = policy.validate(); !status.is_ok()) {
+    return std::unexpected(Status::invalid_argument("{}: {}", origin, status.message()));
+  }
+  return policy;
+}
+
+Result<SchedPolicy> load_policy(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_type type = std::filesystem::status(path, ec).type();
+  if (type != std::filesystem::file_type::regular) {
+    return std::unexpected(Status::not_found(
+        "load_policy: \"{}\" is not a readable regular file ({})", path,
+        type == std::filesystem::file_type::not_found ? "no such file"
+        : type == std::filesystem::file_type::directory ? "a directory"
+        : ec ? ec.message() : "not a regular file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    return std::unexpected(
+        Status::not_found("load_policy: \"{}\" is not a readable regular file (cannot open)", path));
+  }
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) {
+    return std::unexpected(
+        Status::not_found("load_policy: \"{}\" is not a readable regular file (read failed)", path));
+  }
+  return parse_policy(text, path);
+}
+
+}  // namespace baton::sched

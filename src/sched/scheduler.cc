@@ -1,0 +1,518 @@
+// The scheduler. Per path, queued requests wait in three ordered sets whose
+// keys never change while a request waits (docs/scheduler.md has the proof):
+//   with_deadline:    K = w_p·prio − w_d·(deadline − remaining)/1µs − w_a·enqueued/1µs
+//   without_deadline: K = w_p·prio − w_a·enqueued/1µs
+//   by_age:           enqueue time (the starvation bound, and baseline FIFO order)
+// Urgency at `now` is (w_d + w_a)·now + K for the first set and w_a·now + K
+// for the second, so each set's order holds for all time and the most urgent
+// request is one of two set heads: O(log n) per dispatch, no re-scoring.
+#include "baton/sched/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace baton::sched {
+namespace {
+
+using transport::PathId;
+using transport::SliceId;
+
+constexpr PathId kNoPath = std::numeric_limits<PathId>::max();
+// A request whose slices keep failing on healthy paths ends instead of looping.
+constexpr int kMaxSliceFailures = 16;
+
+struct Range {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+// Most urgent first; equal keys in arrival order.
+struct QueueKey {
+  double key;
+  std::uint64_t seq;
+  RequestId id;
+  bool operator<(const QueueKey& o) const { return key != o.key ? key > o.key : seq < o.seq; }
+};
+
+struct AgeKey {
+  TimeNs enqueued_ns;
+  std::uint64_t seq;
+  RequestId id;
+  auto operator<=>(const AgeKey&) const = default;
+};
+
+struct Request {
+  RequestId id = 0;
+  TransferRequest spec;
+  std::uint64_t seq = 0;
+  std::vector<PathId> chain;
+  RequestStatus status;
+  std::uint64_t next_offset = 0;  // bytes before it have been sliced
+  std::vector<Range> retry;       // sliced, failed or preempted: send again
+  std::uint64_t unsent = 0;       // bytes not currently posted nor delivered
+  std::set<SliceId> posted;
+  int failures = 0;
+  PathId home = kNoPath;  // the path whose queue holds it (when queued)
+  bool queued = false;
+  bool in_deadline_set = false;
+  double key = 0;
+
+  [[nodiscard]] bool ended() const {
+    return status.state == RequestState::kCompleted || status.state == RequestState::kFailed ||
+           status.state == RequestState::kCancelled;
+  }
+};
+
+struct PostedSlice {
+  RequestId request = 0;
+  Range range;
+  PathId path = 0;
+  int lane = 0;
+  std::uint64_t post_seq = 0;
+};
+
+struct PathQueue {
+  std::set<QueueKey> with_deadline;
+  std::set<QueueKey> without_deadline;
+  std::set<AgeKey> by_age;
+};
+
+struct PathRuntime {
+  transport::PathInfo info;
+  PathCredits credits;
+  std::uint64_t slice_bytes = 0;
+  double bytes_per_ns = 0;
+  TimeNs latency_ns = 0;
+  PathLoad load;
+  std::vector<int> lane_load;
+  PathQueue queue;
+  std::map<std::uint64_t, SliceId> posted_by_seq;  // preemption looks at the newest first
+};
+
+double us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
+
+}  // namespace
+
+std::string_view to_string(RequestState state) {
+  switch (state) {
+    case RequestState::kQueued: return "queued";
+    case RequestState::kRunning: return "running";
+    case RequestState::kCompleted: return "completed";
+    case RequestState::kFailed: return "failed";
+    case RequestState::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+struct Scheduler::State {
+  State(const topology::TopologyGraph& g, const SchedPolicy& p, transport::Transport& t)
+      : graph(g), policy(p), transport(t) {}
+
+  const topology::TopologyGraph& graph;
+  SchedPolicy policy;
+  transport::Transport& transport;
+  std::vector<PathRuntime> paths;
+  std::map<std::tuple<std::string, std::string, topology::PathType>, PathId> path_index;
+  std::unordered_map<std::string, std::vector<PathId>> chains;
+  std::unordered_map<RequestId, Request> requests;
+  std::unordered_map<SliceId, PostedSlice> posted;
+  std::set<PathId> busy_queues;  // paths whose queue is not empty
+  SliceId next_slice = 1;
+  std::uint64_t next_seq = 0;
+  std::size_t open = 0;
+  bool top_is_overdue = false;  // set by top(): the head was promoted by the starvation bound
+  SchedStats stats;
+
+  [[nodiscard]] bool deadline_aware() const { return policy.kind == PolicyKind::kDeadlineAware; }
+
+  [[nodiscard]] double class_term(const Request& r) const {
+    return policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
+  }
+
+  // The time-invariant part of the urgency (see the file comment).
+  [[nodiscard]] double key_of(const Request& r) const {
+    const PathRuntime& p = paths[r.home];
+    const double aging = policy.w_aging * us(r.status.submitted_ns);
+    if (!r.in_deadline_set) return class_term(r) - aging;
+    const double remaining_ns = static_cast<double>(r.unsent) / p.bytes_per_ns;
+    return class_term(r) - policy.w_deadline * (us(r.spec.deadline_ns) - remaining_ns / 1000.0) - aging;
+  }
+
+  void enqueue(Request& r, PathId home) {
+    r.home = home;
+    r.queued = true;
+    r.in_deadline_set = deadline_aware() && r.spec.deadline_ns != 0;
+    r.key = key_of(r);
+    PathQueue& q = paths[home].queue;
+    (r.in_deadline_set ? q.with_deadline : q.without_deadline).insert({r.key, r.seq, r.id});
+    q.by_age.insert({r.status.submitted_ns, r.seq, r.id});
+    busy_queues.insert(home);
+  }
+
+  void dequeue(Request& r) {
+    if (!r.queued) return;
+    PathQueue& q = paths[r.home].queue;
+    (r.in_deadline_set ? q.with_deadline : q.without_deadline).erase({r.key, r.seq, r.id});
+    q.by_age.erase({r.status.submitted_ns, r.seq, r.id});
+    if (q.by_age.empty()) busy_queues.erase(r.home);
+    r.queued = false;
+  }
+
+  // The remaining time changed: move the request to its new place.
+  void rekey(Request& r) {
+    if (!r.queued || !r.in_deadline_set) return;
+    PathQueue& q = paths[r.home].queue;
+    q.with_deadline.erase({r.key, r.seq, r.id});
+    r.key = key_of(r);
+    q.with_deadline.insert({r.key, r.seq, r.id});
+  }
+
+  // The most urgent request of a path's queue at `now`.
+  Request* top(PathId path, TimeNs now_ns) {
+    PathQueue& q = paths[path].queue;
+    if (q.by_age.empty()) return nullptr;
+    const AgeKey& oldest = *q.by_age.begin();
+    top_is_overdue = false;
+    if (!deadline_aware()) return &requests.at(oldest.id);
+    top_is_overdue = now_ns - oldest.enqueued_ns >= policy.starvation_bound_ns;
+    if (top_is_overdue) return &requests.at(oldest.id);
+    const double now_us = us(now_ns);
+    Request* best = nullptr;
+    double best_urgency = 0;
+    if (!q.with_deadline.empty()) {
+      best = &requests.at(q.with_deadline.begin()->id);
+      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.with_deadline.begin()->key;
+    }
+    if (!q.without_deadline.empty()) {
+      const double u = policy.w_aging * now_us + q.without_deadline.begin()->key;
+      if (best == nullptr || u > best_urgency) best = &requests.at(q.without_deadline.begin()->id);
+    }
+    return best;
+  }
+
+  [[nodiscard]] PathId first_healthy(const Request& r, TimeNs now_ns) const {
+    for (PathId p : r.chain) {
+      if (transport.path_healthy(p, now_ns)) return p;
+    }
+    return kNoPath;
+  }
+
+  [[nodiscard]] std::uint64_t next_length(const Request& r, PathId path) const {
+    const std::uint64_t cap = paths[path].slice_bytes;
+    if (!r.retry.empty()) return std::min(cap, r.retry.back().length);
+    return std::min(cap, r.spec.bytes - r.next_offset);
+  }
+
+  [[nodiscard]] bool has_credit(PathId path, std::uint64_t bytes) const {
+    const PathRuntime& p = paths[path];
+    if (p.load.inflight_slices >= p.credits.lanes * p.credits.slices_per_lane) return false;
+    return p.load.inflight_slices == 0 || p.load.inflight_bytes + bytes <= p.credits.inflight_bytes;
+  }
+
+  void finish(Request& r, RequestState state, Status status, TimeNs now_ns) {
+    dequeue(r);
+    r.status.state = state;
+    r.status.status = std::move(status);
+    r.status.completed_ns = now_ns;
+    --open;
+  }
+
+  // Cancels every posted slice of `r`; those stopped return their credits.
+  void cancel_posted(Request& r, TimeNs now_ns) {
+    for (SliceId id : std::set<SliceId>(r.posted)) {
+      const auto result = transport.cancel(id, now_ns);
+      if (result.stopped) {
+        stats.bytes_wasted += result.bytes_wasted;
+        release(id);
+        r.posted.erase(id);
+      }
+    }
+  }
+
+  void fail(Request& r, Status status, TimeNs now_ns) {
+    cancel_posted(r, now_ns);
+    finish(r, RequestState::kFailed, std::move(status), now_ns);
+  }
+
+  // Queues `r` on its best healthy path, or fails it when none is left.
+  void home_request(Request& r, TimeNs now_ns) {
+    const PathId home = first_healthy(r, now_ns);
+    if (home == kNoPath) {
+      fail(r, Status::unavailable("sched: no healthy path from {} to {}", r.spec.from, r.spec.to), now_ns);
+      return;
+    }
+    enqueue(r, home);
+  }
+
+  // A path went down: everything queued on it moves to the next path of its chain.
+  void rehome_queue(PathId path, TimeNs now_ns) {
+    std::vector<RequestId> ids;
+    for (const AgeKey& a : paths[path].queue.by_age) ids.push_back(a.id);
+    for (RequestId id : ids) {
+      Request& r = requests.at(id);
+      dequeue(r);
+      home_request(r, now_ns);
+    }
+  }
+
+  PostedSlice release(SliceId id) {
+    const PostedSlice s = posted.at(id);
+    posted.erase(id);
+    PathRuntime& p = paths[s.path];
+    p.load.inflight_slices -= 1;
+    p.load.inflight_bytes -= s.range.length;
+    p.lane_load[s.lane] -= 1;
+    p.posted_by_seq.erase(s.post_seq);
+    return s;
+  }
+
+  // Takes the next range of `r` and posts it on `path`. False when the
+  // transport refused (the path died under us); nothing is lost then.
+  bool post(Request& r, PathId path, TimeNs now_ns) {
+    PathRuntime& p = paths[path];
+    const std::uint64_t length = next_length(r, path);
+    Range range;
+    if (!r.retry.empty()) {
+      Range& back = r.retry.back();
+      range = {back.offset, length};
+      back.offset += length;
+      back.length -= length;
+      if (back.length == 0) r.retry.pop_back();
+    } else {
+      range = {r.next_offset, length};
+      r.next_offset += length;
+    }
+    const int lane = static_cast<int>(std::ranges::min_element(p.lane_load) - p.lane_load.begin());
+    const SliceId id = next_slice++;
+    if (Status s = transport.submit({id, path, lane, length}, now_ns); !s.is_ok()) {
+      r.retry.push_back(range);
+      return false;
+    }
+    const std::uint64_t seq = next_seq++;
+    posted[id] = {r.id, range, path, lane, seq};
+    p.posted_by_seq[seq] = id;
+    p.lane_load[lane] += 1;
+    p.load.inflight_slices += 1;
+    p.load.inflight_bytes += length;
+    p.load.max_inflight_slices = std::max(p.load.max_inflight_slices, p.load.inflight_slices);
+    p.load.max_inflight_bytes = std::max(p.load.max_inflight_bytes, p.load.inflight_bytes);
+    r.posted.insert(id);
+    r.unsent -= length;
+    r.status.state = RequestState::kRunning;
+    ++stats.slices_posted;
+    if (r.unsent == 0) {
+      dequeue(r);
+    } else {
+      rekey(r);
+    }
+    return true;
+  }
+
+  // Waiting on `path` would miss the deadline and a fallback with free
+  // credits would not: send the next slice there.
+  bool try_spill(Request& r, PathId path, TimeNs now_ns) {
+    if (r.spec.deadline_ns == 0) return false;
+    const PathRuntime& p = paths[path];
+    const double wait_ns = static_cast<double>(p.load.inflight_bytes + r.unsent) / p.bytes_per_ns;
+    if (static_cast<double>(now_ns) + wait_ns + static_cast<double>(p.latency_ns) <=
+        static_cast<double>(r.spec.deadline_ns)) {
+      return false;
+    }
+    for (PathId f : r.chain) {
+      if (f == path || !transport.path_healthy(f, now_ns)) continue;
+      const PathRuntime& fp = paths[f];
+      const double finish = static_cast<double>(now_ns) + static_cast<double>(r.unsent) / fp.bytes_per_ns +
+                            static_cast<double>(fp.latency_ns);
+      if (finish > static_cast<double>(r.spec.deadline_ns) || !has_credit(f, next_length(r, f))) continue;
+      if (post(r, f, now_ns)) {
+        ++r.status.slices_spilled;
+        ++stats.slices_spilled;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A critical request without credits cancels the newest posted slice of a
+  // lower class on its path; the victim's bytes go back to its request.
+  bool try_preempt(Request& r, PathId path, TimeNs now_ns) {
+    if (!policy.preemption || r.spec.qos > policy.preempt_min_class) return false;
+    PathRuntime& p = paths[path];
+    for (auto it = p.posted_by_seq.rbegin(); it != p.posted_by_seq.rend(); ++it) {
+      const SliceId victim_id = it->second;
+      Request& victim = requests.at(posted.at(victim_id).request);
+      if (!victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
+      // An overdue request is being served by the starvation bound; taking
+      // its slice back would starve it again, forever under sustained load.
+      if (now_ns - victim.status.submitted_ns >= policy.starvation_bound_ns) continue;
+      const auto result = transport.cancel(victim_id, now_ns);
+      if (!result.stopped) continue;  // already delivered: nothing to win
+      const PostedSlice s = release(victim_id);
+      victim.posted.erase(victim_id);
+      victim.retry.push_back(s.range);
+      victim.unsent += s.range.length;
+      ++victim.status.slices_preempted;
+      ++stats.slices_preempted;
+      stats.bytes_wasted += result.bytes_wasted;
+      if (!victim.queued) {
+        home_request(victim, now_ns);
+      } else {
+        rekey(victim);
+      }
+      return post(r, path, now_ns);
+    }
+    return false;
+  }
+};
+
+Scheduler::Scheduler(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Scheduler::~Scheduler() = default;
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const topology::TopologyGraph& graph, const SchedPolicy& policy,
+                                                     transport::Transport& transport) {
+  if (Status s = policy.validate(); !s.is_ok()) return std::unexpected(s);
+  auto st = std::make_unique<State>(graph, policy, transport);
+  const auto& infos = transport.paths();
+  for (PathId id = 0; id < infos.size(); ++id) {
+    const transport::PathInfo& info = infos[id];
+    PathRuntime p;
+    p.info = info;
+    p.credits = policy.credits_for(info.type);
+    p.credits.lanes = std::min(p.credits.lanes, info.lanes);  // cannot use lanes the path lacks
+    p.slice_bytes = policy.slice_for(info.type);
+    p.bytes_per_ns = info.bandwidth_gbps;
+    p.latency_ns = static_cast<TimeNs>(info.latency_us * 1000.0);
+    p.lane_load.assign(info.lanes, 0);
+    st->paths.push_back(std::move(p));
+    st->path_index[{info.from, info.to, info.type}] = id;
+  }
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(st)));
+}
+
+Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs now_ns) {
+  State& st = *state_;
+  if (request.bytes == 0) {
+    return Status::invalid_argument("submit: request {} ({} -> {}) has 0 bytes", id, request.from, request.to);
+  }
+  if (st.requests.contains(id)) return Status::already_exists("submit: request {} exists already", id);
+  const std::string key = request.from + "|" + request.to;
+  auto chain_it = st.chains.find(key);
+  if (chain_it == st.chains.end()) {
+    auto route = st.graph.rank(request.from, request.to);
+    if (!route) return Status(route.error().code(), "submit: " + route.error().message());
+    std::vector<PathId> chain;
+    for (const topology::Link& l : route->chain) {
+      if (auto it = st.path_index.find({l.from, l.to, l.path}); it != st.path_index.end()) {
+        chain.push_back(it->second);
+      }
+    }
+    chain_it = st.chains.emplace(key, std::move(chain)).first;
+  }
+  if (chain_it->second.empty()) {
+    return Status::unavailable("submit: the transport has no path from {} to {}", request.from, request.to);
+  }
+  Request& r = st.requests[id];
+  r.id = id;
+  r.spec = request;
+  r.seq = st.next_seq++;
+  r.chain = chain_it->second;
+  r.unsent = request.bytes;
+  r.status.qos = request.qos;
+  r.status.bytes = request.bytes;
+  r.status.deadline_ns = request.deadline_ns;
+  r.status.submitted_ns = now_ns;
+  ++st.open;
+  st.home_request(r, now_ns);
+  return Status::ok();
+}
+
+Status Scheduler::cancel(RequestId id, TimeNs now_ns) {
+  State& st = *state_;
+  const auto it = st.requests.find(id);
+  if (it == st.requests.end()) return Status::not_found("cancel: no request {}", id);
+  Request& r = it->second;
+  if (r.ended()) {
+    return Status::invalid_argument("cancel: request {} already ended ({})", id, to_string(r.status.state));
+  }
+  st.cancel_posted(r, now_ns);
+  st.finish(r, RequestState::kCancelled, Status::cancelled("request {} cancelled", id), now_ns);
+  return Status::ok();
+}
+
+void Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns) {
+  State& st = *state_;
+  if (!st.posted.contains(c.id)) return;  // stopped by a cancel that lost the race
+  const PostedSlice s = st.release(c.id);
+  Request& r = st.requests.at(s.request);
+  r.posted.erase(c.id);
+  if (r.ended()) return;  // cancelled or failed: the bytes no longer matter
+  if (c.status.is_ok()) {
+    r.status.bytes_done += s.range.length;
+    st.paths[s.path].load.bytes_completed += s.range.length;
+    ++st.stats.slices_completed;
+    if (r.status.bytes_done == r.spec.bytes) st.finish(r, RequestState::kCompleted, Status::ok(), c.at_ns);
+    return;
+  }
+  ++st.stats.slices_retried;
+  if (++r.failures > kMaxSliceFailures) {
+    st.fail(r,
+            Status::unavailable("request {}: {} slices failed, the last with: {}", r.id, r.failures,
+                                c.status.message()),
+            now_ns);
+    return;
+  }
+  r.retry.push_back(s.range);
+  r.unsent += s.range.length;
+  if (!r.queued) {
+    st.home_request(r, now_ns);
+  } else {
+    st.rekey(r);
+  }
+}
+
+void Scheduler::dispatch(TimeNs now_ns) {
+  State& st = *state_;
+  // Pass 1: every path serves its own queue. Pass 2: what is still blocked
+  // may spill to a fallback with credits left over, or preempt.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (PathId path : std::vector<PathId>(st.busy_queues.begin(), st.busy_queues.end())) {
+      if (!st.transport.path_healthy(path, now_ns)) {
+        st.rehome_queue(path, now_ns);
+        continue;
+      }
+      while (Request* r = st.top(path, now_ns)) {
+        if (st.has_credit(path, st.next_length(*r, path))) {
+          const bool promoted = st.top_is_overdue;
+          if (st.post(*r, path, now_ns)) {
+            st.stats.starvation_promotions += promoted;
+          } else {
+            st.rehome_queue(path, now_ns);
+            break;
+          }
+          continue;
+        }
+        if (pass == 0 || !st.deadline_aware()) break;
+        if (!st.try_spill(*r, path, now_ns) && !st.try_preempt(*r, path, now_ns)) break;
+      }
+    }
+  }
+}
+
+Result<RequestStatus> Scheduler::status(RequestId id) const {
+  const auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return std::unexpected(Status::not_found("status: no request {}", id));
+  return it->second.status;
+}
+
+const SchedStats& Scheduler::stats() const { return state_->stats; }
+const PathLoad& Scheduler::load(transport::PathId path) const { return state_->paths.at(path).load; }
+std::size_t Scheduler::queued_requests() const { return state_->open; }
+const SchedPolicy& Scheduler::policy() const { return state_->policy; }
+
+}  // namespace baton::sched

@@ -1,0 +1,478 @@
+#include "baton/sched/policy.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include <gtest/gtest.h>
+
+namespace baton::sched {
+namespace {
+
+using topology::PathType;
+
+constexpr std::uint64_t kKiB = 1024;
+constexpr std::uint64_t kMiB = 1024 * 1024;
+
+constexpr std::array<PathType, topology::kPathTypeCount> kAllPaths{
+    PathType::kNvlink, PathType::kNvswitch, PathType::kPcieP2p, PathType::kHostStaging,
+    PathType::kGdr,    PathType::kRdma,     PathType::kTcp,     PathType::kShm};
+
+void expect_same(const SchedPolicy& actual, const SchedPolicy& expected) {
+  EXPECT_EQ(actual.kind, expected.kind);
+  EXPECT_EQ(actual.w_deadline, expected.w_deadline);
+  EXPECT_EQ(actual.w_priority, expected.w_priority);
+  EXPECT_EQ(actual.w_aging, expected.w_aging);
+  for (int q = 0; q < kQosClassCount; ++q) {
+    EXPECT_EQ(actual.class_priority[q], expected.class_priority[q])
+        << to_string(static_cast<QosClass>(q));
+  }
+  EXPECT_EQ(actual.starvation_bound_ns, expected.starvation_bound_ns);
+  for (PathType path : kAllPaths) {
+    SCOPED_TRACE(std::string(to_string(path)));
+    EXPECT_EQ(actual.slice_for(path), expected.slice_for(path));
+    EXPECT_EQ(actual.credits_for(path).lanes, expected.credits_for(path).lanes);
+    EXPECT_EQ(actual.credits_for(path).slices_per_lane, expected.credits_for(path).slices_per_lane);
+    EXPECT_EQ(actual.credits_for(path).inflight_bytes, expected.credits_for(path).inflight_bytes);
+  }
+  EXPECT_EQ(actual.preemption, expected.preemption);
+  EXPECT_EQ(actual.preempt_min_class, expected.preempt_min_class);
+}
+
+SchedPolicy parse_ok(std::string_view yaml) {
+  auto policy = parse_policy(yaml);
+  EXPECT_TRUE(policy.has_value()) << policy.error().to_string();
+  return policy.value_or(SchedPolicy::defaults());
+}
+
+// The message of the error that parse_policy must return for `yaml`.
+std::string error_for(std::string_view yaml) {
+  const auto policy = parse_policy(yaml);
+  if (policy.has_value()) return "(accepted)";
+  EXPECT_EQ(policy.error().code(), StatusCode::kInvalidArgument) << policy.error().message();
+  return policy.error().message();
+}
+
+// ---- Defaults and the shipped file ------------------------------------------
+
+TEST(SchedPolicyDefaults, DocumentedValues) {
+  const SchedPolicy p = SchedPolicy::defaults();
+  EXPECT_TRUE(p.validate().is_ok()) << p.validate().to_string();
+  EXPECT_EQ(p.kind, PolicyKind::kDeadlineAware);
+  EXPECT_EQ(p.w_deadline, 1.0);
+  EXPECT_EQ(p.w_priority, 1.0);
+  EXPECT_EQ(p.w_aging, 0.05);
+  EXPECT_EQ(p.class_priority, (std::array<double, kQosClassCount>{10000, 5000, 1000, 0}));
+  EXPECT_EQ(p.starvation_bound_ns, 50'000'000);
+  EXPECT_TRUE(p.preemption);
+  EXPECT_EQ(p.preempt_min_class, QosClass::kDecodeCritical);
+
+  EXPECT_EQ(p.slice_for(PathType::kNvlink), 512 * kKiB);
+  EXPECT_EQ(p.slice_for(PathType::kNvswitch), 512 * kKiB);
+  EXPECT_EQ(p.slice_for(PathType::kPcieP2p), 256 * kKiB);
+  EXPECT_EQ(p.slice_for(PathType::kHostStaging), 256 * kKiB);
+  for (PathType path : {PathType::kGdr, PathType::kRdma, PathType::kTcp, PathType::kShm}) {
+    EXPECT_EQ(p.slice_for(path), 64 * kKiB) << to_string(path);
+  }
+  for (PathType path : kAllPaths) {
+    const bool fabric = path == PathType::kNvlink || path == PathType::kNvswitch;
+    const PathCredits& c = p.credits_for(path);
+    EXPECT_EQ(c.lanes, fabric ? 4 : 2) << to_string(path);
+    EXPECT_EQ(c.slices_per_lane, 2) << to_string(path);
+    EXPECT_EQ(c.inflight_bytes, fabric ? 8 * kMiB : 4 * kMiB) << to_string(path);
+  }
+}
+
+TEST(SchedPolicyFile, ShippedFileEqualsDefaults) {
+  const auto policy = load_policy(BATON_SOURCE_DIR "/configs/sched_policy.yaml");
+  ASSERT_TRUE(policy.has_value()) << policy.error().to_string();
+  expect_same(*policy, SchedPolicy::defaults());
+}
+
+TEST(SchedPolicyParse, EmptyDocumentIsDefaults) {
+  for (std::string_view yaml : {"", "\n\n", "# nothing but a comment\n", "---\n", "~\n",
+                                "weights:\nslice_size:\ncredits:\n  nvlink:\n"}) {
+    SCOPED_TRACE(std::string(yaml));
+    expect_same(parse_ok(yaml), SchedPolicy::defaults());
+  }
+}
+
+TEST(SchedPolicyParse, PartialFileKeepsTheRestDefault) {
+  const SchedPolicy p = parse_ok(
+      "policy: baseline_fifo\n"
+      "weights: {aging: 0.25}\n"
+      "slice_size:\n"
+      "  tcp: 16KiB\n");
+  SchedPolicy expected = SchedPolicy::defaults();
+  expected.kind = PolicyKind::kBaselineFifo;
+  expected.w_aging = 0.25;
+  expected.slice_bytes[static_cast<int>(PathType::kTcp)] = 16 * kKiB;
+  expect_same(p, expected);
+}
+
+TEST(SchedPolicyParse, EveryKeySet) {
+  const SchedPolicy p = parse_ok(
+      "policy: baseline_fifo\n"
+      "weights: {deadline: 2, priority: 0.5, aging: 0}\n"
+      "class_priority: {decode_critical: 900, hot_kv: 500.5, prefill_bulk: 10, background: 1}\n"
+      "starvation_bound: 250us\n"
+      "slice_size: {default: 32KiB, nvlink: 1MiB}\n"
+      "credits:\n"
+      "  default: {lanes: 1, slices_per_lane: 3, inflight_bytes: 2MiB}\n"
+      "  nvlink: {lanes: 8, slices_per_lane: 4, inflight_bytes: 16MiB}\n"
+      "preemption: {enabled: false, min_class: hot_kv}\n");
+  EXPECT_EQ(p.kind, PolicyKind::kBaselineFifo);
+  EXPECT_EQ(p.w_deadline, 2.0);
+  EXPECT_EQ(p.w_priority, 0.5);
+  EXPECT_EQ(p.w_aging, 0.0);
+  EXPECT_EQ(p.class_priority, (std::array<double, kQosClassCount>{900, 500.5, 10, 1}));
+  EXPECT_EQ(p.starvation_bound_ns, 250'000);
+  EXPECT_FALSE(p.preemption);
+  EXPECT_EQ(p.preempt_min_class, QosClass::kHotKv);
+  for (PathType path : kAllPaths) {
+    SCOPED_TRACE(std::string(to_string(path)));
+    const bool nvlink = path == PathType::kNvlink;
+    EXPECT_EQ(p.slice_for(path), nvlink ? 1 * kMiB : 32 * kKiB);
+    EXPECT_EQ(p.credits_for(path).lanes, nvlink ? 8 : 1);
+    EXPECT_EQ(p.credits_for(path).slices_per_lane, nvlink ? 4 : 3);
+    EXPECT_EQ(p.credits_for(path).inflight_bytes, nvlink ? 16 * kMiB : 2 * kMiB);
+  }
+}
+
+TEST(SchedPolicyParse, YamlBooleanSpellings) {
+  EXPECT_FALSE(parse_ok("preemption: {enabled: no}\n").preemption);
+  EXPECT_FALSE(parse_ok("preemption: {enabled: off}\n").preemption);
+  EXPECT_TRUE(parse_ok("preemption: {enabled: yes}\n").preemption);
+}
+
+// ---- Precedence: built-in < file default < file per-path ---------------------
+
+TEST(SchedPolicyParse, SliceSizeDefaultThenPerPath) {
+  // `default` replaces the built-in value of every path not listed, including
+  // the fabric paths' 512 KiB; where it stands in the mapping does not matter.
+  for (std::string_view yaml : {"slice_size: {default: 128KiB, nvlink: 1MiB}\n",
+                                "slice_size: {nvlink: 1MiB, default: 128KiB}\n"}) {
+    SCOPED_TRACE(std::string(yaml));
+    const SchedPolicy p = parse_ok(yaml);
+    for (PathType path : kAllPaths) {
+      EXPECT_EQ(p.slice_for(path), path == PathType::kNvlink ? 1 * kMiB : 128 * kKiB)
+          << to_string(path);
+    }
+  }
+}
+
+TEST(SchedPolicyParse, CreditsMergeKeyByKey) {
+  const SchedPolicy p = parse_ok(
+      "credits:\n"
+      "  nvswitch: {lanes: 6}\n"
+      "  default: {lanes: 3, inflight_bytes: 16MiB}\n");
+  // nvswitch: its own lanes, the file default's bytes, the built-in slices_per_lane.
+  EXPECT_EQ(p.credits_for(PathType::kNvswitch).lanes, 6);
+  EXPECT_EQ(p.credits_for(PathType::kNvswitch).slices_per_lane, 2);
+  EXPECT_EQ(p.credits_for(PathType::kNvswitch).inflight_bytes, 16 * kMiB);
+  for (PathType path : kAllPaths) {
+    if (path == PathType::kNvswitch) continue;
+    EXPECT_EQ(p.credits_for(path).lanes, 3) << to_string(path);
+    EXPECT_EQ(p.credits_for(path).slices_per_lane, 2) << to_string(path);
+    EXPECT_EQ(p.credits_for(path).inflight_bytes, 16 * kMiB) << to_string(path);
+  }
+}
+
+TEST(SchedPolicyParse, CreditsPerPathOnlyKeepsThatPathsBuiltIns) {
+  const SchedPolicy p = parse_ok("credits: {nvlink: {slices_per_lane: 5}}\n");
+  EXPECT_EQ(p.credits_for(PathType::kNvlink).lanes, 4);
+  EXPECT_EQ(p.credits_for(PathType::kNvlink).slices_per_lane, 5);
+  EXPECT_EQ(p.credits_for(PathType::kNvlink).inflight_bytes, 8 * kMiB);
+  EXPECT_EQ(p.credits_for(PathType::kTcp).slices_per_lane, 2);
+}
+
+// ---- Bad values: origin, line, dotted key, quoted value ----------------------
+
+struct BadValue {
+  const char* yaml;
+  const char* message_start;  // "<origin>:<line>: <key>: <what>" up to the quoted value
+};
+
+TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
+  const BadValue cases[] = {
+      {"# weights\nweights:\n  aging: -1\n", "<string>:3: weights.aging: \"-1\" is negative"},
+      {"weights: {deadline: abc}\n", "<string>:1: weights.deadline: \"abc\" is not a number"},
+      {"weights: {priority: 1.5x}\n", "<string>:1: weights.priority: \"1.5x\" is not a number"},
+      {"weights: {priority: inf}\n", "<string>:1: weights.priority: \"inf\" is not finite"},
+      {"weights: {deadline: [1]}\n", "<string>:1: weights.deadline: expected a value, got a sequence"},
+      {"weights: 3\n", "<string>:1: weights: expected a mapping, got \"3\""},
+      {"\nweights: [1, 2]\n", "<string>:2: weights: expected a mapping, got a sequence"},
+      {"class_priority:\n  hot_kv: -5\n", "<string>:2: class_priority.hot_kv: \"-5\" is negative"},
+      {"class_priority:\n  urgent: 1\n", "<string>:2: class_priority: unknown class \"urgent\""},
+      {"starvation_bound: 50\n", "<string>:1: starvation_bound: \"50\": no unit"},
+      {"starvation_bound: 2 parsecs\n",
+       "<string>:1: starvation_bound: \"2 parsecs\": unknown unit \"parsecs\""},
+      {"starvation_bound: -5ms\n", "<string>:1: starvation_bound: \"-5ms\""},
+      {"starvation_bound: 0ms\n", "<string>:1: starvation_bound: \"0ms\" is zero"},
+      {"starvation_bound: {a: 1}\n", "<string>:1: starvation_bound: expected a value, got a mapping"},
+      {"slice_size:\n  default: 64KiB\n  nvlink: 12 parsecs\n",
+       "<string>:3: slice_size.nvlink: \"12 parsecs\": unknown unit \"parsecs\""},
+      {"slice_size:\n  tcp: -1KiB\n", "<string>:2: slice_size.tcp: \"-1KiB\""},
+      {"slice_size:\n  default: 0\n", "<string>:2: slice_size.default: \"0\" is zero"},
+      {"slice_size:\n  shm: 0KiB\n", "<string>:2: slice_size.shm: \"0KiB\" is zero"},
+      {"slice_size:\n  nvlinc: 1MiB\n", "<string>:2: slice_size: unknown path \"nvlinc\""},
+      {"slice_size: 64KiB\n", "<string>:1: slice_size: expected a mapping, got \"64KiB\""},
+      {"credits:\n  tcp: {lanes: 0}\n", "<string>:2: credits.tcp.lanes: \"0\" is less than 1"},
+      {"credits:\n  tcp:\n    lanes: -3\n", "<string>:3: credits.tcp.lanes: \"-3\" is less than 1"},
+      {"credits:\n  default:\n    slices_per_lane: 0\n",
+       "<string>:3: credits.default.slices_per_lane: \"0\" is less than 1"},
+      {"credits:\n  rdma: {lanes: 1.5}\n", "<string>:2: credits.rdma.lanes: \"1.5\" is not a whole number"},
+      {"credits:\n  rdma: {lanes: 99999999999}\n",
+       "<string>:2: credits.rdma.lanes: \"99999999999\" is not a whole number"},
+      {"credits:\n  gdr: {inflight_bytes: lots}\n", "<string>:2: credits.gdr.inflight_bytes: \"lots\""},
+      {"credits:\n  shm: {inflight_bytes: 32KiB}\n",
+       "<string>:2: credits.shm.inflight_bytes: \"32KiB\" is smaller than the shm slice size (64 KiB)"},
+      // The file default's bytes would starve the fabric paths' 512 KiB slices.
+      {"credits:\n  default: {inflight_bytes: 256KiB}\n",
+       "<string>:2: credits.default.inflight_bytes: \"256KiB\" is smaller than the nvlink slice size "
+       "(512 KiB)"},
+      // A slice larger than the built-in inflight budget: the slice line is the one to change.
+      {"slice_size:\n  tcp: 8MiB\n",
+       "<string>:2: slice_size.tcp: \"8MiB\" is larger than the tcp inflight_bytes (4 MiB)"},
+      {"credits:\n  nvlink: 4\n", "<string>:2: credits.nvlink: expected a mapping, got \"4\""},
+      {"credits:\n  infiniband: {lanes: 2}\n", "<string>:2: credits: unknown path \"infiniband\""},
+      {"policy: fastest\n", "<string>:1: policy: unknown policy \"fastest\" (expected deadline_aware or "
+                            "baseline_fifo)"},
+      {"policy: [deadline_aware]\n", "<string>:1: policy: expected a value, got a sequence"},
+      {"\npolicy:\n", "<string>:2: policy: expected a value, got nothing"},
+      {"preemption:\n  enabled: maybe\n", "<string>:2: preemption.enabled: \"maybe\" is not true or false"},
+      {"preemption:\n  min_class: vip\n", "<string>:2: preemption.min_class: unknown class \"vip\""},
+      {"preemption: true\n", "<string>:1: preemption: expected a mapping, got \"true\""},
+  };
+  for (const BadValue& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    const std::string message = error_for(c.yaml);
+    EXPECT_TRUE(message.starts_with(c.message_start)) << message;
+  }
+}
+
+TEST(SchedPolicyParse, BadValueMessagesInFull) {
+  EXPECT_EQ(error_for("slice_size:\n  nvlink: 12 parsecs\n"),
+            "<string>:2: slice_size.nvlink: \"12 parsecs\": unknown unit \"parsecs\" (expected B, "
+            "KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+  EXPECT_EQ(error_for("slice_size: {nvlinc: 1MiB}\n"),
+            "<string>:1: slice_size: unknown path \"nvlinc\" (expected default, nvlink, nvswitch, "
+            "pcie_p2p, host_staging, gdr, rdma, tcp or shm)");
+  EXPECT_EQ(error_for("class_priority: {urgent: 1}\n"),
+            "<string>:1: class_priority: unknown class \"urgent\" (expected decode_critical, "
+            "hot_kv, prefill_bulk or background)");
+}
+
+// ---- Unknown keys, duplicates, document shape, syntax ------------------------
+
+TEST(SchedPolicyParse, UnknownTopLevelKey) {
+  EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
+            "<string>:2: unknown key \"polcy\" (expected one of: policy, weights, class_priority, "
+            "starvation_bound, slice_size, credits, preemption)");
+}
+
+TEST(SchedPolicyParse, UnknownNestedKeys) {
+  EXPECT_EQ(error_for("weights:\n  deadline: 1\n  dedline: 2\n"),
+            "<string>:3: unknown key \"weights.dedline\" (expected one of: deadline, priority, "
+            "aging)");
+  EXPECT_EQ(error_for("credits:\n  default: {lanes: 2}\n  nvswitch:\n    lane: 4\n"),
+            "<string>:4: unknown key \"credits.nvswitch.lane\" (expected one of: lanes, "
+            "slices_per_lane, inflight_bytes)");
+  EXPECT_EQ(error_for("preemption: {enable: true}\n"),
+            "<string>:1: unknown key \"preemption.enable\" (expected one of: enabled, min_class)");
+}
+
+TEST(SchedPolicyParse, DuplicateKeysAreRefused) {
+  EXPECT_EQ(error_for("policy: baseline_fifo\npolicy: deadline_aware\n"),
+            "<string>:2: duplicate key \"policy\" (first on line 1)");
+  EXPECT_EQ(error_for("slice_size:\n  tcp: 8KiB\n  tcp: 16KiB\n"),
+            "<string>:3: duplicate key \"slice_size.tcp\" (first on line 2)");
+}
+
+TEST(SchedPolicyParse, KeysMustBeNames) {
+  const std::string message = error_for("? [a, b]\n: 1\n");
+  EXPECT_TRUE(message.starts_with("<string>:1: ")) << message;
+  EXPECT_NE(message.find("a key must be a name, got a sequence"), std::string::npos) << message;
+}
+
+TEST(SchedPolicyParse, DocumentMustBeAMapping) {
+  EXPECT_EQ(error_for("- policy\n- weights\n"),
+            "<string>:1: expected a mapping of policy keys, got a sequence");
+  EXPECT_EQ(error_for("# a comment\n\ndeadline_aware\n"),
+            "<string>:3: expected a mapping of policy keys, got \"deadline_aware\"");
+  EXPECT_EQ(error_for("42\n"), "<string>:1: expected a mapping of policy keys, got \"42\"");
+}
+
+TEST(SchedPolicyParse, OneDocumentPerFile) {
+  EXPECT_EQ(error_for("policy: baseline_fifo\n---\npolicy: deadline_aware\n"),
+            "<string>:3: a second YAML document (expected one policy per file)");
+}
+
+TEST(SchedPolicyParse, SyntaxErrorsCarryTheLine) {
+  struct Case {
+    const char* yaml;
+    const char* message_start;
+  };
+  const Case cases[] = {
+      {"policy: deadline_aware\nweights: {deadline: 1.0\npolicy: x\n", "<string>:3: invalid YAML: "},
+      {"policy: deadline_aware\n  weights: 2\n", "<string>:2: invalid YAML: "},
+      {"weights: &w {aging: 1}\nclass_priority: *missing\n", "<string>:2: invalid YAML: "},
+      {"\t policy: x\n", "<string>:1: invalid YAML: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    const std::string message = error_for(c.yaml);
+    EXPECT_TRUE(message.starts_with(c.message_start)) << message;
+  }
+}
+
+TEST(SchedPolicyParse, OriginNamesTheText) {
+  const auto policy = parse_policy("policy: fifo\n", "my.yaml");
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_TRUE(policy.error().message().starts_with("my.yaml:1: policy: unknown policy \"fifo\""))
+      << policy.error().message();
+}
+
+// ---- load_policy -------------------------------------------------------------
+
+class LoadPolicy : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  std::string write(std::string_view text) {
+    path_ = ::testing::TempDir() + "baton_policy_test_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml";
+    std::ofstream(path_, std::ios::binary) << text;
+    return path_;
+  }
+  std::string path_;
+};
+
+TEST_F(LoadPolicy, MissingFileIsNotFoundNamingThePath) {
+  const std::string missing = BATON_SOURCE_DIR "/configs/no_such_policy.yaml";
+  const auto policy = load_policy(missing);
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_EQ(policy.error().code(), StatusCode::kNotFound);
+  EXPECT_NE(policy.error().message().find("\"" + missing + "\""), std::string::npos)
+      << policy.error().message();
+}
+
+TEST_F(LoadPolicy, DirectoryIsNotFound) {
+  const auto policy = load_policy(BATON_SOURCE_DIR "/configs");
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_EQ(policy.error().code(), StatusCode::kNotFound);
+  EXPECT_NE(policy.error().message().find(BATON_SOURCE_DIR "/configs"), std::string::npos)
+      << policy.error().message();
+}
+
+TEST_F(LoadPolicy, ParseErrorsArePrefixedWithThePath) {
+  const std::string path = write("policy: deadline_aware\nweights:\n  aging: -0.5\n");
+  const auto policy = load_policy(path);
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_EQ(policy.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(policy.error().message(), path + ":3: weights.aging: \"-0.5\" is negative (expected >= 0)");
+}
+
+TEST_F(LoadPolicy, EmptyFileIsDefaults) {
+  const auto policy = load_policy(write(""));
+  ASSERT_TRUE(policy.has_value()) << policy.error().to_string();
+  expect_same(*policy, SchedPolicy::defaults());
+}
+
+TEST_F(LoadPolicy, ReadsAFile) {
+  const auto policy = load_policy(write("slice_size: {rdma: 128KiB}\n"));
+  ASSERT_TRUE(policy.has_value()) << policy.error().to_string();
+  EXPECT_EQ(policy->slice_for(PathType::kRdma), 128 * kKiB);
+}
+
+// ---- validate() ----------------------------------------------------------------
+
+TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
+  auto expect_refused = [](SchedPolicy p, std::string_view field) {
+    const Status status = p.validate();
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(status.message().find(field), std::string::npos) << status.message();
+  };
+  SchedPolicy p = SchedPolicy::defaults();
+  p.w_aging = -0.1;
+  expect_refused(p, "w_aging");
+  p = SchedPolicy::defaults();
+  p.w_deadline = std::numeric_limits<double>::quiet_NaN();
+  expect_refused(p, "w_deadline");
+  p = SchedPolicy::defaults();
+  p.class_priority[static_cast<int>(QosClass::kHotKv)] = -1;
+  expect_refused(p, "class_priority[hot_kv]");
+  p = SchedPolicy::defaults();
+  p.starvation_bound_ns = 0;
+  expect_refused(p, "starvation_bound_ns");
+  p = SchedPolicy::defaults();
+  p.slice_bytes[static_cast<int>(PathType::kGdr)] = 0;
+  expect_refused(p, "slice_bytes[gdr]");
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kTcp)].lanes = 0;
+  expect_refused(p, "credits[tcp]");
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kShm)].slices_per_lane = 0;
+  expect_refused(p, "credits[shm]");
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kNvlink)].inflight_bytes = 64 * kKiB;
+  expect_refused(p, "credits[nvlink].inflight_bytes");
+  // A value-initialized SchedPolicy has no slice sizes: only defaults() is usable.
+  expect_refused(SchedPolicy{}, "slice_bytes[nvlink]");
+}
+
+// ---- Names -------------------------------------------------------------------
+
+TEST(QosClassNames, RoundTrip) {
+  const std::array<std::pair<QosClass, std::string_view>, kQosClassCount> names{{
+      {QosClass::kDecodeCritical, "decode_critical"},
+      {QosClass::kHotKv, "hot_kv"},
+      {QosClass::kPrefillBulk, "prefill_bulk"},
+      {QosClass::kBackground, "background"},
+  }};
+  for (const auto& [qos, name] : names) {
+    EXPECT_EQ(to_string(qos), name);
+    EXPECT_EQ(parse_qos_class(name).value(), qos);
+  }
+}
+
+TEST(QosClassNames, BadNamesAreQuoted) {
+  for (std::string_view bad : {"", "Decode_Critical", "decode-critical", "urgent", " hot_kv"}) {
+    const auto qos = parse_qos_class(bad);
+    ASSERT_FALSE(qos.has_value()) << bad;
+    EXPECT_EQ(qos.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(qos.error().message(),
+              fmt::format("parse_qos_class: unknown class \"{}\" (expected decode_critical, hot_kv, "
+                          "prefill_bulk or background)",
+                          bad));
+  }
+}
+
+TEST(PolicyKindNames, RoundTrip) {
+  EXPECT_EQ(to_string(PolicyKind::kDeadlineAware), "deadline_aware");
+  EXPECT_EQ(to_string(PolicyKind::kBaselineFifo), "baseline_fifo");
+  for (PolicyKind kind : {PolicyKind::kDeadlineAware, PolicyKind::kBaselineFifo}) {
+    EXPECT_EQ(parse_policy_kind(to_string(kind)).value(), kind);
+  }
+}
+
+TEST(PolicyKindNames, BadNamesAreQuoted) {
+  for (std::string_view bad : {"", "fifo", "Deadline_Aware", "deadline_aware "}) {
+    const auto kind = parse_policy_kind(bad);
+    ASSERT_FALSE(kind.has_value()) << bad;
+    EXPECT_EQ(kind.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(kind.error().message(),
+              fmt::format("parse_policy_kind: unknown policy \"{}\" (expected deadline_aware or "
+                          "baseline_fifo)",
+                          bad));
+  }
+}
+
+}  // namespace
+}  // namespace baton::sched

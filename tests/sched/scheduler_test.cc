@@ -1,0 +1,327 @@
+// The scheduler's behaviour, run through the Engine on the simulated
+// transport under the virtual clock: orderings, exact byte counts, credits.
+#include "baton/sched/scheduler.h"
+
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/mixed_workload.h"
+
+namespace baton::sched {
+namespace {
+
+using engine::Engine;
+using engine::EngineConfig;
+using topology::PathType;
+using transport::PathId;
+
+constexpr std::uint64_t kKiB = 1024;
+constexpr std::uint64_t kMiB = 1024 * kKiB;
+
+std::unique_ptr<Engine> make_engine(const std::string& model, SchedPolicy policy = SchedPolicy::defaults(),
+                                    transport::SimConfig sim = {}) {
+  EngineConfig config;
+  config.topology_model = model;
+  config.policy = policy;
+  config.sim = std::move(sim);
+  auto e = Engine::create(config);
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return std::move(*e);
+}
+
+PathId path_of(Engine& e, const std::string& from, const std::string& to, PathType type) {
+  const auto& paths = e.sim_transport().paths();
+  for (PathId i = 0; i < paths.size(); ++i) {
+    if (paths[i].from == from && paths[i].to == to && paths[i].type == type) return i;
+  }
+  ADD_FAILURE() << "no path " << from << "->" << to;
+  return 0;
+}
+
+RequestStatus status_of(Engine& e, RequestId id) {
+  auto s = e.status(id);
+  EXPECT_TRUE(s.has_value());
+  return s.value_or(RequestStatus{});
+}
+
+TEST(Scheduler, DeadlineAwareMeetsDecodeDeadlinesThatFifoMisses) {
+  engine::MixedWorkload w;
+  w.duration_ns = 60'000'000;
+  SchedPolicy fifo = SchedPolicy::defaults();
+  fifo.kind = PolicyKind::kBaselineFifo;
+  const auto f = engine::run_mixed(w, fifo).value();
+  const auto a = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  ASSERT_GT(a.decode.count, 100u);
+  EXPECT_EQ(a.decode.count, f.decode.count);
+  EXPECT_EQ(a.decode.miss_ratio, 0.0);
+  EXPECT_GT(f.decode.miss_ratio, 0.0);
+  EXPECT_LE(a.decode.p99_us, 0.7 * f.decode.p99_us);  // at least a 30% cut
+  EXPECT_GE(a.prefill.throughput_gbps, 0.95 * f.prefill.throughput_gbps);
+  EXPECT_EQ(a.prefill.count, f.prefill.count);
+  EXPECT_EQ(f.stats.slices_preempted, 0u);  // FIFO never preempts
+  EXPECT_EQ(f.stats.bytes_wasted, 0u);
+}
+
+TEST(Scheduler, SameSeedSameRunOtherSeedOtherRun) {
+  engine::MixedWorkload w;
+  w.duration_ns = 20'000'000;
+  const auto a = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  const auto b = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  EXPECT_EQ(a.decode.cdf_us, b.decode.cdf_us);
+  EXPECT_EQ(a.prefill.cdf_us, b.prefill.cdf_us);
+  EXPECT_EQ(a.stats.slices_posted, b.stats.slices_posted);
+  EXPECT_EQ(a.stats.slices_preempted, b.stats.slices_preempted);
+  w.seed = 2;
+  const auto c = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  EXPECT_NE(a.decode.count + a.prefill.count * 1000, c.decode.count + c.prefill.count * 1000);
+}
+
+// One slice at a time on the path, so completion order is dispatch order.
+SchedPolicy one_at_a_time(PolicyKind kind) {
+  SchedPolicy p = SchedPolicy::defaults();
+  p.kind = kind;
+  p.preemption = false;
+  for (PathCredits& c : p.credits) c = {1, 1, 64 * kMiB};
+  return p;
+}
+
+std::vector<RequestId> completion_order(Engine& e, const std::vector<RequestId>& ids) {
+  std::vector<std::pair<TimeNs, RequestId>> done;
+  for (RequestId id : ids) done.emplace_back(status_of(e, id).completed_ns, id);
+  std::ranges::sort(done);
+  std::vector<RequestId> out;
+  for (auto [t, id] : done) out.push_back(id);
+  return out;
+}
+
+TEST(Scheduler, ClassesAndLaxityOrderDispatch) {
+  auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kDeadlineAware));
+  const TransferRequest base{"gpu0", "gpu1", 256 * kKiB, QosClass::kBackground, 0, true};
+  auto with = [&](QosClass q, TimeNs deadline) {
+    TransferRequest r = base;
+    r.qos = q;
+    r.deadline_ns = deadline;
+    return e->submit(r).value();
+  };
+  const RequestId blocker = with(QosClass::kBackground, 0);  // takes the path first
+  ASSERT_TRUE(e->run_until(1).is_ok());
+  const RequestId background = with(QosClass::kBackground, 0);
+  const RequestId prefill = with(QosClass::kPrefillBulk, 0);
+  const RequestId hot = with(QosClass::kHotKv, 0);
+  const RequestId decode_late = with(QosClass::kDecodeCritical, 900'000);
+  const RequestId decode_soon = with(QosClass::kDecodeCritical, 300'000);  // submitted later, due sooner
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(completion_order(*e, {blocker, background, prefill, hot, decode_late, decode_soon}),
+            (std::vector<RequestId>{blocker, decode_soon, decode_late, hot, prefill, background}));
+}
+
+TEST(Scheduler, BaselineFifoKeepsArrivalOrderAcrossClasses) {
+  auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kBaselineFifo));
+  std::vector<RequestId> ids;
+  for (QosClass q : {QosClass::kBackground, QosClass::kPrefillBulk, QosClass::kDecodeCritical, QosClass::kHotKv}) {
+    ids.push_back(e->submit({"gpu0", "gpu1", 256 * kKiB, q, q == QosClass::kDecodeCritical ? 1 : 0, true}).value());
+  }
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(completion_order(*e, ids), ids);
+}
+
+TEST(Scheduler, NothingStarvesUnderSustainedCriticalLoad) {
+  // Critical requests arrive faster than the PCIe path drains them (26 vs
+  // 24 GB/s) for 200 ms; a background request queued at the start must still
+  // finish long before the stream ends, thanks to the starvation bound.
+  auto run = [](TimeNs bound) {
+    SchedPolicy p = SchedPolicy::defaults();
+    p.starvation_bound_ns = bound;
+    auto e = make_engine("pcie4", p);
+    RequestId background = 0;
+    for (TimeNs t = 0; t < 200'000'000; t += 40'000) {
+      EXPECT_TRUE(e->run_until(t).is_ok());
+      EXPECT_TRUE(e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kDecodeCritical, t + 2'000'000, false}).has_value());
+      if (t == 400'000) background = e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kBackground, 0, true}).value();
+    }
+    EXPECT_TRUE(e->run_until_idle().is_ok());
+    return std::pair(status_of(*e, background), e->stats());
+  };
+  const auto [bounded, stats] = run(50'000'000);
+  ASSERT_EQ(bounded.state, RequestState::kCompleted);
+  EXPECT_LT(bounded.completed_ns - bounded.submitted_ns, 60'000'000);
+  EXPECT_GT(stats.starvation_promotions, 0u);
+  // The bound is what saves it: without one it waits for the whole stream.
+  const auto [unbounded, stats2] = run(3'600'000'000'000);
+  EXPECT_GT(unbounded.completed_ns, 200'000'000);
+  EXPECT_EQ(stats2.starvation_promotions, 0u);
+}
+
+TEST(Scheduler, PreemptionRescuesATightDeadlineAndTheVictimCompletes) {
+  auto run = [](bool preemption) {
+    SchedPolicy p = SchedPolicy::defaults();
+    p.preemption = preemption;
+    p.slice_bytes[static_cast<int>(PathType::kPcieP2p)] = 4 * kMiB;  // 175 us on the wire
+    p.credits[static_cast<int>(PathType::kPcieP2p)] = {1, 1, 4 * kMiB};
+    auto e = make_engine("pcie4", p);
+    const RequestId bulk = e->submit({"gpu0", "gpu1", 16 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+    EXPECT_TRUE(e->run_until(50'000).is_ok());
+    // 10 us: PCIe after a preemption makes it (~6 us); host staging (~16 us)
+    // and waiting for the bulk slice (~175 us) do not.
+    const RequestId decode =
+        e->submit({"gpu0", "gpu1", 64 * kKiB, QosClass::kDecodeCritical, 50'000 + 10'000, false}).value();
+    EXPECT_TRUE(e->run_until_idle().is_ok());
+    return std::tuple(status_of(*e, decode), status_of(*e, bulk), e->stats(), e->sim_transport().bytes_delivered());
+  };
+  const auto [decode, bulk, stats, delivered] = run(true);
+  EXPECT_EQ(decode.state, RequestState::kCompleted);
+  EXPECT_FALSE(decode.deadline_missed());
+  EXPECT_EQ(bulk.state, RequestState::kCompleted);
+  EXPECT_EQ(bulk.bytes_done, 16 * kMiB);
+  EXPECT_GE(bulk.slices_preempted, 1u);
+  EXPECT_GT(stats.bytes_wasted, 0u);  // the victim was on the wire
+  EXPECT_EQ(delivered, 16 * kMiB + 64 * kKiB);  // re-sent, never lost or doubled
+
+  const auto [late, bulk2, stats2, delivered2] = run(false);
+  EXPECT_TRUE(late.deadline_missed());
+  EXPECT_EQ(stats2.slices_preempted, 0u);
+  EXPECT_EQ(delivered2, 16 * kMiB + 64 * kKiB);
+}
+
+TEST(Scheduler, CreditsAreNeverExceeded) {
+  auto e = make_engine("nvswitch8");
+  // The mixed shapes, driven by hand to look at the loads afterwards.
+  for (TimeNs t = 0; t < 30'000'000; t += 100'000) {
+    ASSERT_TRUE(e->run_until(t).is_ok());
+    if (t % 10'000'000 == 0) {
+      for (int i = 0; i < 16; ++i) ASSERT_TRUE(e->submit({"gpu0", "gpu1", 32 * kMiB, QosClass::kPrefillBulk, 0, true}));
+    }
+    ASSERT_TRUE(e->submit({"gpu0", "gpu1", 256 * kKiB, QosClass::kDecodeCritical, t + 2'000'000, false}));
+  }
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  const SchedPolicy& p = e->scheduler().policy();
+  const auto& paths = e->sim_transport().paths();
+  std::uint64_t completed = 0;
+  for (PathId i = 0; i < paths.size(); ++i) {
+    const PathLoad& load = e->scheduler().load(i);
+    const PathCredits& c = p.credits_for(paths[i].type);
+    EXPECT_LE(load.max_inflight_slices, c.lanes * c.slices_per_lane) << paths[i].name();
+    EXPECT_LE(load.max_inflight_bytes, c.inflight_bytes) << paths[i].name();
+    EXPECT_EQ(load.inflight_slices, 0);
+    completed += load.bytes_completed;
+  }
+  const PathLoad& hot = e->scheduler().load(path_of(*e, "gpu0", "gpu1", PathType::kNvswitch));
+  const PathCredits& hot_credits = p.credits_for(PathType::kNvswitch);
+  EXPECT_EQ(hot.max_inflight_slices, hot_credits.lanes * hot_credits.slices_per_lane);  // the limit was reached
+  EXPECT_EQ(completed, 3u * 16 * 32 * kMiB + 300u * 256 * kKiB);
+}
+
+TEST(Scheduler, DeadPathIsSkippedAndAFaultMidFlightLosesNothing) {
+  // Dead before submit: the request never touches NVLink.
+  {
+    auto e = make_engine("nvlink-pairs");
+    const PathId nvlink = path_of(*e, "gpu0", "gpu1", PathType::kNvlink);
+    const PathId p2p = path_of(*e, "gpu0", "gpu1", PathType::kPcieP2p);
+    ASSERT_TRUE(e->sim_transport().set_path_down(nvlink, true, 0).is_ok());
+    const RequestId id = e->submit({"gpu0", "gpu1", 8 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+    ASSERT_TRUE(e->run_until_idle().is_ok());
+    EXPECT_EQ(status_of(*e, id).state, RequestState::kCompleted);
+    EXPECT_EQ(e->scheduler().load(nvlink).bytes_completed, 0u);
+    EXPECT_EQ(e->scheduler().load(p2p).bytes_completed, 8 * kMiB);
+  }
+  // Dies mid-flight: what was on it is re-sent on the fallback, exactly once.
+  {
+    transport::SimConfig sim;
+    auto probe = make_engine("nvlink-pairs");
+    const PathId nvlink = path_of(*probe, "gpu0", "gpu1", PathType::kNvlink);
+    sim.faults = {{nvlink, 100'000, 0}};
+    auto e = make_engine("nvlink-pairs", SchedPolicy::defaults(), sim);
+    const RequestId id = e->submit({"gpu0", "gpu1", 64 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+    ASSERT_TRUE(e->run_until_idle().is_ok());
+    const RequestStatus s = status_of(*e, id);
+    EXPECT_EQ(s.state, RequestState::kCompleted);
+    EXPECT_EQ(s.bytes_done, 64 * kMiB);
+    const std::uint64_t on_nvlink = e->scheduler().load(nvlink).bytes_completed;
+    EXPECT_GT(on_nvlink, 0u);
+    EXPECT_LT(on_nvlink, 64 * kMiB);
+    EXPECT_EQ(e->sim_transport().bytes_delivered(), 64 * kMiB);
+    EXPECT_GT(e->stats().slices_retried, 0u);
+  }
+  // Every path down: the request fails with unavailable instead of hanging.
+  {
+    auto e = make_engine("nvlink-pairs");
+    for (PathId i = 0; i < e->sim_transport().paths().size(); ++i) {
+      ASSERT_TRUE(e->sim_transport().set_path_down(i, true, 0).is_ok());
+    }
+    const RequestId id = e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+    ASSERT_TRUE(e->run_until_idle().is_ok());
+    EXPECT_EQ(status_of(*e, id).state, RequestState::kFailed);
+    EXPECT_EQ(status_of(*e, id).status.code(), StatusCode::kUnavailable);
+  }
+}
+
+TEST(Scheduler, SpillsToTheFallbackOnlyWhenWaitingWouldMissTheDeadline) {
+  auto run = [](TimeNs relative_deadline) {
+    auto e = make_engine("nvlink-pairs");
+    // Fill NVLink's credits with bulk work, then ask for a hot_kv transfer
+    // (a class that may not preempt) with a deadline.
+    EXPECT_TRUE(e->submit({"gpu0", "gpu1", 256 * kMiB, QosClass::kPrefillBulk, 0, true}).has_value());
+    EXPECT_TRUE(e->run_until(10'000).is_ok());
+    const RequestId hot =
+        e->submit({"gpu0", "gpu1", 64 * kKiB, QosClass::kHotKv, 10'000 + relative_deadline, true}).value();
+    EXPECT_TRUE(e->run_until_idle().is_ok());
+    return status_of(*e, hot);
+  };
+  const RequestStatus tight = run(30'000);  // NVLink backlog: ~80 us; PCIe alone: ~6 us
+  EXPECT_GE(tight.slices_spilled, 1u);
+  EXPECT_FALSE(tight.deadline_missed());
+  const RequestStatus loose = run(10'000'000);
+  EXPECT_EQ(loose.slices_spilled, 0u);
+  EXPECT_FALSE(loose.deadline_missed());
+  const RequestStatus hopeless = run(1'000);  // nothing meets 1 us: no pointless spill
+  EXPECT_EQ(hopeless.slices_spilled, 0u);
+  EXPECT_TRUE(hopeless.deadline_missed());
+}
+
+TEST(Scheduler, CancelStopsARequestAndReturnsItsCredits) {
+  auto e = make_engine("pcie4");
+  const RequestId big = e->submit({"gpu0", "gpu1", 512 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+  ASSERT_TRUE(e->run_until(100'000).is_ok());
+  ASSERT_TRUE(e->cancel(big).is_ok());
+  const RequestStatus s = status_of(*e, big);
+  EXPECT_EQ(s.state, RequestState::kCancelled);
+  EXPECT_EQ(s.status.code(), StatusCode::kCancelled);
+  EXPECT_LT(s.bytes_done, 512 * kMiB);
+  EXPECT_EQ(e->cancel(big).code(), StatusCode::kInvalidArgument);  // twice
+  EXPECT_EQ(e->cancel(999).code(), StatusCode::kNotFound);
+  const RequestId next = e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kPrefillBulk, 0, true}).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(status_of(*e, next).state, RequestState::kCompleted);
+  const PathId p2p = path_of(*e, "gpu0", "gpu1", PathType::kPcieP2p);
+  EXPECT_EQ(e->scheduler().load(p2p).inflight_slices, 0);
+}
+
+TEST(Scheduler, EngineRefusesBadRequests) {
+  auto e = make_engine("nvswitch8");
+  EXPECT_EQ(e->submit({"gpu0", "gpu1", 0, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->submit({"gpu0", "gpu0", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->submit({"gpu0", "gpu9", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->submit({"nic0", "nic1", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kInvalidArgument);
+  const std::vector<TransferRequest> batch{{"gpu0", "gpu1", 1, QosClass::kHotKv, 0, true},
+                                           {"gpu0", "nowhere", 1, QosClass::kHotKv, 0, true}};
+  const auto r = e->submit(batch);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("request 1"), std::string::npos);
+  EXPECT_EQ(e->submit(std::span<const TransferRequest>{}).error().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(e->stats().slices_posted, 0u);  // the good half of the batch was not sent either
+  EXPECT_EQ(e->run_until(e->now_ns() - 1).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(e->status(12345).error().code(), StatusCode::kNotFound);
+
+  EngineConfig bad;
+  bad.topology_model = "dgx9000";
+  EXPECT_EQ(Engine::create(bad).error().code(), StatusCode::kNotFound);
+  bad = {};
+  bad.policy.w_aging = -1;
+  EXPECT_EQ(Engine::create(bad).error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton::sched

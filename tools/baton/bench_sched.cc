@@ -1,0 +1,209 @@
+// `baton bench mixed` and `baton bench ablation`: the scheduler's claims,
+// measured on the seed workload under the virtual clock (same seed, same JSON).
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "baton/common/units.h"
+#include "baton/engine/mixed_workload.h"
+#include "commands.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct SchedBenchOptions {
+  std::string policy = "both";
+  std::string policy_file;
+  std::uint64_t seed = 1;
+  double duration_ms = 100;
+  engine::MixedWorkload workload;  // the stream shapes; seed and duration come from above
+  std::string json_path;
+  std::vector<std::string> slice_sizes{"64KiB", "128KiB", "256KiB", "512KiB", "1MiB", "2MiB", "4MiB"};
+  std::vector<std::string> budgets{"1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "32MiB"};
+};
+
+int fail(const Status& s) {
+  fmt::print(stderr, "baton bench: {}\n", s.message());
+  return 1;
+}
+
+Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
+  if (o.policy_file.empty()) return sched::SchedPolicy::defaults();
+  return sched::load_policy(o.policy_file);
+}
+
+Result<engine::MixedWorkload> workload(const SchedBenchOptions& o) {
+  if (!(o.duration_ms > 0)) {
+    return std::unexpected(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
+  }
+  engine::MixedWorkload w = o.workload;
+  w.seed = o.seed;
+  w.duration_ns = static_cast<TimeNs>(o.duration_ms * 1e6);
+  return w;
+}
+
+ordered_json workload_json(const engine::MixedWorkload& w) {
+  return {{"topology", w.topology_model},
+          {"link", fmt::format("{}->{}", w.from, w.to)},
+          {"prefill", {{"request_bytes", w.prefill_bytes}, {"burst", w.prefill_burst},
+                       {"mean_burst_interval_us", static_cast<double>(w.prefill_interval_ns) / 1e3}}},
+          {"decode", {{"request_bytes", w.decode_bytes},
+                      {"mean_interval_us", static_cast<double>(w.decode_interval_ns) / 1e3},
+                      {"deadline_us", static_cast<double>(w.decode_deadline_ns) / 1e3}}},
+          {"duration_ms", static_cast<double>(w.duration_ns) / 1e6},
+          {"seed", w.seed}};
+}
+
+ordered_json class_json(const engine::ClassResult& r, bool decode) {
+  ordered_json j{{"count", r.count}, {"p50_us", r.p50_us}, {"p95_us", r.p95_us}, {"p99_us", r.p99_us}};
+  if (decode) {
+    j["miss_ratio"] = r.miss_ratio;
+    j["cdf_us"] = r.cdf_us;  // percentiles 0..100, for the CDF plot
+  } else {
+    j["throughput_gbps"] = r.throughput_gbps;
+  }
+  return j;
+}
+
+int write_json(const ordered_json& j, const std::string& path) {
+  if (path.empty()) return 0;
+  if (path == "-") {
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) return fail(Status::unavailable("cannot write JSON to \"{}\"", path));
+  return 0;
+}
+
+int run_mixed_bench(const SchedBenchOptions& o) {
+  auto w = workload(o);
+  if (!w) return fail(w.error());
+  auto base = base_policy(o);
+  if (!base) return fail(base.error());
+  std::vector<sched::PolicyKind> kinds;
+  if (o.policy == "both") {
+    kinds = {sched::PolicyKind::kBaselineFifo, sched::PolicyKind::kDeadlineAware};
+  } else if (auto k = sched::parse_policy_kind(o.policy)) {
+    kinds = {*k};
+  } else {
+    return fail(Status::invalid_argument("--policy \"{}\": expected deadline_aware, baseline_fifo or both", o.policy));
+  }
+  ordered_json j{{"workload", workload_json(*w)}, {"policies", ordered_json::object()}};
+  std::map<sched::PolicyKind, engine::MixedResult> results;
+  for (sched::PolicyKind kind : kinds) {
+    sched::SchedPolicy policy = *base;
+    policy.kind = kind;
+    auto r = engine::run_mixed(*w, policy);
+    if (!r) return fail(r.error());
+    results[kind] = *r;
+    j["policies"][std::string(sched::to_string(kind))] = {
+        {"decode_critical", class_json(r->decode, true)},
+        {"prefill_bulk", class_json(r->prefill, false)},
+        {"slices_preempted", r->stats.slices_preempted},
+        {"slices_spilled", r->stats.slices_spilled},
+        {"bytes_wasted", r->stats.bytes_wasted}};
+  }
+  const bool both = results.size() == 2;
+  if (both) {
+    const double fifo = results[sched::PolicyKind::kBaselineFifo].decode.p99_us;
+    const double aware = results[sched::PolicyKind::kDeadlineAware].decode.p99_us;
+    j["decode_p99_reduction"] = fifo > 0 ? 1.0 - aware / fifo : 0.0;
+  }
+  if (o.json_path != "-") {
+    for (const auto& [kind, r] : results) {
+      fmt::print("{:<15} decode p50 {:>9.1f} us  p99 {:>9.1f} us  miss {:>6.2f}%   prefill {:>6.1f} GB/s  "
+                 "(preempted {}, spilled {}, wasted {})\n",
+                 sched::to_string(kind), r.decode.p50_us, r.decode.p99_us, 100 * r.decode.miss_ratio,
+                 r.prefill.throughput_gbps, r.stats.slices_preempted, r.stats.slices_spilled,
+                 format_size(r.stats.bytes_wasted));
+    }
+    if (both) fmt::print("decode P99 reduction: {:.1f}%\n", 100 * j["decode_p99_reduction"].get<double>());
+  }
+  return write_json(j, o.json_path);
+}
+
+int run_ablation_bench(const SchedBenchOptions& o) {
+  auto w = workload(o);
+  if (!w) return fail(w.error());
+  auto base = base_policy(o);
+  if (!base) return fail(base.error());
+  ordered_json cells = ordered_json::array();
+  const auto path = topology::PathType::kNvswitch;  // the hot link of the workload
+  for (const std::string& slice_text : o.slice_sizes) {
+    auto slice = parse_size(slice_text);
+    if (!slice) return fail(slice.error());
+    for (const std::string& budget_text : o.budgets) {
+      auto budget = parse_size(budget_text);
+      if (!budget) return fail(budget.error());
+      sched::SchedPolicy policy = *base;
+      policy.kind = sched::PolicyKind::kDeadlineAware;
+      policy.slice_bytes[static_cast<int>(path)] = *slice;
+      policy.credits[static_cast<int>(path)].inflight_bytes = *budget;
+      ordered_json cell{{"slice_bytes", *slice}, {"inflight_bytes", *budget}};
+      if (*budget < *slice) {
+        cell["skipped"] = "budget smaller than one slice";
+        cells.push_back(cell);
+        continue;
+      }
+      auto r = engine::run_mixed(*w, policy);
+      if (!r) return fail(r.error());
+      cell["decode_p99_us"] = r->decode.p99_us;
+      cell["decode_miss_ratio"] = r->decode.miss_ratio;
+      cell["prefill_throughput_gbps"] = r->prefill.throughput_gbps;
+      cell["bytes_wasted"] = r->stats.bytes_wasted;
+      if (o.json_path != "-") {
+        fmt::print("slice {:>8}  budget {:>8}  decode p99 {:>8.1f} us  miss {:>6.2f}%  prefill {:>6.1f} GB/s\n",
+                   format_size(*slice), format_size(*budget), r->decode.p99_us, 100 * r->decode.miss_ratio,
+                   r->prefill.throughput_gbps);
+      }
+      cells.push_back(cell);
+    }
+  }
+  return write_json({{"workload", workload_json(*w)}, {"path", "nvswitch"}, {"cells", cells}}, o.json_path);
+}
+
+void add_common(CLI::App* app, SchedBenchOptions& o) {
+  app->add_option("--seed", o.seed, "Seed of the arrivals and the simulated lanes");
+  app->add_option("--duration-ms", o.duration_ms, "Virtual time over which requests arrive");
+  app->add_option("--policy-file", o.policy_file, "Start from this policy YAML instead of the defaults");
+  app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
+  auto* w = &o.workload;
+  app->add_option_function<double>(
+      "--prefill-interval-ms", [w](double ms) { w->prefill_interval_ns = static_cast<TimeNs>(ms * 1e6); },
+      "Mean gap between prefill bursts");
+  app->add_option("--prefill-burst", w->prefill_burst, "32 MiB prefill requests per burst");
+  app->add_option_function<double>(
+      "--decode-interval-us", [w](double v) { w->decode_interval_ns = static_cast<TimeNs>(v * 1e3); },
+      "Mean gap between decode requests");
+  app->add_option_function<double>(
+      "--decode-deadline-ms", [w](double ms) { w->decode_deadline_ns = static_cast<TimeNs>(ms * 1e6); },
+      "Decode deadline after arrival");
+}
+
+}  // namespace
+
+Command add_bench_mixed(CLI::App& bench) {
+  auto o = std::make_shared<SchedBenchOptions>();
+  CLI::App* app = bench.add_subcommand("mixed", "32 MB prefill vs 256 KB / 2 ms decode on one NVLink: FIFO vs deadline-aware");
+  add_common(app, *o);
+  app->add_option("--policy", o->policy, "deadline_aware, baseline_fifo or both");
+  return {app, [o] { return run_mixed_bench(*o); }};
+}
+
+Command add_bench_ablation(CLI::App& bench) {
+  auto o = std::make_shared<SchedBenchOptions>();
+  CLI::App* app = bench.add_subcommand("ablation", "The mixed workload across slice sizes and in-flight byte budgets");
+  add_common(app, *o);
+  app->add_option("--slice-sizes", o->slice_sizes, "Slice sizes to sweep")->delimiter(',');
+  app->add_option("--budgets", o->budgets, "In-flight byte budgets to sweep")->delimiter(',');
+  return {app, [o] { return run_ablation_bench(*o); }};
+}
+
+}  // namespace baton::cli
