@@ -1,12 +1,14 @@
-// The scheduler. Per path, queued requests wait in three ordered sets whose
+// The scheduler. Per path, queued requests wait in three indexed heaps whose
 // keys never change while a request waits (docs/scheduler.md has the proof):
 //   with_deadline:    K = w_p·prio − w_d·(deadline − remaining)/1µs − w_a·enqueued/1µs
 //   without_deadline: K = w_p·prio − w_a·enqueued/1µs
 //   by_age:           enqueue time (the starvation bound, and baseline FIFO order)
 // Urgency at `now` is (w_d + w_a)·now + K for the first set and w_a·now + K
-// for the second, so each set's order holds for all time and the most urgent
-// request is one of two set heads: O(log n) per dispatch, no re-scoring.
+// for the second, so each heap's order holds for all time and the most urgent
+// request is one of two heap tops: O(log n) per dispatch, no re-scoring.
 #include "baton/sched/scheduler.h"
+
+#include "sched/indexed_heap.h"
 
 #include <algorithm>
 #include <limits>
@@ -32,36 +34,23 @@ struct Range {
   std::uint64_t length = 0;
 };
 
-// Most urgent first; equal keys in arrival order.
-struct QueueKey {
-  double key;
-  std::uint64_t seq;
-  RequestId id;
-  bool operator<(const QueueKey& o) const { return key != o.key ? key > o.key : seq < o.seq; }
-};
-
-struct AgeKey {
-  TimeNs enqueued_ns;
-  std::uint64_t seq;
-  RequestId id;
-  auto operator<=>(const AgeKey&) const = default;
-};
-
 struct Request {
   RequestId id = 0;
   TransferRequest spec;
   std::uint64_t seq = 0;
-  std::vector<PathId> chain;
+  const std::vector<PathId>* chain = nullptr;  // shared by every request of the pair
   RequestStatus status;
   std::uint64_t next_offset = 0;  // bytes before it have been sliced
   std::vector<Range> retry;       // sliced, failed or preempted: send again
   std::uint64_t unsent = 0;       // bytes not currently posted nor delivered
-  std::set<SliceId> posted;
+  int inflight = 0;               // slices posted and not yet completed
   int failures = 0;
   PathId home = kNoPath;  // the path whose queue holds it (when queued)
   bool queued = false;
   bool in_deadline_set = false;
   double key = 0;
+  std::uint32_t urgency_pos = 0;  // where the heaps keep it
+  std::uint32_t age_pos = 0;
 
   [[nodiscard]] bool ended() const {
     return status.state == RequestState::kCompleted || status.state == RequestState::kFailed ||
@@ -69,18 +58,89 @@ struct Request {
   }
 };
 
+struct UrgencyEntry {
+  double key;
+  std::uint64_t seq;
+  Request* request;
+};
+struct AgeEntry {
+  TimeNs enqueued_ns;
+  std::uint64_t seq;
+  Request* request;
+};
+// Most urgent first; equal keys in arrival order.
+struct MoreUrgent {
+  bool operator()(const UrgencyEntry& a, const UrgencyEntry& b) const {
+    return a.key != b.key ? a.key > b.key : a.seq < b.seq;
+  }
+};
+struct Older {
+  bool operator()(const AgeEntry& a, const AgeEntry& b) const {
+    return a.enqueued_ns != b.enqueued_ns ? a.enqueued_ns < b.enqueued_ns : a.seq < b.seq;
+  }
+};
+struct UrgencyPosition {
+  std::uint32_t& operator()(const UrgencyEntry& e) const { return e.request->urgency_pos; }
+};
+struct AgePosition {
+  std::uint32_t& operator()(const AgeEntry& e) const { return e.request->age_pos; }
+};
+using UrgencyHeap = IndexedHeap<UrgencyEntry, MoreUrgent, UrgencyPosition>;
+using AgeHeap = IndexedHeap<AgeEntry, Older, AgePosition>;
+
 struct PostedSlice {
-  RequestId request = 0;
+  SliceId id = 0;  // 0: a free slot
+  Request* request = nullptr;
   Range range;
   PathId path = 0;
   int lane = 0;
-  std::uint64_t post_seq = 0;
+};
+
+// Posted slices in reusable slots; a slice id carries its slot in the low
+// bits and a generation above them, so a stale id never finds a new slice.
+class SliceTable {
+ public:
+  SliceId add(PostedSlice s) {
+    std::uint32_t slot;
+    if (free_.empty()) {
+      slot = static_cast<std::uint32_t>(slots_.size());
+      slots_.emplace_back();
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+    }
+    s.id = (++generation_ << kSlotBits) | slot;
+    slots_[slot] = s;
+    return s.id;
+  }
+  [[nodiscard]] PostedSlice* find(SliceId id) {
+    const std::uint64_t slot = id & ((1ULL << kSlotBits) - 1);
+    return slot < slots_.size() && slots_[slot].id == id && id != 0 ? &slots_[slot] : nullptr;
+  }
+  void remove(SliceId id) {
+    const auto slot = static_cast<std::uint32_t>(id & ((1ULL << kSlotBits) - 1));
+    slots_[slot].id = 0;
+    free_.push_back(slot);
+  }
+  [[nodiscard]] std::vector<SliceId> of(const Request* r) const {
+    std::vector<SliceId> out;
+    for (const PostedSlice& s : slots_) {
+      if (s.id != 0 && s.request == r) out.push_back(s.id);
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int kSlotBits = 24;  // in-flight slices are bounded by credits
+  std::vector<PostedSlice> slots_;
+  std::vector<std::uint32_t> free_;
+  std::uint64_t generation_ = 0;
 };
 
 struct PathQueue {
-  std::set<QueueKey> with_deadline;
-  std::set<QueueKey> without_deadline;
-  std::set<AgeKey> by_age;
+  UrgencyHeap with_deadline;
+  UrgencyHeap without_deadline;
+  AgeHeap by_age;
 };
 
 struct PathRuntime {
@@ -92,7 +152,7 @@ struct PathRuntime {
   PathLoad load;
   std::vector<int> lane_load;
   PathQueue queue;
-  std::map<std::uint64_t, SliceId> posted_by_seq;  // preemption looks at the newest first
+  std::vector<SliceId> posted;  // in post order: preemption looks at the newest first
 };
 
 double us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
@@ -119,29 +179,31 @@ struct Scheduler::State {
   transport::Transport& transport;
   std::vector<PathRuntime> paths;
   std::map<std::tuple<std::string, std::string, topology::PathType>, PathId> path_index;
-  std::unordered_map<std::string, std::vector<PathId>> chains;
+  std::unordered_map<std::string, std::vector<PathId>> chains;  // "from|to" → chain
   std::unordered_map<RequestId, Request> requests;
-  std::unordered_map<SliceId, PostedSlice> posted;
+  SliceTable posted;
   std::set<PathId> busy_queues;  // paths whose queue is not empty
-  SliceId next_slice = 1;
+  std::vector<PathId> busy_scratch;
   std::uint64_t next_seq = 0;
   std::size_t open = 0;
   bool top_is_overdue = false;  // set by top(): the head was promoted by the starvation bound
   SchedStats stats;
+  std::function<void(RequestId)> finish_hook;
 
   [[nodiscard]] bool deadline_aware() const { return policy.kind == PolicyKind::kDeadlineAware; }
 
-  [[nodiscard]] double class_term(const Request& r) const {
-    return policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
-  }
-
   // The time-invariant part of the urgency (see the file comment).
   [[nodiscard]] double key_of(const Request& r) const {
-    const PathRuntime& p = paths[r.home];
+    const double class_term = policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
     const double aging = policy.w_aging * us(r.status.submitted_ns);
-    if (!r.in_deadline_set) return class_term(r) - aging;
-    const double remaining_ns = static_cast<double>(r.unsent) / p.bytes_per_ns;
-    return class_term(r) - policy.w_deadline * (us(r.spec.deadline_ns) - remaining_ns / 1000.0) - aging;
+    if (!r.in_deadline_set) return class_term - aging;
+    const double remaining_us = static_cast<double>(r.unsent) / paths[r.home].bytes_per_ns / 1000.0;
+    return class_term - policy.w_deadline * (us(r.spec.deadline_ns) - remaining_us) - aging;
+  }
+
+  UrgencyHeap& urgency_heap(Request& r) {
+    PathQueue& q = paths[r.home].queue;
+    return r.in_deadline_set ? q.with_deadline : q.without_deadline;
   }
 
   void enqueue(Request& r, PathId home) {
@@ -149,55 +211,54 @@ struct Scheduler::State {
     r.queued = true;
     r.in_deadline_set = deadline_aware() && r.spec.deadline_ns != 0;
     r.key = key_of(r);
-    PathQueue& q = paths[home].queue;
-    (r.in_deadline_set ? q.with_deadline : q.without_deadline).insert({r.key, r.seq, r.id});
-    q.by_age.insert({r.status.submitted_ns, r.seq, r.id});
+    urgency_heap(r).push({r.key, r.seq, &r});
+    paths[home].queue.by_age.push({r.status.submitted_ns, r.seq, &r});
     busy_queues.insert(home);
   }
 
   void dequeue(Request& r) {
     if (!r.queued) return;
-    PathQueue& q = paths[r.home].queue;
-    (r.in_deadline_set ? q.with_deadline : q.without_deadline).erase({r.key, r.seq, r.id});
-    q.by_age.erase({r.status.submitted_ns, r.seq, r.id});
-    if (q.by_age.empty()) busy_queues.erase(r.home);
+    urgency_heap(r).erase(r.urgency_pos);
+    AgeHeap& by_age = paths[r.home].queue.by_age;
+    by_age.erase(r.age_pos);
+    if (by_age.empty()) busy_queues.erase(r.home);
     r.queued = false;
   }
 
   // The remaining time changed: move the request to its new place.
   void rekey(Request& r) {
     if (!r.queued || !r.in_deadline_set) return;
-    PathQueue& q = paths[r.home].queue;
-    q.with_deadline.erase({r.key, r.seq, r.id});
     r.key = key_of(r);
-    q.with_deadline.insert({r.key, r.seq, r.id});
+    urgency_heap(r).replace(r.urgency_pos, {r.key, r.seq, &r});
   }
 
   // The most urgent request of a path's queue at `now`.
   Request* top(PathId path, TimeNs now_ns) {
     PathQueue& q = paths[path].queue;
-    if (q.by_age.empty()) return nullptr;
-    const AgeKey& oldest = *q.by_age.begin();
     top_is_overdue = false;
-    if (!deadline_aware()) return &requests.at(oldest.id);
-    top_is_overdue = now_ns - oldest.enqueued_ns >= policy.starvation_bound_ns;
-    if (top_is_overdue) return &requests.at(oldest.id);
+    if (q.by_age.empty()) return nullptr;
+    Request* oldest = q.by_age.top().request;
+    if (!deadline_aware()) return oldest;
+    if (now_ns - oldest->status.submitted_ns >= policy.starvation_bound_ns) {
+      top_is_overdue = true;
+      return oldest;
+    }
     const double now_us = us(now_ns);
     Request* best = nullptr;
     double best_urgency = 0;
     if (!q.with_deadline.empty()) {
-      best = &requests.at(q.with_deadline.begin()->id);
-      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.with_deadline.begin()->key;
+      best = q.with_deadline.top().request;
+      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.with_deadline.top().key;
     }
     if (!q.without_deadline.empty()) {
-      const double u = policy.w_aging * now_us + q.without_deadline.begin()->key;
-      if (best == nullptr || u > best_urgency) best = &requests.at(q.without_deadline.begin()->id);
+      const double u = policy.w_aging * now_us + q.without_deadline.top().key;
+      if (best == nullptr || u > best_urgency) best = q.without_deadline.top().request;
     }
     return best;
   }
 
   [[nodiscard]] PathId first_healthy(const Request& r, TimeNs now_ns) const {
-    for (PathId p : r.chain) {
+    for (PathId p : *r.chain) {
       if (transport.path_healthy(p, now_ns)) return p;
     }
     return kNoPath;
@@ -221,16 +282,17 @@ struct Scheduler::State {
     r.status.status = std::move(status);
     r.status.completed_ns = now_ns;
     --open;
+    if (finish_hook) finish_hook(r.id);
   }
 
   // Cancels every posted slice of `r`; those stopped return their credits.
   void cancel_posted(Request& r, TimeNs now_ns) {
-    for (SliceId id : std::set<SliceId>(r.posted)) {
+    if (r.inflight == 0) return;
+    for (SliceId id : posted.of(&r)) {
       const auto result = transport.cancel(id, now_ns);
       if (result.stopped) {
         stats.bytes_wasted += result.bytes_wasted;
         release(id);
-        r.posted.erase(id);
       }
     }
   }
@@ -252,23 +314,24 @@ struct Scheduler::State {
 
   // A path went down: everything queued on it moves to the next path of its chain.
   void rehome_queue(PathId path, TimeNs now_ns) {
-    std::vector<RequestId> ids;
-    for (const AgeKey& a : paths[path].queue.by_age) ids.push_back(a.id);
-    for (RequestId id : ids) {
-      Request& r = requests.at(id);
-      dequeue(r);
-      home_request(r, now_ns);
+    std::vector<Request*> moving;
+    paths[path].queue.by_age.for_each([&](const AgeEntry& e) { moving.push_back(e.request); });
+    for (Request* r : moving) {
+      dequeue(*r);
+      home_request(*r, now_ns);
     }
   }
 
+  // Returns a slice's credits; the caller settles its bytes.
   PostedSlice release(SliceId id) {
-    const PostedSlice s = posted.at(id);
-    posted.erase(id);
+    const PostedSlice s = *posted.find(id);
+    posted.remove(id);
     PathRuntime& p = paths[s.path];
     p.load.inflight_slices -= 1;
     p.load.inflight_bytes -= s.range.length;
     p.lane_load[s.lane] -= 1;
-    p.posted_by_seq.erase(s.post_seq);
+    std::erase(p.posted, id);
+    s.request->inflight -= 1;
     return s;
   }
 
@@ -289,20 +352,19 @@ struct Scheduler::State {
       r.next_offset += length;
     }
     const int lane = static_cast<int>(std::ranges::min_element(p.lane_load) - p.lane_load.begin());
-    const SliceId id = next_slice++;
+    const SliceId id = posted.add({0, &r, range, path, lane});
     if (Status s = transport.submit({id, path, lane, length}, now_ns); !s.is_ok()) {
+      posted.remove(id);
       r.retry.push_back(range);
       return false;
     }
-    const std::uint64_t seq = next_seq++;
-    posted[id] = {r.id, range, path, lane, seq};
-    p.posted_by_seq[seq] = id;
+    p.posted.push_back(id);
     p.lane_load[lane] += 1;
     p.load.inflight_slices += 1;
     p.load.inflight_bytes += length;
     p.load.max_inflight_slices = std::max(p.load.max_inflight_slices, p.load.inflight_slices);
     p.load.max_inflight_bytes = std::max(p.load.max_inflight_bytes, p.load.inflight_bytes);
-    r.posted.insert(id);
+    r.inflight += 1;
     r.unsent -= length;
     r.status.state = RequestState::kRunning;
     ++stats.slices_posted;
@@ -319,17 +381,15 @@ struct Scheduler::State {
   bool try_spill(Request& r, PathId path, TimeNs now_ns) {
     if (r.spec.deadline_ns == 0) return false;
     const PathRuntime& p = paths[path];
+    const double now = static_cast<double>(now_ns);
+    const double deadline = static_cast<double>(r.spec.deadline_ns);
     const double wait_ns = static_cast<double>(p.load.inflight_bytes + r.unsent) / p.bytes_per_ns;
-    if (static_cast<double>(now_ns) + wait_ns + static_cast<double>(p.latency_ns) <=
-        static_cast<double>(r.spec.deadline_ns)) {
-      return false;
-    }
-    for (PathId f : r.chain) {
+    if (now + wait_ns + static_cast<double>(p.latency_ns) <= deadline) return false;
+    for (PathId f : *r.chain) {
       if (f == path || !transport.path_healthy(f, now_ns)) continue;
       const PathRuntime& fp = paths[f];
-      const double finish = static_cast<double>(now_ns) + static_cast<double>(r.unsent) / fp.bytes_per_ns +
-                            static_cast<double>(fp.latency_ns);
-      if (finish > static_cast<double>(r.spec.deadline_ns) || !has_credit(f, next_length(r, f))) continue;
+      const double finish = now + static_cast<double>(r.unsent) / fp.bytes_per_ns + static_cast<double>(fp.latency_ns);
+      if (finish > deadline || !has_credit(f, next_length(r, f))) continue;
       if (post(r, f, now_ns)) {
         ++r.status.slices_spilled;
         ++stats.slices_spilled;
@@ -344,9 +404,9 @@ struct Scheduler::State {
   bool try_preempt(Request& r, PathId path, TimeNs now_ns) {
     if (!policy.preemption || r.spec.qos > policy.preempt_min_class) return false;
     PathRuntime& p = paths[path];
-    for (auto it = p.posted_by_seq.rbegin(); it != p.posted_by_seq.rend(); ++it) {
-      const SliceId victim_id = it->second;
-      Request& victim = requests.at(posted.at(victim_id).request);
+    for (auto it = p.posted.rbegin(); it != p.posted.rend(); ++it) {
+      const SliceId victim_id = *it;
+      Request& victim = *posted.find(victim_id)->request;
       if (!victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
       // An overdue request is being served by the starvation bound; taking
       // its slice back would starve it again, forever under sustained load.
@@ -354,7 +414,6 @@ struct Scheduler::State {
       const auto result = transport.cancel(victim_id, now_ns);
       if (!result.stopped) continue;  // already delivered: nothing to win
       const PostedSlice s = release(victim_id);
-      victim.posted.erase(victim_id);
       victim.retry.push_back(s.range);
       victim.unsent += s.range.length;
       ++victim.status.slices_preempted;
@@ -401,7 +460,9 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
     return Status::invalid_argument("submit: request {} ({} -> {}) has 0 bytes", id, request.from, request.to);
   }
   if (st.requests.contains(id)) return Status::already_exists("submit: request {} exists already", id);
-  const std::string key = request.from + "|" + request.to;
+  std::string key = request.from;
+  key += '|';
+  key += request.to;
   auto chain_it = st.chains.find(key);
   if (chain_it == st.chains.end()) {
     auto route = st.graph.rank(request.from, request.to);
@@ -412,7 +473,7 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
         chain.push_back(it->second);
       }
     }
-    chain_it = st.chains.emplace(key, std::move(chain)).first;
+    chain_it = st.chains.emplace(std::move(key), std::move(chain)).first;
   }
   if (chain_it->second.empty()) {
     return Status::unavailable("submit: the transport has no path from {} to {}", request.from, request.to);
@@ -421,7 +482,7 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
   r.id = id;
   r.spec = request;
   r.seq = st.next_seq++;
-  r.chain = chain_it->second;
+  r.chain = &chain_it->second;
   r.unsent = request.bytes;
   r.status.qos = request.qos;
   r.status.bytes = request.bytes;
@@ -447,10 +508,9 @@ Status Scheduler::cancel(RequestId id, TimeNs now_ns) {
 
 void Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns) {
   State& st = *state_;
-  if (!st.posted.contains(c.id)) return;  // stopped by a cancel that lost the race
+  if (st.posted.find(c.id) == nullptr) return;  // stopped by a cancel that lost the race
   const PostedSlice s = st.release(c.id);
-  Request& r = st.requests.at(s.request);
-  r.posted.erase(c.id);
+  Request& r = *s.request;
   if (r.ended()) return;  // cancelled or failed: the bytes no longer matter
   if (c.status.is_ok()) {
     r.status.bytes_done += s.range.length;
@@ -481,7 +541,8 @@ void Scheduler::dispatch(TimeNs now_ns) {
   // Pass 1: every path serves its own queue. Pass 2: what is still blocked
   // may spill to a fallback with credits left over, or preempt.
   for (int pass = 0; pass < 2; ++pass) {
-    for (PathId path : std::vector<PathId>(st.busy_queues.begin(), st.busy_queues.end())) {
+    st.busy_scratch.assign(st.busy_queues.begin(), st.busy_queues.end());
+    for (PathId path : st.busy_scratch) {
       if (!st.transport.path_healthy(path, now_ns)) {
         st.rehome_queue(path, now_ns);
         continue;
@@ -489,12 +550,11 @@ void Scheduler::dispatch(TimeNs now_ns) {
       while (Request* r = st.top(path, now_ns)) {
         if (st.has_credit(path, st.next_length(*r, path))) {
           const bool promoted = st.top_is_overdue;
-          if (st.post(*r, path, now_ns)) {
-            st.stats.starvation_promotions += promoted;
-          } else {
+          if (!st.post(*r, path, now_ns)) {
             st.rehome_queue(path, now_ns);
             break;
           }
+          st.stats.starvation_promotions += promoted;
           continue;
         }
         if (pass == 0 || !st.deadline_aware()) break;
@@ -509,6 +569,18 @@ Result<RequestStatus> Scheduler::status(RequestId id) const {
   if (it == state_->requests.end()) return std::unexpected(Status::not_found("status: no request {}", id));
   return it->second.status;
 }
+
+Status Scheduler::forget(RequestId id) {
+  const auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return Status::not_found("forget: no request {}", id);
+  if (!it->second.ended() || it->second.inflight != 0) {
+    return Status::invalid_argument("forget: request {} is still {}", id, to_string(it->second.status.state));
+  }
+  state_->requests.erase(it);
+  return Status::ok();
+}
+
+void Scheduler::set_finish_hook(std::function<void(RequestId)> hook) { state_->finish_hook = std::move(hook); }
 
 const SchedStats& Scheduler::stats() const { return state_->stats; }
 const PathLoad& Scheduler::load(transport::PathId path) const { return state_->paths.at(path).load; }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,6 +104,12 @@ class Scheduler {
   void dispatch(TimeNs now_ns);
 
   [[nodiscard]] Result<RequestStatus> status(RequestId id) const;
+  // Drops an ended request's record (status() then answers not_found), so a
+  // long-running loop does not grow. invalid_argument while it is still live.
+  [[nodiscard]] Status forget(RequestId id);
+  // Called with each request id as it reaches a final state (completed,
+  // failed, cancelled). The hook must not call back into the scheduler.
+  void set_finish_hook(std::function<void(RequestId)> hook);
   [[nodiscard]] const SchedStats& stats() const;
   [[nodiscard]] const PathLoad& load(transport::PathId path) const;
   [[nodiscard]] std::size_t queued_requests() const;  // not yet ended
