@@ -1,0 +1,116 @@
+#include "baton/plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "baton/plan/encode.h"
+#include "plan_test_util.h"
+
+namespace baton::plan {
+namespace {
+
+// 4 blocks × 2 slots × 2 segments of 64 bytes, one chunk per column.
+Plan valid_plan() { return encode_plan(testing::contiguous_table(4, 2, 2, 64)).value(); }
+
+std::string why(const Plan& p) { return validate(p).message(); }
+
+TEST(ValidatePlan, AcceptsAnEncodedPlan) { EXPECT_TRUE(validate(valid_plan()).is_ok()); }
+
+TEST(ValidatePlan, RefusesCountsOutOfBounds) {
+  Plan p = valid_plan();
+  p.blocks = 0;
+  EXPECT_EQ(why(p), "plan: 0 blocks, expected 1..4194304");
+  p = valid_plan();
+  p.slots = kMaxSlots + 1;
+  EXPECT_EQ(why(p), "plan: 65537 slots, expected 1..65536");
+  p = valid_plan();
+  p.segments_per_slot = 3;
+  EXPECT_EQ(why(p), "plan: 3 segments per slot, expected 1 or 2");
+  p = valid_plan();
+  p.blocks = kMaxBlocks;
+  p.slots = kMaxSlots;
+  EXPECT_NE(why(p).find("cells"), std::string::npos);
+}
+
+TEST(ValidatePlan, RefusesBadSchema) {
+  Plan p = valid_plan();
+  p.schema.pop_back();
+  EXPECT_EQ(why(p), "plan: schema has 3 segments, expected 4 (2 slots × 2)");
+  p = valid_plan();
+  p.schema[3].bytes = 0;
+  EXPECT_EQ(why(p), "plan: slot 1 segment 1 has 0 bytes");
+  p = valid_plan();
+  p.schema[2] = {64, 32};
+  EXPECT_EQ(why(p), "plan: slot 1 segment 0 has stride 32 < bytes 64");
+}
+
+TEST(ValidatePlan, RefusesBadChunks) {
+  Plan p = valid_plan();
+  p.chunks[1].length = 0;
+  EXPECT_EQ(why(p), "plan: chunk 1 has length 0");
+  p = valid_plan();
+  p.chunks[0].base = UINT64_MAX - 10;
+  EXPECT_NE(why(p).find("passes 2^64"), std::string::npos);
+  p = valid_plan();
+  p.chunks[2].numa = -5;
+  EXPECT_EQ(why(p), "plan: chunk 2 on NUMA node -5, expected -1..1023");
+  p = valid_plan();
+  p.chunks[2].numa = kMaxNuma + 1;
+  EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ValidatePlan, RefusesPlacementIndexesOutOfRange) {
+  Plan p = valid_plan();
+  p.placements[1].slot = 2;
+  EXPECT_EQ(why(p), "plan: placement 1 names slot 2 segment 1, plan has 2 slots × 2 segments");
+  p = valid_plan();
+  p.placements[1].segment = 2;
+  EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument);
+  p = valid_plan();
+  p.placements[0].chunk = 4;
+  EXPECT_EQ(why(p), "plan: placement 0 names chunk 4, plan has 4 chunks");
+}
+
+TEST(ValidatePlan, RefusesPlacementsOutOfOrderOrNotTiling) {
+  Plan p = valid_plan();
+  std::swap(p.placements[0], p.placements[1]);
+  EXPECT_NE(why(p).find("placements must be ordered"), std::string::npos);
+  p = valid_plan();
+  p.placements[0].block_count = 3;  // a hole at block 3
+  EXPECT_NE(why(p).find("expected slot 0 segment 0 block 3"), std::string::npos);
+  p = valid_plan();
+  p.placements[0].block_count = 5;
+  EXPECT_EQ(why(p), "plan: placement 0 has 5 blocks from block 0, expected 1..4");
+  p = valid_plan();
+  p.placements[0].block_count = 0;
+  EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument);
+  p = valid_plan();
+  p.placements.pop_back();
+  EXPECT_EQ(why(p), "plan: placements cover slot segments up to 3 (block 0), expected all 4");
+  p = valid_plan();
+  p.placements.push_back(p.placements.back());
+  EXPECT_EQ(why(p), "plan: placement 4 is past the last slot's blocks");
+}
+
+TEST(ValidatePlan, RefusesASpanOutsideItsChunk) {
+  Plan p = valid_plan();
+  p.placements[2].offset = 1;  // 1 + 4 × 64 > 256
+  EXPECT_NE(why(p).find("past chunk 2 of 256 bytes"), std::string::npos);
+  p = valid_plan();
+  p.placements[2].offset = UINT64_MAX - 8;  // the span itself overflows
+  EXPECT_NE(why(p).find("past chunk 2"), std::string::npos);
+}
+
+TEST(ValidatePlan, RefusesAnUnusedChunk) {
+  Plan p = valid_plan();
+  p.chunks.push_back({0x9000000, 64, 0});
+  EXPECT_EQ(why(p), "plan: chunk 4 is named by no placement");
+}
+
+TEST(ValidatePlan, RefusesAWrongHashCount) {
+  Plan p = valid_plan();
+  p.block_hashes = {1, 2};
+  EXPECT_EQ(why(p), "plan: 2 block hashes for 4 blocks, expected none or one per block");
+}
+
+}  // namespace
+}  // namespace baton::plan

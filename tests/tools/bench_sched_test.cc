@@ -1,0 +1,110 @@
+// `baton bench mixed` / `ablation` as a user runs them: the JSON contract,
+// determinism by seed, and one-line errors for bad input.
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CommandRun baton(const std::string& args) {
+  static int runs = 0;
+  const std::string stem = fmt::format("{}/baton_bench_{}_{}", ::testing::TempDir(), getpid(), runs++);
+  const std::string cmd = fmt::format("{} {} >{}.out 2>{}.err", BATON_BINARY, args, stem, stem);
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
+}
+
+TEST(BenchMixed, JsonContractAndTheDeadlineAwareWin) {
+  const CommandRun r = baton("bench mixed --duration-ms 40 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("workload"));
+  for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
+    const auto& p = j["policies"][policy];
+    for (const char* key : {"count", "p50_us", "p95_us", "p99_us", "miss_ratio"}) {
+      EXPECT_TRUE(p["decode_critical"].contains(key)) << policy << " " << key;
+    }
+    for (const char* key : {"count", "p50_us", "p95_us", "p99_us", "throughput_gbps"}) {
+      EXPECT_TRUE(p["prefill_bulk"].contains(key)) << policy << " " << key;
+    }
+    EXPECT_EQ(p["decode_critical"]["cdf_us"].size(), 101u);
+  }
+  const double reduction = j["decode_p99_reduction"];
+  EXPECT_GE(reduction, 0.3);
+  EXPECT_LE(reduction, 1.0);
+}
+
+TEST(BenchMixed, SameSeedSameJsonOtherSeedOther) {
+  const CommandRun a = baton("bench mixed --duration-ms 20 --seed 7 --json -");
+  const CommandRun b = baton("bench mixed --duration-ms 20 --seed 7 --json -");
+  const CommandRun c = baton("bench mixed --duration-ms 20 --seed 8 --json -");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(BenchMixed, OnePolicyAlone) {
+  const CommandRun r = baton("bench mixed --duration-ms 10 --policy baseline_fifo --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["policies"].size(), 1u);
+  EXPECT_FALSE(j.contains("decode_p99_reduction"));
+}
+
+TEST(BenchAblation, EveryCellOfTheSweep) {
+  const CommandRun r = baton("bench ablation --duration-ms 10 --slice-sizes 64KiB,1MiB --budgets 512KiB,8MiB --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["cells"].size(), 4u);
+  int skipped = 0;
+  for (const auto& cell : j["cells"]) {
+    if (cell.contains("skipped")) {
+      ++skipped;  // 1 MiB slices do not fit a 512 KiB budget
+      continue;
+    }
+    for (const char* key : {"decode_p99_us", "decode_miss_ratio", "prefill_throughput_gbps"}) {
+      EXPECT_TRUE(cell.contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(skipped, 1);
+}
+
+TEST(BenchSched, BadInputFailsWithOneLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"bench mixed --policy fastest", "\"fastest\""},
+      {"bench mixed --duration-ms 0", "--duration-ms"},
+      {"bench mixed --policy-file /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
+      {"bench mixed --prefill-burst 0", "prefill_burst"},
+      {"bench ablation --slice-sizes 12parsecs", "\"12parsecs\""},
+  };
+  for (const auto& [args, needle] : cases) {
+    const CommandRun r = baton(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  EXPECT_NE(baton("bench").exit_code, 0);
+  EXPECT_NE(baton("bench nosuchmode").exit_code, 0);
+}
+
+}  // namespace
