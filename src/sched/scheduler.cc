@@ -354,7 +354,7 @@ struct Scheduler::State {
     }
     const int lane = static_cast<int>(std::ranges::min_element(p.lane_load) - p.lane_load.begin());
     const SliceId id = posted.add({0, &r, range, path, lane});
-    if (Status s = transport.submit({id, path, lane, length}, now_ns); !s.is_ok()) {
+    if (Status s = transport.submit({id, path, lane, length, {}}, now_ns); !s.is_ok()) {
       posted.remove(id);
       r.retry.push_back(range);
       return false;

@@ -12,6 +12,8 @@ PathInfo path(int lanes, double gbps, double latency_us) {
   return {"a", "b", topology::PathType::kRdma, lanes, gbps, latency_us};
 }
 
+SliceSubmit slice(SliceId id, PathId path, int lane, std::uint64_t bytes) { return {id, path, lane, bytes, {}}; }
+
 std::unique_ptr<SimTransport> make(std::vector<PathInfo> paths, SimConfig config = {}) {
   auto t = SimTransport::create(std::move(paths), std::move(config));
   EXPECT_TRUE(t.has_value()) << t.error().to_string();
@@ -26,8 +28,8 @@ std::vector<Completion> drain(SimTransport& t, TimeNs until) {
 
 TEST(SimTransport, OneLaneServesFifoWithPipelinedLatency) {
   auto t = make({path(1, 1.0, 1.0)});
-  ASSERT_TRUE(t->submit({1, 0, 0, 1000}, 0).is_ok());
-  ASSERT_TRUE(t->submit({2, 0, 0, 500}, 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(1, 0, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(2, 0, 0, 500), 0).is_ok());
   EXPECT_EQ(t->next_event_ns(), 1000);  // slice 1 leaves the wire
   EXPECT_TRUE(drain(*t, 1999).empty());
   auto c = drain(*t, 2000);
@@ -44,8 +46,8 @@ TEST(SimTransport, OneLaneServesFifoWithPipelinedLatency) {
 
 TEST(SimTransport, LanesShareThePathBandwidth) {
   auto t = make({path(2, 2.0, 0.0)});
-  ASSERT_TRUE(t->submit({1, 0, 0, 1000}, 0).is_ok());
-  ASSERT_TRUE(t->submit({2, 0, 1, 1000}, 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(1, 0, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(2, 0, 1, 1000), 0).is_ok());
   const auto c = drain(*t, 5000);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].at_ns, 1000);  // each lane runs at 1 byte/ns, in parallel
@@ -54,9 +56,9 @@ TEST(SimTransport, LanesShareThePathBandwidth) {
 
 TEST(SimTransport, CancelQueuedHeadAndFinished) {
   auto t = make({path(1, 1.0, 1.0)});
-  ASSERT_TRUE(t->submit({1, 0, 0, 1000}, 0).is_ok());
-  ASSERT_TRUE(t->submit({2, 0, 0, 1000}, 0).is_ok());
-  ASSERT_TRUE(t->submit({3, 0, 0, 1000}, 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(1, 0, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(2, 0, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(3, 0, 0, 1000), 0).is_ok());
   // Queued: removed, nothing wasted.
   auto r = t->cancel(3, 100);
   EXPECT_TRUE(r.stopped);
@@ -71,7 +73,7 @@ TEST(SimTransport, CancelQueuedHeadAndFinished) {
   EXPECT_EQ(c[0].id, 2u);
   EXPECT_EQ(c[0].at_ns, 400 + 1000 + 1000);
   // All bytes sent, completion not yet polled: too late to stop.
-  ASSERT_TRUE(t->submit({4, 0, 0, 1000}, 200'000).is_ok());
+  ASSERT_TRUE(t->submit(slice(4, 0, 0, 1000), 200'000).is_ok());
   ASSERT_TRUE(drain(*t, 201'000).empty());
   r = t->cancel(4, 201'500);
   EXPECT_FALSE(r.stopped);
@@ -84,9 +86,9 @@ TEST(SimTransport, PathDownFailsWhatIsOnItAndRefusesNewWork) {
   SimConfig config;
   config.faults = {{0, 1500, 5000}};
   auto t = make({path(1, 1.0, 1.0), path(1, 1.0, 1.0)}, config);
-  ASSERT_TRUE(t->submit({1, 0, 0, 1000}, 0).is_ok());  // done sending at 1000, lands at 2000
-  ASSERT_TRUE(t->submit({2, 0, 0, 1000}, 0).is_ok());
-  ASSERT_TRUE(t->submit({3, 1, 0, 1000}, 0).is_ok());  // the other path is fine
+  ASSERT_TRUE(t->submit(slice(1, 0, 0, 1000), 0).is_ok());  // done sending at 1000, lands at 2000
+  ASSERT_TRUE(t->submit(slice(2, 0, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(3, 1, 0, 1000), 0).is_ok());  // the other path is fine
   EXPECT_TRUE(t->path_healthy(0, 1499));
   EXPECT_FALSE(t->path_healthy(0, 1500));  // before the fault is polled, too
   auto c = drain(*t, 3000);
@@ -102,17 +104,17 @@ TEST(SimTransport, PathDownFailsWhatIsOnItAndRefusesNewWork) {
     }
   }
   EXPECT_EQ(failed, 2);
-  EXPECT_EQ(t->submit({4, 0, 0, 10}, 3000).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(t->submit(slice(4, 0, 0, 10), 3000).code(), StatusCode::kUnavailable);
   drain(*t, 5000);
   EXPECT_TRUE(t->path_healthy(0, 5000));
-  EXPECT_TRUE(t->submit({4, 0, 0, 10}, 5000).is_ok());
+  EXPECT_TRUE(t->submit(slice(4, 0, 0, 10), 5000).is_ok());
   EXPECT_EQ(t->bytes_delivered(), 1000u);  // only slice 3 so far
 }
 
 TEST(SimTransport, ErrorProbabilityAndJitterAreSeeded) {
   auto run = [](SimConfig config) {
     auto t = make({path(1, 1.0, 0.0)}, config);
-    for (SliceId i = 1; i <= 200; ++i) EXPECT_TRUE(t->submit({i, 0, 0, 1000}, 0).is_ok());
+    for (SliceId i = 1; i <= 200; ++i) EXPECT_TRUE(t->submit(slice(i, 0, 0, 1000), 0).is_ok());
     return drain(*t, 1'000'000'000);
   };
   SimConfig always;
@@ -138,12 +140,12 @@ TEST(SimTransport, ErrorProbabilityAndJitterAreSeeded) {
 
 TEST(SimTransport, RefusesBadInput) {
   auto t = make({path(2, 1.0, 0.0)});
-  EXPECT_EQ(t->submit({1, 5, 0, 10}, 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(t->submit({1, 0, 2, 10}, 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(t->submit({1, 0, -1, 10}, 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(t->submit({1, 0, 0, 0}, 0).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(t->submit({1, 0, 0, 10}, 0).is_ok());
-  EXPECT_EQ(t->submit({1, 0, 1, 10}, 0).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(t->submit(slice(1, 5, 0, 10), 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->submit(slice(1, 0, 2, 10), 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->submit(slice(1, 0, -1, 10), 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->submit(slice(1, 0, 0, 0), 0).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(t->submit(slice(1, 0, 0, 10), 0).is_ok());
+  EXPECT_EQ(t->submit(slice(1, 0, 1, 10), 0).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(t->set_path_down(9, true, 0).code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(t->path_healthy(9, 0));
 

@@ -31,11 +31,24 @@ struct PathInfo {
   [[nodiscard]] std::string name() const;  // "gpu0->gpu1/nvswitch"
 };
 
+enum class Op : std::uint8_t { kWrite, kRead };
+
+// Where a slice's bytes live, for transports that move real memory (the
+// simulator moves only counts and ignores it). `remote_key` and `peer` are
+// handles the transport gave out when the peer and its regions became known.
+struct SliceMemory {
+  Op op = Op::kWrite;
+  void* local = nullptr;          // inside a region registered with this transport
+  std::uint64_t remote_addr = 0;  // inside a region the peer registered
+  std::uint32_t remote_key = 0;
+};
+
 struct SliceSubmit {
   SliceId id = 0;
   PathId path = 0;
   int lane = 0;
   std::uint64_t bytes = 0;
+  SliceMemory memory;
 };
 
 // The end of a slice that was not cancelled. `status` is ok, or unavailable
