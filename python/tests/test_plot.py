@@ -110,3 +110,18 @@ def test_wrong_argument_count_prints_usage(tmp_path):
         r = run(*args)
         assert r.returncode == 2
         assert "usage" in r.stderr
+
+
+def test_mlu_sweep_draws_a_png(tmp_path):
+    def row(deadline_us, mlu, feasible, fifo, edf, drop, signalled):
+        return {"deadline_us": deadline_us, "count": 100, "mean_mlu": mlu, "feasible_rate": feasible,
+                "attainment": {"fifo": fifo, "edf": edf, "edf_drop": drop},
+                "signalled": {"fifo": 0.0, "edf": 0.0, "edf_drop": signalled}}
+    doc = {"workload": {"topology": "pcie4", "path": "gpu0->gpu1", "request_bytes": 1048576, "batch": 8,
+                        "streams": 2},
+           "rows": [row(60, 9.9, 0.01, 0.01, 0.01, 0.11, 0.88), row(500, 8.1, 0.16, 0.17, 0.13, 0.67, 0.33),
+                    row(5e6, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0)]}
+    out = tmp_path / "mlu.png"
+    r = run(write(tmp_path, doc), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)

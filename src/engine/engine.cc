@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "baton/engine/metrics.h"
 #include "baton/topology/probe.h"
 #include "engine/engine_loop.h"
 
@@ -11,10 +12,39 @@ struct Engine::State {
   topology::TopologyGraph graph;
   std::unique_ptr<transport::SimTransport> transport;
   std::unique_ptr<sched::Scheduler> scheduler;
+  std::unique_ptr<admission::AdmissionController> admission;
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<VirtualClockDriver> driver;
   std::atomic<sched::RequestId> next_id{1};
+  MetricsRegistry metrics;
+  // What metrics_text() last exported, so counters grow by the difference.
+  admission::AdmissionStats exported_admission;
+  sched::SchedStats exported_sched;
 };
+
+namespace {
+
+// Permille buckets: 0.1 … 1.0 in tenths, then the infeasible range.
+const std::vector<double> kMluPermilleBuckets{100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000, 5000, 10000};
+
+void declare_metrics(MetricsRegistry& m) {
+  (void)m.declare_histogram("baton_admission_mlu_permille", "Feasibility ratio (MLU x 1000) at submit, per op",
+                            kMluPermilleBuckets);
+  (void)m.declare_counter("baton_admission_admitted_total", "Requests handed to the scheduler");
+  (void)m.declare_counter("baton_admission_compressed_total", "Requests switched to compressed slices");
+  (void)m.declare_counter("baton_admission_dropped_total", "Waiting requests dropped as infeasible");
+  (void)m.declare_counter("baton_admission_infeasible_total", "Requests ended deadline_infeasible");
+  (void)m.declare_counter("baton_admission_signalled_total", "Local-recompute signals fired");
+  (void)m.declare_counter("baton_sched_slices_posted_total", "Slices posted on a transport");
+  (void)m.declare_counter("baton_sched_slices_completed_total", "Slices delivered");
+  (void)m.declare_counter("baton_sched_slices_spilled_total", "Slices sent on a fallback path to meet a deadline");
+  (void)m.declare_counter("baton_sched_slices_preempted_total", "Slices cancelled for a more critical one");
+  (void)m.declare_counter("baton_sched_slices_retried_total", "Slices that failed on the wire and were re-queued");
+  (void)m.declare_counter("baton_sched_bytes_wasted_total", "Bytes sent and then thrown away (preemption, cancel)");
+  (void)m.declare_counter("baton_sched_starvation_promotions_total", "Slices served first by the starvation bound");
+}
+
+}  // namespace
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Engine::~Engine() = default;
@@ -38,7 +68,15 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   auto scheduler = sched::Scheduler::create(state->graph, policy, *state->transport);
   if (!scheduler) return std::unexpected(scheduler.error());
   state->scheduler = std::move(*scheduler);
-  state->loop = std::make_unique<EngineLoop>(*state->scheduler, *state->transport);
+  auto admission = admission::AdmissionController::create(policy, *state->scheduler, *state->transport);
+  if (!admission) return std::unexpected(admission.error());
+  state->admission = std::move(*admission);
+  state->scheduler->set_finish_hook([a = state->admission.get()](sched::RequestId id) { a->on_finish(id); });
+  state->loop = std::make_unique<EngineLoop>(*state->scheduler, *state->admission, *state->transport);
+  declare_metrics(state->metrics);
+  state->admission->set_mlu_observer([m = &state->metrics](double mlu, transport::Op op) {
+    m->observe("baton_admission_mlu_permille", {{"op", op == transport::Op::kRead ? "read" : "write"}}, mlu * 1000.0);
+  });
   state->driver = std::make_unique<VirtualClockDriver>(*state->loop);
   return std::unique_ptr<Engine>(new Engine(std::move(state)));
 }
@@ -67,10 +105,10 @@ Result<std::vector<sched::RequestId>> Engine::submit(std::span<const sched::Tran
   for (const sched::TransferRequest& r : batch) {
     const sched::RequestId id = state_->next_id.fetch_add(1);
     ids.push_back(id);
-    state_->loop->post([id, r](sched::Scheduler& s, TimeNs now_ns) {
+    state_->loop->post([id, r](admission::AdmissionController& a, TimeNs now_ns) {
       // Validated above against the same topology; a refusal here is a bug
       // that status() reports as not_found rather than a lost request.
-      (void)s.submit(id, r, now_ns);
+      (void)a.submit(id, r, now_ns);
     });
   }
   return ids;
@@ -79,25 +117,51 @@ Result<std::vector<sched::RequestId>> Engine::submit(std::span<const sched::Tran
 Status Engine::cancel(sched::RequestId id) {
   if (id == 0 || id >= state_->next_id.load()) return Status::not_found("cancel: no request {}", id);
   state_->loop->tick(now_ns());  // the request may still be a command
-  return state_->scheduler->cancel(id, now_ns());
+  return state_->admission->cancel(id, now_ns());
 }
 
 Result<sched::RequestStatus> Engine::status(sched::RequestId id) {
   if (state_->loop->has_commands()) state_->loop->tick(now_ns());
-  return state_->scheduler->status(id);
+  return state_->admission->status(id);
 }
 
 const sched::SchedStats& Engine::stats() const { return state_->scheduler->stats(); }
 
+std::string Engine::metrics_text() {
+  State& st = *state_;
+  MetricsRegistry& m = st.metrics;
+  const admission::AdmissionStats& a = st.admission->stats();
+  admission::AdmissionStats& ea = st.exported_admission;
+  m.add("baton_admission_admitted_total", {}, a.admitted - ea.admitted);
+  m.add("baton_admission_compressed_total", {}, a.compressed - ea.compressed);
+  m.add("baton_admission_dropped_total", {}, a.dropped - ea.dropped);
+  m.add("baton_admission_infeasible_total", {}, a.infeasible - ea.infeasible);
+  m.add("baton_admission_signalled_total", {}, a.signalled - ea.signalled);
+  ea = a;
+  const sched::SchedStats& s = st.scheduler->stats();
+  sched::SchedStats& es = st.exported_sched;
+  m.add("baton_sched_slices_posted_total", {}, s.slices_posted - es.slices_posted);
+  m.add("baton_sched_slices_completed_total", {}, s.slices_completed - es.slices_completed);
+  m.add("baton_sched_slices_spilled_total", {}, s.slices_spilled - es.slices_spilled);
+  m.add("baton_sched_slices_preempted_total", {}, s.slices_preempted - es.slices_preempted);
+  m.add("baton_sched_slices_retried_total", {}, s.slices_retried - es.slices_retried);
+  m.add("baton_sched_bytes_wasted_total", {}, s.bytes_wasted - es.bytes_wasted);
+  m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
+  es = s;
+  return m.text();
+}
+
 Status Engine::run_until(TimeNs t_ns) { return state_->driver->run_until(t_ns); }
 
 Status Engine::run_until_idle(TimeNs limit_ns) {
-  return state_->driver->run_until_idle(limit_ns, [this] { return state_->scheduler->queued_requests() == 0; });
+  return state_->driver->run_until_idle(
+      limit_ns, [this] { return state_->scheduler->queued_requests() == 0 && state_->admission->waiting() == 0; });
 }
 
 TimeNs Engine::now_ns() const { return state_->driver->clock().now_ns(); }
 const topology::TopologyGraph& Engine::topology() const { return state_->graph; }
 transport::SimTransport& Engine::sim_transport() { return *state_->transport; }
 const sched::Scheduler& Engine::scheduler() const { return *state_->scheduler; }
+admission::AdmissionController& Engine::admission() { return *state_->admission; }
 
 }  // namespace baton::engine

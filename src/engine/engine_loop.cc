@@ -1,5 +1,7 @@
 #include "engine/engine_loop.h"
 
+#include <algorithm>
+
 namespace baton::engine {
 
 void EngineLoop::post(Command command) {
@@ -17,12 +19,22 @@ void EngineLoop::tick(TimeNs now_ns) {
     std::lock_guard lock(mutex_);
     draining_.swap(commands_);
   }
-  for (Command& c : draining_) c(scheduler_, now_ns);
+  for (Command& c : draining_) c(admission_, now_ns);
   draining_.clear();
   completions_.clear();
   transport_.poll(now_ns, completions_);
-  for (const transport::Completion& c : completions_) scheduler_.on_completion(c, now_ns);
+  for (const transport::Completion& c : completions_) {
+    admission_.on_completion(c, scheduler_.on_completion(c, now_ns), now_ns);
+  }
+  admission_.tick(now_ns);
   scheduler_.dispatch(now_ns);
+}
+
+std::optional<TimeNs> EngineLoop::next_event_ns() const {
+  const auto t = transport_.next_event_ns();
+  const auto a = admission_.next_timer_ns();
+  if (t && a) return std::min(*t, *a);
+  return t ? t : a;
 }
 
 Status VirtualClockDriver::run_until(TimeNs t_ns) {

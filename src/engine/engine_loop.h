@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "baton/admission/admission.h"
 #include "baton/sched/scheduler.h"
 #include "baton/transport/transport.h"
 
@@ -16,10 +17,10 @@ namespace baton::engine {
 
 class EngineLoop {
  public:
-  using Command = std::function<void(sched::Scheduler&, TimeNs now_ns)>;
+  using Command = std::function<void(admission::AdmissionController&, TimeNs now_ns)>;
 
-  EngineLoop(sched::Scheduler& scheduler, transport::Transport& transport)
-      : scheduler_(scheduler), transport_(transport) {}
+  EngineLoop(sched::Scheduler& scheduler, admission::AdmissionController& admission, transport::Transport& transport)
+      : scheduler_(scheduler), admission_(admission), transport_(transport) {}
 
   // Thread-safe.
   void post(Command command);
@@ -28,11 +29,12 @@ class EngineLoop {
   void tick(TimeNs now_ns);
 
   // The next instant the loop must run at without new commands.
-  [[nodiscard]] std::optional<TimeNs> next_event_ns() const { return transport_.next_event_ns(); }
+  [[nodiscard]] std::optional<TimeNs> next_event_ns() const;
   [[nodiscard]] bool has_commands();
 
  private:
   sched::Scheduler& scheduler_;
+  admission::AdmissionController& admission_;
   transport::Transport& transport_;
   std::mutex mutex_;
   std::vector<Command> commands_;  // guarded by mutex_

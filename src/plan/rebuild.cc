@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 namespace baton::plan {
@@ -52,13 +54,64 @@ Result<SlabMemory> allocate_slab(int numa, std::uint64_t bytes) {
                     [](std::byte* data, std::uint64_t size) { munmap(data, size); });
 }
 
-int RebuiltPlan::numa(std::uint32_t block, std::uint32_t slot) const {
-  const std::byte* v = view(block, slot, 0);
-  for (const SlabMemory& s : slabs_) {
-    if (v >= s.data() && v < s.data() + s.bytes()) return s.numa();
+void RebuiltPlan::views(std::uint32_t slot, std::uint32_t segment, std::uint32_t first_block,
+                        std::span<std::byte*> out) const {
+  assert(first_block <= blocks_ && out.size() <= blocks_ - first_block);
+  if (out.empty()) return;
+  const std::size_t c = column(slot, segment);
+  const std::uint32_t column_end = column_runs_[c + 1];
+  std::uint32_t at = search(first_block, c);  // a lone run or a group's last lane
+  std::uint32_t block = first_block;
+  std::byte** to = out.data();
+  std::byte** const end = to + out.size();
+  while (to != end) {
+    const Run& run = runs_[at];
+    const std::uint32_t begin = run_begin_[at];
+    const std::uint32_t run_end = at + 1 == column_end ? blocks_ : run_begin_[at + 1];
+    const std::uint32_t count = std::min<std::uint64_t>(run_end - block, end - to);
+    const std::uint32_t offset = block - begin;
+    if (run.step == 1) {
+      std::byte* view = run.base + std::uint64_t{offset} * run.stride;
+      for (std::uint32_t i = 0; i < count; ++i, view += run.stride) *to++ = view;
+    } else {
+      const Run* lanes = &run - (run.step - 1);
+      std::uint32_t lane = offset % run.step;  // one division, then counters
+      std::uint64_t index = offset / run.step;
+      for (std::uint32_t i = 0; i < count; ++i) {
+        *to++ = lanes[lane].base + index * lanes[lane].stride;
+        if (++lane == run.step) {
+          lane = 0;
+          ++index;
+        }
+      }
+    }
+    block += count;
+    ++at;
   }
-  return kUnknownNuma;
 }
+
+namespace {
+
+// One slot segment's placements as groups in block order (a lone run is a
+// group of one lane): the cursor of the K/V check.
+struct GroupCursor {
+  const Plan& plan;
+  std::size_t at;  // the group's first placement
+
+  [[nodiscard]] const Placement& head() const { return plan.placements[at]; }
+  [[nodiscard]] std::uint32_t begin() const { return head().block_start; }
+  [[nodiscard]] std::uint32_t end() const {
+    std::uint32_t blocks = 0;
+    for (std::uint32_t lane = 0; lane < head().block_step; ++lane) blocks += plan.placements[at + lane].block_count;
+    return begin() + blocks;
+  }
+  [[nodiscard]] int numa(std::uint32_t block) const {
+    const std::uint32_t lane = (block - begin()) % head().block_step;
+    return plan.chunks[plan.placements[at + lane].chunk].numa;
+  }
+};
+
+}  // namespace
 
 Result<RebuiltPlan> Rebuilder::rebuild(const Plan& plan) {
   auto refuse = [](std::uint64_t& counter, Status s) -> Result<RebuiltPlan> {
@@ -79,32 +132,42 @@ Result<RebuiltPlan> Rebuilder::rebuild(const Plan& plan) {
   const std::uint32_t segments = plan.segments_per_slot;
   if (segments == 2) {
     // Both segments of a (block, slot) must come from one node. Placements
-    // tile each slot segment in block order, so walk K and V side by side.
-    std::size_t k = 0;
+    // tile each slot segment in block order, so walk K's and V's groups side
+    // by side. Where both are plain runs one comparison covers the overlap;
+    // where a group of lanes is involved the nodes repeat with the lcm of
+    // the two steps (≤ kMaxBlockStep²), so that many blocks cover it.
+    std::size_t k_at = 0;
     for (std::uint32_t slot = 0; slot < plan.slots; ++slot) {
-      std::size_t v = k;
-      while (plan.placements[v].segment == 0) ++v;
-      const std::size_t next_slot = [&] {
-        std::size_t e = v;
-        while (e < plan.placements.size() && plan.placements[e].slot == slot) ++e;
-        return e;
-      }();
-      while (k < next_slot && plan.placements[k].segment == 0 && v < next_slot) {
-        const Placement& pk = plan.placements[k];
-        const Placement& pv = plan.placements[v];
-        if (plan.chunks[pk.chunk].numa != plan.chunks[pv.chunk].numa) {
-          const std::uint32_t block = std::max(pk.block_start, pv.block_start);
-          return refuse(metrics_.rejected_split_slot,
-                        Status::invalid_argument("rebuild: block {} slot {} has K on NUMA node {} and V on node {}",
-                                                 block, slot, plan.chunks[pk.chunk].numa,
-                                                 plan.chunks[pv.chunk].numa));
-        }
-        const std::uint32_t k_end = pk.block_start + pk.block_count;
-        const std::uint32_t v_end = pv.block_start + pv.block_count;
-        if (k_end <= v_end) ++k;
-        if (v_end <= k_end) ++v;
+      std::size_t v_at = k_at;
+      while (plan.placements[v_at].segment == 0) v_at += plan.placements[v_at].block_step;
+      std::size_t next_slot = v_at;
+      while (next_slot < plan.placements.size() && plan.placements[next_slot].slot == slot) {
+        next_slot += plan.placements[next_slot].block_step;
       }
-      k = next_slot;
+      GroupCursor k{plan, k_at};
+      GroupCursor v{plan, v_at};
+      for (;;) {
+        const std::uint32_t k_end = k.end();
+        const std::uint32_t v_end = v.end();
+        const std::uint32_t lo = std::max(k.begin(), v.begin());
+        const std::uint32_t hi = std::min(k_end, v_end);
+        const std::uint32_t k_step = k.head().block_step;
+        const std::uint32_t v_step = v.head().block_step;
+        const std::uint32_t period = k_step == 1 && v_step == 1 ? 1 : std::lcm(k_step, v_step);
+        for (std::uint32_t block = lo; block < hi && block < lo + period; ++block) {
+          const int k_numa = k.numa(block);
+          const int v_numa = v.numa(block);
+          if (k_numa != v_numa) {
+            return refuse(metrics_.rejected_split_slot,
+                          Status::invalid_argument("rebuild: block {} slot {} has K on NUMA node {} and V on node {}",
+                                                   block, slot, k_numa, v_numa));
+          }
+        }
+        if (k_end == plan.blocks && v_end == plan.blocks) break;
+        if (k_end <= v_end) k.at += k_step;
+        if (v_end <= k_end) v.at += v_step;
+      }
+      k_at = next_slot;
     }
   }
 
@@ -125,17 +188,27 @@ Result<RebuiltPlan> Rebuilder::rebuild(const Plan& plan) {
   out.segment_bytes_.resize(plan.schema.size());
   for (std::size_t i = 0; i < plan.schema.size(); ++i) out.segment_bytes_[i] = plan.schema[i].bytes;
 
-  // Every view, column by column: one strided fill per placement.
-  const std::size_t cells = plan.schema.size() * plan.blocks;
-  out.views_.reset(new std::byte*[cells]);  // no value-init: every cell is written below
-  std::byte** views = out.views_.get();
-  for (const Placement& p : plan.placements) {
-    const ChunkLocation& where = out.layout_.chunks[p.chunk];
-    std::byte* base = out.slabs_[where.slab].data() + where.offset + p.offset;
-    const std::uint64_t stride = plan.segment(p.slot, p.segment).stride;
-    std::byte** column = views + (std::size_t{p.slot} * segments + p.segment) * plan.blocks + p.block_start;
-    for (std::uint32_t i = 0; i < p.block_count; ++i) column[i] = base + i * stride;
+  // One descriptor per placement; validate() guarantees the order, the
+  // tiling and whole groups.
+  out.runs_.resize(plan.placements.size());
+  out.run_begin_.resize(plan.placements.size());
+  out.column_runs_.resize(plan.schema.size() + 1);
+  for (std::size_t i = 0; i < plan.placements.size();) {
+    const Placement& head = plan.placements[i];
+    const std::size_t c = std::size_t{head.slot} * segments + head.segment;
+    if (head.block_start == 0) out.column_runs_[c] = static_cast<std::uint32_t>(i);
+    const std::uint32_t step = head.block_step;
+    const auto shift = static_cast<std::uint8_t>(std::has_single_bit(step) ? std::countr_zero(step)
+                                                                            : RebuiltPlan::kNoShift);
+    for (std::uint32_t lane = 0; lane < step; ++lane, ++i) {
+      const Placement& p = plan.placements[i];
+      const ChunkLocation& where = out.layout_.chunks[p.chunk];
+      out.runs_[i] = {out.slabs_[where.slab].data() + where.offset + p.offset, plan.schema[c].stride,
+                      static_cast<std::uint16_t>(step), shift, static_cast<std::int16_t>(plan.chunks[p.chunk].numa)};
+      out.run_begin_[i] = head.block_start;
+    }
   }
+  out.column_runs_.back() = static_cast<std::uint32_t>(plan.placements.size());
   ++metrics_.plans_rebuilt;
   return out;
 }

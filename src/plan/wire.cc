@@ -1,5 +1,7 @@
 #include "baton/plan/wire.h"
 
+#include <algorithm>
+
 #include "plan.pb.h"
 
 namespace baton::plan {
@@ -33,6 +35,9 @@ std::string serialize_plan(const Plan& plan) {
   put_column(w.mutable_placement_block_start(), plan.placements, [](const Placement& p) { return p.block_start; });
   put_column(w.mutable_placement_block_count(), plan.placements, [](const Placement& p) { return p.block_count; });
   put_column(w.mutable_block_hashes(), plan.block_hashes, [](std::uint64_t h) { return h; });
+  if (std::any_of(plan.placements.begin(), plan.placements.end(), [](const Placement& p) { return p.block_step != 1; })) {
+    put_column(w.mutable_placement_block_step(), plan.placements, [](const Placement& p) { return p.block_step; });
+  }
   return w.SerializeAsString();
 }
 
@@ -66,6 +71,12 @@ Result<Plan> parse_plan(std::string_view bytes) {
         placements, w.placement_segment_size(), w.placement_chunk_size(), w.placement_offset_size(),
         w.placement_block_start_size(), w.placement_block_count_size()));
   }
+  const bool steps = w.placement_block_step_size() != 0;
+  if (steps && w.placement_block_step_size() != placements) {
+    return std::unexpected(Status::invalid_argument(
+        "parse_plan: {} block steps for {} placements, expected none or one per placement",
+        w.placement_block_step_size(), placements));
+  }
 
   Plan plan;
   plan.blocks = w.blocks();
@@ -77,8 +88,10 @@ Result<Plan> parse_plan(std::string_view bytes) {
   for (int i = 0; i < chunks; ++i) plan.chunks[i] = {w.chunk_base(i), w.chunk_length(i), w.chunk_numa(i)};
   plan.placements.resize(static_cast<std::size_t>(placements));
   for (int i = 0; i < placements; ++i) {
-    plan.placements[i] = {w.placement_slot(i),  w.placement_segment(i),     w.placement_chunk(i),
-                          w.placement_offset(i), w.placement_block_start(i), w.placement_block_count(i)};
+    plan.placements[i] = {w.placement_slot(i),        w.placement_segment(i),
+                          w.placement_chunk(i),       w.placement_offset(i),
+                          w.placement_block_start(i), w.placement_block_count(i),
+                          steps ? w.placement_block_step(i) : 1u};
   }
   plan.block_hashes.assign(w.block_hashes().begin(), w.block_hashes().end());
   if (Status s = validate(plan); !s.is_ok()) {

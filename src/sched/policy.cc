@@ -132,6 +132,8 @@ class PolicyReader {
   Status read_slice_size(const Entry& section, SchedPolicy& policy);
   Status read_credits(const Entry& section, SchedPolicy& policy);
   Status read_preemption(const Entry& section, SchedPolicy& policy) const;
+  Status read_admission(const Entry& section, SchedPolicy& policy) const;
+  Result<TimeNs> duration(const Entry& e, std::string_view key) const;
   Status check_inflight_holds_a_slice(const SchedPolicy& policy) const;
 
   std::string_view origin_;
@@ -382,6 +384,87 @@ Status PolicyReader::read_preemption(const Entry& section, SchedPolicy& policy) 
   return Status::ok();
 }
 
+Result<TimeNs> PolicyReader::duration(const Entry& e, std::string_view key) const {
+  auto text = scalar(e, key);
+  if (!text) return std::unexpected(text.error());
+  auto ns = parse_duration(*text);
+  if (!ns) {
+    std::string_view why = ns.error().message();
+    if (why.starts_with("parse_duration: ")) why.remove_prefix(std::string_view("parse_duration: ").size());
+    return std::unexpected(bad_value(line_of(e), key, why));
+  }
+  return *ns;
+}
+
+Status PolicyReader::read_admission(const Entry& section, SchedPolicy& policy) const {
+  static constexpr std::array<std::string_view, 9> kKeys{
+      "theta_compress", "theta_local",       "order",           "drop_infeasible", "max_owners",
+      "max_inflight_bytes", "reevaluate_slices", "reevaluate_interval", "estimator_alpha"};
+  auto pairs = entries(section.value, "admission", line_of(section), kKeys);
+  if (!pairs) return pairs.error();
+  AdmissionPolicy& a = policy.admission;
+  std::optional<int> theta_line;
+  for (const Entry& e : *pairs) {
+    const std::string key = join("admission", e.key);
+    if (e.key == "theta_compress" || e.key == "theta_local" || e.key == "estimator_alpha") {
+      auto value = non_negative_number(e, key);
+      if (!value) return value.error();
+      if (e.key == "theta_compress") a.theta_compress = *value;
+      if (e.key == "theta_local") a.theta_local = *value;
+      if (e.key == "estimator_alpha") {
+        if (*value <= 0 || *value > 1) {
+          return bad_value(line_of(e), key, fmt::format("{} is outside (0, 1]", *value));
+        }
+        a.estimator_alpha = *value;
+      }
+      if (e.key != "estimator_alpha") theta_line = line_of(e);
+    } else if (e.key == "order") {
+      auto text = scalar(e, key);
+      if (!text) return text.error();
+      if (*text == "fifo") {
+        a.order = AdmissionOrder::kFifo;
+      } else if (*text == "edf") {
+        a.order = AdmissionOrder::kEdf;
+      } else {
+        return bad_value(line_of(e), key, fmt::format("unknown order \"{}\" (expected fifo or edf)", *text));
+      }
+    } else if (e.key == "drop_infeasible") {
+      auto text = scalar(e, key);
+      if (!text) return text.error();
+      if (!YAML::convert<bool>::decode(e.value, a.drop_infeasible)) {
+        return bad_value(line_of(e), key, fmt::format("\"{}\" is not true or false", *text));
+      }
+    } else if (e.key == "max_owners") {
+      auto text = scalar(e, key);
+      if (!text) return text.error();
+      int value = -1;
+      const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+      if (ec != std::errc() || end != text->data() + text->size() || value < 0) {
+        return bad_value(line_of(e), key, fmt::format("\"{}\" is not a whole number >= 0 (0: no limit)", *text));
+      }
+      a.max_owners = value;
+    } else if (e.key == "max_inflight_bytes") {
+      auto bytes = size(e, key);
+      if (!bytes) return bytes.error();
+      a.max_inflight_bytes = *bytes;
+    } else if (e.key == "reevaluate_slices") {
+      auto n = at_least_one(e, key);
+      if (!n) return n.error();
+      a.reevaluate_slices = *n;
+    } else if (e.key == "reevaluate_interval") {
+      auto ns = duration(e, key);
+      if (!ns) return ns.error();
+      if (*ns <= 0) return bad_value(line_of(e), key, "must be a positive duration");
+      a.reevaluate_interval_ns = *ns;
+    }
+  }
+  if (theta_line && a.theta_compress > a.theta_local) {
+    return bad_value(*theta_line, "admission",
+                     fmt::format("theta_compress {} is above theta_local {}", a.theta_compress, a.theta_local));
+  }
+  return Status::ok();
+}
+
 // A path whose inflight budget is below one slice could never post anything.
 // Point at whichever of the two values the file set.
 Status PolicyReader::check_inflight_holds_a_slice(const SchedPolicy& policy) const {
@@ -413,9 +496,9 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
     return Status::invalid_argument("{}:{}: expected a mapping of policy keys, got {}", origin_,
                                     line_of(root), describe(root));
   }
-  static constexpr std::array<std::string_view, 7> kKeys{
+  static constexpr std::array<std::string_view, 8> kKeys{
       "policy", "weights", "class_priority", "starvation_bound", "slice_size", "credits",
-      "preemption"};
+      "preemption", "admission"};
   auto sections = entries(root, "", line_of(root), kKeys);
   if (!sections) return sections.error();
   for (const Entry& e : *sections) {
@@ -457,6 +540,8 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
       status = read_credits(e, policy);
     } else if (e.key == "preemption") {
       status = read_preemption(e, policy);
+    } else if (e.key == "admission") {
+      status = read_admission(e, policy);
     }
     if (!status.is_ok()) return status;
   }
@@ -464,6 +549,8 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
 }
 
 }  // namespace
+
+std::string_view to_string(AdmissionOrder order) { return order == AdmissionOrder::kEdf ? "edf" : "fifo"; }
 
 std::string_view to_string(QosClass qos) { return kQosNames[static_cast<int>(qos)]; }
 
@@ -528,6 +615,19 @@ Status SchedPolicy::validate() const {
           "SchedPolicy: class_priority[{}] is {} (expected a finite number >= 0)",
           kQosNames[q], value);
     }
+  }
+  const AdmissionPolicy& a = admission;
+  if (!(a.theta_compress >= 0) || !(a.theta_local >= a.theta_compress) || !std::isfinite(a.theta_local)) {
+    return Status::invalid_argument(
+        "SchedPolicy: admission thresholds {} (compress) and {} (local) must satisfy 0 <= compress <= local",
+        a.theta_compress, a.theta_local);
+  }
+  if (a.max_owners < 0 || a.reevaluate_slices < 1 || a.reevaluate_interval_ns <= 0 ||
+      !(a.estimator_alpha > 0 && a.estimator_alpha <= 1)) {
+    return Status::invalid_argument(
+        "SchedPolicy: admission max_owners {} (>= 0), reevaluate_slices {} (>= 1), reevaluate_interval {} ns (> 0), "
+        "estimator_alpha {} (in (0, 1]) out of range",
+        a.max_owners, a.reevaluate_slices, a.reevaluate_interval_ns, a.estimator_alpha);
   }
   if (starvation_bound_ns <= 0) {
     return Status::invalid_argument("SchedPolicy: starvation_bound_ns is {} (expected > 0)",

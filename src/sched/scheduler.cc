@@ -46,6 +46,7 @@ struct Request {
   std::uint64_t unsent = 0;       // bytes not currently posted nor delivered
   int inflight = 0;               // slices posted and not yet completed
   int failures = 0;
+  double wire_ratio = 1.0;        // wire bytes per payload byte (compression)
   PathId home = kNoPath;  // the path whose queue holds it (when queued)
   bool queued = false;
   bool in_deadline_set = false;
@@ -55,7 +56,7 @@ struct Request {
 
   [[nodiscard]] bool ended() const {
     return status.state == RequestState::kCompleted || status.state == RequestState::kFailed ||
-           status.state == RequestState::kCancelled;
+           status.state == RequestState::kCancelled || status.state == RequestState::kInfeasible;
   }
 };
 
@@ -93,6 +94,7 @@ struct PostedSlice {
   SliceId id = 0;  // 0: a free slot
   Request* request = nullptr;
   Range range;
+  std::uint64_t wire_bytes = 0;
   PathId path = 0;
   int lane = 0;
 };
@@ -167,6 +169,7 @@ std::string_view to_string(RequestState state) {
     case RequestState::kCompleted: return "completed";
     case RequestState::kFailed: return "failed";
     case RequestState::kCancelled: return "cancelled";
+    case RequestState::kInfeasible: return "deadline_infeasible";
   }
   return "?";
 }
@@ -193,6 +196,27 @@ struct Scheduler::State {
 
   [[nodiscard]] bool deadline_aware() const { return policy.kind == PolicyKind::kDeadlineAware; }
 
+  // The transport paths from `from` to `to`, best first; computed once per pair.
+  Result<const std::vector<PathId>*> chain_for(const std::string& from, const std::string& to) {
+    std::string key = from;
+    key += '|';
+    key += to;
+    auto it = chains.find(key);
+    if (it == chains.end()) {
+      auto ranked = graph.rank(from, to);
+      if (!ranked) return std::unexpected(Status(ranked.error().code(), "submit: " + ranked.error().message()));
+      std::vector<PathId> chain;
+      for (const topology::Link& l : ranked->chain) {
+        if (auto p = path_index.find({l.from, l.to, l.path}); p != path_index.end()) chain.push_back(p->second);
+      }
+      it = chains.emplace(std::move(key), std::move(chain)).first;
+    }
+    if (it->second.empty()) {
+      return std::unexpected(Status::unavailable("submit: the transport has no path from {} to {}", from, to));
+    }
+    return &it->second;
+  }
+
   // The time-invariant part of the urgency (see the file comment).
   [[nodiscard]] double key_of(const Request& r) const {
     const double class_term = policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
@@ -214,6 +238,7 @@ struct Scheduler::State {
     r.key = key_of(r);
     urgency_heap(r).push({r.key, r.seq, &r});
     paths[home].queue.by_age.push({r.status.submitted_ns, r.seq, &r});
+    paths[home].load.queued_bytes += r.unsent;
     busy_queues.insert(home);
   }
 
@@ -222,6 +247,7 @@ struct Scheduler::State {
     urgency_heap(r).erase(r.urgency_pos);
     AgeHeap& by_age = paths[r.home].queue.by_age;
     by_age.erase(r.age_pos);
+    paths[r.home].load.queued_bytes -= r.unsent;
     if (by_age.empty()) busy_queues.erase(r.home);
     r.queued = false;
   }
@@ -329,7 +355,7 @@ struct Scheduler::State {
     posted.remove(id);
     PathRuntime& p = paths[s.path];
     p.load.inflight_slices -= 1;
-    p.load.inflight_bytes -= s.range.length;
+    p.load.inflight_bytes -= s.wire_bytes;
     p.lane_load[s.lane] -= 1;
     std::erase(p.posted, id);
     s.request->inflight -= 1;
@@ -353,8 +379,10 @@ struct Scheduler::State {
       r.next_offset += length;
     }
     const int lane = static_cast<int>(std::ranges::min_element(p.lane_load) - p.lane_load.begin());
-    const SliceId id = posted.add({0, &r, range, path, lane});
-    if (Status s = transport.submit({id, path, lane, length, {}}, now_ns); !s.is_ok()) {
+    const std::uint64_t wire = std::max<std::uint64_t>(
+        1, static_cast<std::uint64_t>(std::llround(static_cast<double>(length) * r.wire_ratio)));
+    const SliceId id = posted.add({0, &r, range, wire, path, lane});
+    if (Status s = transport.submit({id, path, lane, wire, {}}, now_ns); !s.is_ok()) {
       posted.remove(id);
       r.retry.push_back(range);
       return false;
@@ -362,11 +390,12 @@ struct Scheduler::State {
     p.posted.push_back(id);
     p.lane_load[lane] += 1;
     p.load.inflight_slices += 1;
-    p.load.inflight_bytes += length;
+    p.load.inflight_bytes += wire;
     p.load.max_inflight_slices = std::max(p.load.max_inflight_slices, p.load.inflight_slices);
     p.load.max_inflight_bytes = std::max(p.load.max_inflight_bytes, p.load.inflight_bytes);
     r.inflight += 1;
     r.unsent -= length;
+    if (r.queued) paths[r.home].load.queued_bytes -= length;
     r.status.state = RequestState::kRunning;
     ++stats.slices_posted;
     if (r.unsent == 0) {
@@ -417,6 +446,7 @@ struct Scheduler::State {
       const PostedSlice s = release(victim_id);
       victim.retry.push_back(s.range);
       victim.unsent += s.range.length;
+      if (victim.queued) paths[victim.home].load.queued_bytes += s.range.length;
       ++victim.status.slices_preempted;
       ++stats.slices_preempted;
       stats.bytes_wasted += result.bytes_wasted;
@@ -468,29 +498,13 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
     return Status::invalid_argument("submit: request {} ({} -> {}) has 0 bytes", id, request.from, request.to);
   }
   if (st.requests.contains(id)) return Status::already_exists("submit: request {} exists already", id);
-  std::string key = request.from;
-  key += '|';
-  key += request.to;
-  auto chain_it = st.chains.find(key);
-  if (chain_it == st.chains.end()) {
-    auto route = st.graph.rank(request.from, request.to);
-    if (!route) return Status(route.error().code(), "submit: " + route.error().message());
-    std::vector<PathId> chain;
-    for (const topology::Link& l : route->chain) {
-      if (auto it = st.path_index.find({l.from, l.to, l.path}); it != st.path_index.end()) {
-        chain.push_back(it->second);
-      }
-    }
-    chain_it = st.chains.emplace(std::move(key), std::move(chain)).first;
-  }
-  if (chain_it->second.empty()) {
-    return Status::unavailable("submit: the transport has no path from {} to {}", request.from, request.to);
-  }
+  auto chain = st.chain_for(request.from, request.to);
+  if (!chain) return chain.error();
   Request& r = st.requests[id];
   r.id = id;
   r.spec = request;
   r.seq = st.next_seq++;
-  r.chain = &chain_it->second;
+  r.chain = *chain;
   r.unsent = request.bytes;
   r.status.qos = request.qos;
   r.status.bytes = request.bytes;
@@ -514,18 +528,18 @@ Status Scheduler::cancel(RequestId id, TimeNs now_ns) {
   return Status::ok();
 }
 
-void Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns) {
+RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns) {
   State& st = *state_;
-  if (st.posted.find(c.id) == nullptr) return;  // stopped by a cancel that lost the race
+  if (st.posted.find(c.id) == nullptr) return 0;  // stopped by a cancel that lost the race
   const PostedSlice s = st.release(c.id);
   Request& r = *s.request;
-  if (r.ended()) return;  // cancelled or failed: the bytes no longer matter
+  if (r.ended()) return r.id;  // cancelled or failed: the bytes no longer matter
   if (c.status.is_ok()) {
     r.status.bytes_done += s.range.length;
     st.paths[s.path].load.bytes_completed += s.range.length;
     ++st.stats.slices_completed;
     if (r.status.bytes_done == r.spec.bytes) st.finish(r, RequestState::kCompleted, Status::ok(), c.at_ns);
-    return;
+    return r.id;
   }
   ++st.stats.slices_retried;
   if (++r.failures > kMaxSliceFailures) {
@@ -533,15 +547,51 @@ void Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns) {
             Status::unavailable("request {}: {} slices failed, the last with: {}", r.id, r.failures,
                                 c.status.message()),
             now_ns);
-    return;
+    return r.id;
   }
   r.retry.push_back(s.range);
   r.unsent += s.range.length;
+  if (r.queued) st.paths[r.home].load.queued_bytes += s.range.length;
   if (!r.queued) {
     st.home_request(r, now_ns);
   } else {
     st.rekey(r);
   }
+  return r.id;
+}
+
+Status Scheduler::abandon(RequestId id, Status reason, TimeNs now_ns) {
+  State& st = *state_;
+  const auto it = st.requests.find(id);
+  if (it == st.requests.end()) return Status::not_found("abandon: no request {}", id);
+  Request& r = it->second;
+  if (r.ended()) {
+    return Status::invalid_argument("abandon: request {} already ended ({})", id, to_string(r.status.state));
+  }
+  const RequestState state =
+      reason.code() == StatusCode::kDeadlineInfeasible ? RequestState::kInfeasible : RequestState::kFailed;
+  st.cancel_posted(r, now_ns);
+  st.finish(r, state, std::move(reason), now_ns);
+  return Status::ok();
+}
+
+Status Scheduler::set_wire_ratio(RequestId id, double ratio) {
+  const auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return Status::not_found("set_wire_ratio: no request {}", id);
+  if (!(ratio > 0 && ratio <= 1)) {
+    return Status::invalid_argument("set_wire_ratio: ratio {} for request {} is outside (0, 1]", ratio, id);
+  }
+  it->second.wire_ratio = ratio;
+  return Status::ok();
+}
+
+Result<transport::PathId> Scheduler::route(const std::string& from, const std::string& to, TimeNs now_ns) {
+  auto chain = state_->chain_for(from, to);
+  if (!chain) return std::unexpected(chain.error());
+  for (PathId p : **chain) {
+    if (state_->transport.path_healthy(p, now_ns)) return p;
+  }
+  return std::unexpected(Status::unavailable("route: no healthy path from {} to {}", from, to));
 }
 
 void Scheduler::dispatch(TimeNs now_ns) {

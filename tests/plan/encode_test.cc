@@ -89,6 +89,112 @@ TEST(EncodePlan, BlockCountPastAWindowKeepsOneRun) {
   EXPECT_EQ(encode_plan(broken)->placements.size(), 3u);
 }
 
+// One slot of one segment, `bytes` long, at the given addresses and nodes.
+PlacementTable column_table(const std::vector<std::uint64_t>& addr, const std::vector<int>& numa,
+                            std::uint32_t bytes = 64) {
+  auto t = PlacementTable::create(static_cast<std::uint32_t>(addr.size()), 1, 1).value();
+  for (std::uint32_t b = 0; b < addr.size(); ++b) {
+    t.set(b, 0, 0, addr[b], bytes);
+    t.set_numa(b, 0, numa[b]);
+  }
+  return t;
+}
+
+TEST(EncodePlan, BlocksAlternatingTwoTensorsBecomeOneGroupOfTwoLanes) {
+  // An MLA replica over two sockets: even blocks in the node-0 tensor, odd
+  // blocks in the node-1 tensor, each contiguous there.
+  std::vector<std::uint64_t> addr;
+  std::vector<int> numa;
+  for (std::uint64_t b = 0; b < 9; ++b) {
+    addr.push_back((b % 2 == 0 ? 0x10000 : 0x90000) + b / 2 * 64);
+    numa.push_back(static_cast<int>(b % 2));
+  }
+  const Plan plan = encode_plan(column_table(addr, numa)).value();
+  EXPECT_EQ(plan.segment(0, 0), (SegmentSchema{64, 64}));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0], (Chunk{0x10000, 5 * 64, 0}));
+  EXPECT_EQ(plan.chunks[1], (Chunk{0x90000, 4 * 64, 1}));
+  ASSERT_EQ(plan.placements.size(), 2u);
+  EXPECT_EQ(plan.placements[0], (Placement{0, 0, 0, 0, 0, 5, 2}));
+  EXPECT_EQ(plan.placements[1], (Placement{0, 0, 1, 0, 1, 4, 2}));
+  EXPECT_TRUE(validate(plan).is_ok());
+}
+
+TEST(EncodePlan, FindsGroupsOfMoreLanesAndRunsAroundThem) {
+  // Blocks 0-3 one run; blocks 4-12 three lanes (tensors A, B, C); blocks
+  // 13-14 a run elsewhere.
+  std::vector<std::uint64_t> addr{0x1000, 0x1040, 0x1080, 0x10c0};
+  std::vector<int> numa{0, 0, 0, 0};
+  for (std::uint64_t i = 0; i < 9; ++i) {
+    addr.push_back(0x100000 * (1 + i % 3) + i / 3 * 64);
+    numa.push_back(static_cast<int>(i % 3));
+  }
+  addr.insert(addr.end(), {0x800000, 0x800040});
+  numa.insert(numa.end(), {1, 1});
+  const Plan plan = encode_plan(column_table(addr, numa)).value();
+  ASSERT_EQ(plan.placements.size(), 5u);
+  EXPECT_EQ(plan.placements[0].block_count, 4u);
+  EXPECT_EQ(plan.placements[0].block_step, 1u);
+  for (std::uint32_t lane = 0; lane < 3; ++lane) {
+    const Placement& p = plan.placements[1 + lane];
+    EXPECT_EQ(p.block_start, 4 + lane);
+    EXPECT_EQ(p.block_count, 3u);
+    EXPECT_EQ(p.block_step, 3u);
+    EXPECT_EQ(plan.chunks[p.chunk].base, 0x100000 * (1 + lane));
+  }
+  EXPECT_EQ(plan.placements[4], (Placement{0, 0, plan.placements[4].chunk, 0, 13, 2, 1}));
+  EXPECT_TRUE(validate(plan).is_ok());
+}
+
+TEST(EncodePlan, LanesOfUnequalLengthEndTheGroupWhereALaneBreaks) {
+  // Two lanes; lane 1 breaks at block 7, so the group is blocks 0-6 (lane 0
+  // has 4, lane 1 has 3) and block 7 starts a run of its own.
+  std::vector<std::uint64_t> addr;
+  std::vector<int> numa;
+  for (std::uint64_t b = 0; b < 7; ++b) {
+    addr.push_back((b % 2 == 0 ? 0x10000 : 0x90000) + b / 2 * 64);
+    numa.push_back(static_cast<int>(b % 2));
+  }
+  addr.push_back(0x70000);
+  numa.push_back(1);
+  const Plan plan = encode_plan(column_table(addr, numa)).value();
+  ASSERT_EQ(plan.placements.size(), 3u);
+  EXPECT_EQ(plan.placements[0].block_count, 4u);
+  EXPECT_EQ(plan.placements[1].block_count, 3u);
+  EXPECT_EQ(plan.placements[2], (Placement{0, 0, plan.placements[2].chunk, 0, 7, 1, 1}));
+}
+
+TEST(EncodePlan, AGroupNeedsTwoBlocksInEveryLane) {
+  // Blocks 0, 2 continue each other but block 1 has no partner: no group.
+  const Plan plan = encode_plan(column_table({0x1000, 0x9000, 0x1040, 0x5000}, {0, 1, 0, 1})).value();
+  EXPECT_EQ(plan.placements.size(), 4u);
+  for (const Placement& p : plan.placements) EXPECT_EQ(p.block_step, 1u);
+}
+
+TEST(EncodePlan, ChecksEveryBlockOfAGroup) {
+  // Two lanes on two nodes interleaved in one range: even blocks at
+  // 0x10000 + i·64, odd ones 32 bytes after them.
+  std::vector<std::uint64_t> addr;
+  std::vector<int> numa;
+  for (std::uint64_t b = 0; b < 8; ++b) {
+    addr.push_back((b % 2 == 0 ? 0x10000 : 0x10020) + b / 2 * 64);
+    numa.push_back(static_cast<int>(b % 2));
+  }
+  auto t = column_table(addr, numa, 32);
+  // 32-byte segments fit: one group, lanes 64 apart.
+  const Plan plan = encode_plan(t).value();
+  EXPECT_EQ(plan.segment(0, 0), (SegmentSchema{32, 64}));
+  ASSERT_EQ(plan.placements.size(), 2u);
+  EXPECT_EQ(plan.placements[1].block_step, 2u);
+  // A longer segment in the middle of the group is a different layout.
+  t.set(5, 0, 0, t.address(5, 0, 0), 48);
+  EXPECT_EQ(encode_plan(t).error().message(),
+            "encode_plan: block 5 slot 0 segment 0 has 48 bytes, block 0 has 32 (the blocks' layouts differ)");
+  // Neighbours 32 bytes apart cannot hold 64-byte segments.
+  EXPECT_EQ(encode_plan(column_table(addr, numa, 64)).error().message(),
+            "encode_plan: slot 0 segment 0 blocks 0 and 1 are 32 bytes apart: stride 32 < bytes 64 (they overlap)");
+}
+
 TEST(EncodePlan, CarriesBlockHashes) {
   const auto t = contiguous_table(3, 1, 1, 8);
   const std::vector<std::uint64_t> hashes{7, 8, 9};

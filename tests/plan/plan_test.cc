@@ -100,6 +100,94 @@ TEST(ValidatePlan, RefusesASpanOutsideItsChunk) {
   EXPECT_NE(why(p).find("past chunk 2"), std::string::npos);
 }
 
+// 8 blocks of one slot segment alternating two tensors: one group of two
+// lanes of 4 blocks, one chunk each.
+Plan grouped_plan() {
+  auto t = PlacementTable::create(8, 1, 1).value();
+  for (std::uint32_t b = 0; b < 8; ++b) {
+    t.set(b, 0, 0, (b % 2 == 0 ? 0x10000 : 0x90000) + b / 2 * 64, 64);
+    t.set_numa(b, 0, static_cast<int>(b % 2));
+  }
+  return encode_plan(t).value();
+}
+
+TEST(ValidatePlan, AcceptsAGroupOfLanes) {
+  const Plan p = grouped_plan();
+  ASSERT_EQ(p.placements.size(), 2u);
+  EXPECT_EQ(p.placements[0], (Placement{0, 0, 0, 0, 0, 4, 2}));
+  EXPECT_EQ(p.placements[1], (Placement{0, 0, 1, 0, 1, 4, 2}));
+  EXPECT_TRUE(validate(p).is_ok());
+  Plan shorter = p;  // lanes of 4 and 3 blocks tile 7 blocks
+  shorter.blocks = 7;
+  shorter.placements[1].block_count = 3;
+  EXPECT_TRUE(validate(shorter).is_ok());
+}
+
+TEST(ValidatePlan, RefusesBlockStepsOutOfRange) {
+  Plan p = grouped_plan();
+  p.placements[0].block_step = 0;
+  EXPECT_EQ(why(p), "plan: placement 0 has block step 0, expected 1..64");
+  p = grouped_plan();
+  p.placements[0].block_step = kMaxBlockStep + 1;
+  EXPECT_EQ(why(p), "plan: placement 0 has block step 65, expected 1..64");
+}
+
+TEST(ValidatePlan, RefusesGroupsThatAreNotWhole) {
+  Plan p = grouped_plan();
+  p.placements[0].block_step = 3;
+  EXPECT_EQ(why(p), "plan: placement 0 starts a group of 3 lanes but only 2 placements remain");
+  p = grouped_plan();
+  p.placements[1].block_step = 1;
+  EXPECT_EQ(why(p), "plan: placement 1 has block step 1 inside a group of 2 lanes");
+  p = grouped_plan();
+  p.placements[1].block_start = 2;
+  EXPECT_EQ(why(p),
+            "plan: placement 1 starts slot 0 segment 0 block 2, expected slot 0 segment 0 block 1 (placements must be "
+            "ordered and tile every slot segment)");
+}
+
+TEST(ValidatePlan, RefusesLanesThatDoNotTile) {
+  Plan p = grouped_plan();
+  p.placements[0].block_count = 3;
+  p.placements[1].block_count = 5;  // longer than lane 0
+  EXPECT_EQ(why(p),
+            "plan: placement 1 (lane 1 of a group) has 5 blocks after a lane of 3, lane 0 has 3 (lanes must be "
+            "longest first and differ by at most one)");
+  p = grouped_plan();
+  p.chunks[0].length = 1024;
+  p.placements[0].block_count = 5;
+  p.placements[1].block_count = 3;  // two shorter
+  EXPECT_NE(why(p).find("differ by at most one"), std::string::npos);
+  p = grouped_plan();
+  p.chunks[0].length = 1024;
+  p.placements[0].block_count = 5;  // 5 + 4 lanes > 8 blocks
+  EXPECT_EQ(why(p), "plan: placement 1 has 4 blocks from block 1, expected 1..3");
+  p = grouped_plan();
+  p.placements[1].block_count = 3;  // block 7 uncovered
+  EXPECT_EQ(why(p), "plan: placements cover slot segments up to 0 (block 7), expected all 1");
+  p = grouped_plan();
+  p.placements[1].offset = 64;  // lane 1's 4 blocks pass its 256-byte chunk
+  EXPECT_NE(why(p).find("plan: placement 1 spans offset 64"), std::string::npos);
+}
+
+TEST(ValidatePlan, RefusesAGroupOfOneBlockLanes) {
+  // Two lanes of one block are two runs; as a group, a decoder that ignored
+  // steps would read them as valid runs.
+  Plan p = grouped_plan();
+  p.blocks = 2;
+  p.placements[0].block_count = 1;
+  p.placements[1].block_count = 1;
+  EXPECT_EQ(why(p), "plan: placement 0 starts a group of 2 lanes of 1 block, expected ≥ 2 blocks in its first lane");
+}
+
+TEST(ValidatePlan, AGroupReadWithoutItsStepsIsRefused) {
+  // What a decoder that does not know block_step sees: lane 1 starts inside
+  // lane 0's blocks, so the plan is refused rather than misread.
+  Plan p = grouped_plan();
+  for (Placement& pl : p.placements) pl.block_step = 1;
+  EXPECT_NE(why(p).find("placements must be ordered and tile"), std::string::npos);
+}
+
 TEST(ValidatePlan, RefusesAnUnusedChunk) {
   Plan p = valid_plan();
   p.chunks.push_back({0x9000000, 64, 0});

@@ -92,6 +92,86 @@ TEST(Rebuild, RoundTripIsByteExactMlaReplicaWithAlternatingBlocks) {
   round_trip(spec, 2);
 }
 
+TEST(Rebuild, RoundTripIsByteExactKvSplitWithAlternatingBlocks) {
+  FixtureSpec spec = kSmall;
+  spec.numa = NumaLayout::kBlocksAlternate;
+  round_trip(spec, 2);
+  spec.run_blocks = 4;  // holes in the block table too: groups and runs mixed
+  round_trip(spec, 2);
+}
+
+TEST(Rebuild, KeepsOneDescriptorPerRunNotPerView) {
+  PlacementTable t;
+  ASSERT_TRUE(fill_fixture({.blocks = 4500, .numa = NumaLayout::kSlotsAcrossSockets}, t).is_ok());
+  const Plan plan = encode_plan(t).value();
+  Rebuilder r;
+  const RebuiltPlan rebuilt = r.rebuild(plan).value();
+  EXPECT_EQ(rebuilt.runs(), plan.placements.size());
+  EXPECT_EQ(rebuilt.runs(), 288u * 2);  // 2.6 M views from 576 runs
+}
+
+// views() gives what view() gives, from any first block, for plain runs,
+// runs broken by holes and groups of lanes.
+TEST(Rebuild, BulkViewsMatchSingleViews) {
+  for (const FixtureSpec& spec :
+       {FixtureSpec{.blocks = 70, .layers = 2, .tp = 2, .numa = NumaLayout::kSlotsAcrossSockets},
+        FixtureSpec{.blocks = 70, .layers = 2, .tp = 2, .numa = NumaLayout::kSlotsAcrossSockets, .run_blocks = 6},
+        FixtureSpec{.blocks = 71, .layers = 2, .tp = 2, .numa = NumaLayout::kBlocksAlternate, .run_blocks = 9},
+        FixtureSpec{.blocks = 71, .layers = 2, .tp = 1, .mla = true, .numa = NumaLayout::kBlocksAlternate}}) {
+    PlacementTable t;
+    ASSERT_TRUE(fill_fixture(spec, t).is_ok());
+    Rebuilder r;
+    const RebuiltPlan rebuilt = r.rebuild(encode_plan(t).value()).value();
+    for (std::uint32_t s = 0; s < rebuilt.slots(); ++s) {
+      for (std::uint32_t g = 0; g < rebuilt.segments_per_slot(); ++g) {
+        for (std::uint32_t first : {0u, 1u, 5u, 33u, spec.blocks - 1}) {
+          std::vector<std::byte*> out(spec.blocks - first);
+          rebuilt.views(s, g, first, out);
+          for (std::uint32_t i = 0; i < out.size(); ++i) {
+            ASSERT_EQ(out[i], rebuilt.view(first + i, s, g)) << "slot " << s << " segment " << g << " block " << first + i;
+          }
+        }
+        rebuilt.views(s, g, 3, {});  // nothing asked, nothing written
+      }
+    }
+  }
+}
+
+TEST(Rebuild, RefusesASlotSplitInsideAGroup) {
+  // K and V of blocks alternating two tensors: a group per segment. V's
+  // lane 0 moved to node 1: block 0 has K on node 0, V on node 1.
+  PlacementTable t;
+  ASSERT_TRUE(fill_fixture({.blocks = 8, .layers = 1, .tp = 1, .numa = NumaLayout::kBlocksAlternate}, t).is_ok());
+  Plan p = encode_plan(t).value();
+  ASSERT_EQ(p.placements.size(), 4u);
+  ASSERT_EQ(p.placements[2].block_step, 2u);
+  ASSERT_TRUE(Rebuilder().rebuild(p).has_value());
+  p.chunks[p.placements[2].chunk].numa = 1;
+  Rebuilder r;
+  EXPECT_EQ(r.rebuild(p).error().message(), "rebuild: block 0 slot 0 has K on NUMA node 0 and V on node 1");
+  EXPECT_EQ(r.metrics().rejected_split_slot, 1u);
+}
+
+TEST(Rebuild, RefusesASplitBetweenARunAndAGroup) {
+  // K one run on node 0; V alternating two tensors (a group), its lane 1
+  // then moved to node 1: block 1 is split.
+  auto t = PlacementTable::create(6, 1, 2).value();
+  for (std::uint32_t b = 0; b < 6; ++b) {
+    t.set(b, 0, 0, 0x10000 + b * 64, 64);
+    t.set(b, 0, 1, (b % 2 == 0 ? 0x50000 : 0x90000) + b / 2 * 64, 64);
+    t.set_numa(b, 0, 0);
+  }
+  Plan p = encode_plan(t).value();
+  ASSERT_EQ(p.placements.size(), 3u);
+  ASSERT_EQ(p.placements[2].block_step, 2u);
+  Rebuilder r;
+  const RebuiltPlan ok = r.rebuild(p).value();
+  EXPECT_EQ(ok.view(3, 0, 1), ok.view(1, 0, 1) + 64);
+  EXPECT_EQ(ok.numa(5, 0), 0);
+  p.chunks[p.placements[2].chunk].numa = 1;
+  EXPECT_EQ(r.rebuild(p).error().message(), "rebuild: block 1 slot 0 has K on NUMA node 0 and V on node 1");
+}
+
 TEST(Rebuild, OneSlabPerSourceNode) {
   Plan p = encode_plan(testing::contiguous_table(4, 3, 1, 64)).value();
   p.chunks[0].numa = 3;

@@ -64,6 +64,30 @@ TEST(Wire, GrowsWithRunsNotWithSlots) {
   EXPECT_LT(serialize_plan(encode_plan(t2).value()).size(), wire.size() * 11 / 10);
 }
 
+TEST(Wire, AnMlaReplicaWhoseBlocksAlternateNodesIsCompact) {
+  // 1000 blocks of a 61-layer MLA replica, block b on node b % 2: one group
+  // of two lanes per slot instead of 1000 one-block runs.
+  PlacementTable t;
+  ASSERT_TRUE(
+      fill_fixture({.blocks = 1000, .layers = 61, .tp = 1, .mla = true, .head_dim = 576, .numa = NumaLayout::kBlocksAlternate},
+                   t)
+          .is_ok());
+  const Plan plan = encode_plan(t).value();
+  EXPECT_EQ(plan.placements.size(), 61u * 2);
+  const std::string wire = serialize_plan(plan);
+  const std::string naive = serialize_naive(t).value();
+  EXPECT_GE(naive.size(), 50 * wire.size()) << wire.size() << " vs " << naive.size();
+  EXPECT_EQ(parse_plan(wire).value(), plan);
+}
+
+TEST(Wire, PlansWithoutGroupsCarryNoStepsAndExplicitOnesAreRead) {
+  const Plan plan = small_plan();
+  const std::string wire = serialize_plan(plan);
+  const std::string step_tag = varint((17 << 3) | 2);
+  EXPECT_EQ(wire.find(step_tag), std::string::npos);
+  EXPECT_EQ(parse_plan(wire + packed_field(17, {1, 1, 1, 1})).value(), plan);
+}
+
 std::string parse_error(const std::string& bytes) {
   auto plan = parse_plan(bytes);
   EXPECT_FALSE(plan.has_value());
@@ -91,6 +115,22 @@ TEST(Wire, RefusesColumnsThatDisagree) {
             "parse_plan: chunk columns disagree: 4 bases, 5 lengths, 4 NUMA");
   EXPECT_EQ(parse_error(wire + packed_field(13, {0})),
             "parse_plan: placement columns disagree: 4 slots, 4 segments, 4 chunks, 5 offsets, 4 starts, 4 counts");
+}
+
+TEST(Wire, RefusesBlockStepsThatDisagreeOrAreOutOfRange) {
+  const std::string wire = serialize_plan(small_plan());
+  EXPECT_EQ(parse_error(wire + packed_field(17, {1})),
+            "parse_plan: 1 block steps for 4 placements, expected none or one per placement");
+  EXPECT_EQ(parse_error(wire + packed_field(17, {0, 1, 1, 1})),
+            "parse_plan: plan: placement 0 has block step 0, expected 1..64");
+  EXPECT_EQ(parse_error(wire + packed_field(17, {1, 1, 1, 65})),
+            "parse_plan: plan: placement 3 has block step 65, expected 1..64");
+  // A group whose second lane is a plain run; a group across two segments.
+  EXPECT_EQ(parse_error(wire + packed_field(17, {2, 1, 1, 1})),
+            "parse_plan: plan: placement 1 has block step 1 inside a group of 2 lanes");
+  EXPECT_EQ(parse_error(wire + packed_field(17, {2, 2, 1, 1})),
+            "parse_plan: plan: placement 1 starts slot 0 segment 1 block 0, expected slot 0 segment 0 block 1 "
+            "(placements must be ordered and tile every slot segment)");
 }
 
 TEST(Wire, RefusesWhatValidateRefuses) {

@@ -272,7 +272,45 @@ TEST(SchedPolicyParse, BadValueMessagesInFull) {
 TEST(SchedPolicyParse, UnknownTopLevelKey) {
   EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
             "<string>:2: unknown key \"polcy\" (expected one of: policy, weights, class_priority, "
-            "starvation_bound, slice_size, credits, preemption)");
+            "starvation_bound, slice_size, credits, preemption, admission)");
+}
+
+TEST(SchedPolicyParse, AdmissionSection) {
+  const auto p = parse_policy(
+                     "admission:\n  theta_compress: 0.5\n  theta_local: 2\n  order: edf\n  drop_infeasible: yes\n"
+                     "  max_owners: 8\n  max_inflight_bytes: 64MiB\n  reevaluate_slices: 4\n"
+                     "  reevaluate_interval: 50us\n  estimator_alpha: 0.5\n")
+                     .value();
+  EXPECT_DOUBLE_EQ(p.admission.theta_compress, 0.5);
+  EXPECT_DOUBLE_EQ(p.admission.theta_local, 2.0);
+  EXPECT_EQ(p.admission.order, AdmissionOrder::kEdf);
+  EXPECT_TRUE(p.admission.drop_infeasible);
+  EXPECT_EQ(p.admission.max_owners, 8);
+  EXPECT_EQ(p.admission.max_inflight_bytes, 64u << 20);
+  EXPECT_EQ(p.admission.reevaluate_slices, 4);
+  EXPECT_EQ(p.admission.reevaluate_interval_ns, 50'000);
+  EXPECT_DOUBLE_EQ(p.admission.estimator_alpha, 0.5);
+  EXPECT_EQ(parse_policy("admission:\n  order: fifo\n")->admission, SchedPolicy::defaults().admission);
+}
+
+TEST(SchedPolicyParse, AdmissionBadValues) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"admission:\n  theta_local: -1\n", "<string>:2: admission.theta_local:"},
+      {"admission:\n  theta_compress: 2\n  theta_local: 1\n", "theta_compress 2 is above theta_local 1"},
+      {"admission:\n  order: lifo\n", "<string>:2: admission.order: unknown order \"lifo\""},
+      {"admission:\n  drop_infeasible: maybe\n", "<string>:2: admission.drop_infeasible: \"maybe\""},
+      {"admission:\n  max_owners: -1\n", "<string>:2: admission.max_owners: \"-1\""},
+      {"admission:\n  max_inflight_bytes: lots\n", "<string>:2: admission.max_inflight_bytes:"},
+      {"admission:\n  reevaluate_slices: 0\n", "<string>:2: admission.reevaluate_slices:"},
+      {"admission:\n  reevaluate_interval: 0us\n", "<string>:2: admission.reevaluate_interval:"},
+      {"admission:\n  reevaluate_interval: 100\n", "no unit"},
+      {"admission:\n  estimator_alpha: 2\n", "<string>:2: admission.estimator_alpha: 2 is outside (0, 1]"},
+      {"admission:\n  thetacompress: 1\n", "unknown key \"admission.thetacompress\""},
+  };
+  for (const auto& [yaml, expected] : cases) {
+    const std::string message = error_for(yaml);
+    EXPECT_NE(message.find(expected), std::string::npos) << yaml << " -> " << message;
+  }
 }
 
 TEST(SchedPolicyParse, UnknownNestedKeys) {

@@ -9,6 +9,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   // Each bench mode registers here.
   modes.push_back(add_bench_mixed(*bench));
   modes.push_back(add_bench_ablation(*bench));
+  modes.push_back(add_bench_mlu_sweep(*bench));
   modes.push_back(add_bench_plan(*bench));
   return modes;
 }

@@ -100,6 +100,28 @@ int run_bench_plan(PlanBenchOptions o) {
     rebuild_ns.push_back(timed([&] { rebuilt = rebuilder.rebuild(*decoded); }));
     if (!rebuilt) return fail(rebuilt.error());
   }
+  // view(): every (block, slot, segment) of the last rebuilt plan, block by
+  // block, as a requester walks its blocks' slots; ns per view.
+  std::vector<double> view_ns;
+  {
+    auto rebuilt = rebuilder.rebuild(*parse_plan(wire));
+    if (!rebuilt) return fail(rebuilt.error());
+    const double views = static_cast<double>(rebuilt->blocks()) * rebuilt->slots() * rebuilt->segments_per_slot();
+    std::uintptr_t sum = 0;
+    for (int i = 0; i < 5; ++i) {
+      view_ns.push_back(timed([&] {
+        for (std::uint32_t b = 0; b < rebuilt->blocks(); ++b) {
+          for (std::uint32_t s = 0; s < rebuilt->slots(); ++s) {
+            for (std::uint32_t g = 0; g < rebuilt->segments_per_slot(); ++g) {
+              sum += reinterpret_cast<std::uintptr_t>(rebuilt->view(b, s, g));
+            }
+          }
+        }
+      }) / views);
+    }
+    volatile std::uintptr_t sink = sum;  // keeps the loop
+    (void)sink;
+  }
   std::string naive;
   for (int i = 0; i < o.naive_repeat; ++i) {
     Result<std::string> bytes;
@@ -122,9 +144,10 @@ int run_bench_plan(PlanBenchOptions o) {
       {"decode_ms", median_ms(decode)},
       {"materialize_ms", median_ms(materialize_ns)},
       {"rebuild_ms", median_ms(rebuild_ns)},
-      // The first rebuild of the process, before the allocator has pages to
-      // reuse for the views; the median is the steady state.
+      // The first rebuild of the process (its memory is fresh pages); the
+      // median is the steady state.
       {"rebuild_first_ms", rebuild_ns.front() / 1e6},
+      {"view_ns", median_ms(view_ns) * 1e6},
       {"naive_encode_ms", median_ms(naive_encode)},
       {"naive_decode_ms", median_ms(naive_decode)},
       {"wire_bytes", wire.size()},
@@ -145,9 +168,9 @@ int run_bench_plan(PlanBenchOptions o) {
              table.slots(), table.segments_per_slot(), o.numa, o.repeat, o.naive_repeat);
   fmt::print(
       "  fill {:.3f} ms  encode {:.3f} ms  decode {:.3f} ms  materialize {:.3f} ms ({} ops)  rebuild {:.3f} ms "
-      "(first {:.3f} ms)\n",
+      "(first {:.3f} ms)  view {:.2f} ns\n",
       median_ms(fill), median_ms(encode), median_ms(decode), median_ms(materialize_ns), ops, median_ms(rebuild_ns),
-      rebuild_ns.front() / 1e6);
+      rebuild_ns.front() / 1e6, median_ms(view_ns) * 1e6);
   fmt::print("  wire {} B, naive {} B ({:.1f}×); naive encode {:.3f} ms, decode {:.3f} ms\n", wire.size(),
              naive.size(), static_cast<double>(naive.size()) / static_cast<double>(wire.size()),
              median_ms(naive_encode), median_ms(naive_decode));

@@ -21,6 +21,7 @@ Command add_topo_command(CLI::App& parent);
 std::vector<Command> add_bench_commands(CLI::App& parent);
 Command add_bench_mixed(CLI::App& bench);
 Command add_bench_ablation(CLI::App& bench);
+Command add_bench_mlu_sweep(CLI::App& bench);
 Command add_bench_plan(CLI::App& bench);
 
 }  // namespace baton::cli

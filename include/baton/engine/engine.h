@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "baton/admission/admission.h"
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
 #include "baton/sched/policy.h"
@@ -50,6 +51,11 @@ class Engine {
   // for a request that already ended (see status()).
   [[nodiscard]] Status cancel(sched::RequestId id);
 
+  // Prometheus text of the engine's metrics: admission (MLU histogram per
+  // op, admitted / compressed / dropped / infeasible / signalled) and the
+  // scheduler's counters. Call from the driving thread.
+  [[nodiscard]] std::string metrics_text();
+
   [[nodiscard]] Result<sched::RequestStatus> status(sched::RequestId id);
   [[nodiscard]] const sched::SchedStats& stats() const;
 
@@ -64,6 +70,8 @@ class Engine {
   [[nodiscard]] const topology::TopologyGraph& topology() const;
   [[nodiscard]] transport::SimTransport& sim_transport();
   [[nodiscard]] const sched::Scheduler& scheduler() const;
+  // Admission: register the local-recompute callback and a codec here.
+  [[nodiscard]] admission::AdmissionController& admission();
 
  private:
   struct State;

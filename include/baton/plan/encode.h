@@ -1,7 +1,9 @@
 // Encoding on the holder: from a PlacementTable to a Plan. Derives each slot
 // segment's schema (bytes, stride), finds runs (consecutive blocks at the
-// stride on one NUMA node), merges touching runs on one NUMA node into remote
-// chunks and locates every run in its chunk as a placement.
+// stride on one NUMA node, or groups of 2..8 interleaved lanes where blocks
+// alternate between tensors, as on a replica spread over sockets), merges
+// touching runs on one NUMA node into remote chunks and locates every run in
+// its chunk as a placement.
 #pragma once
 
 #include <cstdint>

@@ -36,8 +36,28 @@ struct PathCredits {
   friend bool operator==(const PathCredits&, const PathCredits&) = default;
 };
 
+enum class AdmissionOrder : std::uint8_t { kFifo, kEdf };
+[[nodiscard]] std::string_view to_string(AdmissionOrder order);
+
+// Admission: will a request make its deadline, and if not, what instead.
+// MLU = remaining bytes / (time left × available bandwidth); docs/admission.md.
+struct AdmissionPolicy {
+  double theta_compress = 0.3;  // at or above: compress not-yet-posted slices, if that pays
+  double theta_local = 1.5;     // at or above: do not transfer, signal local recompute
+  AdmissionOrder order = AdmissionOrder::kFifo;  // of owners waiting for capacity
+  bool drop_infeasible = false;  // drop waiting owners whose MLU reaches theta_local
+  int max_owners = 0;                   // admitted and not ended; 0 = no limit
+  std::uint64_t max_inflight_bytes = 0; // admitted and not yet delivered; 0 = no limit
+  int reevaluate_slices = 8;            // re-check a running request every N completed slices
+  TimeNs reevaluate_interval_ns = 100'000;  // … and at least this often
+  double estimator_alpha = 0.2;         // EWMA weight of a new bandwidth sample
+
+  friend bool operator==(const AdmissionPolicy&, const AdmissionPolicy&) = default;
+};
+
 struct SchedPolicy {
   PolicyKind kind = PolicyKind::kDeadlineAware;
+  AdmissionPolicy admission;
 
   // Urgency = w_deadline·(−laxity in µs) + w_priority·class_priority + w_aging·(µs waited).
   double w_deadline = 1.0;

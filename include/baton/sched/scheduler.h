@@ -32,9 +32,12 @@ struct TransferRequest {
   QosClass qos = QosClass::kPrefillBulk;
   TimeNs deadline_ns = 0;   // absolute, on the loop's clock; 0 = none
   bool preemptible = true;  // may its posted slices be cancelled for a higher class?
+  transport::Op op = transport::Op::kWrite;
 };
 
-enum class RequestState : std::uint8_t { kQueued, kRunning, kCompleted, kFailed, kCancelled };
+// kInfeasible: admission ended it with deadline_infeasible (and signalled
+// local recompute) instead of letting it time out.
+enum class RequestState : std::uint8_t { kQueued, kRunning, kCompleted, kFailed, kCancelled, kInfeasible };
 [[nodiscard]] std::string_view to_string(RequestState state);
 
 struct RequestStatus {
@@ -66,7 +69,8 @@ struct SchedStats {
 // What a path holds right now and the most it ever held, for credit checks.
 struct PathLoad {
   int inflight_slices = 0;
-  std::uint64_t inflight_bytes = 0;
+  std::uint64_t inflight_bytes = 0;  // on the wire (compressed size when compressed)
+  std::uint64_t queued_bytes = 0;    // waiting in this path's queue, not yet posted
   int max_inflight_slices = 0;
   std::uint64_t max_inflight_bytes = 0;
   std::uint64_t bytes_completed = 0;
@@ -96,9 +100,22 @@ class Scheduler {
   // invalid_argument when it already ended (completed, failed, cancelled).
   [[nodiscard]] Status cancel(RequestId id, TimeNs now_ns);
 
+  // Ends a live request with `reason` (kInfeasible for deadline_infeasible,
+  // kFailed otherwise), like cancel. For admission's "do not transfer".
+  [[nodiscard]] Status abandon(RequestId id, Status reason, TimeNs now_ns);
+
+  // Bytes on the wire per payload byte for slices posted from now on (a
+  // compressed request sends fewer; the simulator also charges codec time
+  // here). invalid_argument unless 0 < ratio <= 1; not_found for unknown ids.
+  [[nodiscard]] Status set_wire_ratio(RequestId id, double ratio);
+
+  // The path a new request between these endpoints would wait on now.
+  [[nodiscard]] Result<transport::PathId> route(const std::string& from, const std::string& to, TimeNs now_ns);
+
   // Feeds one transport completion back: credits return, bytes count, a
   // failed slice is re-queued (or the request fails after too many tries).
-  void on_completion(const transport::Completion& completion, TimeNs now_ns);
+  // Returns the request the slice belonged to (0: a slice no longer tracked).
+  RequestId on_completion(const transport::Completion& completion, TimeNs now_ns);
 
   // Posts as many slices as credits allow, most urgent first.
   void dispatch(TimeNs now_ns);

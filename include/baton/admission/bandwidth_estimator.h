@@ -1,0 +1,42 @@
+// Per-path bandwidth as the transport actually delivers it: an EWMA of the
+// rate measured over busy stretches of the path, seeded from the cost model
+// so the first decision has a sane figure. Lives on the engine loop.
+#pragma once
+
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/stats.h"
+#include "baton/transport/transport.h"
+
+namespace baton::admission {
+
+class BandwidthEstimator {
+ public:
+  // One estimate per transport path, seeded with its cost-model bandwidth.
+  // invalid_argument for alpha outside (0, 1].
+  [[nodiscard]] static Result<BandwidthEstimator> create(const std::vector<transport::PathInfo>& paths,
+                                                         double alpha);
+
+  // A slice of `bytes` completed on `path` at `now_ns`; `path_still_busy`:
+  // other slices are still in flight there. A sample is the bytes completed
+  // over a busy stretch of at least kMinWindowNs, so simultaneous completions
+  // on parallel lanes do not read as infinite bandwidth.
+  void on_completion(transport::PathId path, std::uint64_t bytes, TimeNs now_ns, bool path_still_busy);
+
+  // Bytes per ns (= GB/s).
+  [[nodiscard]] double estimate_gbps(transport::PathId path) const;
+
+  static constexpr TimeNs kMinWindowNs = 20'000;
+
+ private:
+  struct PathEstimate {
+    Ewma ewma;
+    TimeNs window_start_ns = -1;  // -1: no busy stretch open
+    std::uint64_t window_bytes = 0;
+  };
+  explicit BandwidthEstimator(std::vector<PathEstimate> paths) : paths_(std::move(paths)) {}
+  std::vector<PathEstimate> paths_;
+};
+
+}  // namespace baton::admission

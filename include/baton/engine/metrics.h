@@ -1,0 +1,51 @@
+// The engine's metrics registry: counters and histograms with labels, and
+// their Prometheus text exposition (format 0.0.4). On by default. Updates
+// and exposition take one uncontended mutex, so a scrape from another thread
+// (the HTTP endpoint) is safe while the loop counts.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "baton/common/status.h"
+
+namespace baton::engine {
+
+using Labels = std::map<std::string, std::string>;
+
+class MetricsRegistry {
+ public:
+  // Declares a counter / histogram family once (help text, bucket upper
+  // bounds sorted ascending; +Inf is implicit). already_exists on a second
+  // declaration with a different type or buckets; invalid_argument for a
+  // name that is not a Prometheus metric name or unsorted buckets.
+  Status declare_counter(std::string_view name, std::string_view help);
+  Status declare_histogram(std::string_view name, std::string_view help, std::vector<double> buckets);
+
+  // Adds to a counter / observes a value; the series is created on first use.
+  // Unknown family → the update is ignored and counted in
+  // baton_metrics_dropped_total (a metric bug must not break a transfer).
+  void add(std::string_view name, const Labels& labels = {}, std::uint64_t delta = 1);
+  void observe(std::string_view name, const Labels& labels, double value);
+
+  // Current value, for tests; 0 for an unknown series.
+  [[nodiscard]] std::uint64_t counter(std::string_view name, const Labels& labels = {}) const;
+  [[nodiscard]] std::uint64_t histogram_count(std::string_view name, const Labels& labels = {}) const;
+
+  // Prometheus text: # HELP, # TYPE, one line per series (histograms as
+  // _bucket{le=…}, _sum, _count), label values escaped.
+  [[nodiscard]] std::string text() const;
+
+ private:
+  struct Family;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Family>, std::less<>> families_;
+  std::uint64_t dropped_ = 0;
+};
+
+}  // namespace baton::engine

@@ -1,0 +1,178 @@
+// The UCX transport: moves real bytes between engines with UCP RMA (put/get)
+// over whatever UCX selects (TCP here; RDMA verbs on a cluster). A path is one
+// connected peer and its lanes are UCP endpoints to that peer. Peers meet
+// through a sockaddr listener and a handshake over UCP active messages that
+// carries region descriptors (base, length, packed rkey), so no metadata
+// server is needed. docs/transport.md has the whole picture.
+//
+// Lives on the engine loop: one UCP worker in single-thread mode, progressed
+// only by poll() (and the destructor); no locks, no threads of its own. Both
+// sides must be polled: over TCP the target's worker carries out the RMA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "baton/transport/transport.h"
+
+namespace baton::transport {
+
+struct UcxConfig {
+  // Where peers reach us: "host:port"; port 0 picks a free one (see address()).
+  std::string listen_address = "127.0.0.1:0";
+  // UCP endpoints per peer: the lanes of each path.
+  int lanes_per_peer = 2;
+  // UCX_TLS for this transport only (e.g. "tcp", "rc,tcp"); empty: UCX's own
+  // default, or the UCX_TLS environment variable. The sockaddr handshake
+  // needs "tcp" (or an RDMA transport) in the list.
+  std::string tls;
+  // Peer-failure reporting (UCP_ERR_HANDLING_MODE_PEER): a dead peer fails
+  // its slices with `unavailable` instead of leaving them in flight. UCX 1.13
+  // then uses only transports that can report a dead peer (tcp, RDMA, cma),
+  // never sysv/posix shared memory. Turning it off lets UCX pick shared
+  // memory between processes of one host, but a peer that dies without
+  // closing leaves slices in flight, and endpoints close by flushing.
+  bool peer_failure_detection = true;
+  // A connect whose handshake has not finished by then fails (unavailable).
+  std::int64_t handshake_timeout_ms = 5000;
+};
+
+// A region registered with this transport; peers name it in
+// SliceMemory::remote_key. Never reused by one transport.
+using RegionHandle = std::uint32_t;
+
+// A peer's region as the handshake made it known here.
+struct RemoteRegion {
+  RegionHandle key = 0;  // the peer's handle: SliceMemory::remote_key
+  std::uint64_t base = 0;
+  std::uint64_t length = 0;
+};
+
+enum class PathState : std::uint8_t {
+  kConnecting,  // endpoints created, handshake under way
+  kReady,       // slices may be submitted
+  kFailed,      // for good: connect failed, handshake timed out, or the peer died
+};
+
+class UcxTransport final : public Transport {
+ public:
+  // UCP context (RMA, AM, wakeup), worker and listener. invalid_argument for
+  // a bad listen address or lanes_per_peer < 1; unavailable when UCX cannot
+  // start (e.g. an unknown transport name in `tls`) or cannot listen.
+  [[nodiscard]] static Result<std::unique_ptr<UcxTransport>> create(UcxConfig config = {});
+
+  // shutdown(), then progresses until the endpoint closes finish (a bounded
+  // number of rounds), unmaps every region and releases UCX. A peer sees us
+  // go away: its slices to us fail with unavailable.
+  ~UcxTransport() override;
+
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  // The listener's bound address, "127.0.0.1:41234" (the real port when the
+  // config asked for port 0).
+  [[nodiscard]] const std::string& address() const;
+
+  // --- Registered memory ---------------------------------------------------
+
+  // ucp_mem_map of [addr, addr + length). invalid_argument for a null
+  // address, zero length, a range that wraps, or one that overlaps a region
+  // already registered; unavailable when UCX refuses the mapping.
+  [[nodiscard]] Result<RegionHandle> register_memory(void* addr, std::size_t length);
+  // not_found for an unknown (or already unregistered) handle;
+  // invalid_argument while slices on the region are in flight. Connected
+  // peers are told at once that the region is gone.
+  Status unregister(RegionHandle region);
+  // The packed rkey of a local region (what the handshake sends to peers).
+  [[nodiscard]] Result<std::vector<std::uint8_t>> packed_rkey(RegionHandle region) const;
+
+  // --- Peers ---------------------------------------------------------------
+
+  // Starts connecting to a peer's listener: lanes_per_peer endpoints and a
+  // handshake on each; the path is kConnecting until the peer answered on
+  // every lane (learned through poll()), then kReady. Returns the path at
+  // once (paths() grows by one); a live path to the same address is returned
+  // again instead of a second one. invalid_argument for a malformed or
+  // unresolvable address or port 0; unavailable when UCX cannot create the
+  // endpoints. A refused connection or a silent peer shows up later as
+  // kFailed with an unavailable path_status().
+  [[nodiscard]] Result<PathId> connect(std::string_view peer_address, TimeNs now_ns);
+
+  // kFailed for an unknown path.
+  [[nodiscard]] PathState path_state(PathId path) const;
+  // ok when ready; unavailable saying why otherwise (still connecting, or the
+  // failure); invalid_argument for an unknown path.
+  [[nodiscard]] Status path_status(PathId path) const;
+
+  // Asks the peer for its current regions (new ones become usable, removed
+  // ones unusable) when its answer arrives, through poll().
+  // invalid_argument for an unknown path; unavailable unless ready.
+  Status refresh_regions(PathId path);
+  // True from refresh_regions() until its answer was applied.
+  [[nodiscard]] bool refresh_pending(PathId path) const;
+
+  // The peer's regions known here, by key.
+  [[nodiscard]] Result<std::vector<RemoteRegion>> remote_regions(PathId path) const;
+  // The peer's region that holds [remote_addr, remote_addr + length):
+  // out_of_range when none does (refresh_regions() may help).
+  [[nodiscard]] Result<RemoteRegion> find_remote_region(PathId path, std::uint64_t remote_addr,
+                                                        std::uint64_t length) const;
+
+  // --- Waiting without spinning ---------------------------------------------
+
+  // The worker's event fd (ucp_worker_get_efd): readable when arm() returned
+  // true and something happened since.
+  [[nodiscard]] int event_fd() const;
+  // Prepares event_fd() for sleeping (ucp_worker_arm). False when there is
+  // work to do first (poll again, do not sleep).
+  [[nodiscard]] bool arm();
+
+  // --- Transport -----------------------------------------------------------
+
+  // One PathInfo per connect(), in PathId order: from = address(), to = the
+  // peer's address, type = tcp / shm / rdma as UCX chose (known once ready),
+  // cost-model bandwidth and latency for that type.
+  [[nodiscard]] const std::vector<PathInfo>& paths() const override;
+  // Validates everything before anything is posted, so a peer never sees an
+  // access outside memory it registered: invalid_argument for an unknown
+  // path or lane, zero bytes, or a remote_key the peer never announced;
+  // already_exists for a slice id in flight; unavailable unless the path is
+  // ready; out_of_range when the local range is not inside one registered
+  // region or the remote range not inside the peer's region `remote_key`.
+  // Then posts ucp_put_nbx + ucp_ep_flush_nbx (a write completes once its
+  // bytes are at the peer) or ucp_get_nbx.
+  [[nodiscard]] Status submit(const SliceSubmit& slice, TimeNs now_ns) override;
+  // UCX cannot recall a posted RMA and slices are posted at submit, so this
+  // never stops one: stopped = false, and its completion still comes.
+  CancelResult cancel(SliceId id, TimeNs now_ns) override;
+  // Progresses the worker, answers handshakes, and hands out the slices that
+  // completed since the last poll, stamped `now_ns`. A slice whose path
+  // failed under it completes with unavailable.
+  void poll(TimeNs now_ns, std::vector<Completion>& out) override;
+  // The earliest handshake deadline, if a connect is under way; nullopt
+  // otherwise (completions are not predictable: wait on event_fd()).
+  [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
+  [[nodiscard]] bool path_healthy(PathId path, TimeNs now_ns) const override;
+
+  // Slices posted and not yet handed out by poll().
+  [[nodiscard]] std::size_t slices_in_flight() const;
+
+  // Starts a clean close: the listener stops, every path fails with
+  // unavailable and its endpoints close (a forced close under peer-failure
+  // detection; otherwise a flushing one, which lets what is posted finish and
+  // needs the peer to keep polling). Keep polling until shutdown_complete()
+  // (bounded by your own deadline), then destroy. The destructor does it all
+  // if you did not, but a flushing close cannot finish inside it.
+  void shutdown();
+  [[nodiscard]] bool shutdown_complete() const;
+
+ private:
+  struct State;
+  explicit UcxTransport(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace baton::transport

@@ -1,0 +1,80 @@
+#include "transport/ucx/socket_address.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
+#include <charconv>
+#include <cstring>
+
+namespace baton::transport::ucx {
+
+Result<SocketAddress> parse_socket_address(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return std::unexpected(Status::invalid_argument(
+        "address \"{}\": expected host:port (e.g. 127.0.0.1:4000)", text));
+  }
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port_text = text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned port = 0;
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || error != std::errc{} || end != port_text.data() + port_text.size() ||
+      port > 65535) {
+    return std::unexpected(Status::invalid_argument(
+        "address \"{}\": port \"{}\" is not a number in 0..65535", text, port_text));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string host_z(host);
+  const std::string port_z = std::to_string(port);
+  if (const int rc = getaddrinfo(host_z.c_str(), port_z.c_str(), &hints, &found); rc != 0) {
+    return std::unexpected(Status::invalid_argument("address \"{}\": cannot resolve host \"{}\": {}",
+                                                    text, host, gai_strerror(rc)));
+  }
+  SocketAddress out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) && a->ai_addrlen <= sizeof(out.storage)) {
+      std::memcpy(&out.storage, a->ai_addr, a->ai_addrlen);
+      out.length = a->ai_addrlen;
+      break;
+    }
+  }
+  freeaddrinfo(found);
+  if (out.length == 0) {
+    return std::unexpected(
+        Status::invalid_argument("address \"{}\": host \"{}\" has no IPv4 or IPv6 address", text, host));
+  }
+  return out;
+}
+
+std::string format_socket_address(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+int port_of(const sockaddr* address) {
+  if (address->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(address)->sin_port);
+  if (address->sa_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(address)->sin6_port);
+  }
+  return -1;
+}
+
+}  // namespace baton::transport::ucx

@@ -1,0 +1,30 @@
+// "host:port" ↔ sockaddr, for the listener and for connect. Private to
+// transport/ucx.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+#include <string_view>
+
+#include "baton/common/status.h"
+
+namespace baton::transport::ucx {
+
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  [[nodiscard]] const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+// "127.0.0.1:4000", "[::1]:4000", "node7:4000" (resolved with getaddrinfo,
+// first IPv4 or IPv6 answer). Port: decimal 0…65535. invalid_argument names
+// the text and what was wrong with it.
+[[nodiscard]] Result<SocketAddress> parse_socket_address(std::string_view host_port);
+
+// "127.0.0.1:4000" / "[::1]:4000".
+[[nodiscard]] std::string format_socket_address(const sockaddr* address);
+
+[[nodiscard]] int port_of(const sockaddr* address);
+
+}  // namespace baton::transport::ucx

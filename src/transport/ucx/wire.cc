@@ -1,0 +1,166 @@
+#include "transport/ucx/wire.h"
+
+#include <cstring>
+
+namespace baton::transport::ucx {
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T value) {
+    const auto at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &value, sizeof(T));
+  }
+  void bytes(std::span<const std::uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
+  std::vector<std::uint8_t> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::uint8_t> out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> in) : in_(in) {}
+  template <typename T>
+  bool get(T& value) {
+    if (in_.size() - at_ < sizeof(T)) return false;
+    std::memcpy(&value, in_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return true;
+  }
+  bool bytes(std::size_t n, std::vector<std::uint8_t>& out) {
+    if (in_.size() - at_ < n) return false;
+    out.assign(in_.begin() + static_cast<std::ptrdiff_t>(at_),
+               in_.begin() + static_cast<std::ptrdiff_t>(at_ + n));
+    at_ += n;
+    return true;
+  }
+  [[nodiscard]] std::size_t offset() const { return at_; }
+  [[nodiscard]] std::size_t left() const { return in_.size() - at_; }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_header(const MessageHeader& h) {
+  Writer w;
+  w.put(h.magic);
+  w.put(h.version);
+  w.put(h.flags);
+  w.put(h.path);
+  w.put(h.lane);
+  w.put(h.seq);
+  return w.take();
+}
+
+Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() != kHeaderBytes) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: header is {} bytes (expected {})", bytes.size(), kHeaderBytes));
+  }
+  Reader r(bytes);
+  MessageHeader h;
+  r.get(h.magic);
+  r.get(h.version);
+  r.get(h.flags);
+  r.get(h.path);
+  r.get(h.lane);
+  r.get(h.seq);
+  if (h.magic != kWireMagic) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: magic {:#x} (expected {:#x}): not a Baton peer", h.magic, kWireMagic));
+  }
+  if (h.version != kWireVersion) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: protocol version {} (expected {})", h.version, kWireVersion));
+  }
+  return h;
+}
+
+std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& regions) {
+  Writer w;
+  w.put(static_cast<std::uint32_t>(regions.size()));
+  for (const RegionDescriptor& r : regions) {
+    w.put(r.key);
+    w.put(r.base);
+    w.put(r.length);
+    w.put(static_cast<std::uint32_t>(r.packed_rkey.size()));
+    w.bytes(r.packed_rkey);
+  }
+  return w.take();
+}
+
+Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes);
+  std::uint32_t count = 0;
+  if (!r.get(count)) {
+    return std::unexpected(
+        Status::invalid_argument("ucx handshake: region list of {} bytes has no count", bytes.size()));
+  }
+  // Each entry takes at least 24 bytes, so a count the payload cannot hold is
+  // refused before anything is allocated.
+  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4;
+  if (count > kMaxRegions || count > r.left() / kMinEntry) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: region count {} does not fit {} payload bytes (at most {})", count,
+        bytes.size(), kMaxRegions));
+  }
+  std::vector<RegionDescriptor> out(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    RegionDescriptor& d = out[i];
+    std::uint32_t rkey_bytes = 0;
+    if (!r.get(d.key) || !r.get(d.base) || !r.get(d.length) || !r.get(rkey_bytes)) {
+      return std::unexpected(Status::invalid_argument(
+          "ucx handshake: region {} of {} truncated at byte {}", i, count, r.offset()));
+    }
+    if (d.length == 0 || d.base + d.length < d.base) {
+      return std::unexpected(Status::invalid_argument(
+          "ucx handshake: region key {} has range [{:#x}, +{}) (expected non-empty, no wrap)",
+          d.key, d.base, d.length));
+    }
+    if (rkey_bytes == 0 || rkey_bytes > kMaxRkeyBytes || !r.bytes(rkey_bytes, d.packed_rkey)) {
+      return std::unexpected(Status::invalid_argument(
+          "ucx handshake: region key {} has a packed rkey of {} bytes ({} left, at most {})", d.key,
+          rkey_bytes, r.left(), kMaxRkeyBytes));
+    }
+  }
+  if (r.left() != 0) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: {} trailing bytes after {} regions", r.left(), count));
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> encode_keys(const std::vector<std::uint32_t>& keys) {
+  Writer w;
+  w.put(static_cast<std::uint32_t>(keys.size()));
+  for (std::uint32_t k : keys) w.put(k);
+  return w.take();
+}
+
+Result<std::vector<std::uint32_t>> decode_keys(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes);
+  std::uint32_t count = 0;
+  if (!r.get(count) || count > kMaxRegions || r.left() != std::size_t{count} * 4) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: key list of {} bytes does not hold its count {}", bytes.size(), count));
+  }
+  std::vector<std::uint32_t> keys(count);
+  for (auto& k : keys) r.get(k);
+  return keys;
+}
+
+Result<std::string> decode_address(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() > kMaxAddressBytes) {
+    return std::unexpected(Status::invalid_argument(
+        "ucx handshake: peer address of {} bytes (at most {})", bytes.size(), kMaxAddressBytes));
+  }
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace baton::transport::ucx

@@ -1,0 +1,69 @@
+// The handshake's wire form, private to transport/ucx. Messages travel as
+// UCP active messages: a fixed header (MessageHeader, in the AM header) and a
+// payload (the AM data). Everything a peer sends is validated here before
+// the transport acts on it; a malformed message fails the path, never the
+// process. Integers are little-endian (the engines of one deployment share an
+// architecture; the magic and version catch a mismatch).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/status.h"
+
+namespace baton::transport::ucx {
+
+inline constexpr std::uint32_t kWireMagic = 0x4e544142;  // "BATN"
+inline constexpr std::uint16_t kWireVersion = 1;
+
+// Active message ids (the transport owns its worker, so no one else uses them).
+enum class MessageKind : unsigned {
+  kQuery = 1,           // initiator → listener: hello / "send me your regions"
+  kAnswer = 2,          // listener → initiator: ack, with regions when asked
+  kRegionsRemoved = 3,  // listener → initiator: these region keys are gone
+};
+
+inline constexpr std::uint16_t kFlagWithRegions = 1;
+
+struct MessageHeader {
+  std::uint32_t magic = kWireMagic;
+  std::uint16_t version = kWireVersion;
+  std::uint16_t flags = 0;
+  std::uint32_t path = 0;  // the initiator's path id, echoed by the listener
+  std::uint32_t lane = 0;
+  std::uint64_t seq = 0;   // the initiator's query number, echoed in the answer
+};
+inline constexpr std::size_t kHeaderBytes = 24;
+
+// A region as its owner describes it to peers: the key is the owner's
+// RegionHandle, which initiators put in SliceMemory::remote_key.
+struct RegionDescriptor {
+  std::uint32_t key = 0;
+  std::uint64_t base = 0;
+  std::uint64_t length = 0;
+  std::vector<std::uint8_t> packed_rkey;
+  friend bool operator==(const RegionDescriptor&, const RegionDescriptor&) = default;
+};
+
+// Bounds on what a peer may send, so a hostile or corrupt message cannot make
+// us allocate without limit.
+inline constexpr std::uint32_t kMaxRegions = 1 << 16;
+inline constexpr std::uint32_t kMaxRkeyBytes = 1 << 16;
+inline constexpr std::size_t kMaxAddressBytes = 1024;
+
+[[nodiscard]] std::vector<std::uint8_t> encode_header(const MessageHeader& header);
+[[nodiscard]] Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes);
+
+[[nodiscard]] std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& regions);
+[[nodiscard]] Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_t> bytes);
+
+[[nodiscard]] std::vector<std::uint8_t> encode_keys(const std::vector<std::uint32_t>& keys);
+[[nodiscard]] Result<std::vector<std::uint32_t>> decode_keys(std::span<const std::uint8_t> bytes);
+
+// The query's payload is the initiator's own listen address ("host:port"),
+// for the listener's logs.
+[[nodiscard]] Result<std::string> decode_address(std::span<const std::uint8_t> bytes);
+
+}  // namespace baton::transport::ucx

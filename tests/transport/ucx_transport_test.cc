@@ -1,0 +1,534 @@
+// Two UcxTransport instances in one process on loopback, both progressed by
+// the test thread, over TCP and over shared memory. Every wait has a
+// deadline of a few seconds and fails the test instead of hanging.
+#include "baton/transport/ucx_transport.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <ostream>
+
+namespace baton::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Flavor {
+  std::string name;
+  std::string tls;
+  bool peer_failure_detection = true;
+  topology::PathType expected = topology::PathType::kTcp;
+};
+
+// Test names and ctest entries show the flavour, not its bytes.
+void PrintTo(const Flavor& flavor, std::ostream* os) { *os << flavor.name; }
+
+// UCX 1.13 selects sysv/posix shared memory only without peer-failure
+// handling (they report dead peers by "ep_check" alone), so the shm flavour
+// runs with it off. The handshake still needs tcp for the sockaddr CM.
+const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp};
+const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm};
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 131 + seed + (i >> 12)) & 0xff);
+  return v;
+}
+
+SliceSubmit slice(SliceId id, PathId path, int lane, Op op, void* local, std::uint64_t remote_addr,
+                  std::uint32_t remote_key, std::uint64_t bytes) {
+  return {id, path, lane, bytes, {op, local, remote_addr, remote_key}};
+}
+
+std::uint64_t addr(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
+ protected:
+  UcxConfig config(std::int64_t handshake_timeout_ms = 5000) const {
+    UcxConfig c;
+    c.lanes_per_peer = 2;
+    c.tls = GetParam().tls;
+    c.peer_failure_detection = GetParam().peer_failure_detection;
+    c.handshake_timeout_ms = handshake_timeout_ms;
+    return c;
+  }
+
+  std::unique_ptr<UcxTransport> make(std::int64_t handshake_timeout_ms = 5000) {
+    auto t = UcxTransport::create(config(handshake_timeout_ms));
+    EXPECT_TRUE(t.has_value()) << t.error().to_string();
+    return t ? std::move(*t) : nullptr;
+  }
+
+  void SetUp() override {
+    a_ = make();
+    b_ = make();
+    ASSERT_TRUE(a_ && b_);
+  }
+
+  // Both sides close cleanly while both are polled (a flushing close needs
+  // the peer); best effort: a peer that never existed cannot answer.
+  void TearDown() override {
+    if (a_) a_->shutdown();
+    if (b_) b_->shutdown();
+    wait_until([&] { return (!a_ || a_->shutdown_complete()) && (!b_ || b_->shutdown_complete()); }, 2s);
+  }
+
+  // Memory registered in a test outlives both transports (fixture members
+  // are destroyed after them): until a transport is gone UCX may still carry
+  // out a peer's RMA into it, and software RMA (over shared memory here)
+  // writes wherever the initiator says.
+  std::vector<std::uint8_t>& buffer(std::size_t n, std::uint8_t fill = 0) { return buffers_.emplace_back(n, fill); }
+  std::vector<std::uint8_t>& buffer(std::vector<std::uint8_t> v) { return buffers_.emplace_back(std::move(v)); }
+
+  TimeNs now() const { return clock_.now_ns(); }
+
+  void poll_both() {
+    if (a_) a_->poll(now(), done_a_);
+    if (b_) b_->poll(now(), done_b_);
+  }
+
+  // Polls both sides until `done` holds; false after `limit`.
+  bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 5s) {
+    const TimeNs deadline = now() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+    while (!done()) {
+      if (now() > deadline) return false;
+      poll_both();
+    }
+    return true;
+  }
+
+  // Connects a_ to b_ and waits for the handshake; skips when UCX did not
+  // pick the flavour's transport here.
+  PathId connect_ready() {
+    auto path = a_->connect(b_->address(), now());
+    EXPECT_TRUE(path.has_value()) << path.error().to_string();
+    if (!path) return 0;
+    EXPECT_TRUE(wait_until([&] { return a_->path_state(*path) != PathState::kConnecting; }))
+        << a_->path_status(*path).to_string();
+    EXPECT_EQ(a_->path_state(*path), PathState::kReady) << a_->path_status(*path).to_string();
+    return *path;
+  }
+
+  bool wait_slices(std::size_t count, std::chrono::milliseconds limit = 5s) {
+    return wait_until([&] { return done_a_.size() >= count; }, limit);
+  }
+
+  SteadyClock clock_;
+  std::deque<std::vector<std::uint8_t>> buffers_;  // before the transports: destroyed after them
+  std::unique_ptr<UcxTransport> a_;
+  std::unique_ptr<UcxTransport> b_;
+  std::vector<Completion> done_a_;
+  std::vector<Completion> done_b_;
+};
+
+#define SKIP_UNLESS_FLAVOR_TRANSPORT(path)                                                                 \
+  do {                                                                                                     \
+    if (a_->paths()[path].type != GetParam().expected) {                                                   \
+      GTEST_SKIP() << "UCX chose " << topology::to_string(a_->paths()[path].type) << " instead of "        \
+                   << topology::to_string(GetParam().expected) << " for tls \"" << GetParam().tls << "\""; \
+    }                                                                                                      \
+  } while (0)
+
+TEST_P(UcxTransportTest, HandshakeLearnsThePeersRegionsAndTransport) {
+  auto& remote = buffer(64 * 1024);
+  auto region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+
+  auto path = a_->connect(b_->address(), now());
+  ASSERT_TRUE(path.has_value()) << path.error().to_string();
+  EXPECT_EQ(a_->path_state(*path), PathState::kConnecting);
+  EXPECT_EQ(a_->path_status(*path).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(a_->next_event_ns().has_value());  // the handshake deadline
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kReady; }))
+      << a_->path_status(*path).to_string();
+  SKIP_UNLESS_FLAVOR_TRANSPORT(*path);
+
+  ASSERT_EQ(a_->paths().size(), 1u);
+  const PathInfo& info = a_->paths()[*path];
+  EXPECT_EQ(info.from, a_->address());
+  EXPECT_EQ(info.to, b_->address());
+  EXPECT_EQ(info.lanes, 2);
+  EXPECT_GT(info.bandwidth_gbps, 0);
+  EXPECT_TRUE(a_->path_healthy(*path, now()));
+  EXPECT_FALSE(a_->next_event_ns().has_value());
+
+  auto regions = a_->remote_regions(*path);
+  ASSERT_TRUE(regions.has_value());
+  ASSERT_EQ(regions->size(), 1u);
+  EXPECT_EQ((*regions)[0].key, *region);
+  EXPECT_EQ((*regions)[0].base, addr(remote.data()));
+  EXPECT_EQ((*regions)[0].length, remote.size());
+  auto found = a_->find_remote_region(*path, addr(remote.data()) + 100, 1000);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->key, *region);
+  EXPECT_EQ(a_->find_remote_region(*path, addr(remote.data()) + 100, remote.size()).error().code(),
+            StatusCode::kOutOfRange);
+
+  // A second connect to the same live peer is the same path.
+  auto again = a_->connect(b_->address(), now());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, *path);
+  EXPECT_EQ(a_->paths().size(), 1u);
+}
+
+TEST_P(UcxTransportTest, WritesAndReadsOnSeveralLanesAreByteExact) {
+  constexpr std::size_t kBytes = 1 << 20;
+  auto& remote = buffer(kBytes, 0);
+  auto remote_region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(remote_region.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(path);
+
+  const auto source = pattern(kBytes, 7);
+  auto& local = buffer(source);
+  auto& back = buffer(kBytes, 0);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+
+  // Writes: 8 slices of 128 KiB, alternating lanes.
+  constexpr std::size_t kSlice = kBytes / 8;
+  for (SliceId i = 0; i < 8; ++i) {
+    ASSERT_TRUE(a_->submit(slice(i, path, static_cast<int>(i % 2), Op::kWrite, local.data() + i * kSlice,
+                                 addr(remote.data()) + i * kSlice, *remote_region, kSlice),
+                           now())
+                    .is_ok());
+  }
+  EXPECT_EQ(a_->cancel(3, now()).stopped, false);  // posted: UCX cannot recall it
+  ASSERT_TRUE(wait_slices(8)) << done_a_.size() << " of 8 writes completed";
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(remote, source);
+
+  // Reads back with uneven slices (not multiples of anything) on both lanes.
+  done_a_.clear();
+  const std::vector<std::size_t> sizes{1, 4095, 65537, 300'000, 7, kBytes - 1 - 4095 - 65537 - 300'000 - 7};
+  std::size_t offset = 0;
+  for (SliceId i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(a_->submit(slice(100 + i, path, static_cast<int>(i % 2), Op::kRead, back.data() + offset,
+                                 addr(remote.data()) + offset, *remote_region, sizes[i]),
+                           now())
+                    .is_ok());
+    offset += sizes[i];
+  }
+  ASSERT_EQ(offset, kBytes);
+  ASSERT_TRUE(wait_slices(sizes.size()));
+  std::uint64_t bytes = 0;
+  for (const Completion& c : done_a_) {
+    EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+    EXPECT_EQ(c.path, path);
+    bytes += c.bytes;
+  }
+  EXPECT_EQ(bytes, kBytes);
+  EXPECT_EQ(back, source);
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
+}
+
+TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& late = buffer(8192, 0);
+  auto late_region = b_->register_memory(late.data(), late.size());
+  ASSERT_TRUE(late_region.has_value());
+  auto& source = buffer(pattern(late.size(), 3));
+  ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
+
+  const auto write = slice(1, path, 1, Op::kWrite, source.data(), addr(late.data()), *late_region, late.size());
+  const Status unknown = a_->submit(write, now());
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument) << unknown.to_string();
+  EXPECT_NE(unknown.message().find("remote_key"), std::string::npos) << unknown.message();
+
+  ASSERT_TRUE(a_->refresh_regions(path).is_ok());
+  EXPECT_TRUE(a_->refresh_pending(path));
+  ASSERT_TRUE(wait_until([&] { return !a_->refresh_pending(path); }));
+  ASSERT_TRUE(a_->find_remote_region(path, addr(late.data()), late.size()).has_value());
+  ASSERT_TRUE(a_->submit(write, now()).is_ok());
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_TRUE(done_a_[0].status.is_ok()) << done_a_[0].status.to_string();
+  EXPECT_EQ(late, source);
+}
+
+TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
+  auto& remote = buffer(4096);
+  auto region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(region.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(a_->remote_regions(path)->size(), 1u);
+  ASSERT_TRUE(b_->unregister(*region).is_ok());
+  // The peer pushes the removal; a refresh would learn it too.
+  ASSERT_TRUE(wait_until([&] { return a_->remote_regions(path)->empty(); }));
+  auto& local = buffer(4096);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  EXPECT_EQ(a_->submit(slice(1, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 4096), now()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(UcxTransportTest, EveryBadSliceIsRefusedBeforePosting) {
+  auto& remote = buffer(4096);
+  auto rr = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(rr.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& local = buffer(4096);
+  auto& unregistered = buffer(4096);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  const std::uint64_t r = addr(remote.data());
+  auto expect = [&](const SliceSubmit& s, StatusCode code, std::string_view names) {
+    const Status st = a_->submit(s, now());
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(names), std::string::npos) << st.message() << " should name " << names;
+  };
+  expect(slice(1, 9, 0, Op::kWrite, local.data(), r, *rr, 64), StatusCode::kInvalidArgument, "path 9");
+  expect(slice(1, path, 2, Op::kWrite, local.data(), r, *rr, 64), StatusCode::kInvalidArgument, "lane 2");
+  expect(slice(1, path, -1, Op::kWrite, local.data(), r, *rr, 64), StatusCode::kInvalidArgument, "lane -1");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r, *rr, 0), StatusCode::kInvalidArgument, "0 bytes");
+  expect(slice(1, path, 0, Op::kWrite, unregistered.data(), r, *rr, 64), StatusCode::kOutOfRange, "local range");
+  expect(slice(1, path, 0, Op::kWrite, nullptr, r, *rr, 64), StatusCode::kOutOfRange, "local range");
+  expect(slice(1, path, 0, Op::kRead, local.data() + 4000, r, *rr, 97), StatusCode::kOutOfRange, "+97");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r + 4000, *rr, 97), StatusCode::kOutOfRange, "remote range");
+  expect(slice(1, path, 0, Op::kRead, local.data(), r - 1, *rr, 16), StatusCode::kOutOfRange, "remote range");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r, *rr + 77, 64), StatusCode::kInvalidArgument,
+         "remote_key");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r, 0, 64), StatusCode::kInvalidArgument, "remote_key 0");
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
+  EXPECT_EQ(remote, std::vector<std::uint8_t>(4096, 0));  // nothing reached the peer
+
+  // A slice id in flight cannot be reused until its completion is handed out.
+  ASSERT_TRUE(a_->submit(slice(5, path, 0, Op::kWrite, local.data(), r, *rr, 64), now()).is_ok());
+  expect(slice(5, path, 1, Op::kWrite, local.data(), r, *rr, 64), StatusCode::kAlreadyExists, "slice 5");
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_TRUE(a_->submit(slice(5, path, 1, Op::kWrite, local.data(), r, *rr, 64), now()).is_ok());
+  ASSERT_TRUE(wait_slices(2));
+
+  EXPECT_EQ(a_->cancel(12345, now()).stopped, false);  // unknown
+  EXPECT_EQ(a_->path_status(9).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->path_state(9), PathState::kFailed);
+  EXPECT_EQ(a_->refresh_regions(9).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->remote_regions(9).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(UcxTransportTest, BadRegistrationsAndUnregistrationsAreRefused) {
+  auto& memory = buffer(8192);
+  EXPECT_EQ(a_->register_memory(nullptr, 10).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->register_memory(memory.data(), 0).error().code(), StatusCode::kInvalidArgument);
+  auto first = a_->register_memory(memory.data(), 4096);
+  ASSERT_TRUE(first.has_value());
+  auto overlap = a_->register_memory(memory.data() + 4000, 4096);
+  ASSERT_FALSE(overlap.has_value());
+  EXPECT_EQ(overlap.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.error().message().find("overlaps region"), std::string::npos);
+  EXPECT_FALSE(a_->register_memory(memory.data() + 100, 10).has_value());  // inside
+  auto second = a_->register_memory(memory.data() + 4096, 4096);           // adjacent is fine
+  ASSERT_TRUE(second.has_value());
+  EXPECT_NE(*first, *second);
+  auto rkey = a_->packed_rkey(*first);
+  ASSERT_TRUE(rkey.has_value());
+  EXPECT_FALSE(rkey->empty());
+
+  EXPECT_TRUE(a_->unregister(*second).is_ok());
+  const Status twice = a_->unregister(*second);
+  EXPECT_EQ(twice.code(), StatusCode::kNotFound) << twice.to_string();
+  EXPECT_EQ(a_->unregister(999).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->packed_rkey(*second).error().code(), StatusCode::kNotFound);
+}
+
+TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {
+  auto& remote = buffer(1 << 20);
+  auto rr = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(rr.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& local = buffer(1 << 20, 0x5a);
+  auto lr = a_->register_memory(local.data(), local.size());
+  ASSERT_TRUE(lr.has_value());
+  ASSERT_TRUE(a_->submit(slice(1, path, 0, Op::kWrite, local.data(), addr(remote.data()), *rr, local.size()), now())
+                  .is_ok());
+  // In flight until a poll hands its completion out.
+  const Status busy = a_->unregister(*lr);
+  EXPECT_EQ(busy.code(), StatusCode::kInvalidArgument) << busy.to_string();
+  EXPECT_NE(busy.message().find("in flight"), std::string::npos) << busy.message();
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_TRUE(done_a_[0].status.is_ok());
+  EXPECT_TRUE(a_->unregister(*lr).is_ok());
+  EXPECT_EQ(a_->unregister(*lr).code(), StatusCode::kNotFound);
+}
+
+TEST_P(UcxTransportTest, BadAddressesAreRefused) {
+  for (const char* bad : {"nohost:xx", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ""}) {
+    auto r = a_->connect(bad, now());
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << r.error().to_string();
+  }
+  EXPECT_TRUE(a_->paths().empty());
+  UcxConfig bad = config();
+  bad.lanes_per_peer = 0;
+  EXPECT_EQ(UcxTransport::create(bad).error().code(), StatusCode::kInvalidArgument);
+  bad = config();
+  bad.listen_address = "localhost";
+  EXPECT_EQ(UcxTransport::create(bad).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(UcxTransportTest, ConnectToAClosedPortFailsUnavailable) {
+  // A port nobody listens on: bind one, note it, close it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  ::close(fd);
+  const std::string closed = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+
+  a_ = make(/*handshake_timeout_ms=*/2000);
+  auto path = a_->connect(closed, now());
+  ASSERT_TRUE(path.has_value()) << path.error().to_string();
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kFailed; }, 5s));
+  EXPECT_EQ(a_->path_status(*path).code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(a_->path_healthy(*path, now()));
+  auto& local = buffer(64);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  EXPECT_EQ(a_->submit(slice(1, *path, 0, Op::kWrite, local.data(), 0x1000, 1, 64), now()).code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(a_->refresh_regions(*path).code(), StatusCode::kUnavailable);
+}
+
+TEST_P(UcxTransportTest, HandshakeThatDoesNotFinishInTimeFails) {
+  auto path = a_->connect(b_->address(), now());
+  ASSERT_TRUE(path.has_value());
+  const TimeNs deadline = *a_->next_event_ns();
+  std::vector<Completion> out;
+  a_->poll(deadline, out);  // b_ never polled: nobody answered
+  EXPECT_EQ(a_->path_state(*path), PathState::kFailed);
+  const Status st = a_->path_status(*path);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("did not finish within 5000 ms"), std::string::npos) << st.message();
+  // A failed path is not reused: connecting again makes a new one.
+  auto again = a_->connect(b_->address(), now());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_NE(*again, *path);
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*again) == PathState::kReady; }));
+}
+
+TEST_P(UcxTransportTest, APeerThatGoesAwayFailsItsSlicesUnavailable) {
+  if (!GetParam().peer_failure_detection) {
+    GTEST_SKIP() << "flavour " << GetParam().name
+                 << " runs without peer-failure detection (UCX 1.13 offers shared memory only then)";
+  }
+  constexpr std::size_t kBytes = 8 << 20;
+  auto& remote = buffer(kBytes);
+  auto rr = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(rr.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& local = buffer(pattern(kBytes, 1));
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  constexpr std::size_t kSlice = 256 * 1024;
+  constexpr std::size_t kCount = kBytes / kSlice;
+  for (SliceId i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(a_->submit(slice(i, path, static_cast<int>(i % 2), i % 3 == 0 ? Op::kRead : Op::kWrite,
+                                 local.data() + i * kSlice, addr(remote.data()) + i * kSlice, *rr, kSlice),
+                           now())
+                    .is_ok());
+  }
+  a_->poll(now(), done_a_);
+  b_.reset();  // the peer goes away while the slices are in flight
+  ASSERT_TRUE(wait_slices(kCount)) << done_a_.size() << " of " << kCount << " slices ended";
+  std::size_t unavailable = 0;
+  for (const Completion& c : done_a_) {
+    EXPECT_TRUE(c.status.is_ok() || c.status.code() == StatusCode::kUnavailable) << c.status.to_string();
+    if (c.status.code() == StatusCode::kUnavailable) ++unavailable;
+  }
+  EXPECT_GT(unavailable, 0u);
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
+  EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
+  EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(a_->submit(slice(999, path, 0, Op::kWrite, local.data(), addr(remote.data()), *rr, 64), now()).code(),
+            StatusCode::kUnavailable);
+}
+
+// Returns whether `fd` became readable within `limit`, while `progress_other`
+// runs (the peer's side of the work) in between short waits.
+bool readable_within(int fd, const std::function<void()>& progress_other, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1) > 0) return true;
+    progress_other();
+  }
+  return false;
+}
+
+TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
+  ASSERT_GE(a_->event_fd(), 0);
+  auto& remote = buffer(1 << 20);
+  auto rr = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(rr.has_value());
+
+  // The handshake answer wakes the initiator.
+  auto path = a_->connect(b_->address(), now());
+  ASSERT_TRUE(path.has_value());
+  std::vector<Completion> none;
+  const TimeNs limit = now() + 5'000'000'000;
+  while (!a_->arm()) {
+    ASSERT_LT(now(), limit) << "never armed";
+    a_->poll(now(), none);
+  }
+  EXPECT_TRUE(readable_within(a_->event_fd(), [&] { b_->poll(now(), done_b_); }, 5s));
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kReady; }));
+  SKIP_UNLESS_FLAVOR_TRANSPORT(*path);
+
+  // Idle: a loop that sleeps on the fd whenever arm() lets it barely runs
+  // (a busy-polling one would go round thousands of times in 200 ms). Both
+  // sides settle first: the other lanes' wire-up may still be under way.
+  wait_until([] { return false; }, 100ms);
+  int rounds = 0;
+  const TimeNs idle_end = now() + 200'000'000;
+  while (now() < idle_end) {
+    ++rounds;
+    if (a_->arm()) {
+      pollfd p{a_->event_fd(), POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(std::max<TimeNs>(1, (idle_end - now()) / 1'000'000)));
+    }
+    a_->poll(now(), done_a_);
+  }
+  EXPECT_LT(rounds, 20) << "an idle transport kept its loop busy";
+  EXPECT_TRUE(done_a_.empty());
+
+  // A completion wakes it too, when it is not already done at submit (shared
+  // memory RMA usually is: then arm() refuses until it is handed out).
+  auto& local = buffer(1 << 20, 0x33);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  ASSERT_TRUE(a_->submit(slice(1, *path, 1, Op::kWrite, local.data(), addr(remote.data()), *rr, local.size()), now())
+                  .is_ok());
+  // Software RMA over shared memory keeps the worker busy (arm refuses)
+  // until the peer has served it, so the peer is polled too until then.
+  bool armed = false;
+  while (done_a_.empty() && !(armed = a_->arm())) {
+    ASSERT_LT(now(), limit + 5'000'000'000) << "never armed nor completed";
+    poll_both();
+  }
+  if (armed) {
+    EXPECT_TRUE(readable_within(a_->event_fd(), [&] { b_->poll(now(), done_b_); }, 5s));
+    ASSERT_TRUE(wait_slices(1));
+  }
+  ASSERT_EQ(done_a_.size(), 1u);
+  EXPECT_TRUE(done_a_[0].status.is_ok());
+  EXPECT_EQ(remote, local);
+}
+
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm),
+                         [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace baton::transport
