@@ -41,7 +41,8 @@ class Codec {
 struct CodecProfile {
   double ratio = 1.0;             // raw bytes / compressed bytes (>= 1)
   double compress_gbps = 0.0;     // raw GB/s through compress()
-  double decompress_gbps = 0.0;   // raw GB/s through decompress()
+  double decompress_gbps = 0.0;   // raw GB/s through decompress(); +inf when
+                                  // the codec refused (ratio 1: nothing to undo)
 };
 
 // Runs the codec on `sample` (round trip checked byte for byte) and times it
