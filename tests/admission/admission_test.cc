@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "baton/engine/engine.h"
+#include "engine/completion_order.h"
 #include "baton/topology/probe.h"
 #include "baton/transport/sim_transport.h"
 
@@ -136,14 +137,7 @@ TEST(Admission, ReevaluationPromotesMidTransfer) {
   EXPECT_GE(e->admission().stats().reevaluations, 1u);
 }
 
-std::vector<RequestId> by_completion(Engine& e, const std::vector<RequestId>& ids) {
-  std::vector<std::pair<TimeNs, RequestId>> done;
-  for (RequestId id : ids) done.emplace_back(status_of(e, id).completed_ns, id);
-  std::ranges::sort(done);
-  std::vector<RequestId> out;
-  for (auto [t, id] : done) out.push_back(id);
-  return out;
-}
+using baton::testing::completion_order;
 
 TEST(Admission, EdfOrdersWaitingOwnersFifoKeepsArrival) {
   for (auto order : {sched::AdmissionOrder::kFifo, sched::AdmissionOrder::kEdf}) {
@@ -157,7 +151,7 @@ TEST(Admission, EdfOrdersWaitingOwnersFifoKeepsArrival) {
     const RequestId none = e->submit(req(kMiB, 0)).value();
     const RequestId middle = e->submit(req(kMiB, 60'000'000)).value();
     ASSERT_TRUE(e->run_until_idle().is_ok());
-    const auto order_seen = by_completion(*e, {blocker, late, soon, none, middle});
+    const auto order_seen = completion_order(*e, {blocker, late, soon, none, middle});
     if (order == sched::AdmissionOrder::kEdf) {
       EXPECT_EQ(order_seen, (std::vector<RequestId>{blocker, soon, middle, late, none}));
     } else {
@@ -177,7 +171,7 @@ TEST(Admission, CapacityLimitsAndNoHeadOfLineBlocking) {
   EXPECT_EQ(status_of(*e, a).state, RequestState::kRunning);
   EXPECT_EQ(e->admission().waiting(), 1u);  // only big waits for capacity
   ASSERT_TRUE(e->run_until_idle().is_ok());
-  EXPECT_EQ(by_completion(*e, {a, big, small}), (std::vector<RequestId>{a, small, big}));
+  EXPECT_EQ(completion_order(*e, {a, big, small}), (std::vector<RequestId>{a, small, big}));
 
   SchedPolicy q = SchedPolicy::defaults();
   q.admission.max_owners = 2;

@@ -8,6 +8,7 @@
 
 #include "baton/engine/engine.h"
 #include "baton/engine/mixed_workload.h"
+#include "engine/completion_order.h"
 
 namespace baton::sched {
 namespace {
@@ -87,14 +88,7 @@ SchedPolicy one_at_a_time(PolicyKind kind) {
   return p;
 }
 
-std::vector<RequestId> completion_order(Engine& e, const std::vector<RequestId>& ids) {
-  std::vector<std::pair<TimeNs, RequestId>> done;
-  for (RequestId id : ids) done.emplace_back(status_of(e, id).completed_ns, id);
-  std::ranges::sort(done);
-  std::vector<RequestId> out;
-  for (auto [t, id] : done) out.push_back(id);
-  return out;
-}
+using baton::testing::completion_order;
 
 TEST(Scheduler, ClassesAndLaxityOrderDispatch) {
   auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kDeadlineAware));

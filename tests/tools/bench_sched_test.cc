@@ -1,6 +1,5 @@
 // `baton bench mixed` / `ablation` as a user runs them: the JSON contract,
 // determinism by seed, and one-line errors for bad input.
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -8,31 +7,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "tools/baton_cli.h"
 
 namespace {
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using baton::testing::CommandRun;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CommandRun baton(const std::string& args) {
-  static int runs = 0;
-  const std::string stem = fmt::format("{}/baton_bench_{}_{}", ::testing::TempDir(), getpid(), runs++);
-  const std::string cmd = fmt::format("{} {} >{}.out 2>{}.err", BATON_BINARY, args, stem, stem);
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
-}
+CommandRun baton(const std::string& args) { return baton::testing::run_baton(args); }
 
 TEST(BenchMixed, JsonContractAndTheDeadlineAwareWin) {
   const CommandRun r = baton("bench mixed --duration-ms 40 --json -");

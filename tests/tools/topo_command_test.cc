@@ -1,7 +1,6 @@
 // `baton topo` as a user runs it: the JSON contract, the table, and a clear
 // one-line error with a non-zero exit for every bad input.
 #include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -10,40 +9,16 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
+
+#include "tools/baton_cli.h"
 
 namespace {
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using baton::testing::CommandRun;
+using baton::testing::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CommandRun baton(const std::string& args) {
-  // ctest runs tests in parallel: every run gets files of its own.
-  static int runs = 0;
-  const std::string stem = fmt::format("{}/baton_{}_{}_{}", ::testing::TempDir(), getpid(),
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), runs++);
-  const std::string out = stem + ".out";
-  const std::string err = stem + ".err";
-  const std::string cmd = std::string(BATON_BINARY) + " " + args + " >" + out + " 2>" + err;
-  const int status = std::system(cmd.c_str());
-  CommandRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+CommandRun baton(const std::string& args) { return baton::testing::run_baton(args); }
 
 std::string data(const std::string& name) {
   return std::string(BATON_TEST_DATA_DIR) + "/nvidia-smi-topo/" + name;

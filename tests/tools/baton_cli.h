@@ -1,0 +1,38 @@
+// Runs the `baton` binary as a user would and captures what it printed.
+// Each run gets files of its own: ctest runs tests in parallel.
+#pragma once
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace baton::testing {
+
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline CommandRun run_baton(const std::string& args) {
+  static int runs = 0;
+  const std::string stem = fmt::format("{}/baton_{}_{}_{}", ::testing::TempDir(), getpid(),
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), runs++);
+  const int status = std::system(fmt::format("{} {} >{}.out 2>{}.err", BATON_BINARY, args, stem, stem).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
+}
+
+}  // namespace baton::testing
