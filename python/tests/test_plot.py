@@ -125,3 +125,40 @@ def test_mlu_sweep_draws_a_png(tmp_path):
     r = run(write(tmp_path, doc), out)
     assert r.returncode == 0, r.stderr
     assert_png(out)
+
+
+def test_fault_timeline_draws_a_png(tmp_path):
+    timeline = [{"id": i + 1, "start_us": 200.0 * i, "end_us": 200.0 * i + (60.0 if 60 <= i < 130 else 5.0),
+                 "leg": "store" if 66 <= i < 134 else "direct", "status": "completed",
+                 "failovers": 1 if i == 66 else 0} for i in range(200)]
+    timeline[100]["status"] = "failed"
+    doc = {"requests": 200, "completed": 199, "dropped": 1, "recovery_us": 48.5,
+           "returned_to_direct_at_us": 26805.0, "kill_at_us": 13300.0, "restore_at_us": 26700.0,
+           "strategy": "failover_only",
+           "workload": {"direct": "gpu0->gpu1", "store": "nic1->gpu1", "handoff_bytes": 1 << 20},
+           "timeline": timeline}
+    out = tmp_path / "fault.png"
+    r = run(write(tmp_path, doc), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)
+
+
+def test_fault_timeline_without_recovery_still_draws(tmp_path):
+    doc = {"requests": 1, "completed": 1, "dropped": 0, "recovery_us": None, "returned_to_direct_at_us": None,
+           "kill_at_us": 10.0, "restore_at_us": 20.0,
+           "timeline": [{"id": 1, "start_us": 1.0, "end_us": 3.0, "leg": "direct", "status": "completed"}]}
+    out = tmp_path / "fault.png"
+    r = run(write(tmp_path, doc), out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_dualpath_draws_a_png(tmp_path):
+    lat = {"p50": 3.1, "p95": 4.0, "p99": 5.2}
+    doc = {"requests": 200, "strategy": "hedge", "wins": {"direct": 200, "store": 0}, "cancelled_legs": 200,
+           "latency_us": {"racing": lat, "direct_only": lat, "store_only": {"p50": 46.0, "p95": 80.0, "p99": 120.0}},
+           "wasted_bytes": 1 << 20, "workload": {"handoff_bytes": 1 << 20}}
+    out = tmp_path / "dualpath.png"
+    r = run(write(tmp_path, doc), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)

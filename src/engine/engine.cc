@@ -125,6 +125,13 @@ Result<sched::RequestStatus> Engine::status(sched::RequestId id) {
   return state_->admission->status(id);
 }
 
+Result<sched::RequestProgress> Engine::progress(sched::RequestId id) {
+  if (state_->loop->has_commands()) state_->loop->tick(now_ns());
+  auto p = state_->scheduler->progress(id);
+  if (!p && state_->admission->status(id)) return sched::RequestProgress{};  // still waiting in admission
+  return p;
+}
+
 const sched::SchedStats& Engine::stats() const { return state_->scheduler->stats(); }
 
 std::string Engine::metrics_text() {
@@ -159,6 +166,11 @@ Status Engine::run_until_idle(TimeNs limit_ns) {
 }
 
 TimeNs Engine::now_ns() const { return state_->driver->clock().now_ns(); }
+std::optional<TimeNs> Engine::next_event_ns() const {
+  if (state_->loop->has_commands()) return now_ns();
+  return state_->loop->next_event_ns();
+}
+MetricsRegistry& Engine::metrics() { return state_->metrics; }
 const topology::TopologyGraph& Engine::topology() const { return state_->graph; }
 transport::SimTransport& Engine::sim_transport() { return *state_->transport; }
 const sched::Scheduler& Engine::scheduler() const { return *state_->scheduler; }

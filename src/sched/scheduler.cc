@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -43,6 +44,7 @@ struct Request {
   RequestStatus status;
   std::uint64_t next_offset = 0;  // bytes before it have been sliced
   std::vector<Range> retry;       // sliced, failed or preempted: send again
+  std::vector<Range> delivered;   // completed ok, merged, ascending (progress())
   std::uint64_t unsent = 0;       // bytes not currently posted nor delivered
   int inflight = 0;               // slices posted and not yet completed
   int failures = 0;
@@ -120,6 +122,10 @@ class SliceTable {
     const std::uint64_t slot = id & ((1ULL << kSlotBits) - 1);
     return slot < slots_.size() && slots_[slot].id == id && id != 0 ? &slots_[slot] : nullptr;
   }
+  [[nodiscard]] const PostedSlice* find_const(SliceId id) const {
+    const std::uint64_t slot = id & ((1ULL << kSlotBits) - 1);
+    return slot < slots_.size() && slots_[slot].id == id && id != 0 ? &slots_[slot] : nullptr;
+  }
   void remove(SliceId id) {
     const auto slot = static_cast<std::uint32_t>(id & ((1ULL << kSlotBits) - 1));
     slots_[slot].id = 0;
@@ -159,6 +165,24 @@ struct PathRuntime {
 };
 
 double us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
+
+// Adds `r` to sorted, disjoint, merged `ranges`. Slices mostly land in
+// order, so the search ends near the back and the vector stays short.
+void add_range(std::vector<Range>& ranges, Range r) {
+  auto it = std::ranges::upper_bound(ranges, r.offset, {}, &Range::offset);
+  if (it != ranges.begin() && std::prev(it)->offset + std::prev(it)->length >= r.offset) {
+    --it;
+    const std::uint64_t end = std::max(it->offset + it->length, r.offset + r.length);
+    it->length = end - it->offset;
+  } else {
+    it = ranges.insert(it, r);
+  }
+  auto next = std::next(it);
+  while (next != ranges.end() && next->offset <= it->offset + it->length) {
+    it->length = std::max(it->offset + it->length, next->offset + next->length) - it->offset;
+    next = ranges.erase(next);
+  }
+}
 
 }  // namespace
 
@@ -382,7 +406,8 @@ struct Scheduler::State {
     const std::uint64_t wire = std::max<std::uint64_t>(
         1, static_cast<std::uint64_t>(std::llround(static_cast<double>(length) * r.wire_ratio)));
     const SliceId id = posted.add({0, &r, range, wire, path, lane});
-    if (Status s = transport.submit({id, path, lane, wire, {}}, now_ns); !s.is_ok()) {
+    const transport::SliceMemory memory{r.spec.op, nullptr, r.spec.remote_addr + range.offset, 0};
+    if (Status s = transport.submit({id, path, lane, wire, memory}, now_ns); !s.is_ok()) {
       posted.remove(id);
       r.retry.push_back(range);
       return false;
@@ -533,6 +558,9 @@ RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns
   if (st.posted.find(c.id) == nullptr) return 0;  // stopped by a cancel that lost the race
   const PostedSlice s = st.release(c.id);
   Request& r = *s.request;
+  // Recorded even after the request ended: a slice a cancel could not stop
+  // still landed, and a caller re-sending the rest must know.
+  if (c.status.is_ok()) add_range(r.delivered, s.range);
   if (r.ended()) return r.id;  // cancelled or failed: the bytes no longer matter
   if (c.status.is_ok()) {
     r.status.bytes_done += s.range.length;
@@ -626,6 +654,21 @@ Result<RequestStatus> Scheduler::status(RequestId id) const {
   const auto it = state_->requests.find(id);
   if (it == state_->requests.end()) return std::unexpected(Status::not_found("status: no request {}", id));
   return it->second.status;
+}
+
+Result<RequestProgress> Scheduler::progress(RequestId id) const {
+  const auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return std::unexpected(Status::not_found("progress: no request {}", id));
+  const Request& r = it->second;
+  RequestProgress p;
+  for (const Range& d : r.delivered) p.delivered.push_back({d.offset, d.length});
+  if (r.inflight > 0) {
+    std::vector<Range> posted;
+    for (SliceId sid : state_->posted.of(&r)) posted.push_back(state_->posted.find_const(sid)->range);
+    std::ranges::sort(posted, {}, &Range::offset);
+    for (const Range& q : posted) p.posted.push_back({q.offset, q.length});
+  }
+  return p;
 }
 
 Status Scheduler::forget(RequestId id) {

@@ -251,6 +251,56 @@ TEST(Scheduler, DeadPathIsSkippedAndAFaultMidFlightLosesNothing) {
   }
 }
 
+TEST(Scheduler, ProgressReportsDeliveredAndPostedRangesAtTheRequestsAddress) {
+  transport::SimConfig sim;
+  sim.record_deliveries = true;
+  auto e = make_engine("nvswitch8", SchedPolicy::defaults(), sim);
+  TransferRequest r{"gpu0", "gpu1", 8 * kMiB};
+  r.remote_addr = 1ULL << 40;
+  const RequestId id = e->submit(r).value();
+  ASSERT_TRUE(e->run_until(1'000).is_ok());  // part way: some slices landed, some posted
+  auto mid = e->progress(id);
+  ASSERT_TRUE(mid.has_value());
+  EXPECT_FALSE(mid->posted.empty());
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  auto done = e->progress(id);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->delivered, (std::vector<ByteRange>{{0, 8 * kMiB}}));
+  EXPECT_TRUE(done->posted.empty());
+  // Every slice carried the request's address plus its offset.
+  std::uint64_t bytes = 0;
+  for (const transport::SimDelivery& d : e->sim_transport().deliveries()) {
+    EXPECT_GE(d.remote_addr, r.remote_addr);
+    EXPECT_LE(d.remote_addr + d.bytes, r.remote_addr + 8 * kMiB);
+    bytes += d.bytes;
+  }
+  EXPECT_EQ(bytes, 8 * kMiB);
+  EXPECT_EQ(e->progress(9999).error().code(), StatusCode::kNotFound);
+}
+
+// Slices of a failed request that land anyway are still reported delivered.
+TEST(Scheduler, ProgressOfAFailedRequestNamesWhatLandedBeforeTheFault) {
+  auto e = make_engine("nvswitch8");
+  const RequestId id = e->submit({"gpu0", "gpu1", 64 * kMiB}).value();
+  ASSERT_TRUE(e->run_until(50'000).is_ok());
+  const auto& paths = e->sim_transport().paths();
+  for (PathId p = 0; p < paths.size(); ++p) {
+    if (paths[p].from == "gpu0" && paths[p].to == "gpu1") {
+      ASSERT_TRUE(e->sim_transport().set_path_down(p, true, e->now_ns()).is_ok());
+    }
+  }
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  const RequestStatus s = status_of(*e, id);
+  EXPECT_EQ(s.state, RequestState::kFailed);
+  const auto p = e->progress(id).value();
+  EXPECT_TRUE(p.posted.empty());
+  std::uint64_t delivered = 0;
+  for (const ByteRange& r : p.delivered) delivered += r.length;
+  EXPECT_EQ(delivered, s.bytes_done);
+  EXPECT_GT(delivered, 0u);
+  EXPECT_LT(delivered, 64 * kMiB);
+}
+
 TEST(Scheduler, SpillsToTheFallbackOnlyWhenWaitingWouldMissTheDeadline) {
   auto run = [](TimeNs relative_deadline) {
     auto e = make_engine("nvlink-pairs");

@@ -138,6 +138,27 @@ TEST(SimTransport, ErrorProbabilityAndJitterAreSeeded) {
   EXPECT_NE(run(jitter).back().at_ns, a.back().at_ns);
 }
 
+TEST(SimTransport, RecordsDeliveriesOnlyWhenAskedAndOnlyWhatLanded) {
+  SimConfig config;
+  config.record_deliveries = true;
+  auto t = make({path(1, 1.0, 0.0), path(1, 1.0, 0.0)}, config);
+  SliceSubmit a = slice(1, 0, 0, 1000);
+  a.memory.remote_addr = 4096;
+  ASSERT_TRUE(t->submit(a, 0).is_ok());
+  ASSERT_TRUE(t->submit(slice(2, 1, 0, 1000), 0).is_ok());
+  ASSERT_TRUE(t->set_path_down(1, true, 500).is_ok());  // slice 2 never lands
+  (void)drain(*t, 10'000);
+  ASSERT_EQ(t->deliveries().size(), 1u);
+  EXPECT_EQ(t->deliveries()[0].path, 0u);
+  EXPECT_EQ(t->deliveries()[0].remote_addr, 4096u);
+  EXPECT_EQ(t->deliveries()[0].bytes, 1000u);
+  EXPECT_EQ(t->deliveries()[0].at_ns, 1000);
+  auto quiet = make({path(1, 1.0, 0.0)});
+  ASSERT_TRUE(quiet->submit(slice(1, 0, 0, 10), 0).is_ok());
+  (void)drain(*quiet, 100);
+  EXPECT_TRUE(quiet->deliveries().empty());
+}
+
 TEST(SimTransport, RefusesBadInput) {
   auto t = make({path(2, 1.0, 0.0)});
   EXPECT_EQ(t->submit(slice(1, 5, 0, 10), 0).code(), StatusCode::kInvalidArgument);

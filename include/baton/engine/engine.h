@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "baton/admission/admission.h"
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
+#include "baton/engine/metrics.h"
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
 #include "baton/topology/graph.h"
@@ -57,6 +59,10 @@ class Engine {
   [[nodiscard]] std::string metrics_text();
 
   [[nodiscard]] Result<sched::RequestStatus> status(sched::RequestId id);
+  // Which byte ranges of a request landed and which are still posted
+  // (Scheduler::progress); empty while admission still holds it. For a layer
+  // that moves the missing rest of a transfer elsewhere (dualpath).
+  [[nodiscard]] Result<sched::RequestProgress> progress(sched::RequestId id);
   [[nodiscard]] const sched::SchedStats& stats() const;
 
   // Virtual clock: advance to `t_ns`, running everything due on the way.
@@ -66,12 +72,19 @@ class Engine {
   // longer than `limit_ns` of virtual time (a stuck workload, not a hang).
   [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
   [[nodiscard]] TimeNs now_ns() const;
+  // The next instant the loop has work without new input (now when commands
+  // wait); nullopt when idle. Lets a layer on top (dualpath) interleave its
+  // own timers with the engine's events, one instant at a time.
+  [[nodiscard]] std::optional<TimeNs> next_event_ns() const;
 
   [[nodiscard]] const topology::TopologyGraph& topology() const;
   [[nodiscard]] transport::SimTransport& sim_transport();
   [[nodiscard]] const sched::Scheduler& scheduler() const;
   // Admission: register the local-recompute callback and a codec here.
   [[nodiscard]] admission::AdmissionController& admission();
+  // The registry metrics_text() exports, for layers on top that add their
+  // own counters (dualpath).
+  [[nodiscard]] MetricsRegistry& metrics();
 
  private:
   struct State;

@@ -33,6 +33,29 @@ struct TransferRequest {
   TimeNs deadline_ns = 0;   // absolute, on the loop's clock; 0 = none
   bool preemptible = true;  // may its posted slices be cancelled for a higher class?
   transport::Op op = transport::Op::kWrite;
+  // Where byte 0 lands at the destination; each slice carries `remote_addr +
+  // its offset` in SliceMemory, so a request can carry part of a larger
+  // transfer (dualpath's failover sends only the ranges still missing) and a
+  // transport can address, or the simulator record, exactly which bytes moved.
+  std::uint64_t remote_addr = 0;
+};
+
+// A byte range of a request: [offset, offset + length).
+struct ByteRange {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  friend bool operator==(const ByteRange&, const ByteRange&) = default;
+};
+
+// Which bytes of a request the transport confirmed, for a caller that must
+// move the rest elsewhere without sending anything twice (dualpath failover).
+// `delivered`: ranges whose slices completed ok, merged and ascending,
+// including slices a cancel could not stop that landed after the request
+// ended. `posted`: ranges of slices still on a transport; they may yet land
+// or fail, so they are neither delivered nor free to re-send.
+struct RequestProgress {
+  std::vector<ByteRange> delivered;
+  std::vector<ByteRange> posted;
 };
 
 // kInfeasible: admission ended it with deadline_infeasible (and signalled
@@ -121,6 +144,8 @@ class Scheduler {
   void dispatch(TimeNs now_ns);
 
   [[nodiscard]] Result<RequestStatus> status(RequestId id) const;
+  // not_found for an unknown (or forgotten) id.
+  [[nodiscard]] Result<RequestProgress> progress(RequestId id) const;
   // Drops an ended request's record (status() then answers not_found), so a
   // long-running loop does not grow. invalid_argument while it is still live.
   [[nodiscard]] Status forget(RequestId id);

@@ -25,6 +25,18 @@ struct SimConfig {
   double jitter = 0.0;
   double error_probability = 0.0;  // per slice, reported as unavailable
   std::vector<SimFault> faults;
+  // Keep a record of every slice delivered (deliveries()), so a test can check
+  // that each byte of a transfer landed exactly once. Off by default: a long
+  // run would grow it without bound.
+  bool record_deliveries = false;
+};
+
+// One slice that landed: `bytes` at `remote_addr` on the destination of `path`.
+struct SimDelivery {
+  PathId path = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint64_t bytes = 0;
+  TimeNs at_ns = 0;
 };
 
 class SimTransport final : public Transport {
@@ -54,6 +66,8 @@ class SimTransport final : public Transport {
   // Totals, for tests that check that bytes are neither lost nor invented.
   [[nodiscard]] std::uint64_t bytes_delivered() const;
   [[nodiscard]] std::uint64_t bytes_wasted() const;
+  // In completion order; empty unless SimConfig::record_deliveries.
+  [[nodiscard]] const std::vector<SimDelivery>& deliveries() const;
 
  private:
   struct State;

@@ -58,6 +58,7 @@ struct SimTransport::State {
   std::vector<Completion> failed;     // failures not yet handed out by poll
   std::uint64_t delivered = 0;
   std::uint64_t wasted = 0;
+  std::vector<SimDelivery> deliveries;  // when config.record_deliveries
 
   void start_head(SimPath& path, Lane& lane, TimeNs at_ns) {
     if (lane.fifo.empty()) return;
@@ -250,6 +251,9 @@ void SimTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
       status = Status::unavailable("sim: injected error on {}", st.paths[s.submit.path].info.name());
     } else {
       st.delivered += s.submit.bytes;
+      if (st.config.record_deliveries) {
+        st.deliveries.push_back({s.submit.path, s.submit.memory.remote_addr, s.submit.bytes, t});
+      }
     }
     out.push_back({id, s.submit.path, s.submit.lane, s.submit.bytes, t, std::move(status)});
   }
@@ -281,5 +285,6 @@ Status SimTransport::set_path_down(PathId path, bool down, TimeNs now_ns) {
 
 std::uint64_t SimTransport::bytes_delivered() const { return state_->delivered; }
 std::uint64_t SimTransport::bytes_wasted() const { return state_->wasted; }
+const std::vector<SimDelivery>& SimTransport::deliveries() const { return state_->deliveries; }
 
 }  // namespace baton::transport
