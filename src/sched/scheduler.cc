@@ -44,7 +44,11 @@ struct Request {
   RequestStatus status;
   std::uint64_t next_offset = 0;  // bytes before it have been sliced
   std::vector<Range> retry;       // sliced, failed or preempted: send again
-  std::vector<Range> delivered;   // completed ok, merged, ascending (progress())
+  // Completed ok, for progress(): [0, delivered_prefix) plus the ranges that
+  // landed beyond it (merged, ascending). Slices mostly land in order, so the
+  // prefix grows and the vector stays empty: no allocation per request.
+  std::uint64_t delivered_prefix = 0;
+  std::vector<Range> delivered_beyond;
   std::uint64_t unsent = 0;       // bytes not currently posted nor delivered
   int inflight = 0;               // slices posted and not yet completed
   int failures = 0;
@@ -118,10 +122,7 @@ class SliceTable {
     slots_[slot] = s;
     return s.id;
   }
-  [[nodiscard]] PostedSlice* find(SliceId id) {
-    const std::uint64_t slot = id & ((1ULL << kSlotBits) - 1);
-    return slot < slots_.size() && slots_[slot].id == id && id != 0 ? &slots_[slot] : nullptr;
-  }
+  [[nodiscard]] PostedSlice* find(SliceId id) { return const_cast<PostedSlice*>(find_const(id)); }
   [[nodiscard]] const PostedSlice* find_const(SliceId id) const {
     const std::uint64_t slot = id & ((1ULL << kSlotBits) - 1);
     return slot < slots_.size() && slots_[slot].id == id && id != 0 ? &slots_[slot] : nullptr;
@@ -166,8 +167,7 @@ struct PathRuntime {
 
 double us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
 
-// Adds `r` to sorted, disjoint, merged `ranges`. Slices mostly land in
-// order, so the search ends near the back and the vector stays short.
+// Adds `r` to sorted, disjoint, merged `ranges`.
 void add_range(std::vector<Range>& ranges, Range r) {
   auto it = std::ranges::upper_bound(ranges, r.offset, {}, &Range::offset);
   if (it != ranges.begin() && std::prev(it)->offset + std::prev(it)->length >= r.offset) {
@@ -181,6 +181,19 @@ void add_range(std::vector<Range>& ranges, Range r) {
   while (next != ranges.end() && next->offset <= it->offset + it->length) {
     it->length = std::max(it->offset + it->length, next->offset + next->length) - it->offset;
     next = ranges.erase(next);
+  }
+}
+
+// Records a delivered range as a prefix plus the ranges beyond it.
+void record_delivered(std::uint64_t& prefix, std::vector<Range>& beyond, Range r) {
+  if (r.offset > prefix) {
+    add_range(beyond, r);
+    return;
+  }
+  prefix = std::max(prefix, r.offset + r.length);
+  while (!beyond.empty() && beyond.front().offset <= prefix) {
+    prefix = std::max(prefix, beyond.front().offset + beyond.front().length);
+    beyond.erase(beyond.begin());
   }
 }
 
@@ -560,7 +573,7 @@ RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns
   Request& r = *s.request;
   // Recorded even after the request ended: a slice a cancel could not stop
   // still landed, and a caller re-sending the rest must know.
-  if (c.status.is_ok()) add_range(r.delivered, s.range);
+  if (c.status.is_ok()) record_delivered(r.delivered_prefix, r.delivered_beyond, s.range);
   if (r.ended()) return r.id;  // cancelled or failed: the bytes no longer matter
   if (c.status.is_ok()) {
     r.status.bytes_done += s.range.length;
@@ -661,7 +674,8 @@ Result<RequestProgress> Scheduler::progress(RequestId id) const {
   if (it == state_->requests.end()) return std::unexpected(Status::not_found("progress: no request {}", id));
   const Request& r = it->second;
   RequestProgress p;
-  for (const Range& d : r.delivered) p.delivered.push_back({d.offset, d.length});
+  if (r.delivered_prefix > 0) p.delivered.push_back({0, r.delivered_prefix});
+  for (const Range& d : r.delivered_beyond) p.delivered.push_back({d.offset, d.length});
   if (r.inflight > 0) {
     std::vector<Range> posted;
     for (SliceId sid : state_->posted.of(&r)) posted.push_back(state_->posted.find_const(sid)->range);
