@@ -1,13 +1,13 @@
 // `baton bench mlu-sweep`: MLU and SLO attainment versus deadline under FIFO,
 // EDF and EDF + drop + degrade (docs/admission.md).
 #include <cmath>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "baton/engine/mlu_sweep.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace baton::cli {
 namespace {
@@ -76,15 +76,7 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
                    ? fmt::format(", decompress {:.2f} GB/s", result->codec_decompress_gbps)
                    : std::string(" (it never shrank the data, so nothing to decompress)"));
   }
-  if (o.json_path.empty()) return 0;
-  if (o.json_path == "-") {
-    fmt::print("{}\n", j.dump(2));
-    return 0;
-  }
-  std::ofstream out(o.json_path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return fail(Status::unavailable("cannot write JSON to \"{}\"", o.json_path));
+  if (Status s = write_json_output(j.dump(2), o.json_path); !s.is_ok()) return fail(s);
   return 0;
 }
 

@@ -3,7 +3,6 @@
 // `baton bench fault`: the direct leg dies mid-run and comes back.
 // Both run on the nvswitch8 model under the virtual clock (docs/dualpath.md).
 #include <algorithm>
-#include <fstream>
 #include <random>
 
 #include <fmt/format.h>
@@ -13,6 +12,7 @@
 #include "baton/common/units.h"
 #include "baton/dualpath/dualpath.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace baton::cli {
 namespace {
@@ -40,15 +40,7 @@ int fail(std::string_view mode, const Status& s) {
 }
 
 int write_json(std::string_view mode, const ordered_json& j, const std::string& path) {
-  if (path.empty()) return 0;
-  if (path == "-") {
-    fmt::print("{}\n", j.dump(2));
-    return 0;
-  }
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return fail(mode, Status::unavailable("cannot write JSON to \"{}\"", path));
+  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(mode, s);
   return 0;
 }
 

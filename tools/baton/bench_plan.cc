@@ -2,7 +2,6 @@
 // to requester, and how small its wire form is against the naive encoding,
 // on a vLLM-shaped fixture. Every timing is the median of --repeat runs.
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "baton/plan/wire.h"
 #include "baton/topology/probe.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace baton::cli {
 namespace {
@@ -154,16 +154,8 @@ int run_bench_plan(PlanBenchOptions o) {
       {"naive_wire_bytes", naive.size()},
       {"ops", ops},
   };
-  if (o.json_path == "-") {
-    fmt::print("{}\n", j.dump(2));
-    return 0;
-  }
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out) return fail(Status::unavailable("cannot write JSON to \"{}\"", o.json_path));
-  }
+  if (Status s = write_json_output(j.dump(2), o.json_path); !s.is_ok()) return fail(s);
+  if (o.json_path == "-") return 0;
   fmt::print("plan: {} blocks × {} slots × {} segments, NUMA {}, median of {} runs (naive: {})\n", table.blocks(),
              table.slots(), table.segments_per_slot(), o.numa, o.repeat, o.naive_repeat);
   fmt::print(

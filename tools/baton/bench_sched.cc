@@ -1,7 +1,6 @@
 // `baton bench mixed` and `baton bench ablation`: the scheduler's claims,
 // measured on the seed workload under the virtual clock (same seed, same JSON).
 #include <cstdio>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -9,6 +8,7 @@
 #include "baton/common/units.h"
 #include "baton/engine/mixed_workload.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace baton::cli {
 namespace {
@@ -70,15 +70,7 @@ ordered_json class_json(const engine::ClassResult& r, bool decode) {
 }
 
 int write_json(const ordered_json& j, const std::string& path) {
-  if (path.empty()) return 0;
-  if (path == "-") {
-    fmt::print("{}\n", j.dump(2));
-    return 0;
-  }
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return fail(Status::unavailable("cannot write JSON to \"{}\"", path));
+  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(s);
   return 0;
 }
 

@@ -1,6 +1,5 @@
 // `baton topo`: what Baton sees of a machine and how it would route on it.
 #include <cstdio>
-#include <fstream>
 #include <map>
 
 #include <fmt/core.h>
@@ -10,6 +9,7 @@
 #include "baton/topology/json.h"
 #include "baton/topology/probe.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace baton::cli {
 namespace {
@@ -111,16 +111,8 @@ int run_topo(const TopoOptions& o) {
   auto graph = TopologyGraph::build(*facts);
   if (!graph) return fail(graph.error());
 
-  if (o.json_path == "-") {
-    fmt::print("{}\n", to_json(*graph));
-    return 0;
-  }
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << to_json(*graph) << "\n";
-    out.close();
-    if (!out) return fail(Status::unavailable("cannot write JSON to \"{}\"", o.json_path));
-  }
+  if (Status s = write_json_output(to_json(*graph), o.json_path); !s.is_ok()) return fail(s);
+  if (o.json_path == "-") return 0;
   print_table(*graph);
   return 0;
 }

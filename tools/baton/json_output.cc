@@ -1,0 +1,22 @@
+#include "json_output.h"
+
+#include <fstream>
+
+#include <fmt/core.h>
+
+namespace baton::cli {
+
+Status write_json_output(const std::string& json, const std::string& path) {
+  if (path.empty()) return Status::ok();
+  if (path == "-") {
+    fmt::print("{}\n", json);
+    return Status::ok();
+  }
+  std::ofstream out(path);
+  out << json << "\n";
+  out.close();
+  if (!out) return Status::unavailable("cannot write JSON to \"{}\"", path);
+  return Status::ok();
+}
+
+}  // namespace baton::cli
