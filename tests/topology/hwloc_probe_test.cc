@@ -234,6 +234,9 @@ class ScopedHwlocXml {
   explicit ScopedHwlocXml(const std::string& xml)
       : path_(::testing::TempDir() + "baton_hwloc_" + std::to_string(getpid()) + ".xml") {
     if (const char* old = std::getenv("HWLOC_XMLFILE")) previous_ = old;
+    // A component list (sanitizer runs set one) would override the XML file.
+    if (const char* old = std::getenv("HWLOC_COMPONENTS")) previous_components_ = old;
+    unsetenv("HWLOC_COMPONENTS");
     std::ofstream(path_) << xml;
     setenv("HWLOC_XMLFILE", path_.c_str(), 1);
   }
@@ -243,6 +246,7 @@ class ScopedHwlocXml {
     } else {
       unsetenv("HWLOC_XMLFILE");
     }
+    if (previous_components_) setenv("HWLOC_COMPONENTS", previous_components_->c_str(), 1);
     std::remove(path_.c_str());
   }
   ScopedHwlocXml(const ScopedHwlocXml&) = delete;
@@ -251,6 +255,7 @@ class ScopedHwlocXml {
  private:
   std::string path_;
   std::optional<std::string> previous_;
+  std::optional<std::string> previous_components_;
 };
 
 TEST(ProbeHwlocXml, ClassifiesEveryPairOnATwoSocketTree) {
