@@ -221,6 +221,7 @@ struct Scheduler::State {
   std::vector<PathRuntime> paths;
   std::map<std::tuple<std::string, std::string, topology::PathType>, PathId> path_index;
   std::unordered_map<std::string, std::vector<PathId>> chains;  // "from|to" → chain
+  std::set<std::string> peer_chains;  // keys of chains made of transport paths alone
   std::unordered_map<RequestId, Request> requests;
   SliceTable posted;
   std::set<PathId> busy_queues;  // paths whose queue is not empty
@@ -233,18 +234,37 @@ struct Scheduler::State {
 
   [[nodiscard]] bool deadline_aware() const { return policy.kind == PolicyKind::kDeadlineAware; }
 
-  // The transport paths from `from` to `to`, best first; computed once per pair.
+  // The transport paths from `from` to `to`, best first; computed once per
+  // pair. Topology endpoints route on the topology's chain. Endpoints the
+  // topology does not know (peers named host:port) route on the transport's
+  // own paths between them, fastest first; those chains grow as the
+  // transport connects more paths (sync_paths).
   Result<const std::vector<PathId>*> chain_for(const std::string& from, const std::string& to) {
+    sync_paths();
     std::string key = from;
     key += '|';
     key += to;
     auto it = chains.find(key);
     if (it == chains.end()) {
       auto ranked = graph.rank(from, to);
-      if (!ranked) return std::unexpected(Status(ranked.error().code(), "submit: " + ranked.error().message()));
       std::vector<PathId> chain;
-      for (const topology::Link& l : ranked->chain) {
-        if (auto p = path_index.find({l.from, l.to, l.path}); p != path_index.end()) chain.push_back(p->second);
+      if (ranked) {
+        for (const topology::Link& l : ranked->chain) {
+          if (auto p = path_index.find({l.from, l.to, l.path}); p != path_index.end()) chain.push_back(p->second);
+        }
+      } else if (ranked.error().code() == StatusCode::kNotFound) {
+        for (PathId id = 0; id < paths.size(); ++id) {
+          if (paths[id].info.from == from && paths[id].info.to == to) chain.push_back(id);
+        }
+        if (chain.empty()) {
+          return std::unexpected(Status::not_found(
+              "submit: {} -> {}: not both topology nodes ({}), and the transport has no path between them", from,
+              to, ranked.error().message()));
+        }
+        sort_by_bandwidth(chain);
+        peer_chains.insert(key);
+      } else {
+        return std::unexpected(Status(ranked.error().code(), "submit: " + ranked.error().message()));
       }
       it = chains.emplace(std::move(key), std::move(chain)).first;
     }
@@ -252,6 +272,50 @@ struct Scheduler::State {
       return std::unexpected(Status::unavailable("submit: the transport has no path from {} to {}", from, to));
     }
     return &it->second;
+  }
+
+  void sort_by_bandwidth(std::vector<PathId>& chain) const {
+    std::ranges::stable_sort(chain, [this](PathId a, PathId b) { return paths[a].bytes_per_ns > paths[b].bytes_per_ns; });
+  }
+
+  void add_path(PathId id, const transport::PathInfo& info) {
+    PathRuntime p;
+    p.info = info;
+    p.credits = policy.credits_for(info.type);
+    p.credits.lanes = std::min(p.credits.lanes, info.lanes);  // cannot use lanes the path lacks
+    p.slice_bytes = policy.slice_for(info.type);
+    p.bytes_per_ns = info.bandwidth_gbps;
+    p.latency_ns = static_cast<TimeNs>(info.latency_us * 1000.0);
+    // A lane learns that a slice landed one latency after it left, so it needs
+    // 1 + latency·bandwidth/slice slices queued to never sit idle. Deeper than
+    // that only adds queueing in front of an urgent slice; shallower starves
+    // the link (64 KiB slices on NVSwitch ran at 38% of the link).
+    const double lane_bytes_per_ns = p.bytes_per_ns / info.lanes;
+    const double bdp_slices = static_cast<double>(p.latency_ns) * lane_bytes_per_ns / static_cast<double>(p.slice_bytes);
+    p.credits.slices_per_lane = std::max(p.credits.slices_per_lane, 1 + static_cast<int>(std::ceil(bdp_slices)));
+    p.lane_load.assign(info.lanes, 0);
+    paths.push_back(std::move(p));
+    path_index[{info.from, info.to, info.type}] = id;
+  }
+
+  // A transport may offer more paths as it runs (a UCX peer connects): take
+  // them on, and extend the peer chains they belong to. Chains are extended
+  // in place, since queued requests point at them.
+  void sync_paths() {
+    const auto& infos = transport.paths();
+    if (infos.size() == paths.size()) return;
+    const auto first_new = static_cast<PathId>(paths.size());
+    for (PathId id = first_new; id < infos.size(); ++id) add_path(id, infos[id]);
+    for (const std::string& key : peer_chains) {
+      std::vector<PathId>& chain = chains.at(key);
+      const auto bar = key.find('|');
+      const std::string_view from = std::string_view(key).substr(0, bar);
+      const std::string_view to = std::string_view(key).substr(bar + 1);
+      for (PathId id = first_new; id < paths.size(); ++id) {
+        if (paths[id].info.from == from && paths[id].info.to == to) chain.push_back(id);
+      }
+      sort_by_bandwidth(chain);
+    }
   }
 
   // The time-invariant part of the urgency (see the file comment).
@@ -506,27 +570,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const topology::TopologyGra
                                                      transport::Transport& transport) {
   if (Status s = policy.validate(); !s.is_ok()) return std::unexpected(s);
   auto st = std::make_unique<State>(graph, policy, transport);
-  const auto& infos = transport.paths();
-  for (PathId id = 0; id < infos.size(); ++id) {
-    const transport::PathInfo& info = infos[id];
-    PathRuntime p;
-    p.info = info;
-    p.credits = policy.credits_for(info.type);
-    p.credits.lanes = std::min(p.credits.lanes, info.lanes);  // cannot use lanes the path lacks
-    p.slice_bytes = policy.slice_for(info.type);
-    p.bytes_per_ns = info.bandwidth_gbps;
-    p.latency_ns = static_cast<TimeNs>(info.latency_us * 1000.0);
-    // A lane learns that a slice landed one latency after it left, so it needs
-    // 1 + latency·bandwidth/slice slices queued to never sit idle. Deeper than
-    // that only adds queueing in front of an urgent slice; shallower starves
-    // the link (64 KiB slices on NVSwitch ran at 38% of the link).
-    const double lane_bytes_per_ns = p.bytes_per_ns / info.lanes;
-    const double bdp_slices = static_cast<double>(p.latency_ns) * lane_bytes_per_ns / static_cast<double>(p.slice_bytes);
-    p.credits.slices_per_lane = std::max(p.credits.slices_per_lane, 1 + static_cast<int>(std::ceil(bdp_slices)));
-    p.lane_load.assign(info.lanes, 0);
-    st->paths.push_back(std::move(p));
-    st->path_index[{info.from, info.to, info.type}] = id;
-  }
+  st->sync_paths();
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(st)));
 }
 
@@ -637,6 +681,7 @@ Result<transport::PathId> Scheduler::route(const std::string& from, const std::s
 
 void Scheduler::dispatch(TimeNs now_ns) {
   State& st = *state_;
+  st.sync_paths();
   // Pass 1: every path serves its own queue. Pass 2: what is still blocked
   // may spill to a fallback with credits left over, or preempt.
   for (int pass = 0; pass < 2; ++pass) {

@@ -8,6 +8,7 @@
 
 #include "baton/engine/engine.h"
 #include "baton/engine/mixed_workload.h"
+#include "baton/topology/probe.h"
 #include "engine/completion_order.h"
 
 namespace baton::sched {
@@ -365,6 +366,71 @@ TEST(Scheduler, EngineRefusesBadRequests) {
   bad = {};
   bad.policy.w_aging = -1;
   EXPECT_EQ(Engine::create(bad).error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton::sched
+
+namespace baton::sched {
+namespace {
+
+// A transport whose paths appear while it runs (as UCX peers connect), and
+// whose slices land the instant they are posted: enough to test routing on
+// paths the topology does not know.
+class GrowingTransport final : public transport::Transport {
+ public:
+  void add(transport::PathInfo info) { paths_.push_back(std::move(info)); }
+  const std::vector<transport::PathInfo>& paths() const override { return paths_; }
+  Status submit(const transport::SliceSubmit& s, TimeNs now_ns) override {
+    landed_.push_back({s.id, s.path, s.lane, s.bytes, now_ns, Status::ok()});
+    return Status::ok();
+  }
+  transport::CancelResult cancel(transport::SliceId, TimeNs) override { return {}; }
+  void poll(TimeNs, std::vector<transport::Completion>& out) override {
+    out.insert(out.end(), landed_.begin(), landed_.end());
+    landed_.clear();
+  }
+  std::optional<TimeNs> next_event_ns() const override { return std::nullopt; }
+  bool path_healthy(transport::PathId path, TimeNs) const override { return path < paths_.size(); }
+
+ private:
+  std::vector<transport::PathInfo> paths_;
+  std::vector<transport::Completion> landed_;
+};
+
+void drain(Scheduler& s, GrowingTransport& t, TimeNs now) {
+  for (int round = 0; round < 1000; ++round) {
+    s.dispatch(now);
+    std::vector<transport::Completion> done;
+    t.poll(now, done);
+    if (done.empty()) return;
+    for (const auto& c : done) s.on_completion(c, now);
+  }
+}
+
+TEST(Scheduler, RoutesPeersOnTransportPathsThatAppearWhileRunning) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  const TransferRequest to_peer{"127.0.0.1:5000", "127.0.0.1:6000", 1 * kMiB, QosClass::kHotKv, 0, true};
+  // No path to the peer yet: refused at once, not queued forever.
+  EXPECT_EQ(s->submit(1, to_peer, 0).code(), StatusCode::kNotFound);
+
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  ASSERT_TRUE(s->submit(2, to_peer, 0).is_ok());
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(2)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->load(0).bytes_completed, 1 * kMiB);
+
+  // A faster path to the same peer connects: new work takes it first.
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kShm, 2, 12.0, 1.0});
+  ASSERT_TRUE(s->submit(3, to_peer, 0).is_ok());
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(3)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->load(1).bytes_completed, 1 * kMiB);
+  EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).value(), 1u);
+  // Topology endpoints are not confused with peers.
+  EXPECT_EQ(s->submit(4, {"gpu0", "nic9", 1, QosClass::kHotKv, 0, true}, 0).code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -110,9 +110,12 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. invalid_argument for zero bytes or identical endpoints;
-  // not_found for an endpoint the topology lacks; unavailable when the
-  // transport offers no path between them. A deadline already past is
+  // Queues a request. Endpoints are topology nodes (routed on the topology's
+  // chain) or names the transport's paths use, such as a peer's host:port
+  // (routed on those paths, fastest first; paths the transport adds later
+  // join the chain). invalid_argument for zero bytes or identical endpoints;
+  // not_found when neither way knows the endpoints; unavailable when the
+  // transport offers no path of the topology's chain. A deadline already past is
   // accepted: the request is simply late, and most urgent.
   // `id` is the caller's (the engine hands ids out before the loop sees the
   // request); already_exists when it is in use.
@@ -153,6 +156,7 @@ class Scheduler {
   // failed, cancelled). The hook must not call back into the scheduler.
   void set_finish_hook(std::function<void(RequestId)> hook);
   [[nodiscard]] const SchedStats& stats() const;
+  // Valid until the transport offers more paths (the table then grows).
   [[nodiscard]] const PathLoad& load(transport::PathId path) const;
   [[nodiscard]] std::size_t queued_requests() const;  // not yet ended
   [[nodiscard]] const SchedPolicy& policy() const;
