@@ -7,15 +7,7 @@
 namespace baton::plan {
 namespace {
 
-std::string varint(std::uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
+using testing::varint;
 std::string field(int number, std::uint64_t v) { return varint(number << 3) + varint(v); }
 std::string message_field(int number, const std::string& body) {
   return varint((number << 3) | 2) + varint(body.size()) + body;

@@ -39,4 +39,15 @@ inline topology::TopologyGraph nic_graph(const std::vector<int>& nics_per_numa) 
   return topology::TopologyGraph::build(f).value();
 }
 
+// Protobuf's base-128 varint, for hand-made (and malformed) wire bytes.
+inline std::string varint(std::uint64_t v) {
+  std::string out;
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+
 }  // namespace baton::plan::testing

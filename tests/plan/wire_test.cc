@@ -13,15 +13,7 @@ namespace {
 // Protobuf merges concatenated messages (repeated fields append, scalars are
 // replaced), so appending hand-made fields to a valid plan makes each kind
 // of malformed input without the generated header.
-std::string varint(std::uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
+using testing::varint;
 std::string scalar_field(int number, std::uint64_t v) { return varint(number << 3) + varint(v); }
 std::string packed_field(int number, const std::vector<std::uint64_t>& values) {
   std::string body;
