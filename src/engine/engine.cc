@@ -1,6 +1,9 @@
 #include "baton/engine/engine.h"
 
 #include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
 
 #include "baton/engine/metrics.h"
 #include "baton/topology/probe.h"
@@ -15,6 +18,7 @@ struct Engine::State {
   std::unique_ptr<admission::AdmissionController> admission;
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<VirtualClockDriver> driver;
+  std::unique_ptr<WallClockDriver> wall;  // set when the engine runs on the wall clock
   std::atomic<sched::RequestId> next_id{1};
   MetricsRegistry metrics;
   // What metrics_text() last exported, so counters grow by the difference.
@@ -47,7 +51,24 @@ void declare_metrics(MetricsRegistry& m) {
 }  // namespace
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
-Engine::~Engine() = default;
+
+Engine::~Engine() {
+  if (state_->wall) state_->wall->stop();  // the loop thread goes before what it uses
+}
+
+// Runs `f` on the loop: posted and awaited under the wall clock (the loop
+// thread owns the state); directly, after the pending commands, otherwise.
+template <typename F>
+auto Engine::on_loop(F f) -> decltype(f()) {
+  if (!state_->wall) {
+    if (state_->loop->has_commands()) state_->loop->tick(now_ns());
+    return f();
+  }
+  auto done = std::make_shared<std::promise<decltype(f())>>();
+  auto result = done->get_future();
+  state_->loop->post([done, f = std::move(f)](admission::AdmissionController&, TimeNs) { done->set_value(f()); });
+  return result.get();
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   auto facts = !config.topology_model.empty() ? topology::load_model(config.topology_model)
@@ -78,6 +99,10 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
     m->observe("baton_admission_mlu_permille", {{"op", op == transport::Op::kRead ? "read" : "write"}}, mlu * 1000.0);
   });
   state->driver = std::make_unique<VirtualClockDriver>(*state->loop);
+  if (config.clock == ClockKind::kWall) {
+    state->wall = std::make_unique<WallClockDriver>(*state->loop, *state->transport);
+    if (Status s = state->wall->start(); !s.is_ok()) return std::unexpected(s);
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(state)));
 }
 
@@ -116,13 +141,42 @@ Result<std::vector<sched::RequestId>> Engine::submit(std::span<const sched::Tran
 
 Status Engine::cancel(sched::RequestId id) {
   if (id == 0 || id >= state_->next_id.load()) return Status::not_found("cancel: no request {}", id);
-  state_->loop->tick(now_ns());  // the request may still be a command
-  return state_->admission->cancel(id, now_ns());
+  return on_loop([this, id] { return state_->admission->cancel(id, now_ns()); });
 }
 
 Result<sched::RequestStatus> Engine::status(sched::RequestId id) {
-  if (state_->loop->has_commands()) state_->loop->tick(now_ns());
-  return state_->admission->status(id);
+  return on_loop([this, id] { return state_->admission->status(id); });
+}
+
+Status Engine::wait(sched::RequestId id, TimeNs timeout_ns) {
+  auto ended = [](const sched::RequestStatus& s) {
+    return s.state != sched::RequestState::kQueued && s.state != sched::RequestState::kRunning;
+  };
+  if (!state_->wall) {
+    // Virtual time: run the loop until the request ends or the timeout passes.
+    const TimeNs end = now_ns() + timeout_ns;
+    while (true) {
+      auto s = status(id);
+      if (!s) return s.error();
+      if (ended(*s)) return Status::ok();
+      const auto next = state_->loop->next_event_ns();
+      if (!next || *next > end) break;
+      if (Status r = run_until(*next); !r.is_ok()) return r;
+    }
+    if (Status r = run_until(std::max(end, now_ns())); !r.is_ok()) return r;
+    auto s = status(id);
+    if (!s) return s.error();
+    return ended(*s) ? Status::ok() : Status::timeout("wait: request {} still running after {} ns", id, timeout_ns);
+  }
+  // Wall time: ask the loop, then sleep a little; the loop does the work.
+  const TimeNs end = now_ns() + timeout_ns;
+  for (TimeNs pause = 10'000;; pause = std::min<TimeNs>(pause * 2, 1'000'000)) {
+    auto s = status(id);
+    if (!s) return s.error();
+    if (ended(*s)) return Status::ok();
+    if (now_ns() >= end) return Status::timeout("wait: request {} still running after {} ns", id, timeout_ns);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(pause, end - now_ns())));
+  }
 }
 
 Result<sched::RequestProgress> Engine::progress(sched::RequestId id) {
@@ -135,37 +189,46 @@ Result<sched::RequestProgress> Engine::progress(sched::RequestId id) {
 const sched::SchedStats& Engine::stats() const { return state_->scheduler->stats(); }
 
 std::string Engine::metrics_text() {
-  State& st = *state_;
-  MetricsRegistry& m = st.metrics;
-  const admission::AdmissionStats& a = st.admission->stats();
-  admission::AdmissionStats& ea = st.exported_admission;
-  m.add("baton_admission_admitted_total", {}, a.admitted - ea.admitted);
-  m.add("baton_admission_compressed_total", {}, a.compressed - ea.compressed);
-  m.add("baton_admission_dropped_total", {}, a.dropped - ea.dropped);
-  m.add("baton_admission_infeasible_total", {}, a.infeasible - ea.infeasible);
-  m.add("baton_admission_signalled_total", {}, a.signalled - ea.signalled);
-  ea = a;
-  const sched::SchedStats& s = st.scheduler->stats();
-  sched::SchedStats& es = st.exported_sched;
-  m.add("baton_sched_slices_posted_total", {}, s.slices_posted - es.slices_posted);
-  m.add("baton_sched_slices_completed_total", {}, s.slices_completed - es.slices_completed);
-  m.add("baton_sched_slices_spilled_total", {}, s.slices_spilled - es.slices_spilled);
-  m.add("baton_sched_slices_preempted_total", {}, s.slices_preempted - es.slices_preempted);
-  m.add("baton_sched_slices_retried_total", {}, s.slices_retried - es.slices_retried);
-  m.add("baton_sched_bytes_wasted_total", {}, s.bytes_wasted - es.bytes_wasted);
-  m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
-  es = s;
-  return m.text();
+  return on_loop([this] {
+    State& st = *state_;
+    MetricsRegistry& m = st.metrics;
+    const admission::AdmissionStats& a = st.admission->stats();
+    admission::AdmissionStats& ea = st.exported_admission;
+    m.add("baton_admission_admitted_total", {}, a.admitted - ea.admitted);
+    m.add("baton_admission_compressed_total", {}, a.compressed - ea.compressed);
+    m.add("baton_admission_dropped_total", {}, a.dropped - ea.dropped);
+    m.add("baton_admission_infeasible_total", {}, a.infeasible - ea.infeasible);
+    m.add("baton_admission_signalled_total", {}, a.signalled - ea.signalled);
+    ea = a;
+    const sched::SchedStats& s = st.scheduler->stats();
+    sched::SchedStats& es = st.exported_sched;
+    m.add("baton_sched_slices_posted_total", {}, s.slices_posted - es.slices_posted);
+    m.add("baton_sched_slices_completed_total", {}, s.slices_completed - es.slices_completed);
+    m.add("baton_sched_slices_spilled_total", {}, s.slices_spilled - es.slices_spilled);
+    m.add("baton_sched_slices_preempted_total", {}, s.slices_preempted - es.slices_preempted);
+    m.add("baton_sched_slices_retried_total", {}, s.slices_retried - es.slices_retried);
+    m.add("baton_sched_bytes_wasted_total", {}, s.bytes_wasted - es.bytes_wasted);
+    m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
+    es = s;
+    return m.text();
+  });
 }
 
-Status Engine::run_until(TimeNs t_ns) { return state_->driver->run_until(t_ns); }
+Status Engine::run_until(TimeNs t_ns) {
+  if (state_->wall) return Status::invalid_argument("run_until: a wall-clock engine runs by itself; use wait()");
+  return state_->driver->run_until(t_ns);
+}
 
 Status Engine::run_until_idle(TimeNs limit_ns) {
+  if (state_->wall) return Status::invalid_argument("run_until_idle: a wall-clock engine runs by itself; use wait()");
   return state_->driver->run_until_idle(
       limit_ns, [this] { return state_->scheduler->queued_requests() == 0 && state_->admission->waiting() == 0; });
 }
 
-TimeNs Engine::now_ns() const { return state_->driver->clock().now_ns(); }
+TimeNs Engine::now_ns() const {
+  return state_->wall ? state_->wall->now_ns() : state_->driver->clock().now_ns();
+}
+std::uint64_t Engine::loop_turns() const { return state_->wall ? state_->wall->turns() : 0; }
 std::optional<TimeNs> Engine::next_event_ns() const {
   if (state_->loop->has_commands()) return now_ns();
   return state_->loop->next_event_ns();

@@ -1,12 +1,21 @@
 #include "engine/engine_loop.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 namespace baton::engine {
 
 void EngineLoop::post(Command command) {
-  std::lock_guard lock(mutex_);
-  commands_.push_back(std::move(command));
+  {
+    std::lock_guard lock(mutex_);
+    commands_.push_back(std::move(command));
+  }
+  if (wake_) wake_();
 }
 
 bool EngineLoop::has_commands() {
@@ -73,6 +82,65 @@ Status VirtualClockDriver::run_until_idle(TimeNs limit_ns, const std::function<b
     loop_.tick(clock_.now_ns());
   }
   return Status::ok();
+}
+
+}  // namespace baton::engine
+
+namespace baton::engine {
+
+WallClockDriver::WallClockDriver(EngineLoop& loop, transport::Transport& transport)
+    : loop_(loop), transport_(transport) {}
+
+WallClockDriver::~WallClockDriver() {
+  stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+Status WallClockDriver::start() {
+  if (thread_.joinable()) return Status::already_exists("WallClockDriver: already running");
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Status::internal("WallClockDriver: eventfd failed: {}", std::strerror(errno));
+  start_ns_ = clock_.now_ns();
+  loop_.set_wake([this] { wake(); });
+  thread_ = std::thread([this] { run(); });
+  return Status::ok();
+}
+
+void WallClockDriver::stop() {
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  wake();
+  thread_.join();
+  loop_.set_wake({});
+}
+
+void WallClockDriver::wake() {
+  if (wake_fd_ < 0) return;
+  const std::uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);  // a full counter still wakes the reader
+}
+
+TimeNs WallClockDriver::now_ns() const { return clock_.now_ns() - start_ns_; }
+
+void WallClockDriver::run() {
+  while (!stop_) {
+    ++turns_;
+    TimeNs now = now_ns();
+    loop_.tick(now);
+    const auto next = loop_.next_event_ns();
+    now = now_ns();
+    TimeNs sleep_ns = next ? std::max<TimeNs>(0, *next - now) : kIdleSleepNs;
+    sleep_ns = std::min(sleep_ns, kIdleSleepNs);
+    if (sleep_ns == 0 || loop_.has_commands()) continue;
+    if (!transport_.arm()) continue;  // the transport has work already
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {transport_.event_fd(), POLLIN, 0}};
+    const nfds_t count = fds[1].fd >= 0 ? 2 : 1;
+    const timespec timeout{static_cast<time_t>(sleep_ns / 1'000'000'000), static_cast<long>(sleep_ns % 1'000'000'000)};
+    if (::ppoll(fds, count, &timeout, nullptr) > 0 && (fds[0].revents & POLLIN) != 0) {
+      std::uint64_t drained = 0;
+      (void)!::read(wake_fd_, &drained, sizeof drained);
+    }
+  }
 }
 
 }  // namespace baton::engine

@@ -4,8 +4,10 @@
 // Private to engine/.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <vector>
 
@@ -22,8 +24,10 @@ class EngineLoop {
   EngineLoop(sched::Scheduler& scheduler, admission::AdmissionController& admission, transport::Transport& transport)
       : scheduler_(scheduler), admission_(admission), transport_(transport) {}
 
-  // Thread-safe.
+  // Thread-safe. Wakes a sleeping wall-clock driver.
   void post(Command command);
+  // Called after each post (the wall-clock driver's wake-up).
+  void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
 
   // One turn of the loop at `now_ns`.
   void tick(TimeNs now_ns);
@@ -40,6 +44,7 @@ class EngineLoop {
   std::vector<Command> commands_;  // guarded by mutex_
   std::vector<Command> draining_;  // loop-owned
   std::vector<transport::Completion> completions_;
+  std::function<void()> wake_;
 };
 
 // Advances a VirtualClock straight from one interesting instant to the next,
@@ -57,6 +62,40 @@ class VirtualClockDriver {
  private:
   EngineLoop& loop_;
   VirtualClock clock_;
+};
+
+// Runs the loop on its own thread against the steady clock: tick, then sleep
+// until the next instant anything is due — on the transport's event fd when
+// it has one, else on a timer — or until a command is posted. An idle engine
+// does not spin. now_ns() is steady-clock time since start().
+class WallClockDriver {
+ public:
+  WallClockDriver(EngineLoop& loop, transport::Transport& transport);
+  ~WallClockDriver();  // stops and joins
+  WallClockDriver(const WallClockDriver&) = delete;
+  WallClockDriver& operator=(const WallClockDriver&) = delete;
+
+  [[nodiscard]] Status start();
+  void stop();
+  void wake();  // thread-safe
+  [[nodiscard]] TimeNs now_ns() const;
+  // Loop turns so far: a test's measure of "no busy polling when idle".
+  [[nodiscard]] std::uint64_t turns() const { return turns_.load(); }
+
+  // The longest sleep when nothing is scheduled (a bound, not a poll rate).
+  static constexpr TimeNs kIdleSleepNs = 100'000'000;
+
+ private:
+  void run();
+
+  EngineLoop& loop_;
+  transport::Transport& transport_;
+  SteadyClock clock_;
+  TimeNs start_ns_ = 0;
+  int wake_fd_ = -1;  // eventfd
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> turns_{0};
+  std::thread thread_;
 };
 
 }  // namespace baton::engine

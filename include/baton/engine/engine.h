@@ -4,10 +4,14 @@
 // simulation, benchmarks); the wall-clock driver and real transports plug
 // into the same loop.
 //
-// Threads: submit and cancel post commands to the loop and return at once.
-// The loop runs when the driver advances it (run_until / run_until_idle);
-// status() and stats() read the loop's state and must be called from the
-// thread that drives it.
+// Threads: submit posts commands to the loop and returns at once. Under the
+// wall clock (EngineConfig::clock) a loop thread owns the state, and cancel,
+// status, wait and metrics_text post to it and wait for the answer, so any
+// thread may call them. Under the virtual clock the loop runs when the
+// caller advances it (run_until / run_until_idle), from one thread. The
+// accessors below metrics_text (stats, sim_transport, scheduler, admission,
+// progress, next_event_ns) read loop state directly: virtual clock, or before
+// traffic, only.
 #pragma once
 
 #include <memory>
@@ -27,7 +31,13 @@
 
 namespace baton::engine {
 
+enum class ClockKind : std::uint8_t {
+  kVirtual,  // the caller drives time (run_until): tests, simulation, benchmarks
+  kWall,     // a loop thread runs against the steady clock and sleeps when idle
+};
+
 struct EngineConfig {
+  ClockKind clock = ClockKind::kVirtual;
   // Where the topology comes from: a synthetic model name, else a saved
   // `nvidia-smi topo -m` file, else this machine's probe.
   std::string topology_model = "nvswitch8";
@@ -53,6 +63,11 @@ class Engine {
   // for a request that already ended (see status()).
   [[nodiscard]] Status cancel(sched::RequestId id);
 
+  // Until the request ends (ok) or `timeout_ns` passes (timeout): virtual
+  // time under the virtual clock (it runs the loop), real time under the
+  // wall clock. not_found for an unknown id.
+  [[nodiscard]] Status wait(sched::RequestId id, TimeNs timeout_ns);
+
   // Prometheus text of the engine's metrics: admission (MLU histogram per
   // op, admitted / compressed / dropped / infeasible / signalled) and the
   // scheduler's counters. Call from the driving thread.
@@ -72,6 +87,9 @@ class Engine {
   // longer than `limit_ns` of virtual time (a stuck workload, not a hang).
   [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
   [[nodiscard]] TimeNs now_ns() const;
+  // Wall clock: how many times the loop thread has turned (a measure of
+  // idle spinning); 0 under the virtual clock.
+  [[nodiscard]] std::uint64_t loop_turns() const;
   // The next instant the loop has work without new input (now when commands
   // wait); nullopt when idle. Lets a layer on top (dualpath) interleave its
   // own timers with the engine's events, one instant at a time.
@@ -81,6 +99,8 @@ class Engine {
   [[nodiscard]] transport::SimTransport& sim_transport();
   [[nodiscard]] const sched::Scheduler& scheduler() const;
   // Admission: register the local-recompute callback and a codec here.
+  // Callbacks run on the loop: they must not call back into the Engine and
+  // wait (under the wall clock that would wait on the loop itself).
   [[nodiscard]] admission::AdmissionController& admission();
   // The registry metrics_text() exports, for layers on top that add their
   // own counters (dualpath).
@@ -89,6 +109,8 @@ class Engine {
  private:
   struct State;
   explicit Engine(std::unique_ptr<State> state);
+  template <typename F>
+  auto on_loop(F f) -> decltype(f());
   std::unique_ptr<State> state_;
 };
 

@@ -95,6 +95,13 @@ class Transport {
   [[nodiscard]] virtual std::optional<TimeNs> next_event_ns() const = 0;
 
   [[nodiscard]] virtual bool path_healthy(PathId path, TimeNs now_ns) const = 0;
+
+  // For a wall-clock loop that sleeps when idle: a file descriptor that turns
+  // readable when the transport has work (-1: none; the loop then sleeps
+  // until next_event_ns()), and arm(), which readies it and answers false
+  // when there is work already (poll again instead of sleeping).
+  [[nodiscard]] virtual int event_fd() const { return -1; }
+  [[nodiscard]] virtual bool arm() { return true; }
 };
 
 }  // namespace baton::transport

@@ -125,10 +125,10 @@ class UcxTransport final : public Transport {
 
   // The worker's event fd (ucp_worker_get_efd): readable when arm() returned
   // true and something happened since.
-  [[nodiscard]] int event_fd() const;
+  [[nodiscard]] int event_fd() const override;
   // Prepares event_fd() for sleeping (ucp_worker_arm). False when there is
   // work to do first (poll again, do not sleep).
-  [[nodiscard]] bool arm();
+  [[nodiscard]] bool arm() override;
 
   // --- Transport -----------------------------------------------------------
 
