@@ -121,31 +121,44 @@ dualpath::HandoffRequest handoff(const Workload& w, std::size_t i) {
   return r;
 }
 
-int run_dualpath_bench(const DualPathBenchOptions& o) {
-  constexpr std::string_view kMode = "dualpath";
-  auto w = workload(o);
-  if (!w) return fail(kMode, w.error());
-  auto strategy = dualpath::parse_strategy(o.strategy.empty() ? "hedge" : o.strategy);
-  if (!strategy) return fail(kMode, strategy.error());
+// An engine and a DualPath racing on it; the engine must outlive the race.
+struct Race {
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<dualpath::DualPath> dual;
+  dualpath::Strategy strategy;
+};
 
+Result<Race> make_race(const DualPathBenchOptions& o, std::string_view default_strategy) {
+  auto strategy = dualpath::parse_strategy(o.strategy.empty() ? default_strategy : o.strategy);
+  if (!strategy) return std::unexpected(strategy.error());
   auto engine = engine::Engine::create({});
-  if (!engine) return fail(kMode, engine.error());
+  if (!engine) return std::unexpected(engine.error());
   dualpath::DualPathConfig config;
   config.strategy = *strategy;
   config.seed = o.seed;
   auto dual = dualpath::DualPath::create(**engine, config);
-  if (!dual) return fail(kMode, dual.error());
+  if (!dual) return std::unexpected(dual.error());
+  return Race{std::move(*engine), std::move(*dual), *strategy};
+}
+
+int run_dualpath_bench(const DualPathBenchOptions& o) {
+  constexpr std::string_view kMode = "dualpath";
+  auto w = workload(o);
+  if (!w) return fail(kMode, w.error());
+  auto race = make_race(o, "hedge");
+  if (!race) return fail(kMode, race.error());
+  auto& dual = race->dual;
   std::vector<dualpath::HandoffId> ids;
   for (std::size_t i = 0; i < w->at_ns.size(); ++i) {
-    if (Status s = (*dual)->run_until(w->at_ns[i]); !s.is_ok()) return fail(kMode, s);
-    auto id = (*dual)->submit(handoff(*w, i));
+    if (Status s = dual->run_until(w->at_ns[i]); !s.is_ok()) return fail(kMode, s);
+    auto id = dual->submit(handoff(*w, i));
     if (!id) return fail(kMode, id.error());
     ids.push_back(*id);
   }
-  if (Status s = (*dual)->run_until_idle(); !s.is_ok()) return fail(kMode, s);
+  if (Status s = dual->run_until_idle(); !s.is_ok()) return fail(kMode, s);
   std::vector<double> raced;
   for (dualpath::HandoffId id : ids) {
-    auto st = (*dual)->status(id);
+    auto st = dual->status(id);
     if (st && st->state == dualpath::HandoffState::kCompleted) {
       raced.push_back(static_cast<double>(st->completed_ns - st->submitted_ns) / 1e3);
     }
@@ -155,10 +168,10 @@ int run_dualpath_bench(const DualPathBenchOptions& o) {
   auto store = run_single_leg(*w, kStoreFrom);
   if (!store) return fail(kMode, store.error());
 
-  const dualpath::DualPathStats& s = (*dual)->stats();
+  const dualpath::DualPathStats& s = dual->stats();
   ordered_json j;
   j["requests"] = o.requests;
-  j["strategy"] = std::string(dualpath::to_string(*strategy));
+  j["strategy"] = std::string(dualpath::to_string(race->strategy));
   j["wins"] = {{"direct", s.wins_direct}, {"store", s.wins_store}};
   j["cancelled_legs"] = s.cancelled_legs;
   j["latency_us"] = {{"racing", summary_json(raced)},
@@ -169,7 +182,7 @@ int run_dualpath_bench(const DualPathBenchOptions& o) {
   j["workload"] = workload_json(o, *w);
   if (o.json_path != "-") {
     fmt::print("{} handoffs of {} ({}), {}: direct won {}, store won {}, {} store legs cancelled, {} wasted\n",
-               o.requests, format_size(w->bytes), kMode, dualpath::to_string(*strategy), s.wins_direct, s.wins_store,
+               o.requests, format_size(w->bytes), kMode, dualpath::to_string(race->strategy), s.wins_direct, s.wins_store,
                s.cancelled_legs, format_size(s.wasted_bytes));
     for (const char* mode : {"racing", "direct_only", "store_only"}) {
       const auto& l = j["latency_us"][mode];
@@ -185,8 +198,6 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   constexpr std::string_view kMode = "fault";
   auto w = workload(o);
   if (!w) return fail(kMode, w.error());
-  auto strategy = dualpath::parse_strategy(o.strategy.empty() ? "failover_only" : o.strategy);
-  if (!strategy) return fail(kMode, strategy.error());
   if (!(o.kill_at_ms >= 0) || !(o.restore_at_ms > o.kill_at_ms)) {
     return fail(kMode, Status::invalid_argument("--kill-at-ms {} and --restore-at-ms {}: expected 0 <= kill < restore",
                                                 o.kill_at_ms, o.restore_at_ms));
@@ -194,23 +205,20 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   const auto kill_ns = static_cast<TimeNs>(o.kill_at_ms * 1e6);
   const auto restore_ns = static_cast<TimeNs>(o.restore_at_ms * 1e6);
 
-  auto engine = engine::Engine::create({});
-  if (!engine) return fail(kMode, engine.error());
-  dualpath::DualPathConfig config;
-  config.strategy = *strategy;
-  config.seed = o.seed;
-  auto dual = dualpath::DualPath::create(**engine, config);
-  if (!dual) return fail(kMode, dual.error());
+  auto race = make_race(o, "failover_only");
+  if (!race) return fail(kMode, race.error());
+  auto& engine = race->engine;
+  auto& dual = race->dual;
   // "The direct endpoint dies": every path from gpu0 to gpu1 (NVSwitch and
   // its host-staging fallback) goes down, so the leg is dead, not degraded.
   std::vector<transport::PathId> direct_paths;
-  const auto& paths = (*engine)->sim_transport().paths();
+  const auto& paths = engine->sim_transport().paths();
   for (transport::PathId p = 0; p < paths.size(); ++p) {
     if (paths[p].from == kDirectFrom && paths[p].to == kTo) direct_paths.push_back(p);
   }
   auto set_direct = [&](bool down) {
     for (transport::PathId p : direct_paths) {
-      if (Status s = (*engine)->sim_transport().set_path_down(p, down, (*engine)->now_ns()); !s.is_ok()) return s;
+      if (Status s = engine->sim_transport().set_path_down(p, down, engine->now_ns()); !s.is_ok()) return s;
     }
     return Status::ok();
   };
@@ -222,18 +230,18 @@ int run_fault_bench(const DualPathBenchOptions& o) {
     const TimeNs next = i < w->at_ns.size() ? w->at_ns[i] : std::numeric_limits<TimeNs>::max();
     for (auto [when, down, done] : {std::tuple{kill_ns, true, &killed}, std::tuple{restore_ns, false, &restored}}) {
       if (!*done && when <= next) {
-        if (Status s = (*dual)->run_until(when); !s.is_ok()) return fail(kMode, s);
+        if (Status s = dual->run_until(when); !s.is_ok()) return fail(kMode, s);
         if (Status s = set_direct(down); !s.is_ok()) return fail(kMode, s);
         *done = true;
       }
     }
     if (i == w->at_ns.size()) break;
-    if (Status s = (*dual)->run_until(next); !s.is_ok()) return fail(kMode, s);
-    auto id = (*dual)->submit(handoff(*w, i));
+    if (Status s = dual->run_until(next); !s.is_ok()) return fail(kMode, s);
+    auto id = dual->submit(handoff(*w, i));
     if (!id) return fail(kMode, id.error());
     ids.push_back(*id);
   }
-  if (Status s = (*dual)->run_until_idle(); !s.is_ok()) return fail(kMode, s);
+  if (Status s = dual->run_until_idle(); !s.is_ok()) return fail(kMode, s);
 
   ordered_json timeline = ordered_json::array();
   std::uint64_t completed = 0;
@@ -243,7 +251,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   int affected = 0;
   int in_flight_at_fault = 0;
   for (dualpath::HandoffId id : ids) {
-    auto st = (*dual)->status(id);
+    auto st = dual->status(id);
     if (!st) return fail(kMode, st.error());
     const bool ok = st->state == dualpath::HandoffState::kCompleted;
     completed += ok;
@@ -266,7 +274,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
                         {"status", std::string(dualpath::to_string(st->state))},
                         {"failovers", st->failovers}});
   }
-  const dualpath::DualPathStats& s = (*dual)->stats();
+  const dualpath::DualPathStats& s = dual->stats();
   auto us_or_null = [](std::optional<TimeNs> t) -> ordered_json {
     return t ? ordered_json(static_cast<double>(*t) / 1e3) : ordered_json(nullptr);
   };
@@ -278,7 +286,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   j["returned_to_direct_at_us"] = us_or_null(returned_ns);
   j["kill_at_us"] = static_cast<double>(kill_ns) / 1e3;
   j["restore_at_us"] = static_cast<double>(restore_ns) / 1e3;
-  j["strategy"] = std::string(dualpath::to_string(*strategy));
+  j["strategy"] = std::string(dualpath::to_string(race->strategy));
   j["affected"] = affected;
   j["in_flight_at_fault"] = in_flight_at_fault;
   // recovery_us = (this - kill_at_us, the wait for an affected handoff to
@@ -292,7 +300,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   j["timeline"] = timeline;
   if (o.json_path != "-") {
     fmt::print("{} handoffs of {}, direct dead {} -> {} ms ({}): {} completed, {} dropped, {} affected\n", o.requests,
-               format_size(w->bytes), o.kill_at_ms, o.restore_at_ms, dualpath::to_string(*strategy), completed,
+               format_size(w->bytes), o.kill_at_ms, o.restore_at_ms, dualpath::to_string(race->strategy), completed,
                o.requests - static_cast<int>(completed), affected);
     fmt::print("  recovery {} us after the fault; back on direct at {} us; {} failovers, {} probes\n",
                j["recovery_us"].dump(), j["returned_to_direct_at_us"].dump(), s.failovers, s.probes);
