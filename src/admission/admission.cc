@@ -56,6 +56,7 @@ struct AdmissionController::State {
   std::unordered_map<RequestId, Owner> owners;  // waiting or admitted, not ended
   std::map<WaitKey, RequestId> waiting;
   std::unordered_map<RequestId, RequestStatus> ended;  // ended here, never admitted
+  std::function<void(RequestId)> end_hook;
   std::set<std::pair<TimeNs, RequestId>> timers;       // re-evaluation of running owners
   std::vector<RequestId> finished;                     // from the finish hook, settled in tick()
   int admitted_owners = 0;
@@ -131,7 +132,9 @@ struct AdmissionController::State {
     s.completed_ns = now_ns;
     ended[o.id] = std::move(s);
     waiting.erase(wait_key(o));
-    owners.erase(o.id);
+    const RequestId id = o.id;
+    owners.erase(id);
+    if (end_hook) end_hook(id);
   }
 
   void end_infeasible(Owner& o, double mlu_now, TimeNs now_ns) {
@@ -348,7 +351,19 @@ void AdmissionController::on_completion(const transport::Completion& c, RequestI
   }
 }
 
-void AdmissionController::on_finish(RequestId id) { state_->finished.push_back(id); }
+void AdmissionController::on_finish(RequestId id) {
+  state_->finished.push_back(id);
+  if (state_->end_hook) state_->end_hook(id);
+}
+
+void AdmissionController::set_end_hook(std::function<void(RequestId)> hook) { state_->end_hook = std::move(hook); }
+
+Status AdmissionController::forget(RequestId id) {
+  State& st = *state_;
+  if (st.ended.erase(id) > 0) return Status::ok();
+  if (st.owners.contains(id)) return Status::invalid_argument("forget: request {} is still live", id);
+  return st.scheduler.forget(id);
+}
 
 void AdmissionController::tick(TimeNs now_ns) {
   State& st = *state_;

@@ -14,6 +14,7 @@ std::string_view to_string(StatusCode code) {
     case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kDeadlineInfeasible: return "deadline_infeasible";
     case StatusCode::kResourceExhausted: return "resource_exhausted";
+    case StatusCode::kFailedPrecondition: return "failed_precondition";
     case StatusCode::kInternal: return "internal";
   }
   return "unknown";

@@ -5,20 +5,29 @@
 #include <future>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "baton/engine/metrics.h"
 #include "baton/topology/probe.h"
+#include "engine/datapath.h"
 #include "engine/engine_loop.h"
+#include "engine/metrics_server.h"
 
 namespace baton::engine {
 
 struct Engine::State {
   topology::TopologyGraph graph;
-  std::unique_ptr<transport::SimTransport> transport;
+  std::unique_ptr<transport::Transport> transport;
+  transport::SimTransport* sim = nullptr;  // the transport, when simulated
+  transport::UcxTransport* ucx = nullptr;  // the transport, when real
   std::unique_ptr<sched::Scheduler> scheduler;
   std::unique_ptr<admission::AdmissionController> admission;
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<VirtualClockDriver> driver;
   std::unique_ptr<WallClockDriver> wall;  // set when the engine runs on the wall clock
+  std::unique_ptr<Datapath> datapath;     // set with the UCX transport
+  std::unique_ptr<MetricsServer> http;    // set when metrics_address is configured
+  std::atomic<bool> closed{false};        // shutdown() was called
   std::atomic<sched::RequestId> next_id{1};
   MetricsRegistry metrics;
   // What metrics_text() last exported, so counters grow by the difference.
@@ -53,6 +62,7 @@ void declare_metrics(MetricsRegistry& m) {
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Engine::~Engine() {
+  shutdown();
   if (state_->wall) state_->wall->stop();  // the loop thread goes before what it uses
 }
 
@@ -78,14 +88,26 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   auto graph = topology::TopologyGraph::build(*facts);
   if (!graph) return std::unexpected(graph.error());
   if (Status s = config.policy.validate(); !s.is_ok()) return std::unexpected(s);
+  if (config.transport == TransportKind::kUcx && config.clock != ClockKind::kWall) {
+    return std::unexpected(Status::invalid_argument(
+        "Engine::create: the UCX transport moves real bytes in real time; it needs ClockKind::kWall"));
+  }
 
   auto state = std::make_unique<State>();
   state->graph = std::move(*graph);
   const sched::SchedPolicy& policy = config.policy;
-  auto transport = transport::SimTransport::from_topology(
-      state->graph, [&policy](topology::PathType p) { return policy.credits_for(p).lanes; }, config.sim);
-  if (!transport) return std::unexpected(transport.error());
-  state->transport = std::move(*transport);
+  if (config.transport == TransportKind::kUcx) {
+    auto ucx = transport::UcxTransport::create(config.ucx);
+    if (!ucx) return std::unexpected(ucx.error());
+    state->ucx = ucx->get();
+    state->transport = std::move(*ucx);
+  } else {
+    auto sim = transport::SimTransport::from_topology(
+        state->graph, [&policy](topology::PathType p) { return policy.credits_for(p).lanes; }, config.sim);
+    if (!sim) return std::unexpected(sim.error());
+    state->sim = sim->get();
+    state->transport = std::move(*sim);
+  }
   auto scheduler = sched::Scheduler::create(state->graph, policy, *state->transport);
   if (!scheduler) return std::unexpected(scheduler.error());
   state->scheduler = std::move(*scheduler);
@@ -95,6 +117,12 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   state->scheduler->set_finish_hook([a = state->admission.get()](sched::RequestId id) { a->on_finish(id); });
   state->loop = std::make_unique<EngineLoop>(*state->scheduler, *state->admission, *state->transport);
   declare_metrics(state->metrics);
+  if (state->ucx != nullptr) {
+    state->datapath = std::make_unique<Datapath>(*state->ucx, *state->scheduler, *state->admission, state->metrics,
+                                                 state->next_id);
+    state->admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
+    state->loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { d->on_turn(now_ns); });
+  }
   state->admission->set_mlu_observer([m = &state->metrics](double mlu, transport::Op op) {
     m->observe("baton_admission_mlu_permille", {{"op", op == transport::Op::kRead ? "read" : "write"}}, mlu * 1000.0);
   });
@@ -103,7 +131,17 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
     state->wall = std::make_unique<WallClockDriver>(*state->loop, *state->transport);
     if (Status s = state->wall->start(); !s.is_ok()) return std::unexpected(s);
   }
-  return std::unique_ptr<Engine>(new Engine(std::move(state)));
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(state)));
+  if (!config.metrics_address.empty()) {
+    if (config.clock != ClockKind::kWall) {
+      return std::unexpected(Status::invalid_argument(
+          "Engine::create: metrics_address needs ClockKind::kWall (a scrape must not drive virtual time)"));
+    }
+    auto http = MetricsServer::start(config.metrics_address, [e = engine.get()] { return e->metrics_text(); });
+    if (!http) return std::unexpected(http.error());
+    engine->state_->http = std::move(*http);
+  }
+  return engine;
 }
 
 Result<sched::RequestId> Engine::submit(const sched::TransferRequest& request) {
@@ -214,6 +252,118 @@ std::string Engine::metrics_text() {
   });
 }
 
+// --- Real memory and peers ------------------------------------------------------
+
+namespace {
+
+Status no_datapath(std::string_view call) {
+  return Status::failed_precondition(
+      "{}: this engine simulates its transport (EngineConfig::transport = kSim); real memory needs kUcx", call);
+}
+
+}  // namespace
+
+#define BATON_REQUIRE_DATAPATH(call)                                                           \
+  do {                                                                                         \
+    if (!state_->datapath) return std::unexpected(no_datapath(call));                          \
+    if (state_->closed) return std::unexpected(Status::unavailable("{}: the engine shut down", call)); \
+  } while (false)
+
+std::string Engine::address() const { return state_->ucx != nullptr ? state_->ucx->address() : std::string{}; }
+std::string Engine::metrics_address() const { return state_->http ? state_->http->address() : std::string{}; }
+
+Result<Region> Engine::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
+  BATON_REQUIRE_DATAPATH("register_memory");
+  return on_loop([&] { return state_->datapath->register_memory(ptr, length, kind, device); });
+}
+
+Status Engine::unregister(RegionHandle region) {
+  if (!state_->datapath) return no_datapath("unregister");
+  return on_loop([&] { return state_->datapath->unregister(region); });
+}
+
+Result<Peer> Engine::connect(std::string_view address) {
+  BATON_REQUIRE_DATAPATH("connect");
+  auto done = std::make_shared<std::promise<Result<Peer>>>();
+  auto result = done->get_future();
+  state_->loop->post([this, done, address = std::string(address)](admission::AdmissionController&, TimeNs now_ns) {
+    state_->datapath->connect(address, now_ns, [done](Result<Peer> peer) { done->set_value(std::move(peer)); });
+  });
+  return result.get();  // bounded: the handshake times out on the loop
+}
+
+Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
+  if (!state_->datapath) return no_datapath("refresh");
+  if (state_->closed) return Status::unavailable("refresh: the engine shut down");
+  auto done = std::make_shared<std::promise<Status>>();
+  auto result = done->get_future();
+  state_->loop->post([this, done, peer](admission::AdmissionController&, TimeNs) {
+    state_->datapath->refresh(peer, [done](Status s) { done->set_value(std::move(s)); });
+  });
+  if (result.wait_for(std::chrono::nanoseconds(timeout_ns)) != std::future_status::ready) {
+    return Status::timeout("refresh: peer {} did not answer within {} ns", peer.address, timeout_ns);
+  }
+  return result.get();
+}
+
+Result<std::vector<transport::RemoteRegion>> Engine::remote_regions(const Peer& peer) {
+  BATON_REQUIRE_DATAPATH("remote_regions");
+  return on_loop([&] { return state_->datapath->remote_regions(peer); });
+}
+
+Result<BatchHandle> Engine::submit(const Batch& batch) {
+  BATON_REQUIRE_DATAPATH("submit");
+  return on_loop([&] { return state_->datapath->submit(batch, now_ns()); });
+}
+
+Result<BatchStatus> Engine::poll(BatchHandle batch) {
+  if (!state_->datapath) return std::unexpected(no_datapath("poll"));
+  return on_loop([&] { return state_->datapath->poll(batch); });
+}
+
+Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
+  if (!state_->datapath) return no_datapath("wait");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  if (state_->datapath->wait_ended(batch.id, std::chrono::steady_clock::now())) return Status::ok();
+  if (auto known = poll(batch); !known) return known.error();
+  if (state_->datapath->wait_ended(batch.id, deadline)) return Status::ok();
+  return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
+}
+
+Status Engine::cancel(BatchHandle batch) {
+  if (!state_->datapath) return no_datapath("cancel");
+  return on_loop([&] { return state_->datapath->cancel(batch, now_ns()); });
+}
+
+Status Engine::release(BatchHandle batch) {
+  if (!state_->datapath) return no_datapath("release");
+  return on_loop([&] { return state_->datapath->release(batch); });
+}
+
+std::vector<transport::Notification> Engine::take_notifications() {
+  if (!state_->datapath) return {};
+  return on_loop([this] { return state_->ucx->take_notifications(); });
+}
+
+void Engine::shutdown() {
+  if (state_->closed.exchange(true)) return;
+  state_->http.reset();  // no more scrapes; each posts to the loop
+  if (!state_->datapath) return;
+  on_loop([this] {
+    state_->datapath->shutdown(now_ns());
+    return 0;
+  });
+  // Endpoint closes finish on the loop; a forced close needs no peer, a
+  // flushing one may wait on a silent peer, so the wait is bounded.
+  for (int i = 0; i < 400; ++i) {
+    if (on_loop([this] { return state_->ucx->shutdown_complete(); })) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  spdlog::warn("Engine::shutdown: endpoint closes did not finish within 2 s");
+}
+
+#undef BATON_REQUIRE_DATAPATH
+
 Status Engine::run_until(TimeNs t_ns) {
   if (state_->wall) return Status::invalid_argument("run_until: a wall-clock engine runs by itself; use wait()");
   return state_->driver->run_until(t_ns);
@@ -235,7 +385,13 @@ std::optional<TimeNs> Engine::next_event_ns() const {
 }
 MetricsRegistry& Engine::metrics() { return state_->metrics; }
 const topology::TopologyGraph& Engine::topology() const { return state_->graph; }
-transport::SimTransport& Engine::sim_transport() { return *state_->transport; }
+transport::SimTransport& Engine::sim_transport() {
+  if (state_->sim == nullptr) {
+    spdlog::critical("Engine::sim_transport() on an engine with a real transport");
+    std::abort();
+  }
+  return *state_->sim;
+}
 const sched::Scheduler& Engine::scheduler() const { return *state_->scheduler; }
 admission::AdmissionController& Engine::admission() { return *state_->admission; }
 

@@ -37,6 +37,7 @@ void EngineLoop::tick(TimeNs now_ns) {
   }
   admission_.tick(now_ns);
   scheduler_.dispatch(now_ns);
+  if (on_turn_) on_turn_(now_ns);
 }
 
 std::optional<TimeNs> EngineLoop::next_event_ns() const {

@@ -28,6 +28,9 @@ class EngineLoop {
   void post(Command command);
   // Called after each post (the wall-clock driver's wake-up).
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
+  // Runs at the end of every turn, on the loop (the engine's datapath
+  // resolves connects and ends batches there). Set before the loop starts.
+  void set_on_turn(std::function<void(TimeNs now_ns)> on_turn) { on_turn_ = std::move(on_turn); }
 
   // One turn of the loop at `now_ns`.
   void tick(TimeNs now_ns);
@@ -45,6 +48,7 @@ class EngineLoop {
   std::vector<Command> draining_;  // loop-owned
   std::vector<transport::Completion> completions_;
   std::function<void()> wake_;
+  std::function<void(TimeNs)> on_turn_;
 };
 
 // Advances a VirtualClock straight from one interesting instant to the next,

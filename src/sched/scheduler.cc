@@ -483,10 +483,17 @@ struct Scheduler::State {
     const std::uint64_t wire = std::max<std::uint64_t>(
         1, static_cast<std::uint64_t>(std::llround(static_cast<double>(length) * r.wire_ratio)));
     const SliceId id = posted.add({0, &r, range, wire, path, lane});
-    const transport::SliceMemory memory{r.spec.op, nullptr, r.spec.remote_addr + range.offset, 0};
+    void* local = r.spec.local == nullptr ? nullptr : static_cast<std::byte*>(r.spec.local) + range.offset;
+    const transport::SliceMemory memory{r.spec.op, local, r.spec.remote_addr + range.offset, r.spec.remote_key};
     if (Status s = transport.submit({id, path, lane, wire, memory}, now_ns); !s.is_ok()) {
       posted.remove(id);
       r.retry.push_back(range);
+      if (s.code() != StatusCode::kUnavailable) {
+        // The request itself is wrong for this transport (a remote region the
+        // peer has since removed): retrying cannot help, so it ends here.
+        fail(r, std::move(s), now_ns);
+        return true;
+      }
       return false;
     }
     p.posted.push_back(id);

@@ -16,6 +16,7 @@ struct Command {
 };
 
 Command add_topo_command(CLI::App& parent);
+Command add_serve_command(CLI::App& parent);
 
 // `baton bench <mode>`: one file per mode, each adding itself under `bench`.
 std::vector<Command> add_bench_commands(CLI::App& parent);
@@ -25,5 +26,6 @@ Command add_bench_mlu_sweep(CLI::App& bench);
 Command add_bench_plan(CLI::App& bench);
 Command add_bench_dualpath(CLI::App& bench);
 Command add_bench_fault(CLI::App& bench);
+Command add_bench_throughput(CLI::App& bench);
 
 }  // namespace baton::cli

@@ -62,6 +62,13 @@ class AdmissionController {
   void on_completion(const transport::Completion& completion, sched::RequestId request, TimeNs now_ns);
   // From the scheduler's finish hook (must not call back into the scheduler).
   void on_finish(sched::RequestId id);
+  // Called with every request as it ends, admitted or not (a request
+  // cancelled or found infeasible while waiting never reaches the
+  // scheduler). The hook must not call back into admission or the scheduler.
+  void set_end_hook(std::function<void(sched::RequestId)> hook);
+  // Drops an ended request's record (status() then answers not_found).
+  // invalid_argument while it is live; not_found when unknown.
+  [[nodiscard]] Status forget(sched::RequestId id);
   // Frees capacity of finished owners, admits, drops, re-evaluates on timers.
   void tick(TimeNs now_ns);
   [[nodiscard]] std::optional<TimeNs> next_timer_ns() const;

@@ -24,6 +24,7 @@ enum class StatusCode : std::uint8_t {
   kUnavailable,
   kDeadlineInfeasible,
   kResourceExhausted,
+  kFailedPrecondition,  // the call does not fit the object's state (a region with transfers in flight)
   kInternal,
 };
 
@@ -53,6 +54,7 @@ class [[nodiscard]] Status {
   BATON_STATUS_FACTORY(unavailable, kUnavailable)
   BATON_STATUS_FACTORY(deadline_infeasible, kDeadlineInfeasible)
   BATON_STATUS_FACTORY(resource_exhausted, kResourceExhausted)
+  BATON_STATUS_FACTORY(failed_precondition, kFailedPrecondition)
   BATON_STATUS_FACTORY(internal, kInternal)
 #undef BATON_STATUS_FACTORY
 

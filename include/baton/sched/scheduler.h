@@ -38,6 +38,11 @@ struct TransferRequest {
   // transfer (dualpath's failover sends only the ranges still missing) and a
   // transport can address, or the simulator record, exactly which bytes moved.
   std::uint64_t remote_addr = 0;
+  // For transports that move real memory: where byte 0 is here (inside a
+  // registered region) and the peer's region key (SliceMemory). The
+  // simulator ignores both.
+  void* local = nullptr;
+  std::uint32_t remote_key = 0;
 };
 
 // A byte range of a request: [offset, offset + length).

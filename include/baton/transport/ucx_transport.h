@@ -40,6 +40,9 @@ struct UcxConfig {
   std::int64_t handshake_timeout_ms = 5000;
 };
 
+// Where a region's bytes live. VRAM needs a UCX built with CUDA support.
+enum class MemoryKind : std::uint8_t { kDram, kVram };
+
 // A region registered with this transport; peers name it in
 // SliceMemory::remote_key. Never reused by one transport.
 using RegionHandle = std::uint32_t;
@@ -49,6 +52,16 @@ struct RemoteRegion {
   RegionHandle key = 0;  // the peer's handle: SliceMemory::remote_key
   std::uint64_t base = 0;
   std::uint64_t length = 0;
+};
+
+inline constexpr std::size_t kMaxNotificationBytes = 4096;
+
+// A small message a peer sent with notify(), tagged with the sender's own
+// listen address.
+struct Notification {
+  std::string from;
+  std::string message;
+  friend bool operator==(const Notification&, const Notification&) = default;
 };
 
 enum class PathState : std::uint8_t {
@@ -80,8 +93,10 @@ class UcxTransport final : public Transport {
 
   // ucp_mem_map of [addr, addr + length). invalid_argument for a null
   // address, zero length, a range that wraps, or one that overlaps a region
-  // already registered; unavailable when UCX refuses the mapping.
-  [[nodiscard]] Result<RegionHandle> register_memory(void* addr, std::size_t length);
+  // already registered; unavailable when UCX refuses the mapping (VRAM
+  // without CUDA support in UCX, for one).
+  [[nodiscard]] Result<RegionHandle> register_memory(void* addr, std::size_t length,
+                                                     MemoryKind kind = MemoryKind::kDram);
   // not_found for an unknown (or already unregistered) handle;
   // invalid_argument while slices on the region are in flight. Connected
   // peers are told at once that the region is gone.
@@ -120,6 +135,17 @@ class UcxTransport final : public Transport {
   // out_of_range when none does (refresh_regions() may help).
   [[nodiscard]] Result<RemoteRegion> find_remote_region(PathId path, std::uint64_t remote_addr,
                                                         std::uint64_t length) const;
+
+  // --- Notifications ---------------------------------------------------------
+
+  // Sends `message` to the peer on lane 0, after what that lane already
+  // carries. For "the batch landed" once its slices completed (a write
+  // completes only when its bytes are at the peer). invalid_argument for an
+  // unknown path or a message over 4 KiB; unavailable unless ready.
+  Status notify(PathId path, std::string_view message);
+  // Notifications received since the last call, in arrival order. At most
+  // 65536 wait here; beyond that the oldest are dropped (and logged).
+  [[nodiscard]] std::vector<Notification> take_notifications();
 
   // --- Waiting without spinning ---------------------------------------------
 

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <unordered_map>
 
@@ -145,6 +146,7 @@ struct UcxTransport::State {
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
+  std::deque<Notification> notifications;  // received, not yet taken
 
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
@@ -469,6 +471,24 @@ struct UcxTransport::State {
     }
   }
 
+  void handle_notify(const Inbound& in) {
+    auto it = in.reply_ep == nullptr ? accepted.end() : accepted.find(in.reply_ep);
+    if (it == accepted.end() || !it->second->identified) {
+      spdlog::warn("ucx: notification from an endpoint that never said hello; dropped");
+      return;
+    }
+    if (in.payload.size() > kMaxNotificationBytes) {
+      spdlog::warn("ucx: notification of {} bytes from {} is over the {} byte limit; dropped", in.payload.size(),
+                   it->second->client_address, kMaxNotificationBytes);
+      return;
+    }
+    if (notifications.size() == ucx::kMaxPendingNotifications) {
+      spdlog::warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
+      notifications.pop_front();
+    }
+    notifications.push_back({it->second->client_address, std::string(in.payload.begin(), in.payload.end())});
+  }
+
   void handle_regions_removed(const Inbound& in, const MessageHeader& header) {
     Lane* lane = lane_of(in, header);
     if (lane == nullptr) return;
@@ -503,6 +523,7 @@ struct UcxTransport::State {
           case MessageKind::kQuery: handle_query(in, *header); break;
           case MessageKind::kAnswer: handle_answer(in, *header); break;
           case MessageKind::kRegionsRemoved: handle_regions_removed(in, *header); break;
+          case MessageKind::kNotify: handle_notify(in); break;
         }
       }
     }
@@ -653,7 +674,8 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   };
   for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
                           std::pair{MessageKind::kAnswer, &State::on_message<MessageKind::kAnswer>},
-                          std::pair{MessageKind::kRegionsRemoved, &State::on_message<MessageKind::kRegionsRemoved>}}) {
+                          std::pair{MessageKind::kRegionsRemoved, &State::on_message<MessageKind::kRegionsRemoved>},
+                          std::pair{MessageKind::kNotify, &State::on_message<MessageKind::kNotify>}}) {
     if (ucs_status_t s = set_handler(kind, cb); s != UCS_OK) {
       return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
     }
@@ -681,7 +703,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
 
 const std::string& UcxTransport::address() const { return state_->address; }
 
-Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length) {
+Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length, MemoryKind kind) {
   State& s = *state_;
   const auto base = reinterpret_cast<std::uintptr_t>(addr);
   if (addr == nullptr) {
@@ -709,12 +731,17 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
         clash->handle, clash->base, clash->length));
   }
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
   params.address = addr;
   params.length = length;
+  // Said, not detected: a UCX without CUDA support must refuse VRAM rather
+  // than map a device pointer as host memory.
+  params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
   ucp_mem_h memh = nullptr;
   if (ucs_status_t st = ucp_mem_map(s.context, &params, &memh); st != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::register_memory", "ucp_mem_map", st));
+    return std::unexpected(ucx_failure("UcxTransport::register_memory",
+                                       kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
   }
   void* packed = nullptr;
   std::size_t packed_size = 0;
@@ -895,6 +922,26 @@ Result<RemoteRegion> UcxTransport::find_remote_region(PathId path, std::uint64_t
   return std::unexpected(Status::out_of_range(
       "UcxTransport::find_remote_region: [{:#x}, +{}) is not inside a region of peer {} ({} known regions)",
       remote_addr, length, s.peers[path].address, s.peers[path].regions.size()));
+}
+
+Status UcxTransport::notify(PathId path, std::string_view message) {
+  State& s = *state_;
+  if (message.size() > kMaxNotificationBytes) {
+    return Status::invalid_argument("UcxTransport::notify: the message has {} bytes (at most {})", message.size(),
+                                    kMaxNotificationBytes);
+  }
+  if (Status st = path_status(path); !st.is_ok()) return st;
+  MessageHeader header;
+  header.path = path;
+  return s.send_message(s.peers[path].lanes[0]->ep, MessageKind::kNotify, header,
+                        std::vector<std::uint8_t>(message.begin(), message.end()));
+}
+
+std::vector<Notification> UcxTransport::take_notifications() {
+  std::vector<Notification> out(std::make_move_iterator(state_->notifications.begin()),
+                                std::make_move_iterator(state_->notifications.end()));
+  state_->notifications.clear();
+  return out;
 }
 
 int UcxTransport::event_fd() const { return state_->event_fd; }

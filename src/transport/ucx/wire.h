@@ -23,6 +23,7 @@ enum class MessageKind : unsigned {
   kQuery = 1,           // initiator → listener: hello / "send me your regions"
   kAnswer = 2,          // listener → initiator: ack, with regions when asked
   kRegionsRemoved = 3,  // listener → initiator: these region keys are gone
+  kNotify = 4,          // initiator → listener: a user's message (after a batch)
 };
 
 inline constexpr std::uint16_t kFlagWithRegions = 1;
@@ -52,6 +53,9 @@ struct RegionDescriptor {
 inline constexpr std::uint32_t kMaxRegions = 1 << 16;
 inline constexpr std::uint32_t kMaxRkeyBytes = 1 << 16;
 inline constexpr std::size_t kMaxAddressBytes = 1024;
+// Notifications go eager in one message (at most kMaxNotificationBytes);
+// the receiver keeps at most this many untaken, dropping the oldest.
+inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
 
 [[nodiscard]] std::vector<std::uint8_t> encode_header(const MessageHeader& header);
 [[nodiscard]] Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes);

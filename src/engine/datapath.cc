@@ -1,0 +1,309 @@
+#include "engine/datapath.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace baton::engine {
+namespace {
+
+bool ended_state(sched::RequestState s) {
+  return s != sched::RequestState::kQueued && s != sched::RequestState::kRunning;
+}
+
+std::string_view op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
+
+}  // namespace
+
+Datapath::Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
+                   MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id)
+    : ucx_(ucx), scheduler_(scheduler), admission_(admission), metrics_(metrics), next_id_(next_id) {
+  (void)metrics_.declare_counter("baton_engine_requests_total", "Requests ended, per op and final state");
+  (void)metrics_.declare_counter("baton_engine_bytes_total", "Bytes delivered, per op");
+  (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
+  (void)metrics_.declare_counter("baton_engine_notifications_sent_total", "Batch notifications sent to peers");
+}
+
+Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
+  auto handle = ucx_.register_memory(ptr, length, kind);
+  if (!handle) return std::unexpected(handle.error());
+  Region region{*handle, reinterpret_cast<std::uint64_t>(ptr), length, kind, device};
+  regions_.emplace(*handle, RegionRecord{region, 0});
+  return region;
+}
+
+Status Datapath::unregister(RegionHandle handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) {
+    return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
+  }
+  if (it->second.live_requests > 0) {
+    return Status::failed_precondition("unregister: region {} has {} requests queued or in flight", handle,
+                                       it->second.live_requests);
+  }
+  if (Status s = ucx_.unregister(handle); !s.is_ok()) {
+    // Only slices of cancelled requests can be left: UCX cannot recall them.
+    return Status::failed_precondition("unregister: {}", s.message());
+  }
+  regions_.erase(it);
+  return Status::ok();
+}
+
+void Datapath::connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done) {
+  auto path = ucx_.connect(address, now_ns);
+  if (!path) {
+    done(std::unexpected(path.error()));
+    return;
+  }
+  connects_.push_back({*path, std::move(done)});
+}
+
+void Datapath::refresh(const Peer& peer, std::function<void(Status)> done) {
+  auto path = live_path(peer.address);
+  if (!path) {
+    done(path.error());
+    return;
+  }
+  if (Status s = ucx_.refresh_regions(*path); !s.is_ok()) {
+    done(s);
+    return;
+  }
+  refreshes_.push_back({*path, std::move(done)});
+}
+
+Result<std::vector<transport::RemoteRegion>> Datapath::remote_regions(const Peer& peer) const {
+  auto path = live_path(peer.address);
+  if (!path) return std::unexpected(path.error());
+  return ucx_.remote_regions(*path);
+}
+
+Result<transport::PathId> Datapath::live_path(const std::string& peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) {
+    return std::unexpected(Status::not_found("no peer \"{}\" (connect() to it first)", peer));
+  }
+  if (Status s = ucx_.path_status(it->second); !s.is_ok()) return std::unexpected(s);
+  return it->second;
+}
+
+Status Datapath::check(const Request& r, std::size_t i) const {
+  if (r.length == 0) return Status::invalid_argument("request {} of the batch has length 0", i);
+  if (r.op != Op::kRead && r.op != Op::kWrite) {
+    return Status::invalid_argument("request {} of the batch has an unknown op {}", i, static_cast<int>(r.op));
+  }
+  const auto local = regions_.find(r.local_region);
+  if (local == regions_.end()) {
+    return Status::not_found("request {} of the batch: no local region {}", i, r.local_region);
+  }
+  const Region& lr = local->second.region;
+  if (r.local_offset > lr.length || r.length > lr.length - r.local_offset) {
+    return Status::out_of_range("request {} of the batch: local range [{}, +{}) is outside region {} ({} bytes)", i,
+                                r.local_offset, r.length, lr.handle, lr.length);
+  }
+  auto path = live_path(r.peer);
+  if (!path) return Status(path.error().code(), fmt::format("request {} of the batch: {}", i, path.error().message()));
+  auto remote = ucx_.remote_regions(*path);
+  if (!remote) return remote.error();
+  const auto rr = std::ranges::find(*remote, r.remote_region, &transport::RemoteRegion::key);
+  if (rr == remote->end()) {
+    return Status::not_found("request {} of the batch: peer {} has no region {} (refresh() learns new ones)", i, r.peer,
+                             r.remote_region);
+  }
+  if (r.remote_offset > rr->length || r.length > rr->length - r.remote_offset) {
+    return Status::out_of_range("request {} of the batch: remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
+                                i, r.remote_offset, r.length, rr->key, r.peer, rr->length);
+  }
+  return Status::ok();
+}
+
+Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
+  if (batch.requests.empty()) return std::unexpected(Status::invalid_argument("submit: the batch is empty"));
+  if (batch.notification.size() > transport::kMaxNotificationBytes) {
+    return std::unexpected(Status::invalid_argument("submit: the notification has {} bytes (at most {})",
+                                                    batch.notification.size(), transport::kMaxNotificationBytes));
+  }
+  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
+    if (Status s = check(batch.requests[i], i); !s.is_ok()) {
+      return std::unexpected(Status(s.code(), "submit: " + s.message()));
+    }
+    if (!batch.notification.empty() && batch.requests[i].peer != batch.requests[0].peer) {
+      return std::unexpected(Status::invalid_argument(
+          "submit: a batch with a notification must name one peer (request 0: {}, request {}: {})",
+          batch.requests[0].peer, i, batch.requests[i].peer));
+    }
+  }
+  const std::uint64_t id = next_batch_++;
+  BatchRecord record;
+  record.notification = batch.notification;
+  record.notify_path = peers_.at(batch.requests[0].peer);
+  for (const Request& r : batch.requests) {
+    RegionRecord& local = regions_.at(r.local_region);
+    sched::TransferRequest t;
+    t.from = ucx_.address();
+    t.to = r.peer;
+    t.bytes = r.length;
+    t.qos = r.qos;
+    t.deadline_ns = r.deadline_ns;
+    t.op = r.op;
+    t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
+    t.remote_key = r.remote_region;
+    const auto regions = ucx_.remote_regions(peers_.at(r.peer));
+    t.remote_addr = std::ranges::find(*regions, r.remote_region, &transport::RemoteRegion::key)->base + r.remote_offset;
+    const sched::RequestId rid = next_id_.fetch_add(1);
+    if (Status s = admission_.submit(rid, t, now_ns); !s.is_ok()) {
+      // Checked above against the same tables, so this is a routing refusal
+      // (no path to the peer): the requests already admitted go on alone.
+      spdlog::warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
+      if (record.requests.empty()) return std::unexpected(Status(s.code(), "submit: " + s.message()));
+      break;
+    }
+    ++local.live_requests;
+    record.requests.push_back(rid);
+    record.local_regions.push_back(r.local_region);
+    record.ops.push_back(r.op);
+    batch_of_[rid] = id;
+  }
+  record.open = record.requests.size();
+  batches_.emplace(id, std::move(record));
+  metrics_.add("baton_engine_batches_total", {}, 1);
+  return BatchHandle{id};
+}
+
+Result<BatchStatus> Datapath::poll(BatchHandle handle) const {
+  auto it = batches_.find(handle.id);
+  if (it == batches_.end()) return std::unexpected(Status::not_found("poll: no batch {}", handle.id));
+  const BatchRecord& b = it->second;
+  BatchStatus out;
+  out.done = b.ended;
+  for (sched::RequestId id : b.requests) {
+    auto s = admission_.status(id);
+    if (!s) return std::unexpected(s.error());
+    out.bytes += s->bytes;
+    out.bytes_done += s->bytes_done;
+    if (out.done && out.status.is_ok() && s->state != sched::RequestState::kCompleted) out.status = s->status;
+    out.requests.push_back(std::move(*s));
+  }
+  return out;
+}
+
+Status Datapath::cancel(BatchHandle handle, TimeNs now_ns) {
+  auto it = batches_.find(handle.id);
+  if (it == batches_.end()) return Status::not_found("cancel: no batch {}", handle.id);
+  if (it->second.ended || it->second.open == 0) {
+    return Status::invalid_argument("cancel: batch {} already ended", handle.id);
+  }
+  for (sched::RequestId id : it->second.requests) {
+    auto s = admission_.status(id);
+    if (s && !ended_state(s->state)) (void)admission_.cancel(id, now_ns);
+  }
+  return Status::ok();
+}
+
+Status Datapath::release(BatchHandle handle) {
+  auto it = batches_.find(handle.id);
+  if (it == batches_.end()) return Status::not_found("release: no batch {}", handle.id);
+  if (!it->second.ended) return Status::invalid_argument("release: batch {} is still running", handle.id);
+  for (sched::RequestId id : it->second.requests) {
+    auto p = scheduler_.progress(id);
+    if (p && !p->posted.empty()) {
+      return Status::invalid_argument(
+          "release: batch {} still has slices on the wire (cancelled, and UCX cannot recall them); release after "
+          "they land",
+          handle.id);
+    }
+  }
+  for (sched::RequestId id : it->second.requests) {
+    (void)admission_.forget(id);
+    batch_of_.erase(id);
+  }
+  batches_.erase(it);
+  std::lock_guard lock(ended_mutex_);
+  ended_.erase(handle.id);
+  return Status::ok();
+}
+
+void Datapath::on_finish(sched::RequestId id) {
+  auto it = batch_of_.find(id);
+  if (it == batch_of_.end()) return;  // ended before its batch record was made (a refused submit)
+  BatchRecord& b = batches_.at(it->second);
+  if (b.open > 0 && --b.open == 0) finished_batches_.push_back(it->second);
+}
+
+void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
+  bool all_ok = true;
+  for (std::size_t i = 0; i < b.requests.size(); ++i) {
+    auto s = admission_.status(b.requests[i]);
+    RegionRecord& local = regions_.at(b.local_regions[i]);
+    --local.live_requests;
+    if (!s) continue;
+    const bool ok = s->state == sched::RequestState::kCompleted;
+    all_ok = all_ok && ok;
+    const std::string op(op_name(b.ops[i]));
+    metrics_.add("baton_engine_requests_total", {{"op", op}, {"state", std::string(sched::to_string(s->state))}}, 1);
+    if (ok) metrics_.add("baton_engine_bytes_total", {{"op", op}}, static_cast<double>(s->bytes));
+  }
+  if (all_ok && !b.notification.empty()) {
+    if (Status s = ucx_.notify(b.notify_path, b.notification); s.is_ok()) {
+      metrics_.add("baton_engine_notifications_sent_total", {}, 1);
+    } else {
+      spdlog::warn("batch {}: notification not sent: {}", id, s.message());
+    }
+  }
+  b.ended = true;
+  {
+    std::lock_guard lock(ended_mutex_);
+    ended_.insert(id);
+  }
+  ended_cv_.notify_all();
+}
+
+void Datapath::on_turn(TimeNs /*now_ns*/) {
+  for (std::uint64_t id : std::exchange(finished_batches_, {})) end_batch(id, batches_.at(id));
+  if (!connects_.empty()) {
+    std::erase_if(connects_, [this](PendingConnect& c) {
+      switch (ucx_.path_state(c.path)) {
+        case transport::PathState::kConnecting: return false;
+        case transport::PathState::kReady: {
+          const std::string& address = ucx_.paths()[c.path].to;
+          peers_[address] = c.path;
+          c.done(Peer{address});
+          return true;
+        }
+        case transport::PathState::kFailed: c.done(std::unexpected(ucx_.path_status(c.path))); return true;
+      }
+      return false;
+    });
+  }
+  if (!refreshes_.empty()) {
+    std::erase_if(refreshes_, [this](PendingRefresh& r) {
+      if (ucx_.path_state(r.path) == transport::PathState::kFailed) {
+        r.done(ucx_.path_status(r.path));
+        return true;
+      }
+      if (ucx_.refresh_pending(r.path)) return false;
+      r.done(Status::ok());
+      return true;
+    });
+  }
+}
+
+void Datapath::shutdown(TimeNs now_ns) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& [id, b] : batches_) {
+    if (b.ended) continue;
+    for (sched::RequestId rid : b.requests) {
+      auto s = admission_.status(rid);
+      if (s && !ended_state(s->state)) (void)admission_.cancel(rid, now_ns);
+    }
+  }
+  ucx_.shutdown();
+  on_turn(now_ns);  // end the batches the cancels finished, fail pending connects
+}
+
+bool Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(ended_mutex_);
+  return ended_cv_.wait_until(lock, deadline, [&] { return ended_.contains(id); });
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,101 @@
+// The loop-side state behind the Engine's real-memory API: registered
+// regions, connected peers, batches of requests and their notifications,
+// over a UcxTransport. Everything here runs on the engine loop (the Engine
+// posts to it) and takes no locks, except the set of ended batches, which
+// waiting threads read. Private to engine/.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "baton/admission/admission.h"
+#include "baton/engine/engine.h"
+#include "baton/engine/metrics.h"
+#include "baton/sched/scheduler.h"
+#include "baton/transport/ucx_transport.h"
+
+namespace baton::engine {
+
+class Datapath {
+ public:
+  Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
+           MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id);
+
+  // --- on the loop ---
+  [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind, int device);
+  [[nodiscard]] Status unregister(RegionHandle region);
+  // `done` runs on the loop once the handshake ended (ready or failed).
+  void connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done);
+  void refresh(const Peer& peer, std::function<void(Status)> done);
+  [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer) const;
+  [[nodiscard]] Result<BatchHandle> submit(const Batch& batch, TimeNs now_ns);
+  [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch) const;
+  [[nodiscard]] Status cancel(BatchHandle batch, TimeNs now_ns);
+  [[nodiscard]] Status release(BatchHandle batch);
+  // The scheduler's finish hook, after admission's.
+  void on_finish(sched::RequestId id);
+  // End of each loop turn: resolves handshakes and refreshes, ends batches.
+  void on_turn(TimeNs now_ns);
+  // Cancels every running batch and closes the transport.
+  void shutdown(TimeNs now_ns);
+  [[nodiscard]] bool shut_down() const { return shut_down_; }
+
+  // --- any thread ---
+  // Until batch `id` ended or `deadline` passed; true when it ended.
+  [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  struct RegionRecord {
+    Region region;
+    std::uint64_t live_requests = 0;
+  };
+  struct BatchRecord {
+    std::vector<sched::RequestId> requests;
+    std::vector<RegionHandle> local_regions;  // per request
+    std::vector<Op> ops;                      // per request
+    std::size_t open = 0;                     // requests not yet ended
+    transport::PathId notify_path = 0;
+    std::string notification;
+    bool ended = false;
+  };
+  struct PendingConnect {
+    transport::PathId path;
+    std::function<void(Result<Peer>)> done;
+  };
+  struct PendingRefresh {
+    transport::PathId path;
+    std::function<void(Status)> done;
+  };
+
+  [[nodiscard]] Status check(const Request& r, std::size_t index) const;
+  [[nodiscard]] Result<transport::PathId> live_path(const std::string& peer) const;
+  void end_batch(std::uint64_t id, BatchRecord& batch);
+
+  transport::UcxTransport& ucx_;
+  sched::Scheduler& scheduler_;
+  admission::AdmissionController& admission_;
+  MetricsRegistry& metrics_;
+  std::atomic<sched::RequestId>& next_id_;
+  bool shut_down_ = false;
+
+  std::unordered_map<RegionHandle, RegionRecord> regions_;
+  std::unordered_map<std::string, transport::PathId> peers_;  // address → latest path
+  std::unordered_map<std::uint64_t, BatchRecord> batches_;
+  std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
+  std::uint64_t next_batch_ = 1;
+  std::vector<std::uint64_t> finished_batches_;  // ended this turn, to close in on_turn
+  std::vector<PendingConnect> connects_;
+  std::vector<PendingRefresh> refreshes_;
+
+  std::mutex ended_mutex_;
+  std::condition_variable ended_cv_;
+  std::unordered_set<std::uint64_t> ended_;  // guarded by ended_mutex_
+};
+
+}  // namespace baton::engine

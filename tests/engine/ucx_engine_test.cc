@@ -1,0 +1,354 @@
+// The Engine over UCX, in one process: pairs of wall-clock engines on
+// 127.0.0.1 moving real bytes between registered buffers.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+
+namespace baton::engine {
+namespace {
+
+constexpr TimeNs kSecond = 1'000'000'000;
+constexpr std::uint64_t kTargetSalt = 7;
+constexpr std::uint64_t kLocalSalt = 11;
+
+EngineConfig ucx_config(std::string tls = "") {
+  EngineConfig c;
+  c.clock = ClockKind::kWall;
+  c.transport = TransportKind::kUcx;
+  c.ucx.tls = std::move(tls);
+  return c;
+}
+
+std::unique_ptr<Engine> make_engine(std::string tls = "") {
+  auto e = Engine::create(ucx_config(std::move(tls)));
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return e ? std::move(*e) : nullptr;
+}
+
+// An engine with one pattern-filled buffer registered. The buffer is
+// declared first so it outlives the engine: a peer may read it until the
+// engine is gone.
+struct Side {
+  std::vector<std::byte> buffer;
+  std::unique_ptr<Engine> engine;
+  Region region;
+
+  Side(std::size_t bytes, std::uint64_t salt, std::string tls = "") : buffer(bytes), engine(make_engine(std::move(tls))) {
+    fill_pattern(buffer, salt);
+    auto r = engine->register_memory(buffer.data(), buffer.size());
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    if (r) region = *r;
+  }
+};
+
+Request request(Op op, const Side& local, std::uint64_t local_offset, const Peer& peer, const Side& remote,
+                std::uint64_t remote_offset, std::uint64_t length) {
+  Request r;
+  r.op = op;
+  r.local_region = local.region.handle;
+  r.local_offset = local_offset;
+  r.peer = peer.address;
+  r.remote_region = remote.region.handle;
+  r.remote_offset = remote_offset;
+  r.length = length;
+  return r;
+}
+
+Status run(Engine& e, const Batch& batch, TimeNs timeout_ns = 20 * kSecond) {
+  auto h = e.submit(batch);
+  if (!h) return h.error();
+  if (Status s = e.wait(*h, timeout_ns); !s.is_ok()) return s;
+  auto st = e.poll(*h);
+  if (!st) return st.error();
+  EXPECT_TRUE(st->done);
+  EXPECT_TRUE(e.release(*h).is_ok());
+  return st->status;
+}
+
+class UcxEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxEngine, ReadsAndWritesRandomRangesByteExact) {
+  constexpr std::size_t kBytes = 4 << 20;
+  Side target(kBytes, kTargetSalt, GetParam());
+  Side local(kBytes, kLocalSalt, GetParam());
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  EXPECT_EQ(peer->address, target.engine->address());
+
+  std::mt19937_64 rng(42);
+  for (int round = 0; round < 24; ++round) {
+    const std::uint64_t length = 1 + rng() % (kBytes / 4);
+    const std::uint64_t local_offset = rng() % (kBytes - length + 1);
+    const std::uint64_t remote_offset = rng() % (kBytes - length + 1);
+    const Op op = round % 2 == 0 ? Op::kRead : Op::kWrite;
+    // The source range carries a fresh salt so a stale byte cannot pass.
+    std::vector<std::byte>& source = op == Op::kRead ? target.buffer : local.buffer;
+    const std::uint64_t source_offset = op == Op::kRead ? remote_offset : local_offset;
+    fill_pattern(std::span(source).subspan(source_offset, length), 100 + round);
+    Batch b;
+    b.requests.push_back(request(op, local, local_offset, *peer, target, remote_offset, length));
+    ASSERT_TRUE(run(*local.engine, b).is_ok()) << "round " << round;
+    const std::vector<std::byte>& sink = op == Op::kRead ? local.buffer : target.buffer;
+    const std::uint64_t sink_offset = op == Op::kRead ? local_offset : remote_offset;
+    const auto bad = pattern_mismatch(std::span(sink).subspan(sink_offset, length), 100 + round);
+    EXPECT_FALSE(bad.has_value()) << "round " << round << ": byte " << *bad << " of " << length;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxEngine, ::testing::Values(std::string(""), std::string("tcp")),
+                         [](const auto& info) { return info.param.empty() ? std::string("Default") : info.param; });
+
+TEST(UcxEngineBatch, ReportsPerRequestBytesAndNotifiesThePeerAfterTheBytes) {
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Batch b;
+  for (int i = 0; i < 8; ++i) b.requests.push_back(request(Op::kWrite, local, i * 4096, *peer, target, i * 8192, 4096));
+  b.notification = "layer 3 done";
+  auto h = local.engine->submit(b);
+  ASSERT_TRUE(h.has_value());
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->done);
+  EXPECT_TRUE(st->status.is_ok());
+  EXPECT_EQ(st->bytes, 8u * 4096);
+  EXPECT_EQ(st->bytes_done, 8u * 4096);
+  ASSERT_EQ(st->requests.size(), 8u);
+  for (const auto& r : st->requests) EXPECT_EQ(r.state, sched::RequestState::kCompleted);
+
+  std::vector<transport::Notification> got;
+  for (int i = 0; i < 2000 && got.empty(); ++i) {
+    got = target.engine->take_notifications();
+    if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "layer 3 done");
+  EXPECT_EQ(got[0].from, local.engine->address());
+  // The notification came after the bytes: they are all there.
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_FALSE(pattern_mismatch(std::span(target.buffer).subspan(i * 8192, 4096), kLocalSalt, i * 4096));
+  }
+  EXPECT_TRUE(target.engine->take_notifications().empty());
+}
+
+TEST(UcxEngineBatch, ManyBatchesFromSeveralThreadsAllLand) {
+  constexpr std::size_t kBlock = 64 << 10;
+  constexpr int kThreads = 4;
+  constexpr int kBatches = 16;
+  constexpr int kPerBatch = 4;
+  Side target(kThreads * kBatches * kPerBatch * kBlock, kTargetSalt);
+  Side local(target.buffer.size(), kLocalSalt);
+  std::fill(local.buffer.begin(), local.buffer.end(), std::byte{0});
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        Batch batch;
+        for (int i = 0; i < kPerBatch; ++i) {
+          const std::uint64_t offset = ((t * kBatches + b) * kPerBatch + i) * kBlock;
+          batch.requests.push_back(request(Op::kRead, local, offset, *peer, target, offset, kBlock));
+        }
+        if (!run(*local.engine, batch).is_ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_FALSE(pattern_mismatch(local.buffer, kTargetSalt).has_value());
+}
+
+TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
+  Side target(64 << 20, kTargetSalt);
+  Side local(64 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Batch b;
+  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *peer, target, i << 20, 1 << 20));
+  auto h = local.engine->submit(b);
+  ASSERT_TRUE(h.has_value());
+  ASSERT_TRUE(local.engine->cancel(*h).is_ok());
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->done);
+  int cancelled = 0;
+  for (const auto& r : st->requests) {
+    EXPECT_TRUE(r.state == sched::RequestState::kCancelled || r.state == sched::RequestState::kCompleted);
+    cancelled += r.state == sched::RequestState::kCancelled;
+  }
+  EXPECT_GT(cancelled, 0);
+  EXPECT_EQ(st->status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(local.engine->cancel(*h).code(), StatusCode::kInvalidArgument);
+  // Posted slices UCX could not recall finish; then the batch and the region go.
+  Status released;
+  for (int i = 0; i < 2000; ++i) {
+    released = local.engine->release(*h);
+    if (released.is_ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(released.is_ok()) << released.to_string();
+  EXPECT_EQ(local.engine->poll(*h).error().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
+}
+
+TEST(UcxEngineRegions, RegionsRegisteredAfterTheHandshakeNeedARefresh) {
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  std::vector<std::byte> late(256 << 10);
+  fill_pattern(late, 99);
+  auto late_region = target.engine->register_memory(late.data(), late.size());
+  ASSERT_TRUE(late_region.has_value());
+  Request r;
+  r.op = Op::kRead;
+  r.local_region = local.region.handle;
+  r.peer = peer->address;
+  r.remote_region = late_region->handle;
+  r.length = late.size();
+  EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(local.engine->refresh(*peer).is_ok());
+  auto regions = local.engine->remote_regions(*peer);
+  ASSERT_TRUE(regions.has_value());
+  EXPECT_EQ(regions->size(), 2u);
+  ASSERT_TRUE(run(*local.engine, Batch{{r}, {}}).is_ok());
+  EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(late.size()), 99).has_value());
+  EXPECT_TRUE(target.engine->unregister(late_region->handle).is_ok());
+}
+
+TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Engine& e = *local.engine;
+  const Request good = request(Op::kRead, local, 0, *peer, target, 0, 4096);
+  auto code = [&](Request r, std::string note = "") {
+    auto h = e.submit(Batch{{good, std::move(r)}, std::move(note)});
+    return h ? StatusCode::kOk : h.error().code();
+  };
+  EXPECT_EQ(e.submit(Batch{}).error().code(), StatusCode::kInvalidArgument);
+  Request r = good;
+  r.length = 0;
+  EXPECT_EQ(code(r), StatusCode::kInvalidArgument);
+  r = good;
+  r.peer = "127.0.0.1:1";
+  EXPECT_EQ(code(r), StatusCode::kNotFound);
+  r = good;
+  r.local_region = 999;
+  EXPECT_EQ(code(r), StatusCode::kNotFound);
+  r = good;
+  r.remote_region = 999;
+  EXPECT_EQ(code(r), StatusCode::kNotFound);
+  r = good;
+  r.local_offset = (1 << 20) - 100;
+  EXPECT_EQ(code(r), StatusCode::kOutOfRange);
+  r = good;
+  r.remote_offset = 1 << 20;
+  EXPECT_EQ(code(r), StatusCode::kOutOfRange);
+  r = good;
+  r.length = std::numeric_limits<std::uint64_t>::max();  // wraps past the end
+  EXPECT_EQ(code(r), StatusCode::kOutOfRange);
+  EXPECT_EQ(code(good, std::string(5000, 'x')), StatusCode::kInvalidArgument);
+  // Nothing of a refused batch ran: the good request did not land.
+  EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(4096), kLocalSalt).has_value());
+
+  EXPECT_EQ(e.connect("not an address").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.connect("127.0.0.1:0").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.register_memory(nullptr, 10).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.register_memory(local.buffer.data(), 0).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.register_memory(local.buffer.data() + 10, 10).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.unregister(999).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.poll(BatchHandle{12345}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.wait(BatchHandle{12345}, kSecond).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.cancel(BatchHandle{12345}).code(), StatusCode::kNotFound);
+
+  e.shutdown();
+  EXPECT_EQ(e.submit(Batch{{good}, {}}).error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(e.connect(target.engine->address()).error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(e.register_memory(local.buffer.data(), 10).error().code(), StatusCode::kUnavailable);
+}
+
+TEST(UcxEngineValidation, UnregisterIsRefusedWhileRequestsRun) {
+  Side target(64 << 20, kTargetSalt);
+  Side local(64 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Batch b;
+  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *peer, target, i << 20, 1 << 20));
+  auto h = local.engine->submit(b);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(local.engine->unregister(local.region.handle).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
+}
+
+TEST(UcxEngineValidation, SimulatedEnginesAndVirtualClocksRefuseRealMemory) {
+  auto sim = Engine::create({});
+  ASSERT_TRUE(sim.has_value());
+  std::byte buf[16];
+  EXPECT_EQ((*sim)->register_memory(buf, sizeof buf).error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*sim)->connect("127.0.0.1:1").error().code(), StatusCode::kFailedPrecondition);
+  EngineConfig c = ucx_config();
+  c.clock = ClockKind::kVirtual;
+  EXPECT_EQ(Engine::create(c).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
+  Side local(64 << 20, kLocalSalt);
+  auto doomed = std::make_unique<Side>(64 << 20, kTargetSalt);
+  Side survivor(1 << 20, kTargetSalt);
+  auto dp = local.engine->connect(doomed->engine->address());
+  auto sp = local.engine->connect(survivor.engine->address());
+  ASSERT_TRUE(dp.has_value() && sp.has_value());
+  Batch b;
+  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *dp, *doomed, i << 20, 1 << 20));
+  auto h = local.engine->submit(b);
+  ASSERT_TRUE(h.has_value());
+  doomed.reset();  // closes its endpoints: the peer is gone
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  int unavailable = 0;
+  for (const auto& r : st->requests) {
+    EXPECT_TRUE(r.state == sched::RequestState::kCompleted || r.state == sched::RequestState::kFailed);
+    if (r.state == sched::RequestState::kFailed) {
+      EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
+      ++unavailable;
+    }
+  }
+  EXPECT_GT(unavailable, 0);
+  EXPECT_EQ(local.engine->submit(Batch{{request(Op::kRead, local, 0, *dp, survivor, 0, 16)}, {}}).error().code(),
+            StatusCode::kUnavailable);
+  EXPECT_TRUE(run(*local.engine, Batch{{request(Op::kRead, local, 0, *sp, survivor, 0, 1 << 20)}, {}}).is_ok());
+  EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(1 << 20), kTargetSalt).has_value());
+}
+
+TEST(UcxEngineIdle, AConnectedIdleEngineSleeps) {
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  ASSERT_TRUE(run(*local.engine, Batch{{request(Op::kRead, local, 0, *peer, target, 0, 4096)}, {}}).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::uint64_t before = local.engine->loop_turns() + target.engine->loop_turns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::uint64_t turns = local.engine->loop_turns() + target.engine->loop_turns() - before;
+  // Each sleeps up to 100 ms when idle: about 10 turns in 0.5 s for two
+  // engines; a spinning loop would turn millions of times.
+  EXPECT_LE(turns, 40u);
+}
+
+}  // namespace
+}  // namespace baton::engine

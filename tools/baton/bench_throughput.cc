@@ -1,0 +1,281 @@
+// `baton bench throughput`: batches of block reads or writes against a
+// `baton serve` peer for a fixed time, like Mooncake's transfer_engine_bench.
+// Every thread keeps one batch in flight on its own blocks; the data is
+// checked against serve's pattern at the end, so a fast wrong answer fails.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "baton/common/stats.h"
+#include "baton/common/units.h"
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+#include "baton/sched/policy.h"
+#include "commands.h"
+#include "json_output.h"
+#include "serve_child.h"
+
+namespace baton::cli {
+namespace {
+
+constexpr std::uint64_t kWriteSalt = 1;  // what a write bench leaves in serve's buffer
+constexpr TimeNs kBatchTimeoutNs = 60'000'000'000;
+
+struct ThroughputOptions {
+  std::string target;
+  bool spawn = false;
+  std::string op = "read";
+  std::string block_size = "1MiB";
+  int batch_size = 16;
+  int threads = 1;
+  std::string duration = "5s";
+  std::string ucx_tls;
+  int lanes = 2;
+  std::string policy_file;
+  std::string json;
+};
+
+struct Plan {
+  engine::Op op = engine::Op::kRead;
+  std::uint64_t block = 0;
+  TimeNs duration_ns = 0;
+  std::uint64_t span = 0;  // bytes each side touches: threads × batch × block
+};
+
+Result<Plan> check_options(const ThroughputOptions& o) {
+  Plan p;
+  if (o.op != "read" && o.op != "write") {
+    return std::unexpected(Status::invalid_argument("--op \"{}\": expected read or write", o.op));
+  }
+  p.op = o.op == "read" ? engine::Op::kRead : engine::Op::kWrite;
+  auto block = parse_size(o.block_size);
+  if (!block) return std::unexpected(Status::invalid_argument("--block-size: {}", block.error().message()));
+  if (*block == 0) return std::unexpected(Status::invalid_argument("--block-size must be > 0"));
+  p.block = *block;
+  auto duration = parse_duration(o.duration);
+  if (!duration) return std::unexpected(Status::invalid_argument("--duration: {}", duration.error().message()));
+  if (*duration <= 0) return std::unexpected(Status::invalid_argument("--duration must be > 0"));
+  p.duration_ns = *duration;
+  if (o.spawn == !o.target.empty()) {
+    return std::unexpected(Status::invalid_argument("give exactly one of --target HOST:PORT and --spawn"));
+  }
+  p.span = static_cast<std::uint64_t>(o.threads) * static_cast<std::uint64_t>(o.batch_size) * p.block;
+  return p;
+}
+
+// Reads `length` bytes of the peer's region at `offset` into `local` at
+// `local_offset`, waiting for it.
+Status read_back(engine::Engine& e, const engine::Region& local, const engine::Peer& peer,
+                 const transport::RemoteRegion& remote, std::uint64_t length) {
+  engine::Batch b;
+  engine::Request r;
+  r.op = engine::Op::kRead;
+  r.local_region = local.handle;
+  r.peer = peer.address;
+  r.remote_region = remote.key;
+  r.length = length;
+  b.requests.push_back(r);
+  auto h = e.submit(b);
+  if (!h) return h.error();
+  if (Status s = e.wait(*h, kBatchTimeoutNs); !s.is_ok()) return s;
+  auto st = e.poll(*h);
+  if (!st) return st.error();
+  (void)e.release(*h);
+  return st->status;
+}
+
+int run_throughput(const ThroughputOptions& o) {
+  auto plan = check_options(o);
+  if (!plan) {
+    fmt::print(stderr, "baton bench throughput: {}\n", plan.error().message());
+    return 2;
+  }
+  std::optional<ServeChild> child;
+  std::string target = o.target;
+  if (o.spawn) {
+    std::vector<std::string> args{"--buffer-size", std::to_string(plan->span), "--lanes", std::to_string(o.lanes)};
+    if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
+    auto started = ServeChild::start(args);
+    if (!started) {
+      fmt::print(stderr, "baton bench throughput: {}\n", started.error().message());
+      return 1;
+    }
+    child.emplace(std::move(*started));
+    target = child->address();
+  }
+
+  engine::EngineConfig config;
+  config.clock = engine::ClockKind::kWall;
+  config.transport = engine::TransportKind::kUcx;
+  config.ucx.tls = o.ucx_tls;
+  config.ucx.lanes_per_peer = o.lanes;
+  if (!o.policy_file.empty()) {
+    auto policy = sched::load_policy(o.policy_file);
+    if (!policy) {
+      fmt::print(stderr, "baton bench throughput: {}\n", policy.error().to_string());
+      return 2;
+    }
+    config.policy = *policy;
+  }
+  std::vector<std::byte> buffer(plan->span);
+  if (plan->op == engine::Op::kWrite) {
+    engine::fill_pattern(buffer, kWriteSalt);
+  } else {
+    std::ranges::fill(buffer, std::byte{0});
+  }
+  auto created = engine::Engine::create(config);
+  if (!created) {
+    fmt::print(stderr, "baton bench throughput: {}\n", created.error().to_string());
+    return 1;
+  }
+  engine::Engine& e = **created;
+  auto local = e.register_memory(buffer.data(), buffer.size());
+  auto peer = local ? e.connect(target) : Result<engine::Peer>(std::unexpected(local.error()));
+  if (!peer) {
+    fmt::print(stderr, "baton bench throughput: {}\n", peer.error().to_string());
+    return 1;
+  }
+  auto regions = e.remote_regions(*peer);
+  if (!regions || regions->empty()) {
+    fmt::print(stderr, "baton bench throughput: peer {} registered no memory\n", peer->address);
+    return 1;
+  }
+  const transport::RemoteRegion remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
+  if (remote.length < plan->span) {
+    fmt::print(stderr, "baton bench throughput: the peer's region has {} bytes; threads × batch × block needs {}\n",
+               remote.length, plan->span);
+    return 1;
+  }
+
+  // Each thread owns blocks [t·batch, (t+1)·batch) at the same offsets on
+  // both sides, and keeps one batch of them in flight.
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> bytes{0};
+  std::vector<std::vector<double>> latencies(static_cast<std::size_t>(o.threads));
+  std::vector<Status> errors(static_cast<std::size_t>(o.threads));
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < o.threads; ++t) {
+    workers.emplace_back([&, t] {
+      engine::Batch batch;
+      for (int i = 0; i < o.batch_size; ++i) {
+        const std::uint64_t offset = (static_cast<std::uint64_t>(t) * o.batch_size + i) * plan->block;
+        engine::Request r;
+        r.op = plan->op;
+        r.local_region = local->handle;
+        r.local_offset = offset;
+        r.peer = peer->address;
+        r.remote_region = remote.key;
+        r.remote_offset = offset;
+        r.length = plan->block;
+        batch.requests.push_back(r);
+      }
+      const std::uint64_t batch_bytes = static_cast<std::uint64_t>(o.batch_size) * plan->block;
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto h = e.submit(batch);
+        Status s = h ? e.wait(*h, kBatchTimeoutNs) : h.error();
+        if (s.is_ok()) {
+          auto st = e.poll(*h);
+          s = st ? st->status : st.error();
+          (void)e.release(*h);
+        }
+        if (!s.is_ok()) {
+          errors[static_cast<std::size_t>(t)] = s;
+          stop = true;
+          return;
+        }
+        latencies[static_cast<std::size_t>(t)].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        bytes.fetch_add(batch_bytes, std::memory_order_relaxed);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::nanoseconds(plan->duration_ns));
+  stop = true;
+  for (auto& w : workers) w.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (const Status& s : errors) {
+    if (!s.is_ok()) {
+      fmt::print(stderr, "baton bench throughput: a batch failed: {}\n", s.to_string());
+      return 1;
+    }
+  }
+
+  // Verify: a read bench holds serve's pattern; a write bench reads back
+  // what it wrote into a cleared buffer.
+  std::uint64_t salt = kServeSalt;
+  if (plan->op == engine::Op::kWrite) {
+    std::ranges::fill(buffer, std::byte{0});
+    if (Status s = read_back(e, *local, *peer, remote, plan->span); !s.is_ok()) {
+      fmt::print(stderr, "baton bench throughput: reading back for the check failed: {}\n", s.to_string());
+      return 1;
+    }
+    salt = kWriteSalt;
+  }
+  if (auto bad = engine::pattern_mismatch(buffer, salt); bad) {
+    fmt::print(stderr, "baton bench throughput: data check FAILED at byte {} of {}\n", *bad, buffer.size());
+    return 1;
+  }
+  e.shutdown();
+  if (child) {
+    if (Status s = child->stop(); !s.is_ok()) {
+      fmt::print(stderr, "baton bench throughput: {}\n", s.message());
+      return 1;
+    }
+  }
+
+  std::vector<double> all;
+  for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+  const auto summary = summarize(all);
+  const double p50 = summary ? summary->p50 : 0.0;
+  const double p99 = summary ? summary->p99 : 0.0;
+  const double gbps = static_cast<double>(bytes.load()) / seconds / 1e9;
+  fmt::print("op {} block {} batch {} threads {} tls {}: {} bytes in {:.2f} s, data verified\n", o.op, plan->block,
+             o.batch_size, o.threads, o.ucx_tls.empty() ? "default" : o.ucx_tls, bytes.load(), seconds);
+  fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
+  fmt::print("throughput {:.3f} GB/s\n", gbps);
+  nlohmann::json j{{"op", o.op},
+                   {"block_size", plan->block},
+                   {"batch_size", o.batch_size},
+                   {"threads", o.threads},
+                   {"duration_s", seconds},
+                   {"bytes", bytes.load()},
+                   {"throughput_gbps", gbps},
+                   {"p50_us", p50},
+                   {"p99_us", p99},
+                   {"ucx_tls", o.ucx_tls},
+                   {"verified", true}};
+  if (Status s = write_json_output(j.dump(2), o.json); !s.is_ok()) {
+    fmt::print(stderr, "baton bench throughput: {}\n", s.message());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_throughput(CLI::App& bench) {
+  auto o = std::make_shared<ThroughputOptions>();
+  CLI::App* app = bench.add_subcommand("throughput", "Batches of block reads/writes against a `baton serve` peer over UCX");
+  app->add_option("--target", o->target, "A running `baton serve` (host:port)");
+  app->add_flag("--spawn", o->spawn, "Start a `baton serve` child on 127.0.0.1 and use it");
+  app->add_option("--op", o->op, "read or write");
+  app->add_option("--block-size", o->block_size, "Bytes per request (size)");
+  app->add_option("--batch-size", o->batch_size, "Requests per batch")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--threads", o->threads, "Submitting threads, one batch in flight each")->check(CLI::Range(1, 256));
+  app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)");
+  app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for both ends (e.g. tcp); empty: UCX's default");
+  app->add_option("--lanes", o->lanes, "UCP endpoints per peer")->check(CLI::Range(1, 64));
+  app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)");
+  app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
+  return {app, [o] { return run_throughput(*o); }};
+}
+
+}  // namespace baton::cli

@@ -1,0 +1,75 @@
+#include "serve_child.h"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <chrono>
+#include <utility>
+
+namespace baton::cli {
+
+Result<ServeChild> ServeChild::start(const std::vector<std::string>& args) {
+  int out[2];
+  if (::pipe(out) != 0) return std::unexpected(Status::unavailable("serve: pipe failed"));
+  const pid_t pid = ::fork();
+  if (pid < 0) return std::unexpected(Status::unavailable("serve: fork failed"));
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::vector<std::string> storage{"baton", "serve"};
+    storage.insert(storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : storage) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ServeChild child(pid, out[0]);
+  // Read until the "address …" line, within a bound.
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (text.find('\n') == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd fd{out[0], POLLIN, 0};
+    char chunk[256];
+    ssize_t n = 0;
+    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0 ||
+        (n = ::read(out[0], chunk, sizeof chunk)) <= 0) {
+      return std::unexpected(Status::unavailable("serve: the child (pid {}) gave no address within 20 s", pid));
+    }
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+  const std::string line = text.substr(0, text.find('\n'));
+  if (!line.starts_with("address ")) {
+    return std::unexpected(Status::unavailable("serve: unexpected first line \"{}\"", line));
+  }
+  child.address_ = line.substr(8);
+  return child;
+}
+
+ServeChild::ServeChild(ServeChild&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), out_(std::exchange(other.out_, -1)), address_(std::move(other.address_)) {}
+
+ServeChild::~ServeChild() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (out_ >= 0) ::close(out_);
+}
+
+Status ServeChild::stop() {
+  if (pid_ <= 0) return Status::ok();
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  ::waitpid(std::exchange(pid_, -1), &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();
+  return Status::internal("serve: the child ended with {} {}", WIFEXITED(status) ? "exit code" : "signal",
+                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+}  // namespace baton::cli

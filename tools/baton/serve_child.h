@@ -1,0 +1,41 @@
+// A `baton serve` child process on loopback, for the commands that bring
+// their own peer (`--spawn`): started with the same binary, stopped with
+// SIGTERM, its exit status checked.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "baton/common/status.h"
+
+namespace baton::cli {
+
+// The salt of the pattern `baton serve` fills its buffer with
+// (engine/pattern.h).
+inline constexpr std::uint64_t kServeSalt = 0;
+
+class ServeChild {
+ public:
+  // Runs `<this binary> serve <args>` and waits (up to 20 s) for its address
+  // line. unavailable when it cannot start or exits first.
+  [[nodiscard]] static Result<ServeChild> start(const std::vector<std::string>& args);
+  ServeChild(ServeChild&& other) noexcept;
+  ServeChild& operator=(ServeChild&&) = delete;
+  ~ServeChild();  // kills it if stop() was not called
+
+  [[nodiscard]] const std::string& address() const { return address_; }
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  // SIGTERM, then waits; internal unless it exited 0.
+  [[nodiscard]] Status stop();
+
+ private:
+  ServeChild(pid_t pid, int out) : pid_(pid), out_(out) {}
+  pid_t pid_ = -1;
+  int out_ = -1;  // the child's stdout, kept open so its later lines do not SIGPIPE it
+  std::string address_;
+};
+
+}  // namespace baton::cli
