@@ -32,6 +32,15 @@ Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKi
   return region;
 }
 
+Result<Region> Datapath::allocate_memory(std::size_t length, int numa_node) {
+  auto allocated = ucx_.allocate_memory(length);
+  if (!allocated) return std::unexpected(allocated.error());
+  Region region{allocated->handle, reinterpret_cast<std::uint64_t>(allocated->address), length, MemoryKind::kDram,
+                numa_node};
+  regions_.emplace(allocated->handle, RegionRecord{region, 0});
+  return region;
+}
+
 Status Datapath::unregister(RegionHandle handle) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) {
@@ -102,13 +111,8 @@ Status Datapath::check(const Request& r, std::size_t i) const {
   }
   auto path = live_path(r.peer);
   if (!path) return Status(path.error().code(), fmt::format("request {} of the batch: {}", i, path.error().message()));
-  auto remote = ucx_.remote_regions(*path);
-  if (!remote) return remote.error();
-  const auto rr = std::ranges::find(*remote, r.remote_region, &transport::RemoteRegion::key);
-  if (rr == remote->end()) {
-    return Status::not_found("request {} of the batch: peer {} has no region {} (refresh() learns new ones)", i, r.peer,
-                             r.remote_region);
-  }
+  auto rr = ucx_.remote_region(*path, r.remote_region);
+  if (!rr) return Status(rr.error().code(), fmt::format("request {} of the batch: {}", i, rr.error().message()));
   if (r.remote_offset > rr->length || r.length > rr->length - r.remote_offset) {
     return Status::out_of_range("request {} of the batch: remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
                                 i, r.remote_offset, r.length, rr->key, r.peer, rr->length);
@@ -136,10 +140,11 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   BatchRecord record;
   record.notification = batch.notification;
   record.notify_path = peers_.at(batch.requests[0].peer);
+  const std::string& me = ucx_.address();
   for (const Request& r : batch.requests) {
     RegionRecord& local = regions_.at(r.local_region);
     sched::TransferRequest t;
-    t.from = ucx_.address();
+    t.from = me;
     t.to = r.peer;
     t.bytes = r.length;
     t.qos = r.qos;
@@ -147,8 +152,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     t.op = r.op;
     t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
     t.remote_key = r.remote_region;
-    const auto regions = ucx_.remote_regions(peers_.at(r.peer));
-    t.remote_addr = std::ranges::find(*regions, r.remote_region, &transport::RemoteRegion::key)->base + r.remote_offset;
+    t.remote_addr = ucx_.remote_region(peers_.at(r.peer), r.remote_region)->base + r.remote_offset;
     const sched::RequestId rid = next_id_.fetch_add(1);
     if (Status s = admission_.submit(rid, t, now_ns); !s.is_ok()) {
       // Checked above against the same tables, so this is a routing refusal
@@ -165,6 +169,10 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   }
   record.open = record.requests.size();
   batches_.emplace(id, std::move(record));
+  {
+    std::lock_guard lock(ended_mutex_);
+    running_.insert(id);
+  }
   metrics_.add("baton_engine_batches_total", {}, 1);
   return BatchHandle{id};
 }
@@ -250,9 +258,17 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     }
   }
   b.ended = true;
+  Ended snapshot;
+  snapshot.clean = true;
+  for (sched::RequestId rid : b.requests) {
+    auto p = scheduler_.progress(rid);
+    if (p && !p->posted.empty()) snapshot.clean = false;
+  }
+  if (auto st = poll(BatchHandle{id})) snapshot.status = std::move(*st);
   {
     std::lock_guard lock(ended_mutex_);
-    ended_.insert(id);
+    running_.erase(id);
+    ended_[id] = std::move(snapshot);
   }
   ended_cv_.notify_all();
 }
@@ -299,6 +315,26 @@ void Datapath::shutdown(TimeNs now_ns) {
   }
   ucx_.shutdown();
   on_turn(now_ns);  // end the batches the cancels finished, fail pending connects
+}
+
+bool Datapath::known(std::uint64_t id) {
+  std::lock_guard lock(ended_mutex_);
+  return running_.contains(id) || ended_.contains(id);
+}
+
+std::optional<BatchStatus> Datapath::ended_status(std::uint64_t id) {
+  std::lock_guard lock(ended_mutex_);
+  auto it = ended_.find(id);
+  if (it == ended_.end()) return std::nullopt;
+  return it->second.status;
+}
+
+bool Datapath::take_ended_if_clean(std::uint64_t id) {
+  std::lock_guard lock(ended_mutex_);
+  auto it = ended_.find(id);
+  if (it == ended_.end() || !it->second.clean) return false;
+  ended_.erase(it);
+  return true;
 }
 
 bool Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {

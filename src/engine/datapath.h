@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -29,6 +30,7 @@ class Datapath {
 
   // --- on the loop ---
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind, int device);
+  [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node);
   [[nodiscard]] Status unregister(RegionHandle region);
   // `done` runs on the loop once the handshake ended (ready or failed).
   void connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done);
@@ -49,6 +51,14 @@ class Datapath {
   // --- any thread ---
   // Until batch `id` ended or `deadline` passed; true when it ended.
   [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
+  // Whether `id` names a batch not yet released (running or ended).
+  [[nodiscard]] bool known(std::uint64_t id);
+  // The final status of an ended batch, without the loop; nullopt while it
+  // runs (or when unknown).
+  [[nodiscard]] std::optional<BatchStatus> ended_status(std::uint64_t id);
+  // Drops an ended batch's final status when none of its slices is still on
+  // the wire, so the loop's release() cannot refuse; false otherwise.
+  [[nodiscard]] bool take_ended_if_clean(std::uint64_t id);
 
  private:
   struct RegionRecord {
@@ -95,7 +105,12 @@ class Datapath {
 
   std::mutex ended_mutex_;
   std::condition_variable ended_cv_;
-  std::unordered_set<std::uint64_t> ended_;  // guarded by ended_mutex_
+  struct Ended {
+    BatchStatus status;
+    bool clean = false;  // no slice of it still on the wire
+  };
+  std::unordered_map<std::uint64_t, Ended> ended_;  // guarded by ended_mutex_
+  std::unordered_set<std::uint64_t> running_;        // guarded by ended_mutex_
 };
 
 }  // namespace baton::engine

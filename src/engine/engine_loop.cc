@@ -23,21 +23,24 @@ bool EngineLoop::has_commands() {
   return !commands_.empty();
 }
 
-void EngineLoop::tick(TimeNs now_ns) {
+bool EngineLoop::tick(TimeNs now_ns) {
   {
     std::lock_guard lock(mutex_);
     draining_.swap(commands_);
   }
+  bool busy = !draining_.empty();
   for (Command& c : draining_) c(admission_, now_ns);
   draining_.clear();
   completions_.clear();
   transport_.poll(now_ns, completions_);
+  busy = busy || !completions_.empty();
   for (const transport::Completion& c : completions_) {
     admission_.on_completion(c, scheduler_.on_completion(c, now_ns), now_ns);
   }
   admission_.tick(now_ns);
   scheduler_.dispatch(now_ns);
   if (on_turn_) on_turn_(now_ns);
+  return busy;
 }
 
 std::optional<TimeNs> EngineLoop::next_event_ns() const {
@@ -110,13 +113,16 @@ Status WallClockDriver::start() {
 void WallClockDriver::stop() {
   if (!thread_.joinable()) return;
   stop_ = true;
-  wake();
+  const std::uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
   thread_.join();
   loop_.set_wake({});
 }
 
 void WallClockDriver::wake() {
-  if (wake_fd_ < 0) return;
+  // A loop that is awake sees the command on its next turn (it checks for
+  // commands after announcing a sleep, so none is missed).
+  if (wake_fd_ < 0 || !sleeping_.load()) return;
   const std::uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof one);  // a full counter still wakes the reader
 }
@@ -124,16 +130,21 @@ void WallClockDriver::wake() {
 TimeNs WallClockDriver::now_ns() const { return clock_.now_ns() - start_ns_; }
 
 void WallClockDriver::run() {
+  TimeNs awake_until = 0;
   while (!stop_) {
     ++turns_;
     TimeNs now = now_ns();
-    loop_.tick(now);
+    if (loop_.tick(now)) awake_until = now + kStayAwakeNs;
     const auto next = loop_.next_event_ns();
     now = now_ns();
     TimeNs sleep_ns = next ? std::max<TimeNs>(0, *next - now) : kIdleSleepNs;
     sleep_ns = std::min(sleep_ns, kIdleSleepNs);
-    if (sleep_ns == 0 || loop_.has_commands()) continue;
-    if (!transport_.arm()) continue;  // the transport has work already
+    if (sleep_ns == 0 || now < awake_until) continue;
+    sleeping_ = true;  // from here a post wakes us; then look once more
+    if (stop_ || loop_.has_commands() || !transport_.arm()) {  // work came in, or the transport has some
+      sleeping_ = false;
+      continue;
+    }
     pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {transport_.event_fd(), POLLIN, 0}};
     const nfds_t count = fds[1].fd >= 0 ? 2 : 1;
     const timespec timeout{static_cast<time_t>(sleep_ns / 1'000'000'000), static_cast<long>(sleep_ns % 1'000'000'000)};
@@ -141,6 +152,7 @@ void WallClockDriver::run() {
       std::uint64_t drained = 0;
       (void)!::read(wake_fd_, &drained, sizeof drained);
     }
+    sleeping_ = false;
   }
 }
 

@@ -32,8 +32,9 @@ class EngineLoop {
   // resolves connects and ends batches there). Set before the loop starts.
   void set_on_turn(std::function<void(TimeNs now_ns)> on_turn) { on_turn_ = std::move(on_turn); }
 
-  // One turn of the loop at `now_ns`.
-  void tick(TimeNs now_ns);
+  // One turn of the loop at `now_ns`. True when it had something to do
+  // (commands or completions).
+  bool tick(TimeNs now_ns);
 
   // The next instant the loop must run at without new commands.
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const;
@@ -88,6 +89,11 @@ class WallClockDriver {
 
   // The longest sleep when nothing is scheduled (a bound, not a poll rate).
   static constexpr TimeNs kIdleSleepNs = 100'000'000;
+  // How long the loop keeps turning after a turn with work before it goes
+  // to sleep: the next command or completion usually follows within
+  // microseconds, and a sleep plus a wake-up costs tens of them (most on a
+  // VM). Idle engines still sleep: this only follows activity.
+  static constexpr TimeNs kStayAwakeNs = 100'000;
 
  private:
   void run();
@@ -98,6 +104,7 @@ class WallClockDriver {
   TimeNs start_ns_ = 0;
   int wake_fd_ = -1;  // eventfd
   std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};  // about to wait, or waiting, in ppoll
   std::atomic<std::uint64_t> turns_{0};
   std::thread thread_;
 };

@@ -37,6 +37,7 @@ struct ThroughputOptions {
   std::string duration = "5s";
   std::string ucx_tls;
   int lanes = 2;
+  bool peer_failure_detection = true;
   std::string policy_file;
   std::string json;
 };
@@ -101,6 +102,7 @@ int run_throughput(const ThroughputOptions& o) {
   if (o.spawn) {
     std::vector<std::string> args{"--buffer-size", std::to_string(plan->span), "--lanes", std::to_string(o.lanes)};
     if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
+    if (!o.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
     auto started = ServeChild::start(args);
     if (!started) {
       fmt::print(stderr, "baton bench throughput: {}\n", started.error().message());
@@ -115,6 +117,7 @@ int run_throughput(const ThroughputOptions& o) {
   config.transport = engine::TransportKind::kUcx;
   config.ucx.tls = o.ucx_tls;
   config.ucx.lanes_per_peer = o.lanes;
+  config.ucx.peer_failure_detection = o.peer_failure_detection;
   if (!o.policy_file.empty()) {
     auto policy = sched::load_policy(o.policy_file);
     if (!policy) {
@@ -251,6 +254,7 @@ int run_throughput(const ThroughputOptions& o) {
                    {"p50_us", p50},
                    {"p99_us", p99},
                    {"ucx_tls", o.ucx_tls},
+                   {"peer_failure_detection", o.peer_failure_detection},
                    {"verified", true}};
   if (Status s = write_json_output(j.dump(2), o.json); !s.is_ok()) {
     fmt::print(stderr, "baton bench throughput: {}\n", s.message());
@@ -273,6 +277,8 @@ Command add_bench_throughput(CLI::App& bench) {
   app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)");
   app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for both ends (e.g. tcp); empty: UCX's default");
   app->add_option("--lanes", o->lanes, "UCP endpoints per peer")->check(CLI::Range(1, 64));
+  app->add_flag("--peer-failure-detection,!--no-peer-failure-detection", o->peer_failure_detection,
+                "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
   app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)");
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_throughput(*o); }};

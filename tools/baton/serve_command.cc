@@ -22,6 +22,7 @@ struct ServeOptions {
   std::string listen = "127.0.0.1:0";
   std::string ucx_tls;
   int lanes = 2;
+  bool peer_failure_detection = true;
   std::string metrics_address;
 };
 
@@ -39,25 +40,27 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  std::vector<std::byte> buffer(*bytes);
-  engine::fill_pattern(buffer, kServeSalt);
   engine::EngineConfig config;
   config.clock = engine::ClockKind::kWall;
   config.transport = engine::TransportKind::kUcx;
   config.ucx.listen_address = o.listen;
   config.ucx.tls = o.ucx_tls;
   config.ucx.lanes_per_peer = o.lanes;
+  config.ucx.peer_failure_detection = o.peer_failure_detection;
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
   if (!engine) {
     fmt::print(stderr, "baton serve: {}\n", engine.error().to_string());
     return 1;
   }
-  auto region = (*engine)->register_memory(buffer.data(), buffer.size());
+  // Allocated by the engine, so a peer on this host reaches it through
+  // shared memory without waking us.
+  auto region = (*engine)->allocate_memory(*bytes);
   if (!region) {
     fmt::print(stderr, "baton serve: {}\n", region.error().to_string());
     return 1;
   }
+  engine::fill_pattern(std::span(reinterpret_cast<std::byte*>(region->base), region->length), kServeSalt);
   fmt::print("address {}\n", (*engine)->address());
   fmt::print("region {} bytes {}\n", region->handle, region->length);
   if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
@@ -67,7 +70,6 @@ int run_serve(const ServeOptions& o) {
   sigwait(&stop, &signal);
   fmt::print(stderr, "baton serve: {} received, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*engine)->shutdown();
-  engine->reset();  // before the buffer it serves
   return 0;
 }
 
@@ -80,6 +82,8 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--listen", o->listen, "Handshake address host:port (port 0: any free port)");
   app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for this engine (e.g. tcp); empty: UCX's default");
   app->add_option("--lanes", o->lanes, "UCP endpoints per peer")->check(CLI::PositiveNumber);
+  app->add_flag("--peer-failure-detection,!--no-peer-failure-detection", o->peer_failure_detection,
+                "Report a dead peer as unavailable (default on; off lets UCX pick shared memory)");
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
   return {app, [o] { return run_serve(*o); }};
 }

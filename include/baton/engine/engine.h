@@ -163,6 +163,12 @@ class Engine {
   // when UCX refuses (VRAM without CUDA support in UCX).
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind = MemoryKind::kDram,
                                                int device = -1);
+  // Memory the engine allocates and registers (freed by unregister()). On
+  // one host a peer then reads and writes it through shared memory
+  // directly, without this engine's CPU (UCX maps the segment); a caller's
+  // buffer from register_memory() goes through the CPU of its owner.
+  // invalid_argument for zero length.
+  [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node = -1);
   // not_found for an unknown region; failed_precondition while requests on
   // it are queued or in flight (including posted slices of a cancelled
   // request, which UCX cannot recall: they finish first).

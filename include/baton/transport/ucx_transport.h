@@ -97,6 +97,15 @@ class UcxTransport final : public Transport {
   // without CUDA support in UCX, for one).
   [[nodiscard]] Result<RegionHandle> register_memory(void* addr, std::size_t length,
                                                      MemoryKind kind = MemoryKind::kDram);
+  // Memory UCX allocates and registers (ucp_mem_map with ALLOCATE): on one
+  // host, peers then reach it through shared memory directly (UCX maps the
+  // segment), where a caller's buffer goes through the target's CPU.
+  // Freed by unregister(). invalid_argument for zero length.
+  struct AllocatedRegion {
+    RegionHandle handle = 0;
+    void* address = nullptr;
+  };
+  [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length);
   // not_found for an unknown (or already unregistered) handle;
   // invalid_argument while slices on the region are in flight. Connected
   // peers are told at once that the region is gone.
@@ -131,6 +140,9 @@ class UcxTransport final : public Transport {
 
   // The peer's regions known here, by key.
   [[nodiscard]] Result<std::vector<RemoteRegion>> remote_regions(PathId path) const;
+  // The peer's region `key`: not_found when the peer has not announced it
+  // (refresh_regions() may help); invalid_argument for an unknown path.
+  [[nodiscard]] Result<RemoteRegion> remote_region(PathId path, RegionHandle key) const;
   // The peer's region that holds [remote_addr, remote_addr + length):
   // out_of_range when none does (refresh_regions() may help).
   [[nodiscard]] Result<RemoteRegion> find_remote_region(PathId path, std::uint64_t remote_addr,

@@ -272,6 +272,53 @@ struct UcxTransport::State {
     return out;
   }
 
+  // ucp_mem_map of a caller's range, or (addr null) of memory UCX
+  // allocates, then the rkey peers get. The caller checked the range.
+  Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind) {
+    ucp_mem_map_params_t params{};
+    params.field_mask =
+        UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.address = addr;
+    params.length = length;
+    if (addr == nullptr) {
+      params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+      params.flags = UCP_MEM_MAP_ALLOCATE;
+    }
+    // Said, not detected: a UCX without CUDA support must refuse VRAM rather
+    // than map a device pointer as host memory.
+    params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    const char* call = addr == nullptr ? "UcxTransport::allocate_memory" : "UcxTransport::register_memory";
+    ucp_mem_h memh = nullptr;
+    if (ucs_status_t st = ucp_mem_map(context, &params, &memh); st != UCS_OK) {
+      return std::unexpected(ucx_failure(call, kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
+    }
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucs_status_t st = ucp_mem_query(memh, &attr); st != UCS_OK) {
+      ucp_mem_unmap(context, memh);
+      return std::unexpected(ucx_failure(call, "ucp_mem_query", st));
+    }
+    void* packed = nullptr;
+    std::size_t packed_size = 0;
+    if (ucs_status_t st = ucp_rkey_pack(context, memh, &packed, &packed_size); st != UCS_OK) {
+      ucp_mem_unmap(context, memh);
+      return std::unexpected(ucx_failure(call, "ucp_rkey_pack", st));
+    }
+    LocalRegion region;
+    region.handle = next_region++;
+    // UCX may round an allocation up; the region is what was asked for.
+    region.base = reinterpret_cast<std::uintptr_t>(addr == nullptr ? attr.address : addr);
+    region.length = length;
+    region.memh = memh;
+    const auto* bytes = static_cast<const std::uint8_t*>(packed);
+    region.packed_rkey.assign(bytes, bytes + packed_size);
+    ucp_rkey_buffer_release(packed);
+    region_base.emplace(region.handle, region.base);
+    const RegionHandle handle = region.handle;
+    regions.emplace(region.base, std::move(region));
+    return handle;
+  }
+
   void fail_path(PathId id, Status reason) {
     Peer& peer = peers[id];
     if (peer.state == PathState::kFailed) return;
@@ -730,37 +777,16 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
         "UcxTransport::register_memory: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", base, length,
         clash->handle, clash->base, clash->length));
   }
-  ucp_mem_map_params_t params{};
-  params.field_mask =
-      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = addr;
-  params.length = length;
-  // Said, not detected: a UCX without CUDA support must refuse VRAM rather
-  // than map a device pointer as host memory.
-  params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-  ucp_mem_h memh = nullptr;
-  if (ucs_status_t st = ucp_mem_map(s.context, &params, &memh); st != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::register_memory",
-                                       kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
+  return s.map_region(addr, length, kind);
+}
+
+Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length) {
+  if (length == 0) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::allocate_memory: length is 0"));
   }
-  void* packed = nullptr;
-  std::size_t packed_size = 0;
-  if (ucs_status_t st = ucp_rkey_pack(s.context, memh, &packed, &packed_size); st != UCS_OK) {
-    ucp_mem_unmap(s.context, memh);
-    return std::unexpected(ucx_failure("UcxTransport::register_memory", "ucp_rkey_pack", st));
-  }
-  LocalRegion region;
-  region.handle = s.next_region++;
-  region.base = base;
-  region.length = length;
-  region.memh = memh;
-  const auto* bytes = static_cast<const std::uint8_t*>(packed);
-  region.packed_rkey.assign(bytes, bytes + packed_size);
-  ucp_rkey_buffer_release(packed);
-  s.region_base.emplace(region.handle, base);
-  const RegionHandle handle = region.handle;
-  s.regions.emplace(base, std::move(region));
-  return handle;
+  auto handle = state_->map_region(nullptr, length, MemoryKind::kDram);
+  if (!handle) return std::unexpected(handle.error());
+  return AllocatedRegion{*handle, reinterpret_cast<void*>(state_->region_base.at(*handle))};
 }
 
 Status UcxTransport::unregister(RegionHandle handle) {
@@ -906,6 +932,20 @@ Result<std::vector<RemoteRegion>> UcxTransport::remote_regions(PathId path) cons
   std::vector<RemoteRegion> out;
   for (const auto& [key, region] : s.peers[path].regions) out.push_back(region->info);
   return out;
+}
+
+Result<RemoteRegion> UcxTransport::remote_region(PathId path, RegionHandle key) const {
+  const State& s = *state_;
+  if (path >= s.peers.size()) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::remote_region: unknown path {} ({} paths)", path,
+                                                    s.peers.size()));
+  }
+  const auto it = s.peers[path].regions.find(key);
+  if (it == s.peers[path].regions.end()) {
+    return std::unexpected(Status::not_found("peer {} has no region {} (refresh_regions() learns new ones)",
+                                             s.peers[path].address, key));
+  }
+  return it->second->info;
 }
 
 Result<RemoteRegion> UcxTransport::find_remote_region(PathId path, std::uint64_t remote_addr,
