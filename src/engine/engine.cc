@@ -62,7 +62,7 @@ void declare_metrics(MetricsRegistry& m) {
 // A caller waiting for the loop spins this long before it blocks: the loop
 // answers most calls within microseconds, and a block plus a wake-up costs
 // tens of them on a VM.
-constexpr auto kCallerSpin = std::chrono::microseconds(50);
+constexpr auto kCallerSpin = std::chrono::microseconds(30);
 
 template <typename F>
 bool spin_until(F ready) {
@@ -239,7 +239,9 @@ Result<sched::RequestProgress> Engine::progress(sched::RequestId id) {
   return p;
 }
 
-const sched::SchedStats& Engine::stats() const { return state_->scheduler->stats(); }
+sched::SchedStats Engine::stats() {
+  return on_loop([this] { return state_->scheduler->stats(); });
+}
 
 std::string Engine::metrics_text() {
   return on_loop([this] {

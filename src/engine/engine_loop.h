@@ -93,7 +93,7 @@ class WallClockDriver {
   // to sleep: the next command or completion usually follows within
   // microseconds, and a sleep plus a wake-up costs tens of them (most on a
   // VM). Idle engines still sleep: this only follows activity.
-  static constexpr TimeNs kStayAwakeNs = 100'000;
+  static constexpr TimeNs kStayAwakeNs = 50'000;
 
  private:
   void run();

@@ -1,7 +1,9 @@
 #include "baton/engine/mixed_workload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "baton/common/stats.h"
@@ -109,6 +111,83 @@ Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& 
   result.prefill = summarize_class(collect(prefill_ids));
   result.stats = e.stats();
   result.bytes_delivered = e.sim_transport().bytes_delivered();
+  return result;
+}
+
+Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPolicy& policy, const UcxLink& link) {
+  if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
+  EngineConfig config;
+  config.clock = ClockKind::kWall;
+  config.transport = TransportKind::kUcx;
+  config.policy = policy;
+  config.ucx.tls = link.ucx_tls;
+  config.ucx.lanes_per_peer = link.lanes;
+  config.ucx.peer_failure_detection = link.peer_failure_detection;
+  // Every request of a class lands on the same local bytes: this run
+  // measures time, and the throughput bench and the demo check the data.
+  std::vector<std::byte> buffer(w.prefill_bytes + w.decode_bytes);
+  auto engine = Engine::create(config);
+  if (!engine) return std::unexpected(engine.error());
+  Engine& e = **engine;
+  auto local = e.register_memory(buffer.data(), buffer.size());
+  if (!local) return std::unexpected(local.error());
+  auto peer = e.connect(link.peer);
+  if (!peer) return std::unexpected(peer.error());
+  auto regions = e.remote_regions(*peer);
+  if (!regions) return std::unexpected(regions.error());
+  if (regions->empty()) return std::unexpected(Status::out_of_range("mixed: peer {} registered no memory", peer->address));
+  const transport::RemoteRegion remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
+  if (remote.length < buffer.size()) {
+    return std::unexpected(Status::out_of_range("mixed: the peer's region has {} bytes; one prefill and one decode need {}",
+                                                remote.length, buffer.size()));
+  }
+  auto make = [&](bool decode) {
+    Request r;
+    r.op = Op::kRead;
+    r.local_region = local->handle;
+    r.local_offset = decode ? w.prefill_bytes : 0;
+    r.peer = peer->address;
+    r.remote_region = remote.key;
+    r.remote_offset = decode ? w.prefill_bytes : 0;
+    r.length = decode ? w.decode_bytes : w.prefill_bytes;
+    r.qos = decode ? sched::QosClass::kDecodeCritical : sched::QosClass::kPrefillBulk;
+    return r;
+  };
+
+  // Arrivals at their instants on the engine's clock; a burst goes as one batch.
+  std::vector<std::pair<BatchHandle, bool>> batches;
+  const auto all = arrivals(w);
+  const TimeNs start = e.now_ns();
+  for (std::size_t i = 0; i < all.size();) {
+    const TimeNs due = start + all[i].at_ns;
+    if (const TimeNs now = e.now_ns(); now < due) std::this_thread::sleep_for(std::chrono::nanoseconds(due - now));
+    Batch batch;
+    const bool decode = all[i].decode;
+    for (; i < all.size() && all[i].decode == decode && start + all[i].at_ns <= due; ++i) {
+      Request r = make(decode);
+      if (decode) r.deadline_ns = e.now_ns() + w.decode_deadline_ns;
+      batch.requests.push_back(std::move(r));
+    }
+    auto h = e.submit(batch);
+    if (!h) return std::unexpected(h.error());
+    batches.emplace_back(*h, decode);
+  }
+  std::vector<sched::RequestStatus> decode_done;
+  std::vector<sched::RequestStatus> prefill_done;
+  MixedResult result;
+  for (const auto& [h, decode] : batches) {
+    if (Status s = e.wait(h, 600'000'000'000); !s.is_ok()) return std::unexpected(s);
+    auto st = e.poll(h);
+    if (!st) return std::unexpected(st.error());
+    for (sched::RequestStatus& r : st->requests) {
+      if (r.state == sched::RequestState::kCompleted) result.bytes_delivered += r.bytes;
+      (decode ? decode_done : prefill_done).push_back(std::move(r));
+    }
+    (void)e.release(h);
+  }
+  result.decode = summarize_class(decode_done);
+  result.prefill = summarize_class(prefill_done);
+  result.stats = e.stats();
   return result;
 }
 

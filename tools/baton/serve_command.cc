@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 #include <pthread.h>
+#include <spdlog/spdlog.h>
 
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
@@ -68,7 +69,7 @@ int run_serve(const ServeOptions& o) {
 
   int signal = 0;
   sigwait(&stop, &signal);
-  fmt::print(stderr, "baton serve: {} received, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  spdlog::info("baton serve: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*engine)->shutdown();
   return 0;
 }

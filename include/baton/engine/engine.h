@@ -146,7 +146,8 @@ class Engine {
   // (Scheduler::progress); empty while admission still holds it. For a layer
   // that moves the missing rest of a transfer elsewhere (dualpath).
   [[nodiscard]] Result<sched::RequestProgress> progress(sched::RequestId id);
-  [[nodiscard]] const sched::SchedStats& stats() const;
+  // The scheduler's counters (a copy, taken on the loop).
+  [[nodiscard]] sched::SchedStats stats();
 
   // --- Real memory and peers (TransportKind::kUcx) ---------------------------
   // Each answers failed_precondition on a simulated engine, and unavailable

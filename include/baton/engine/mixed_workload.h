@@ -55,4 +55,21 @@ struct MixedResult {
 
 [[nodiscard]] Result<MixedResult> run_mixed(const MixedWorkload& workload, const sched::SchedPolicy& policy);
 
+// A peer to run the workload against over UCX (a `baton serve`).
+struct UcxLink {
+  std::string peer;  // host:port
+  std::string ucx_tls;
+  int lanes = 2;
+  bool peer_failure_detection = true;
+};
+
+// The same workload in real time: a wall-clock engine reads every request
+// from the peer's largest region (decode: critical, with its deadline;
+// prefill: bulk), arrivals paced on the steady clock. `from`, `to` and the
+// topology are unused; bytes_delivered counts completed requests' bytes.
+// unavailable when the peer cannot be reached; out_of_range when its region
+// is smaller than one prefill plus one decode request.
+[[nodiscard]] Result<MixedResult> run_mixed_ucx(const MixedWorkload& workload, const sched::SchedPolicy& policy,
+                                                const UcxLink& link);
+
 }  // namespace baton::engine

@@ -992,6 +992,10 @@ bool UcxTransport::arm() {
       !s.accepted_errors.empty()) {
     return false;
   }
+  // UCX's rule for sleeping: progress until it reports nothing done, then
+  // arm. Events it consumed but did not finish (a socket half read) would
+  // not fire the fd again, and the loop would sleep on them.
+  if (ucp_worker_progress(s.worker) != 0) return false;
   const ucs_status_t st = ucp_worker_arm(s.worker);
   if (st != UCS_OK && st != UCS_ERR_BUSY) spdlog::warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
   return st == UCS_OK;
