@@ -10,7 +10,7 @@
 
 namespace baton::cli {
 
-Result<ServeChild> ServeChild::start(const std::vector<std::string>& args) {
+Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const std::string& binary) {
   int out[2];
   if (::pipe(out) != 0) return std::unexpected(Status::unavailable("serve: pipe failed"));
   const pid_t pid = ::fork();
@@ -24,7 +24,7 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args) {
     std::vector<char*> argv;
     for (std::string& s : storage) argv.push_back(s.data());
     argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
+    ::execv(binary.c_str(), argv.data());
     ::_exit(127);
   }
   ::close(out[1]);

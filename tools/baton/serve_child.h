@@ -19,9 +19,11 @@ inline constexpr std::uint64_t kServeSalt = 0;
 
 class ServeChild {
  public:
-  // Runs `<this binary> serve <args>` and waits (up to 20 s) for its address
-  // line. unavailable when it cannot start or exits first.
-  [[nodiscard]] static Result<ServeChild> start(const std::vector<std::string>& args);
+  // Runs `<binary> serve <args>` (by default this very binary) and waits
+  // (up to 20 s) for its address line. unavailable when it cannot start or
+  // exits first.
+  [[nodiscard]] static Result<ServeChild> start(const std::vector<std::string>& args,
+                                                const std::string& binary = "/proc/self/exe");
   ServeChild(ServeChild&& other) noexcept;
   ServeChild& operator=(ServeChild&&) = delete;
   ~ServeChild();  // kills it if stop() was not called

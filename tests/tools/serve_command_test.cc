@@ -1,0 +1,188 @@
+// Two processes on loopback: `baton serve` as a real peer of an in-process
+// engine, and the benches that spawn one (`bench throughput`, `bench mixed
+// --transport ucx`), run as a user runs them.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+#include "serve_child.h"
+#include "tools/baton_cli.h"
+
+namespace baton::cli {
+namespace {
+
+using baton::testing::CommandRun;
+using baton::testing::run_baton;
+constexpr TimeNs kSecond = 1'000'000'000;
+
+ServeChild serve(std::vector<std::string> args) {
+  auto child = ServeChild::start(args, BATON_BINARY);
+  EXPECT_TRUE(child.has_value()) << child.error().to_string();
+  return std::move(*child);
+}
+
+struct Initiator {
+  std::vector<std::byte> buffer;
+  std::unique_ptr<engine::Engine> engine;
+  engine::Region region;
+
+  explicit Initiator(std::size_t bytes, std::string tls = "") : buffer(bytes) {
+    engine::EngineConfig c;
+    c.clock = engine::ClockKind::kWall;
+    c.transport = engine::TransportKind::kUcx;
+    c.ucx.tls = std::move(tls);
+    engine = std::move(*engine::Engine::create(c));
+    region = *engine->register_memory(buffer.data(), buffer.size());
+  }
+
+  // The served region of `peer` (serve registers one).
+  transport::RemoteRegion remote(const engine::Peer& peer) { return engine->remote_regions(peer)->at(0); }
+
+  engine::Request request(engine::Op op, const engine::Peer& peer, std::uint64_t local_offset,
+                          std::uint64_t remote_offset, std::uint64_t length) {
+    engine::Request r;
+    r.op = op;
+    r.local_region = region.handle;
+    r.local_offset = local_offset;
+    r.peer = peer.address;
+    r.remote_region = remote(peer).key;
+    r.remote_offset = remote_offset;
+    r.length = length;
+    return r;
+  }
+
+  Status run(const engine::Batch& b) {
+    auto h = engine->submit(b);
+    if (!h) return h.error();
+    if (Status s = engine->wait(*h, 30 * kSecond); !s.is_ok()) return s;
+    return engine->poll(*h)->status;
+  }
+};
+
+class ServeProcess : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ServeProcess, ServesItsPatternReadAndWrittenByteExactAndExitsCleanly) {
+  std::vector<std::string> args{"--buffer-size", "8MiB"};
+  if (!GetParam().empty()) args.insert(args.end(), {"--ucx-tls", GetParam()});
+  ServeChild child = serve(args);
+  Initiator me(8 << 20, GetParam());
+  auto peer = me.engine->connect(child.address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  EXPECT_EQ(me.remote(*peer).length, 8u << 20);
+  std::mt19937_64 rng(3);
+  for (int round = 0; round < 12; ++round) {
+    const std::uint64_t length = 1 + rng() % (1 << 20);
+    const std::uint64_t remote_offset = rng() % ((8 << 20) - length + 1);
+    const std::uint64_t local_offset = rng() % ((8 << 20) - length + 1);
+    ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *peer, local_offset, remote_offset, length)}, {}}).is_ok());
+    const auto bad = engine::pattern_mismatch(std::span(me.buffer).subspan(local_offset, length), kServeSalt,
+                                              remote_offset);
+    ASSERT_FALSE(bad.has_value()) << "round " << round << " byte " << *bad;
+  }
+  // Write a fresh pattern into serve's buffer, then read it back.
+  engine::fill_pattern(std::span(me.buffer).first(1 << 20), 5);
+  ASSERT_TRUE(me.run({{me.request(engine::Op::kWrite, *peer, 0, 3 << 20, 1 << 20)}, {}}).is_ok());
+  std::fill(me.buffer.begin(), me.buffer.end(), std::byte{0});
+  ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *peer, 4 << 20, 3 << 20, 1 << 20)}, {}}).is_ok());
+  EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).subspan(4 << 20, 1 << 20), 5).has_value());
+  EXPECT_TRUE(child.stop().is_ok());  // SIGTERM: a clean exit, status 0
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, ServeProcess, ::testing::Values(std::string(""), std::string("tcp")),
+                         [](const auto& info) { return info.param.empty() ? std::string("Default") : info.param; });
+
+TEST(ServeProcessFailure, AKilledPeerEndsEveryRequestUnavailableAndOthersAreStillServed) {
+  ServeChild doomed = serve({"--buffer-size", "64MiB"});
+  ServeChild survivor = serve({"--buffer-size", "1MiB"});
+  Initiator me(64 << 20);
+  auto dp = me.engine->connect(doomed.address());
+  auto sp = me.engine->connect(survivor.address());
+  ASSERT_TRUE(dp.has_value() && sp.has_value());
+  engine::Batch b;
+  for (int i = 0; i < 64; ++i) b.requests.push_back(me.request(engine::Op::kRead, *dp, i << 20, i << 20, 1 << 20));
+  auto h = me.engine->submit(b);
+  ASSERT_TRUE(h.has_value());
+  ::kill(doomed.pid(), SIGKILL);  // no goodbye: the socket just dies
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(me.engine->wait(*h, 30 * kSecond).is_ok()) << "a request hung";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  auto st = me.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  int failed = 0;
+  for (const auto& r : st->requests) {
+    ASSERT_TRUE(r.state == sched::RequestState::kCompleted || r.state == sched::RequestState::kFailed);
+    if (r.state == sched::RequestState::kFailed) {
+      EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
+      ++failed;
+    }
+  }
+  EXPECT_GT(failed, 0);
+  ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *sp, 0, 0, 1 << 20)}, {}}).is_ok());
+  EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 20), kServeSalt).has_value());
+  EXPECT_TRUE(survivor.stop().is_ok());
+}
+
+TEST(ServeCommand, RefusesBadInput) {
+  EXPECT_EQ(run_baton("serve --buffer-size 0").exit_code, 2);
+  EXPECT_EQ(run_baton("serve --buffer-size lots").exit_code, 2);
+  const CommandRun r = run_baton("serve --listen nohost --buffer-size 1MiB");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("nohost"), std::string::npos) << r.err;
+}
+
+TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {
+  for (const char* op : {"read", "write"}) {
+    const CommandRun r = run_baton(fmt::format(
+        "bench throughput --spawn --op {} --block-size 256KiB --batch-size 4 --threads 2 --duration 300ms --json -",
+        op));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    for (const char* key : {"op", "block_size", "batch_size", "threads", "duration_s", "bytes", "throughput_gbps",
+                            "p50_us", "p99_us"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_EQ(j["op"], op);
+    EXPECT_EQ(j["block_size"], 256 << 10);
+    EXPECT_EQ(j["batch_size"], 4);
+    EXPECT_EQ(j["threads"], 2);
+    EXPECT_EQ(j["verified"], true);
+    EXPECT_GT(j["bytes"].get<std::uint64_t>(), 0u);
+    EXPECT_EQ(j["bytes"].get<std::uint64_t>() % (4 * (256 << 10)), 0u);  // whole batches only
+    EXPECT_LE(j["p50_us"].get<double>(), j["p99_us"].get<double>());
+    EXPECT_NE(r.out.find("throughput "), std::string::npos);
+  }
+}
+
+TEST(BenchThroughput, RefusesBadInput) {
+  EXPECT_EQ(run_baton("bench throughput --spawn --op copy").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput --spawn --block-size 0").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput --spawn --duration -1s").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput --spawn --target 127.0.0.1:9").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput").exit_code, 2);
+  const CommandRun r = run_baton("bench throughput --target 127.0.0.1:1 --duration 100ms");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;
+}
+
+TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
+  const CommandRun r = run_baton("bench mixed --transport ucx --spawn --duration-ms 300 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["workload"]["transport"], "ucx");
+  for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
+    const auto& p = j["policies"][policy];
+    EXPECT_GT(p["decode_critical"]["count"].get<int>(), 0) << policy;
+    EXPECT_GT(p["prefill_bulk"]["count"].get<int>(), 0) << policy;
+    EXPECT_EQ(p["decode_critical"]["cdf_us"].size(), 101u);
+  }
+  EXPECT_TRUE(j.contains("decode_p99_reduction"));
+  EXPECT_EQ(run_baton("bench mixed --transport carrier-pigeon").exit_code, 1);
+  EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 1);
+}
+
+}  // namespace
+}  // namespace baton::cli
