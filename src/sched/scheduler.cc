@@ -163,6 +163,7 @@ struct PathRuntime {
   std::vector<int> lane_load;
   PathQueue queue;
   std::vector<SliceId> posted;  // in post order: preemption looks at the newest first
+  bool promoted_last = false;    // the last slice posted here was a starvation promotion
 };
 
 double us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
@@ -367,7 +368,10 @@ struct Scheduler::State {
     if (q.by_age.empty()) return nullptr;
     Request* oldest = q.by_age.top().request;
     if (!deadline_aware()) return oldest;
-    if (now_ns - oldest->status.submitted_ns >= policy.starvation_bound_ns) {
+    // Overdue work takes every other slice, never the whole link: a backlog
+    // of bulk that all went overdue would otherwise hold critical work back
+    // until it drained.
+    if (!paths[path].promoted_last && now_ns - oldest->status.submitted_ns >= policy.starvation_bound_ns) {
       top_is_overdue = true;
       return oldest;
     }
@@ -706,6 +710,7 @@ void Scheduler::dispatch(TimeNs now_ns) {
             break;
           }
           st.stats.starvation_promotions += promoted;
+          st.paths[path].promoted_last = promoted;
           continue;
         }
         if (pass == 0 || !st.deadline_aware()) break;

@@ -55,6 +55,9 @@ TEST(WallClockEngine, AnIdleEngineSleeps) {
   auto e = wall_engine();
   const auto id = e->submit({"gpu0", "gpu1", kMiB, QosClass::kHotKv, 0, true}).value();
   ASSERT_TRUE(e->wait(id, 10 * kSeconds).is_ok());
+  // The loop stays awake (turning) for kStayAwakeNs after its last work;
+  // count from after that window.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const std::uint64_t before = e->loop_turns();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // Nothing to do for 300 ms: the loop wakes at most every 100 ms (its idle

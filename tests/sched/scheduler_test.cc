@@ -149,6 +149,25 @@ TEST(Scheduler, NothingStarvesUnderSustainedCriticalLoad) {
   EXPECT_EQ(stats2.starvation_promotions, 0u);
 }
 
+TEST(Scheduler, AnOverdueBacklogTakesEveryOtherSliceNotTheLink) {
+  // 2 GiB of non-preemptible bulk queued at once drains for ~90 ms on PCIe;
+  // at 60 ms all of it is overdue. A critical read arriving then must not
+  // wait for the backlog: overdue work gets every other slice only.
+  SchedPolicy p = SchedPolicy::defaults();
+  auto e = make_engine("pcie4", p);
+  for (int i = 0; i < 2048; ++i) {
+    ASSERT_TRUE(e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kPrefillBulk, 0, false}).has_value());
+  }
+  ASSERT_TRUE(e->run_until(60'000'000).is_ok());
+  const RequestId critical =
+      e->submit({"gpu0", "gpu1", 256 * 1024, QosClass::kDecodeCritical, 62'000'000, false}).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  const RequestStatus s = status_of(*e, critical);
+  ASSERT_EQ(s.state, RequestState::kCompleted);
+  EXPECT_FALSE(s.deadline_missed()) << "waited " << (s.completed_ns - s.submitted_ns) << " ns";
+  EXPECT_GT(e->stats().starvation_promotions, 0u);
+}
+
 TEST(Scheduler, PreemptionRescuesATightDeadlineAndTheVictimCompletes) {
   auto run = [](bool preemption) {
     SchedPolicy p = SchedPolicy::defaults();

@@ -186,3 +186,24 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
 
 }  // namespace
 }  // namespace baton::cli
+
+namespace baton::cli {
+namespace {
+
+TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
+  const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
+    const auto& p = j["policies"][policy];
+    EXPECT_GT(p["ops"].get<int>(), 0) << policy;
+    EXPECT_GE(p["bytes_verified"].get<std::uint64_t>(), p["kv_bytes"].get<std::uint64_t>()) << policy;
+    EXPECT_GT(p["plan_wire_bytes"].get<int>(), 0) << policy;
+  }
+  EXPECT_NE(r.out.find("every byte checked"), std::string::npos);
+  EXPECT_EQ(run_baton("demo --decode-size 0").exit_code, 2);
+  EXPECT_EQ(run_baton("demo --decode-interval-ms 0").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace baton::cli

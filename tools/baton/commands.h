@@ -17,6 +17,7 @@ struct Command {
 
 Command add_topo_command(CLI::App& parent);
 Command add_serve_command(CLI::App& parent);
+Command add_demo_command(CLI::App& parent);
 
 // `baton bench <mode>`: one file per mode, each adding itself under `bench`.
 std::vector<Command> add_bench_commands(CLI::App& parent);
