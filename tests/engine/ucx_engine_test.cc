@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include <httplib.h>
+
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
 
@@ -348,6 +350,39 @@ TEST(UcxEngineIdle, AConnectedIdleEngineSleeps) {
   // Each sleeps up to 100 ms when idle: about 10 turns in 0.5 s for two
   // engines; a spinning loop would turn millions of times.
   EXPECT_LE(turns, 40u);
+}
+
+TEST(UcxEngineMetrics, ServesPrometheusTextOverHttpWhenConfigured) {
+  EngineConfig c = ucx_config();
+  c.metrics_address = "127.0.0.1:0";
+  std::vector<std::byte> buffer(1 << 20);
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  const std::string address = (*e)->metrics_address();
+  ASSERT_FALSE(address.empty());
+  Side target(1 << 20, kTargetSalt);
+  auto local = (*e)->register_memory(buffer.data(), buffer.size());
+  auto peer = (*e)->connect(target.engine->address());
+  ASSERT_TRUE(local.has_value() && peer.has_value());
+  Request r;
+  r.local_region = local->handle;
+  r.peer = peer->address;
+  r.remote_region = target.region.handle;
+  r.length = 4096;
+  ASSERT_TRUE(run(**e, Batch{{r, r}, {}}).is_ok());
+  httplib::Client client("http://" + address);
+  auto got = client.Get("/metrics");
+  ASSERT_TRUE(got) << "no answer from " << address;
+  EXPECT_EQ(got->status, 200);
+  EXPECT_NE(got->body.find("baton_engine_bytes_total{op=\"read\"} 8192"), std::string::npos) << got->body;
+  EXPECT_NE(got->body.find("baton_engine_requests_total{op=\"read\",state=\"completed\"} 2"), std::string::npos);
+  EXPECT_NE(got->body.find("baton_sched_slices_completed_total"), std::string::npos);
+  EngineConfig taken = ucx_config();
+  taken.metrics_address = address;  // already bound
+  EXPECT_EQ(Engine::create(taken).error().code(), StatusCode::kUnavailable);
+  EngineConfig virtual_clock;
+  virtual_clock.metrics_address = "127.0.0.1:0";
+  EXPECT_EQ(Engine::create(virtual_clock).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

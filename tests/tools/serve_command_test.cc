@@ -207,3 +207,22 @@ TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
 
 }  // namespace
 }  // namespace baton::cli
+
+namespace baton::cli {
+namespace {
+
+TEST(BenchIdle, AConnectedIdleEngineSleepsInsteadOfPolling) {
+  const CommandRun r = run_baton("bench idle --duration 1s --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  for (const char* key : {"duration_s", "initiator_cpu_percent", "serve_cpu_percent", "initiator_loop_turns"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  // The loop sleeps up to 100 ms at a time when idle: ~10 turns a second,
+  // where a polling loop turns millions of times.
+  EXPECT_LE(j["initiator_loop_turns"].get<int>(), 40);
+  EXPECT_EQ(run_baton("bench idle --duration 0s").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace baton::cli

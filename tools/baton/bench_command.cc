@@ -14,6 +14,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   modes.push_back(add_bench_dualpath(*bench));
   modes.push_back(add_bench_fault(*bench));
   modes.push_back(add_bench_throughput(*bench));
+  modes.push_back(add_bench_idle(*bench));
   return modes;
 }
 

@@ -28,5 +28,6 @@ Command add_bench_plan(CLI::App& bench);
 Command add_bench_dualpath(CLI::App& bench);
 Command add_bench_fault(CLI::App& bench);
 Command add_bench_throughput(CLI::App& bench);
+Command add_bench_idle(CLI::App& bench);
 
 }  // namespace baton::cli
