@@ -584,9 +584,15 @@ SchedPolicy SchedPolicy::defaults() {
         break;
       case PathType::kPcieP2p:
       case PathType::kHostStaging: slice_kib = 256; break;
+      case PathType::kTcp:
+        // Each write slice is a put plus a flush, a round trip through the
+        // target's CPU on a socket: 64 KiB slices held loopback writes at
+        // 0.67 GB/s, 256 KiB at 0.84 (docs/results.md). A decode then waits
+        // behind at most about a millisecond of bulk.
+        slice_kib = 256;
+        break;
       case PathType::kGdr:
       case PathType::kRdma:
-      case PathType::kTcp:
       case PathType::kShm: break;
     }
     policy.slice_bytes[i] = slice_kib << 10;

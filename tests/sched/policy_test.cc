@@ -75,7 +75,8 @@ TEST(SchedPolicyDefaults, DocumentedValues) {
   EXPECT_EQ(p.slice_for(PathType::kNvswitch), 512 * kKiB);
   EXPECT_EQ(p.slice_for(PathType::kPcieP2p), 256 * kKiB);
   EXPECT_EQ(p.slice_for(PathType::kHostStaging), 256 * kKiB);
-  for (PathType path : {PathType::kGdr, PathType::kRdma, PathType::kTcp, PathType::kShm}) {
+  EXPECT_EQ(p.slice_for(PathType::kTcp), 256 * kKiB);
+  for (PathType path : {PathType::kGdr, PathType::kRdma, PathType::kShm}) {
     EXPECT_EQ(p.slice_for(path), 64 * kKiB) << to_string(path);
   }
   for (PathType path : kAllPaths) {
