@@ -137,10 +137,20 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     }
   }
   const std::uint64_t id = next_batch_++;
-  BatchRecord record;
+  // The record exists before its requests are admitted: a request may end
+  // during admission (infeasible at once, with a recompute callback) and
+  // its finish must find its batch. `open` holds one extra count until
+  // every request is in, so the batch cannot end half submitted.
+  BatchRecord& record = batches_[id];
   record.notification = batch.notification;
   record.notify_path = peers_.at(batch.requests[0].peer);
+  record.open = 1;
+  {
+    std::lock_guard lock(ended_mutex_);
+    running_.insert(id);
+  }
   const std::string& me = ucx_.address();
+  Status refused;
   for (const Request& r : batch.requests) {
     RegionRecord& local = regions_.at(r.local_region);
     sched::TransferRequest t;
@@ -154,25 +164,33 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     t.remote_key = r.remote_region;
     t.remote_addr = ucx_.remote_region(peers_.at(r.peer), r.remote_region)->base + r.remote_offset;
     const sched::RequestId rid = next_id_.fetch_add(1);
-    if (Status s = admission_.submit(rid, t, now_ns); !s.is_ok()) {
-      // Checked above against the same tables, so this is a routing refusal
-      // (no path to the peer): the requests already admitted go on alone.
-      spdlog::warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
-      if (record.requests.empty()) return std::unexpected(Status(s.code(), "submit: " + s.message()));
-      break;
-    }
     ++local.live_requests;
+    ++record.open;
     record.requests.push_back(rid);
     record.local_regions.push_back(r.local_region);
     record.ops.push_back(r.op);
     batch_of_[rid] = id;
+    if (Status s = admission_.submit(rid, t, now_ns); !s.is_ok()) {
+      // Checked above against the same tables, so this is a routing refusal
+      // (no path to the peer): the requests already admitted go on alone.
+      --local.live_requests;
+      --record.open;
+      record.requests.pop_back();
+      record.local_regions.pop_back();
+      record.ops.pop_back();
+      batch_of_.erase(rid);
+      spdlog::warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
+      refused = std::move(s);
+      break;
+    }
   }
-  record.open = record.requests.size();
-  batches_.emplace(id, std::move(record));
-  {
+  if (record.requests.empty()) {
+    batches_.erase(id);
     std::lock_guard lock(ended_mutex_);
-    running_.insert(id);
+    running_.erase(id);
+    return std::unexpected(Status(refused.code(), "submit: " + refused.message()));
   }
+  if (--record.open == 0) finished_batches_.push_back(id);
   metrics_.add("baton_engine_batches_total", {}, 1);
   return BatchHandle{id};
 }
@@ -232,7 +250,7 @@ Status Datapath::release(BatchHandle handle) {
 
 void Datapath::on_finish(sched::RequestId id) {
   auto it = batch_of_.find(id);
-  if (it == batch_of_.end()) return;  // ended before its batch record was made (a refused submit)
+  if (it == batch_of_.end()) return;  // not a batch's request (a TransferRequest submitted directly)
   BatchRecord& b = batches_.at(it->second);
   if (b.open > 0 && --b.open == 0) finished_batches_.push_back(it->second);
 }

@@ -385,5 +385,29 @@ TEST(UcxEngineMetrics, ServesPrometheusTextOverHttpWhenConfigured) {
   EXPECT_EQ(Engine::create(virtual_clock).error().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(UcxEngineBatch, ARequestAdmissionEndsAtOnceStillEndsItsBatch) {
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  std::atomic<int> signalled{0};
+  // Registered before any traffic, as the accessor asks.
+  local.engine->admission().set_local_recompute([&](sched::RequestId, const sched::TransferRequest&) { ++signalled; });
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Request late = request(Op::kRead, local, 0, *peer, target, 0, 1 << 20);
+  late.qos = sched::QosClass::kDecodeCritical;
+  late.deadline_ns = 1;  // long past: infeasible at submit
+  auto h = local.engine->submit(Batch{{late, request(Op::kRead, local, 0, *peer, target, 0, 4096)}, "never sent"});
+  ASSERT_TRUE(h.has_value());
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->requests[0].state, sched::RequestState::kInfeasible);
+  EXPECT_EQ(st->status.code(), StatusCode::kDeadlineInfeasible);
+  EXPECT_EQ(st->requests[1].state, sched::RequestState::kCompleted);
+  EXPECT_EQ(signalled.load(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(target.engine->take_notifications().empty());  // a failed batch notifies no one
+}
+
 }  // namespace
 }  // namespace baton::engine
