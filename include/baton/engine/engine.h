@@ -5,13 +5,13 @@
 // WallClockDriver, which moves real bytes between registered memory and
 // peers' regions (register_memory, connect, Batches of Requests).
 //
-// Threads: submit posts commands to the loop and returns at once. Under the
-// wall clock (EngineConfig::clock) a loop thread owns the state, and cancel,
-// status, wait and metrics_text post to it and wait for the answer, so any
-// thread may call them. Under the virtual clock the loop runs when the
-// caller advances it (run_until / run_until_idle), from one thread. The
-// accessors below metrics_text (stats, sim_transport, scheduler, admission,
-// progress, next_event_ns) read loop state directly: virtual clock, or before
+// Threads: under the wall clock (EngineConfig::clock) a loop thread owns
+// the state; every call that is not marked otherwise posts to it and waits
+// for the answer (submit of a TransferRequest only posts), so any thread may
+// call them. docs/engine.md has the picture. Under the virtual clock the
+// loop runs when the caller advances it (run_until / run_until_idle), from
+// one thread. The accessors sim_transport, scheduler, admission, progress
+// and next_event_ns read loop state directly: virtual clock, or before
 // traffic, only.
 #pragma once
 
