@@ -104,6 +104,11 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (!facts) return std::unexpected(facts.error());
   auto graph = topology::TopologyGraph::build(*facts);
   if (!graph) return std::unexpected(graph.error());
+  if (!config.policy_file.empty()) {
+    auto loaded = sched::load_policy(config.policy_file);
+    if (!loaded) return std::unexpected(loaded.error());
+    config.policy = std::move(*loaded);
+  }
   if (Status s = config.policy.validate(); !s.is_ok()) return std::unexpected(s);
   if (config.transport == TransportKind::kUcx && config.clock != ClockKind::kWall) {
     return std::unexpected(Status::invalid_argument(

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <thread>
 #include <vector>
@@ -294,6 +295,24 @@ TEST(UcxEngineValidation, UnregisterIsRefusedWhileRequestsRun) {
   EXPECT_EQ(local.engine->unregister(local.region.handle).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
+}
+
+TEST(UcxEngineValidation, APolicyFileIsLoadedOrItsErrorReturned) {
+  EngineConfig c = ucx_config();
+  c.policy_file = std::string(BATON_TEST_DATA_DIR) + "/../../configs/sched_policy.yaml";
+  EXPECT_TRUE(Engine::create(c).has_value());
+  c.policy_file = "/nonexistent/policy.yaml";
+  EXPECT_EQ(Engine::create(c).error().code(), StatusCode::kNotFound);
+  const std::string bad = ::testing::TempDir() + "/bad_policy.yaml";
+  std::FILE* f = std::fopen(bad.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("policy: deadline_aware\nslice_size:\n  tcp: -3\n", f);
+  std::fclose(f);
+  c.policy_file = bad;
+  auto refused = Engine::create(c);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("bad_policy.yaml:3:"), std::string::npos) << refused.error().message();
 }
 
 TEST(UcxEngineValidation, SimulatedEnginesAndVirtualClocksRefuseRealMemory) {

@@ -16,7 +16,6 @@
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
-#include "baton/sched/policy.h"
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
@@ -118,14 +117,7 @@ int run_throughput(const ThroughputOptions& o) {
   config.ucx.tls = o.ucx_tls;
   config.ucx.lanes_per_peer = o.lanes;
   config.ucx.peer_failure_detection = o.peer_failure_detection;
-  if (!o.policy_file.empty()) {
-    auto policy = sched::load_policy(o.policy_file);
-    if (!policy) {
-      fmt::print(stderr, "baton bench throughput: {}\n", policy.error().to_string());
-      return 2;
-    }
-    config.policy = *policy;
-  }
+  config.policy_file = o.policy_file;  // create() loads it and reports its errors
   std::vector<std::byte> buffer(plan->span);
   if (plan->op == engine::Op::kWrite) {
     engine::fill_pattern(buffer, kWriteSalt);

@@ -57,6 +57,9 @@ struct EngineConfig {
   std::string topology_model = "nvswitch8";
   std::string topology_file;
   sched::SchedPolicy policy = sched::SchedPolicy::defaults();
+  // A YAML policy file (configs/sched_policy.yaml); when set it replaces
+  // `policy`. Its errors (with line numbers) come back from create().
+  std::string policy_file;
   transport::SimConfig sim;
 };
 
