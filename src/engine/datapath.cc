@@ -95,29 +95,30 @@ Result<transport::PathId> Datapath::live_path(const std::string& peer) const {
   return it->second;
 }
 
-Status Datapath::check(const Request& r, std::size_t i) const {
-  if (r.length == 0) return Status::invalid_argument("request {} of the batch has length 0", i);
+Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
+  auto refuse = [i](Status s) {
+    return std::unexpected(Status(s.code(), fmt::format("submit: request {} of the batch: {}", i, s.message())));
+  };
+  if (r.length == 0) return refuse(Status::invalid_argument("length 0"));
   if (r.op != Op::kRead && r.op != Op::kWrite) {
-    return Status::invalid_argument("request {} of the batch has an unknown op {}", i, static_cast<int>(r.op));
+    return refuse(Status::invalid_argument("unknown op {}", static_cast<int>(r.op)));
   }
   const auto local = regions_.find(r.local_region);
-  if (local == regions_.end()) {
-    return Status::not_found("request {} of the batch: no local region {}", i, r.local_region);
-  }
+  if (local == regions_.end()) return refuse(Status::not_found("no local region {}", r.local_region));
   const Region& lr = local->second.region;
   if (r.local_offset > lr.length || r.length > lr.length - r.local_offset) {
-    return Status::out_of_range("request {} of the batch: local range [{}, +{}) is outside region {} ({} bytes)", i,
-                                r.local_offset, r.length, lr.handle, lr.length);
+    return refuse(Status::out_of_range("local range [{}, +{}) is outside region {} ({} bytes)", r.local_offset,
+                                       r.length, lr.handle, lr.length));
   }
   auto path = live_path(r.peer);
-  if (!path) return Status(path.error().code(), fmt::format("request {} of the batch: {}", i, path.error().message()));
+  if (!path) return refuse(path.error());
   auto rr = ucx_.remote_region(*path, r.remote_region);
-  if (!rr) return Status(rr.error().code(), fmt::format("request {} of the batch: {}", i, rr.error().message()));
+  if (!rr) return refuse(rr.error());
   if (r.remote_offset > rr->length || r.length > rr->length - r.remote_offset) {
-    return Status::out_of_range("request {} of the batch: remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
-                                i, r.remote_offset, r.length, rr->key, r.peer, rr->length);
+    return refuse(Status::out_of_range("remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
+                                       r.remote_offset, r.length, rr->key, r.peer, rr->length));
   }
-  return Status::ok();
+  return Checked{&local->second, *path, rr->base + r.remote_offset};
 }
 
 Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
@@ -126,10 +127,12 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     return std::unexpected(Status::invalid_argument("submit: the notification has {} bytes (at most {})",
                                                     batch.notification.size(), transport::kMaxNotificationBytes));
   }
+  std::vector<Checked> checked;
+  checked.reserve(batch.requests.size());
   for (std::size_t i = 0; i < batch.requests.size(); ++i) {
-    if (Status s = check(batch.requests[i], i); !s.is_ok()) {
-      return std::unexpected(Status(s.code(), "submit: " + s.message()));
-    }
+    auto c = check(batch.requests[i], i);
+    if (!c) return std::unexpected(c.error());
+    checked.push_back(*c);
     if (!batch.notification.empty() && batch.requests[i].peer != batch.requests[0].peer) {
       return std::unexpected(Status::invalid_argument(
           "submit: a batch with a notification must name one peer (request 0: {}, request {}: {})",
@@ -143,7 +146,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   // every request is in, so the batch cannot end half submitted.
   BatchRecord& record = batches_[id];
   record.notification = batch.notification;
-  record.notify_path = peers_.at(batch.requests[0].peer);
+  record.notify_path = checked[0].path;
   record.open = 1;
   {
     std::lock_guard lock(ended_mutex_);
@@ -151,8 +154,9 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   }
   const std::string& me = ucx_.address();
   Status refused;
-  for (const Request& r : batch.requests) {
-    RegionRecord& local = regions_.at(r.local_region);
+  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
+    const Request& r = batch.requests[i];
+    RegionRecord& local = *checked[i].local;
     sched::TransferRequest t;
     t.from = me;
     t.to = r.peer;
@@ -162,7 +166,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     t.op = r.op;
     t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
     t.remote_key = r.remote_region;
-    t.remote_addr = ucx_.remote_region(peers_.at(r.peer), r.remote_region)->base + r.remote_offset;
+    t.remote_addr = checked[i].remote_addr;
     const sched::RequestId rid = next_id_.fetch_add(1);
     ++local.live_requests;
     ++record.open;
@@ -218,11 +222,15 @@ Status Datapath::cancel(BatchHandle handle, TimeNs now_ns) {
   if (it->second.ended || it->second.open == 0) {
     return Status::invalid_argument("cancel: batch {} already ended", handle.id);
   }
-  for (sched::RequestId id : it->second.requests) {
+  cancel_running(it->second, now_ns);
+  return Status::ok();
+}
+
+void Datapath::cancel_running(const BatchRecord& batch, TimeNs now_ns) {
+  for (sched::RequestId id : batch.requests) {
     auto s = admission_.status(id);
     if (s && !ended_state(s->state)) (void)admission_.cancel(id, now_ns);
   }
-  return Status::ok();
 }
 
 Status Datapath::release(BatchHandle handle) {
@@ -325,11 +333,7 @@ void Datapath::shutdown(TimeNs now_ns) {
   if (shut_down_) return;
   shut_down_ = true;
   for (auto& [id, b] : batches_) {
-    if (b.ended) continue;
-    for (sched::RequestId rid : b.requests) {
-      auto s = admission_.status(rid);
-      if (s && !ended_state(s->state)) (void)admission_.cancel(rid, now_ns);
-    }
+    if (!b.ended) cancel_running(b, now_ns);
   }
   ucx_.shutdown();
   on_turn(now_ns);  // end the batches the cancels finished, fail pending connects

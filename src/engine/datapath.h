@@ -83,7 +83,16 @@ class Datapath {
     std::function<void(Status)> done;
   };
 
-  [[nodiscard]] Status check(const Request& r, std::size_t index) const;
+  // A request checked against the region and peer tables: what submit
+  // needs of them, looked up once.
+  struct Checked {
+    RegionRecord* local = nullptr;
+    transport::PathId path = 0;
+    std::uint64_t remote_addr = 0;  // the peer's address of byte 0
+  };
+  [[nodiscard]] Result<Checked> check(const Request& r, std::size_t index);
+  // Cancels the requests of `batch` that are still running.
+  void cancel_running(const BatchRecord& batch, TimeNs now_ns);
   [[nodiscard]] Result<transport::PathId> live_path(const std::string& peer) const;
   void end_batch(std::uint64_t id, BatchRecord& batch);
 

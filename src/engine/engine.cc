@@ -77,6 +77,14 @@ bool spin_until(F ready, std::chrono::microseconds spin = kCallerSpin) {
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+EngineConfig wall_ucx_config(transport::UcxConfig ucx) {
+  EngineConfig c;
+  c.clock = ClockKind::kWall;
+  c.transport = TransportKind::kUcx;
+  c.ucx = std::move(ucx);
+  return c;
+}
+
 Engine::~Engine() {
   shutdown();
   if (state_->wall) state_->wall->stop();  // the loop thread goes before what it uses

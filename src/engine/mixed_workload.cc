@@ -114,15 +114,11 @@ Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& 
   return result;
 }
 
-Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPolicy& policy, const UcxLink& link) {
+Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPolicy& policy, const std::string& peer_address,
+                                  const transport::UcxConfig& ucx) {
   if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
-  EngineConfig config;
-  config.clock = ClockKind::kWall;
-  config.transport = TransportKind::kUcx;
+  EngineConfig config = wall_ucx_config(ucx);
   config.policy = policy;
-  config.ucx.tls = link.ucx_tls;
-  config.ucx.lanes_per_peer = link.lanes;
-  config.ucx.peer_failure_detection = link.peer_failure_detection;
   // Every request of a class lands on the same local bytes: this run
   // measures time, and the throughput bench and the demo check the data.
   std::vector<std::byte> buffer(w.prefill_bytes + w.decode_bytes);
@@ -131,7 +127,7 @@ Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPoli
   Engine& e = **engine;
   auto local = e.register_memory(buffer.data(), buffer.size());
   if (!local) return std::unexpected(local.error());
-  auto peer = e.connect(link.peer);
+  auto peer = e.connect(peer_address);
   if (!peer) return std::unexpected(peer.error());
   auto regions = e.remote_regions(*peer);
   if (!regions) return std::unexpected(regions.error());

@@ -21,11 +21,9 @@ constexpr std::uint64_t kTargetSalt = 7;
 constexpr std::uint64_t kLocalSalt = 11;
 
 EngineConfig ucx_config(std::string tls = "") {
-  EngineConfig c;
-  c.clock = ClockKind::kWall;
-  c.transport = TransportKind::kUcx;
-  c.ucx.tls = std::move(tls);
-  return c;
+  transport::UcxConfig ucx;
+  ucx.tls = std::move(tls);
+  return wall_ucx_config(ucx);
 }
 
 std::unique_ptr<Engine> make_engine(std::string tls = "") {
@@ -61,6 +59,14 @@ Request request(Op op, const Side& local, std::uint64_t local_offset, const Peer
   r.remote_offset = remote_offset;
   r.length = length;
   return r;
+}
+
+// 64 reads of 1 MiB at the same offsets on both sides: long enough over
+// loopback to cancel, unregister or kill a peer while it runs.
+Batch mib_reads(const Side& local, const Peer& peer, const Side& remote) {
+  Batch b;
+  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, peer, remote, i << 20, 1 << 20));
+  return b;
 }
 
 Status run(Engine& e, const Batch& batch, TimeNs timeout_ns = 20 * kSecond) {
@@ -176,9 +182,7 @@ TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   Side local(64 << 20, kLocalSalt);
   auto peer = local.engine->connect(target.engine->address());
   ASSERT_TRUE(peer.has_value());
-  Batch b;
-  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *peer, target, i << 20, 1 << 20));
-  auto h = local.engine->submit(b);
+  auto h = local.engine->submit(mib_reads(local, *peer, target));
   ASSERT_TRUE(h.has_value());
   ASSERT_TRUE(local.engine->cancel(*h).is_ok());
   ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
@@ -276,6 +280,10 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.poll(BatchHandle{12345}).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(e.wait(BatchHandle{12345}, kSecond).code(), StatusCode::kNotFound);
   EXPECT_EQ(e.cancel(BatchHandle{12345}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.release(BatchHandle{12345}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.allocate_memory(0).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.refresh(Peer{"127.0.0.1:1"}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.remote_regions(Peer{"127.0.0.1:1"}).error().code(), StatusCode::kNotFound);
 
   e.shutdown();
   EXPECT_EQ(e.submit(Batch{{good}, {}}).error().code(), StatusCode::kUnavailable);
@@ -283,16 +291,16 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.register_memory(local.buffer.data(), 10).error().code(), StatusCode::kUnavailable);
 }
 
-TEST(UcxEngineValidation, UnregisterIsRefusedWhileRequestsRun) {
+TEST(UcxEngineValidation, UnregisterReleaseAndShortWaitsAreRefusedWhileRequestsRun) {
   Side target(64 << 20, kTargetSalt);
   Side local(64 << 20, kLocalSalt);
   auto peer = local.engine->connect(target.engine->address());
   ASSERT_TRUE(peer.has_value());
-  Batch b;
-  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *peer, target, i << 20, 1 << 20));
-  auto h = local.engine->submit(b);
+  auto h = local.engine->submit(mib_reads(local, *peer, target));
   ASSERT_TRUE(h.has_value());
   EXPECT_EQ(local.engine->unregister(local.region.handle).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(local.engine->wait(*h, 1).code(), StatusCode::kTimeout);  // 64 MiB do not land in a nanosecond
+  EXPECT_EQ(local.engine->release(*h).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
 }
@@ -333,9 +341,7 @@ TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
   auto dp = local.engine->connect(doomed->engine->address());
   auto sp = local.engine->connect(survivor.engine->address());
   ASSERT_TRUE(dp.has_value() && sp.has_value());
-  Batch b;
-  for (int i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *dp, *doomed, i << 20, 1 << 20));
-  auto h = local.engine->submit(b);
+  auto h = local.engine->submit(mib_reads(local, *dp, *doomed));
   ASSERT_TRUE(h.has_value());
   doomed.reset();  // closes its endpoints: the peer is gone
   ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());

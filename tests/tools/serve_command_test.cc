@@ -19,6 +19,9 @@ using baton::testing::CommandRun;
 using baton::testing::run_baton;
 constexpr TimeNs kSecond = 1'000'000'000;
 
+// The JSON a command printed after its human-readable lines (`--json -`).
+nlohmann::json json_of(const CommandRun& r) { return nlohmann::json::parse(r.out.substr(r.out.find("{\n"))); }
+
 ServeChild serve(std::vector<std::string> args) {
   auto child = ServeChild::start(args, BATON_BINARY);
   EXPECT_TRUE(child.has_value()) << child.error().to_string();
@@ -31,10 +34,9 @@ struct Initiator {
   engine::Region region;
 
   explicit Initiator(std::size_t bytes, std::string tls = "") : buffer(bytes) {
-    engine::EngineConfig c;
-    c.clock = engine::ClockKind::kWall;
-    c.transport = engine::TransportKind::kUcx;
-    c.ucx.tls = std::move(tls);
+    transport::UcxConfig ucx;
+    ucx.tls = std::move(tls);
+    engine::EngineConfig c = engine::wall_ucx_config(ucx);
     engine = std::move(*engine::Engine::create(c));
     region = *engine->register_memory(buffer.data(), buffer.size());
   }
@@ -107,9 +109,7 @@ TEST(ServeProcessFailure, AKilledPeerEndsEveryRequestUnavailableAndOthersAreStil
   auto h = me.engine->submit(b);
   ASSERT_TRUE(h.has_value());
   ::kill(doomed.pid(), SIGKILL);  // no goodbye: the socket just dies
-  const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(me.engine->wait(*h, 30 * kSecond).is_ok()) << "a request hung";
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   auto st = me.engine->poll(*h);
   ASSERT_TRUE(st.has_value());
   int failed = 0;
@@ -140,7 +140,7 @@ TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {
         "bench throughput --spawn --op {} --block-size 256KiB --batch-size 4 --threads 2 --duration 300ms --json -",
         op));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    const auto j = json_of(r);
     for (const char* key : {"op", "block_size", "batch_size", "threads", "duration_s", "bytes", "throughput_gbps",
                             "p50_us", "p99_us"}) {
       EXPECT_TRUE(j.contains(key)) << key;
@@ -171,7 +171,7 @@ TEST(BenchThroughput, RefusesBadInput) {
 TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
   const CommandRun r = run_baton("bench mixed --transport ucx --spawn --duration-ms 300 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const auto j = json_of(r);
   EXPECT_EQ(j["workload"]["transport"], "ucx");
   for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
     const auto& p = j["policies"][policy];
@@ -184,16 +184,11 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
   EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 1);
 }
 
-}  // namespace
-}  // namespace baton::cli
-
-namespace baton::cli {
-namespace {
 
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
   const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto j = json_of(r);
   for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
     const auto& p = j["policies"][policy];
     EXPECT_GT(p["ops"].get<int>(), 0) << policy;
@@ -205,16 +200,11 @@ TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
   EXPECT_EQ(run_baton("demo --decode-interval-ms 0").exit_code, 2);
 }
 
-}  // namespace
-}  // namespace baton::cli
-
-namespace baton::cli {
-namespace {
 
 TEST(BenchIdle, AConnectedIdleEngineSleepsInsteadOfPolling) {
   const CommandRun r = run_baton("bench idle --duration 1s --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto j = json_of(r);
   for (const char* key : {"duration_s", "initiator_cpu_percent", "serve_cpu_percent", "initiator_loop_turns"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }

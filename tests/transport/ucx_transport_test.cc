@@ -341,6 +341,28 @@ TEST_P(UcxTransportTest, BadRegistrationsAndUnregistrationsAreRefused) {
   EXPECT_EQ(a_->packed_rkey(*second).error().code(), StatusCode::kNotFound);
 }
 
+TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
+  EXPECT_EQ(a_->allocate_memory(0).error().code(), StatusCode::kInvalidArgument);
+  auto allocated = b_->allocate_memory(64 << 10);
+  ASSERT_TRUE(allocated.has_value()) << allocated.error().to_string();
+  ASSERT_NE(allocated->address, nullptr);
+  EXPECT_EQ(a_->notify(7, "hi").code(), StatusCode::kInvalidArgument);           // no such path
+  EXPECT_EQ(a_->remote_region(7, 1).error().code(), StatusCode::kInvalidArgument);
+  const PathId path = connect_ready();
+  EXPECT_EQ(a_->remote_region(path, allocated->handle)->length, 64u << 10);
+  EXPECT_EQ(a_->remote_region(path, 999).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->notify(path, std::string(kMaxNotificationBytes + 1, 'x')).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a_->notify(path, "first").is_ok());
+  ASSERT_TRUE(a_->notify(path, "second").is_ok());
+  std::vector<Notification> got;
+  EXPECT_TRUE(wait_until([&] {
+    for (Notification& n : b_->take_notifications()) got.push_back(std::move(n));
+    return got.size() >= 2;
+  }));
+  EXPECT_EQ(got, (std::vector<Notification>{{a_->address(), "first"}, {a_->address(), "second"}}));
+  EXPECT_TRUE(b_->unregister(allocated->handle).is_ok());
+}
+
 TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {
   auto& remote = buffer(1 << 20);
   auto rr = b_->register_memory(remote.data(), remote.size());

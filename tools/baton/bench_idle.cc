@@ -19,13 +19,14 @@
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
 
 struct IdleOptions {
   std::string duration = "5s";
-  std::string ucx_tls;
+  transport::UcxConfig ucx;
   std::string json;
 };
 
@@ -48,18 +49,12 @@ int run_idle(const IdleOptions& o) {
     fmt::print(stderr, "baton bench idle: --duration: {}\n", duration ? "must be > 0" : duration.error().message());
     return 2;
   }
-  std::vector<std::string> args{"--buffer-size", "1MiB"};
-  if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
-  auto child = ServeChild::start(args);
+  auto child = ServeChild::start(serve_args(1 << 20, o.ucx));
   if (!child) {
     fmt::print(stderr, "baton bench idle: {}\n", child.error().message());
     return 1;
   }
-  engine::EngineConfig config;
-  config.clock = engine::ClockKind::kWall;
-  config.transport = engine::TransportKind::kUcx;
-  config.ucx.tls = o.ucx_tls;
-  auto e = engine::Engine::create(config);
+  auto e = engine::Engine::create(engine::wall_ucx_config(o.ucx));
   std::vector<std::byte> buffer(1 << 20);
   auto local = e ? (*e)->register_memory(buffer.data(), buffer.size()) : Result<engine::Region>(std::unexpected(e.error()));
   auto peer = local ? (*e)->connect(child->address()) : Result<engine::Peer>(std::unexpected(local.error()));
@@ -103,11 +98,7 @@ int run_idle(const IdleOptions& o) {
                    {"initiator_cpu_percent", self_pct},
                    {"serve_cpu_percent", peer_pct},
                    {"initiator_loop_turns", turns}};
-  if (Status s = write_json_output(j.dump(2), o.json); !s.is_ok()) {
-    fmt::print(stderr, "baton bench idle: {}\n", s.message());
-    return 1;
-  }
-  return 0;
+  return emit_json("bench idle", j.dump(2), o.json);
 }
 
 }  // namespace
@@ -116,7 +107,7 @@ Command add_bench_idle(CLI::App& bench) {
   auto o = std::make_shared<IdleOptions>();
   CLI::App* app = bench.add_subcommand("idle", "CPU an engine and its connected `baton serve` peer use while idle");
   app->add_option("--duration", o->duration, "The quiet window (duration)");
-  app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for both ends (e.g. tcp)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_idle(*o); }};
 }

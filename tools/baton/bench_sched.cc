@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
@@ -31,7 +32,7 @@ struct SchedBenchOptions {
   std::string transport = "sim";
   std::string target;
   bool spawn = false;
-  engine::UcxLink link;
+  transport::UcxConfig ucx;
   std::string prefill_size;
   std::string decode_size;
 };
@@ -84,7 +85,7 @@ ordered_json workload_json(const engine::MixedWorkload& w, const SchedBenchOptio
   const bool ucx = o.transport == "ucx";
   return {{"transport", o.transport},
           {"topology", ucx ? std::string("loopback") : w.topology_model},
-          {"link", ucx ? fmt::format("ucx to {} (tls {})", o.link.peer, o.link.ucx_tls.empty() ? "default" : o.link.ucx_tls)
+          {"link", ucx ? fmt::format("ucx to {} (tls {})", o.target, o.ucx.tls.empty() ? "default" : o.ucx.tls)
                        : fmt::format("{}->{}", w.from, w.to)},
           {"prefill", {{"request_bytes", w.prefill_bytes}, {"burst", w.prefill_burst},
                        {"mean_burst_interval_us", static_cast<double>(w.prefill_interval_ns) / 1e3}}},
@@ -131,16 +132,11 @@ int run_mixed_bench(const SchedBenchOptions& o) {
   std::optional<ServeChild> child;
   if (o.transport == "ucx") {
     if (o.spawn == !o.target.empty()) return fail(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
-    run.link.peer = o.target;
     if (o.spawn) {
-      std::vector<std::string> args{"--buffer-size", std::to_string(w->prefill_bytes + w->decode_bytes), "--lanes",
-                                    std::to_string(o.link.lanes)};
-      if (!o.link.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.link.ucx_tls});
-      if (!o.link.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
-      auto started = ServeChild::start(args);
+      auto started = ServeChild::start(serve_args(w->prefill_bytes + w->decode_bytes, o.ucx));
       if (!started) return fail(started.error());
       child.emplace(std::move(*started));
-      run.link.peer = child->address();
+      run.target = child->address();
     }
   } else if (o.spawn || !o.target.empty()) {
     return fail(Status::invalid_argument("--spawn and --target need --transport ucx"));
@@ -150,7 +146,7 @@ int run_mixed_bench(const SchedBenchOptions& o) {
   for (sched::PolicyKind kind : kinds) {
     sched::SchedPolicy policy = *base;
     policy.kind = kind;
-    auto r = run.transport == "ucx" ? engine::run_mixed_ucx(*w, policy, run.link) : engine::run_mixed(*w, policy);
+    auto r = run.transport == "ucx" ? engine::run_mixed_ucx(*w, policy, run.target, run.ucx) : engine::run_mixed(*w, policy);
     if (!r) return fail(r.error());
     results[kind] = *r;
     j["policies"][std::string(sched::to_string(kind))] = {
@@ -250,10 +246,7 @@ Command add_bench_mixed(CLI::App& bench) {
   app->add_option("--transport", o->transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
   app->add_option("--target", o->target, "ucx: a running `baton serve` (host:port)");
   app->add_flag("--spawn", o->spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
-  app->add_option("--ucx-tls", o->link.ucx_tls, "ucx: UCX_TLS for both ends (e.g. tcp)");
-  app->add_option("--lanes", o->link.lanes, "ucx: UCP endpoints per peer")->check(CLI::Range(1, 64));
-  app->add_flag("--peer-failure-detection,!--no-peer-failure-detection", o->link.peer_failure_detection,
-                "ucx: report a dead peer as unavailable (default on; off lets UCX pick shared memory)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--prefill-size", o->prefill_size, "Bytes per prefill request (size)");
   app->add_option("--decode-size", o->decode_size, "Bytes per decode request (size)");
   return {app, [o, app] {

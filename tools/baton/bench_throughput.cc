@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
@@ -34,9 +35,7 @@ struct ThroughputOptions {
   int batch_size = 16;
   int threads = 1;
   std::string duration = "5s";
-  std::string ucx_tls;
-  int lanes = 2;
-  bool peer_failure_detection = true;
+  transport::UcxConfig ucx;
   std::string policy_file;
   std::string json;
 };
@@ -99,10 +98,7 @@ int run_throughput(const ThroughputOptions& o) {
   std::optional<ServeChild> child;
   std::string target = o.target;
   if (o.spawn) {
-    std::vector<std::string> args{"--buffer-size", std::to_string(plan->span), "--lanes", std::to_string(o.lanes)};
-    if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
-    if (!o.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
-    auto started = ServeChild::start(args);
+    auto started = ServeChild::start(serve_args(plan->span, o.ucx));
     if (!started) {
       fmt::print(stderr, "baton bench throughput: {}\n", started.error().message());
       return 1;
@@ -111,12 +107,7 @@ int run_throughput(const ThroughputOptions& o) {
     target = child->address();
   }
 
-  engine::EngineConfig config;
-  config.clock = engine::ClockKind::kWall;
-  config.transport = engine::TransportKind::kUcx;
-  config.ucx.tls = o.ucx_tls;
-  config.ucx.lanes_per_peer = o.lanes;
-  config.ucx.peer_failure_detection = o.peer_failure_detection;
+  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
   config.policy_file = o.policy_file;  // create() loads it and reports its errors
   std::vector<std::byte> buffer(plan->span);
   if (plan->op == engine::Op::kWrite) {
@@ -233,7 +224,7 @@ int run_throughput(const ThroughputOptions& o) {
   const double p99 = summary ? summary->p99 : 0.0;
   const double gbps = static_cast<double>(bytes.load()) / seconds / 1e9;
   fmt::print("op {} block {} batch {} threads {} tls {}: {} bytes in {:.2f} s, data verified\n", o.op, plan->block,
-             o.batch_size, o.threads, o.ucx_tls.empty() ? "default" : o.ucx_tls, bytes.load(), seconds);
+             o.batch_size, o.threads, o.ucx.tls.empty() ? "default" : o.ucx.tls, bytes.load(), seconds);
   fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
   fmt::print("throughput {:.3f} GB/s\n", gbps);
   nlohmann::json j{{"op", o.op},
@@ -245,14 +236,10 @@ int run_throughput(const ThroughputOptions& o) {
                    {"throughput_gbps", gbps},
                    {"p50_us", p50},
                    {"p99_us", p99},
-                   {"ucx_tls", o.ucx_tls},
-                   {"peer_failure_detection", o.peer_failure_detection},
+                   {"ucx_tls", o.ucx.tls},
+                   {"peer_failure_detection", o.ucx.peer_failure_detection},
                    {"verified", true}};
-  if (Status s = write_json_output(j.dump(2), o.json); !s.is_ok()) {
-    fmt::print(stderr, "baton bench throughput: {}\n", s.message());
-    return 1;
-  }
-  return 0;
+  return emit_json("bench throughput", j.dump(2), o.json);
 }
 
 }  // namespace
@@ -267,10 +254,7 @@ Command add_bench_throughput(CLI::App& bench) {
   app->add_option("--batch-size", o->batch_size, "Requests per batch")->check(CLI::Range(1, 1 << 16));
   app->add_option("--threads", o->threads, "Submitting threads, one batch in flight each")->check(CLI::Range(1, 256));
   app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)");
-  app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for both ends (e.g. tcp); empty: UCX's default");
-  app->add_option("--lanes", o->lanes, "UCP endpoints per peer")->check(CLI::Range(1, 64));
-  app->add_flag("--peer-failure-detection,!--no-peer-failure-detection", o->peer_failure_detection,
-                "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)");
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_throughput(*o); }};

@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
@@ -35,7 +36,7 @@ constexpr TimeNs kWaitNs = 120'000'000'000;
 
 struct DemoOptions {
   std::string target;
-  std::string ucx_tls;
+  transport::UcxConfig ucx;
   plan::FixtureSpec kv{.blocks = 256, .layers = 8, .tp = 2, .run_blocks = 7};
   std::string decode_size = "64KiB";
   double decode_interval_ms = 2;
@@ -73,10 +74,7 @@ Result<RunResult> run_policy(const DemoOptions& o, sched::PolicyKind kind, const
                              const std::vector<std::uint64_t>& offsets, std::uint64_t decode_bytes) {
   RunResult out;
   out.policy = std::string(sched::to_string(kind));
-  engine::EngineConfig config;
-  config.clock = engine::ClockKind::kWall;
-  config.transport = engine::TransportKind::kUcx;
-  config.ucx.tls = o.ucx_tls;
+  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
   config.policy.kind = kind;
   auto created = engine::Engine::create(config);
   if (!created) return std::unexpected(created.error());
@@ -229,9 +227,7 @@ int run_demo(const DemoOptions& o) {
   std::optional<ServeChild> child;
   std::string target = o.target;
   if (target.empty()) {
-    std::vector<std::string> args{"--buffer-size", std::to_string(total)};
-    if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
-    auto started = ServeChild::start(args);
+    auto started = ServeChild::start(serve_args(total, o.ucx));
     if (!started) {
       fmt::print(stderr, "baton demo: {}\n", started.error().message());
       return 1;
@@ -278,11 +274,7 @@ int run_demo(const DemoOptions& o) {
                                {"bytes_verified", r.bytes_verified}};
   }
   fmt::print("every byte checked against the holder's pattern: ok\n");
-  if (Status s = write_json_output(j.dump(2), o.json); !s.is_ok()) {
-    fmt::print(stderr, "baton demo: {}\n", s.message());
-    return 1;
-  }
-  return 0;
+  return emit_json("demo", j.dump(2), o.json);
 }
 
 }  // namespace
@@ -292,7 +284,7 @@ Command add_demo_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "demo", "Pull a vLLM-shaped KV cache from a `baton serve` peer with decode reads racing it: FIFO vs deadline-aware");
   app->add_option("--target", o->target, "A running `baton serve` (host:port); default: spawn one on 127.0.0.1");
-  app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for both ends (e.g. tcp)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--layers", o->kv.layers, "Model layers")->check(CLI::Range(1, 1024));
   app->add_option("--tp", o->kv.tp, "Tensor-parallel ranks of the holder")->check(CLI::Range(1, 64));
   app->add_option("--blocks", o->kv.blocks, "KV blocks to pull")->check(CLI::Range(1, 1 << 20));

@@ -19,4 +19,12 @@ Status write_json_output(const std::string& json, const std::string& path) {
   return Status::ok();
 }
 
+int emit_json(std::string_view command, const std::string& json, const std::string& path) {
+  if (Status s = write_json_output(json, path); !s.is_ok()) {
+    fmt::print(stderr, "baton {}: {}\n", command, s.message());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace baton::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "baton/common/status.h"
 
@@ -10,5 +11,9 @@ namespace baton::cli {
 // Writes `json` and a newline to `path`; "-" is stdout, "" writes nothing.
 // unavailable naming the path when the file cannot be written.
 [[nodiscard]] Status write_json_output(const std::string& json, const std::string& path);
+
+// write_json_output, saying "baton <command>: <why>" on stderr when it
+// fails: the exit code to return (0, or 1).
+[[nodiscard]] int emit_json(std::string_view command, const std::string& json, const std::string& path);
 
 }  // namespace baton::cli

@@ -14,16 +14,14 @@
 #include "baton/engine/pattern.h"
 #include "commands.h"
 #include "serve_child.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
 
 struct ServeOptions {
   std::string buffer_size = "256MiB";
-  std::string listen = "127.0.0.1:0";
-  std::string ucx_tls;
-  int lanes = 2;
-  bool peer_failure_detection = true;
+  transport::UcxConfig ucx;  // listen_address: --listen
   std::string metrics_address;
 };
 
@@ -41,13 +39,7 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  engine::EngineConfig config;
-  config.clock = engine::ClockKind::kWall;
-  config.transport = engine::TransportKind::kUcx;
-  config.ucx.listen_address = o.listen;
-  config.ucx.tls = o.ucx_tls;
-  config.ucx.lanes_per_peer = o.lanes;
-  config.ucx.peer_failure_detection = o.peer_failure_detection;
+  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
   if (!engine) {
@@ -80,11 +72,8 @@ Command add_serve_command(CLI::App& parent) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* app = parent.add_subcommand("serve", "Register a pattern-filled buffer and serve it to peers until SIGINT/SIGTERM");
   app->add_option("--buffer-size", o->buffer_size, "Bytes to register (size: 256MiB, 1GB …)");
-  app->add_option("--listen", o->listen, "Handshake address host:port (port 0: any free port)");
-  app->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for this engine (e.g. tcp); empty: UCX's default");
-  app->add_option("--lanes", o->lanes, "UCP endpoints per peer")->check(CLI::PositiveNumber);
-  app->add_flag("--peer-failure-detection,!--no-peer-failure-detection", o->peer_failure_detection,
-                "Report a dead peer as unavailable (default on; off lets UCX pick shared memory)");
+  app->add_option("--listen", o->ucx.listen_address, "Handshake address host:port (port 0: any free port)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
   return {app, [o] { return run_serve(*o); }};
 }

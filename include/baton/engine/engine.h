@@ -63,6 +63,10 @@ struct EngineConfig {
   transport::SimConfig sim;
 };
 
+// A wall-clock engine over UCX with these transport settings: what every
+// real-memory user (serve, the benches, the demo, tests) starts from.
+[[nodiscard]] EngineConfig wall_ucx_config(transport::UcxConfig ucx = {});
+
 using transport::MemoryKind;
 using transport::Op;
 using transport::RegionHandle;

@@ -12,6 +12,7 @@
 #include "baton/common/status.h"
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
+#include "baton/transport/ucx_transport.h"
 
 namespace baton::engine {
 
@@ -55,21 +56,14 @@ struct MixedResult {
 
 [[nodiscard]] Result<MixedResult> run_mixed(const MixedWorkload& workload, const sched::SchedPolicy& policy);
 
-// A peer to run the workload against over UCX (a `baton serve`).
-struct UcxLink {
-  std::string peer;  // host:port
-  std::string ucx_tls;
-  int lanes = 2;
-  bool peer_failure_detection = true;
-};
-
-// The same workload in real time: a wall-clock engine reads every request
-// from the peer's largest region (decode: critical, with its deadline;
+// The same workload in real time: a wall-clock engine with `ucx` settings
+// reads every request from the largest region of `peer` (host:port, e.g. a
+// `baton serve`) (decode: critical, with its deadline;
 // prefill: bulk), arrivals paced on the steady clock. `from`, `to` and the
 // topology are unused; bytes_delivered counts completed requests' bytes.
 // unavailable when the peer cannot be reached; out_of_range when its region
 // is smaller than one prefill plus one decode request.
 [[nodiscard]] Result<MixedResult> run_mixed_ucx(const MixedWorkload& workload, const sched::SchedPolicy& policy,
-                                                const UcxLink& link);
+                                                const std::string& peer, const transport::UcxConfig& ucx);
 
 }  // namespace baton::engine

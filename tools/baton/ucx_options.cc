@@ -1,0 +1,20 @@
+#include "ucx_options.h"
+
+namespace baton::cli {
+
+void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
+  app.add_option("--ucx-tls", ucx.tls, "UCX_TLS for this engine and a spawned peer (e.g. tcp); empty: UCX's default");
+  app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64));
+  app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
+               "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
+}
+
+std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx) {
+  std::vector<std::string> args{"--buffer-size", std::to_string(buffer_bytes), "--lanes",
+                                std::to_string(ucx.lanes_per_peer)};
+  if (!ucx.tls.empty()) args.insert(args.end(), {"--ucx-tls", ucx.tls});
+  if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
+  return args;
+}
+
+}  // namespace baton::cli
