@@ -27,7 +27,7 @@ using topology::PathType;
 
 constexpr std::array<std::string_view, kQosClassCount> kQosNames{
     "decode_critical", "hot_kv", "prefill_bulk", "background"};
-constexpr std::array<std::string_view, 2> kPolicyNames{"deadline_aware", "baseline_fifo"};
+constexpr std::array<std::string_view, 4> kPolicyNames{"deadline_aware", "baseline_fifo", "strict_priority", "edf"};
 
 // "a, b or c": the tail of an "(expected …)" clause.
 std::string either(std::span<const std::string_view> names) {
@@ -496,8 +496,8 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
     return Status::invalid_argument("{}:{}: expected a mapping of policy keys, got {}", origin_,
                                     line_of(root), describe(root));
   }
-  static constexpr std::array<std::string_view, 8> kKeys{
-      "policy", "weights", "class_priority", "starvation_bound", "slice_size", "credits",
+  static constexpr std::array<std::string_view, 9> kKeys{
+      "policy", "weights", "class_priority", "deadline_horizon", "starvation_bound", "slice_size", "credits",
       "preemption", "admission"};
   auto sections = entries(root, "", line_of(root), kKeys);
   if (!sections) return sections.error();
@@ -517,21 +517,17 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
       status = read_weights(e, policy);
     } else if (e.key == "class_priority") {
       status = read_class_priority(e, policy);
+    } else if (e.key == "deadline_horizon") {
+      auto ns = duration(e, "deadline_horizon");
+      if (!ns) return ns.error();
+      policy.deadline_horizon_ns = *ns;
     } else if (e.key == "starvation_bound") {
-      auto text = scalar(e, "starvation_bound");
-      if (!text) return text.error();
-      auto ns = parse_duration(*text);
-      if (!ns) {
-        std::string_view why = ns.error().message();
-        if (why.starts_with("parse_duration: ")) {
-          why.remove_prefix(std::string_view("parse_duration: ").size());
-        }
-        return bad_value(line_of(e), "starvation_bound", why);
-      }
+      auto ns = duration(e, "starvation_bound");
+      if (!ns) return ns.error();
       // Zero would make every queued request overdue: FIFO in disguise.
       if (*ns == 0) {
         return bad_value(line_of(e), "starvation_bound",
-                         fmt::format("\"{}\" is zero (expected a positive duration)", *text));
+                         fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar()));
       }
       policy.starvation_bound_ns = *ns;
     } else if (e.key == "slice_size") {
@@ -638,6 +634,10 @@ Status SchedPolicy::validate() const {
   if (starvation_bound_ns <= 0) {
     return Status::invalid_argument("SchedPolicy: starvation_bound_ns is {} (expected > 0)",
                                     starvation_bound_ns);
+  }
+  if (deadline_horizon_ns < 0) {
+    return Status::invalid_argument("SchedPolicy: deadline_horizon_ns is {} (expected >= 0)",
+                                    deadline_horizon_ns);
   }
   for (int i = 0; i < kPathTypeCount; ++i) {
     const std::string_view path = to_string(static_cast<PathType>(i));

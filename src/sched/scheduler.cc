@@ -1,11 +1,17 @@
-// The scheduler. Per path, queued requests wait in three indexed heaps whose
-// keys never change while a request waits (docs/scheduler.md has the proof):
-//   with_deadline:    K = w_p·prio − w_d·(deadline − remaining)/1µs − w_a·enqueued/1µs
-//   without_deadline: K = w_p·prio − w_a·enqueued/1µs
-//   by_age:           enqueue time (the starvation bound, and baseline FIFO order)
-// Urgency at `now` is (w_d + w_a)·now + K for the first set and w_a·now + K
-// for the second, so each heap's order holds for all time and the most urgent
-// request is one of two heap tops: O(log n) per dispatch, no re-scoring.
+// The scheduler. Per path, queued requests wait in indexed heaps whose keys
+// never change while a request waits (docs/scheduler.md has the proof).
+// Under deadline_aware, urgency at t is
+//   w_d·max(0, H − laxity(t)) + w_p·prio + w_a·(t − enqueued)      (times in µs)
+// with laxity(t) = deadline − remaining − t and H the deadline horizon:
+//   pressing (laxity < H):  (w_d + w_a)·t + K,  K = w_p·prio − w_d·(deadline − remaining − H) − w_a·enqueued
+//   calm (no deadline, or laxity ≥ H): w_a·t + K,  K = w_p·prio − w_a·enqueued
+// Within each set every urgency grows at the same rate, so each heap's order
+// holds for all time and the most urgent request is one of two heap tops. A
+// calm request with a deadline also waits in `dormant`, ordered by the time
+// its laxity reaches H; top() moves those due to `pressing` (once per key).
+// by_age orders by enqueue time: the starvation bound, and FIFO. The
+// baselines (strict_priority, edf) keep one static key in `calm`.
+// O(log n) per dispatch, no re-scoring.
 #include "baton/sched/scheduler.h"
 
 #include "sched/indexed_heap.h"
@@ -55,10 +61,12 @@ struct Request {
   double wire_ratio = 1.0;        // wire bytes per payload byte (compression)
   PathId home = kNoPath;  // the path whose queue holds it (when queued)
   bool queued = false;
-  bool in_deadline_set = false;
+  bool pressing = false;  // in the pressing heap (else calm)
+  bool dormant = false;   // calm with a deadline: also in the dormant heap
   double key = 0;
   std::uint32_t urgency_pos = 0;  // where the heaps keep it
   std::uint32_t age_pos = 0;
+  std::uint32_t dormant_pos = 0;
 
   [[nodiscard]] bool ended() const {
     return status.state == RequestState::kCompleted || status.state == RequestState::kFailed ||
@@ -93,8 +101,13 @@ struct UrgencyPosition {
 struct AgePosition {
   std::uint32_t& operator()(const AgeEntry& e) const { return e.request->age_pos; }
 };
+struct DormantPosition {
+  std::uint32_t& operator()(const AgeEntry& e) const { return e.request->dormant_pos; }
+};
 using UrgencyHeap = IndexedHeap<UrgencyEntry, MoreUrgent, UrgencyPosition>;
 using AgeHeap = IndexedHeap<AgeEntry, Older, AgePosition>;
+// Keyed by the instant a calm request's laxity reaches the horizon.
+using DormantHeap = IndexedHeap<AgeEntry, Older, DormantPosition>;
 
 struct PostedSlice {
   SliceId id = 0;  // 0: a free slot
@@ -148,8 +161,9 @@ class SliceTable {
 };
 
 struct PathQueue {
-  UrgencyHeap with_deadline;
-  UrgencyHeap without_deadline;
+  UrgencyHeap pressing;
+  UrgencyHeap calm;
+  DormantHeap dormant;
   AgeHeap by_age;
 };
 
@@ -232,8 +246,6 @@ struct Scheduler::State {
   bool top_is_overdue = false;  // set by top(): the head was promoted by the starvation bound
   SchedStats stats;
   std::function<void(RequestId)> finish_hook;
-
-  [[nodiscard]] bool deadline_aware() const { return policy.kind == PolicyKind::kDeadlineAware; }
 
   // The transport paths from `from` to `to`, best first; computed once per
   // pair. Topology endpoints route on the topology's chain. Endpoints the
@@ -319,26 +331,72 @@ struct Scheduler::State {
     }
   }
 
+  // Baselines order by one static key; only deadline_aware weighs urgency.
+  [[nodiscard]] bool weighs_urgency() const { return policy.kind == PolicyKind::kDeadlineAware; }
+
+  [[nodiscard]] double remaining_ns(const Request& r) const {
+    return static_cast<double>(r.unsent) / paths[r.home].bytes_per_ns;
+  }
+
+  // When r's laxity reaches the horizon (deadline − remaining − H), rounded
+  // up so that a request due at `now` is placed pressing by place().
+  [[nodiscard]] TimeNs activation_ns(const Request& r) const {
+    const double at = static_cast<double>(r.spec.deadline_ns) - remaining_ns(r) -
+                      static_cast<double>(policy.deadline_horizon_ns);
+    constexpr double kLimit = 9e18;  // inside TimeNs either way
+    return static_cast<TimeNs>(std::ceil(std::clamp(at, -kLimit, kLimit)));
+  }
+
   // The time-invariant part of the urgency (see the file comment).
   [[nodiscard]] double key_of(const Request& r) const {
+    switch (policy.kind) {
+      case PolicyKind::kBaselineFifo: return 0;  // served from by_age
+      case PolicyKind::kStrictPriority: return -static_cast<double>(r.spec.qos);  // equal: arrival order
+      case PolicyKind::kEdf:
+        return r.spec.deadline_ns != 0 ? -static_cast<double>(r.spec.deadline_ns)
+                                       : std::numeric_limits<double>::lowest();
+      case PolicyKind::kDeadlineAware: break;
+    }
     const double class_term = policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
     const double aging = policy.w_aging * us(r.status.submitted_ns);
-    if (!r.in_deadline_set) return class_term - aging;
-    const double remaining_us = static_cast<double>(r.unsent) / paths[r.home].bytes_per_ns / 1000.0;
-    return class_term - policy.w_deadline * (us(r.spec.deadline_ns) - remaining_us) - aging;
+    if (!r.pressing) return class_term - aging;
+    const double pressed_from_us =
+        us(r.spec.deadline_ns) - remaining_ns(r) / 1000.0 - us(policy.deadline_horizon_ns);
+    return class_term - policy.w_deadline * pressed_from_us - aging;
   }
 
   UrgencyHeap& urgency_heap(Request& r) {
     PathQueue& q = paths[r.home].queue;
-    return r.in_deadline_set ? q.with_deadline : q.without_deadline;
+    return r.pressing ? q.pressing : q.calm;
   }
 
-  void enqueue(Request& r, PathId home) {
-    r.home = home;
-    r.queued = true;
-    r.in_deadline_set = deadline_aware() && r.spec.deadline_ns != 0;
+  // Puts a queued request in the urgency heap its laxity at `now` calls for.
+  void place(Request& r, TimeNs now_ns) {
+    r.pressing = false;
+    r.dormant = false;
+    if (weighs_urgency() && r.spec.deadline_ns != 0) {
+      const TimeNs at = activation_ns(r);
+      if (at <= now_ns) {
+        r.pressing = true;
+      } else {
+        r.dormant = true;
+        paths[r.home].queue.dormant.push({at, r.seq, &r});
+      }
+    }
     r.key = key_of(r);
     urgency_heap(r).push({r.key, r.seq, &r});
+  }
+
+  void unplace(Request& r) {
+    urgency_heap(r).erase(r.urgency_pos);
+    if (r.dormant) paths[r.home].queue.dormant.erase(r.dormant_pos);
+    r.dormant = false;
+  }
+
+  void enqueue(Request& r, PathId home, TimeNs now_ns) {
+    r.home = home;
+    r.queued = true;
+    place(r, now_ns);
     paths[home].queue.by_age.push({r.status.submitted_ns, r.seq, &r});
     paths[home].load.queued_bytes += r.unsent;
     busy_queues.insert(home);
@@ -346,7 +404,7 @@ struct Scheduler::State {
 
   void dequeue(Request& r) {
     if (!r.queued) return;
-    urgency_heap(r).erase(r.urgency_pos);
+    unplace(r);
     AgeHeap& by_age = paths[r.home].queue.by_age;
     by_age.erase(r.age_pos);
     paths[r.home].load.queued_bytes -= r.unsent;
@@ -354,11 +412,21 @@ struct Scheduler::State {
     r.queued = false;
   }
 
-  // The remaining time changed: move the request to its new place.
-  void rekey(Request& r) {
-    if (!r.queued || !r.in_deadline_set) return;
-    r.key = key_of(r);
-    urgency_heap(r).replace(r.urgency_pos, {r.key, r.seq, &r});
+  // The remaining time changed: move the request to its new place (only a
+  // deadline request's key depends on it).
+  void rekey(Request& r, TimeNs now_ns) {
+    if (!r.queued || !weighs_urgency() || r.spec.deadline_ns == 0) return;
+    unplace(r);
+    place(r, now_ns);
+  }
+
+  // Calm requests whose laxity reached the horizon by `now` start pressing.
+  void wake_pressed(PathQueue& q, TimeNs now_ns) {
+    while (!q.dormant.empty() && q.dormant.top().enqueued_ns <= now_ns) {
+      Request& r = *q.dormant.top().request;
+      unplace(r);
+      place(r, now_ns);
+    }
   }
 
   // The most urgent request of a path's queue at `now`.
@@ -367,7 +435,8 @@ struct Scheduler::State {
     top_is_overdue = false;
     if (q.by_age.empty()) return nullptr;
     Request* oldest = q.by_age.top().request;
-    if (!deadline_aware()) return oldest;
+    if (policy.kind == PolicyKind::kBaselineFifo) return oldest;
+    if (!weighs_urgency()) return q.calm.top().request;
     // Overdue work takes every other slice, never the whole link: a backlog
     // of bulk that all went overdue would otherwise hold critical work back
     // until it drained.
@@ -375,16 +444,17 @@ struct Scheduler::State {
       top_is_overdue = true;
       return oldest;
     }
+    wake_pressed(q, now_ns);
     const double now_us = us(now_ns);
     Request* best = nullptr;
     double best_urgency = 0;
-    if (!q.with_deadline.empty()) {
-      best = q.with_deadline.top().request;
-      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.with_deadline.top().key;
+    if (!q.pressing.empty()) {
+      best = q.pressing.top().request;
+      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.pressing.top().key;
     }
-    if (!q.without_deadline.empty()) {
-      const double u = policy.w_aging * now_us + q.without_deadline.top().key;
-      if (best == nullptr || u > best_urgency) best = q.without_deadline.top().request;
+    if (!q.calm.empty()) {
+      const double u = policy.w_aging * now_us + q.calm.top().key;
+      if (best == nullptr || u > best_urgency) best = q.calm.top().request;
     }
     return best;
   }
@@ -441,7 +511,7 @@ struct Scheduler::State {
       fail(r, Status::unavailable("sched: no healthy path from {} to {}", r.spec.from, r.spec.to), now_ns);
       return;
     }
-    enqueue(r, home);
+    enqueue(r, home, now_ns);
   }
 
   // A path went down: everything queued on it moves to the next path of its chain.
@@ -514,7 +584,7 @@ struct Scheduler::State {
     if (r.unsent == 0) {
       dequeue(r);
     } else {
-      rekey(r);
+      rekey(r, now_ns);
     }
     return true;
   }
@@ -522,7 +592,7 @@ struct Scheduler::State {
   // Waiting on `path` would miss the deadline and a fallback with free
   // credits would not: send the next slice there.
   bool try_spill(Request& r, PathId path, TimeNs now_ns) {
-    if (r.spec.deadline_ns == 0) return false;
+    if (!weighs_urgency() || r.spec.deadline_ns == 0) return false;
     const PathRuntime& p = paths[path];
     const double now = static_cast<double>(now_ns);
     const double deadline = static_cast<double>(r.spec.deadline_ns);
@@ -544,8 +614,11 @@ struct Scheduler::State {
 
   // A critical request without credits cancels the newest posted slice of a
   // lower class on its path; the victim's bytes go back to its request.
+  // Class-based, so strict_priority preempts too (a skeptic's baseline
+  // should not be weaker than it can be); FIFO and EDF know no classes.
   bool try_preempt(Request& r, PathId path, TimeNs now_ns) {
-    if (!policy.preemption || r.spec.qos > policy.preempt_min_class) return false;
+    const bool by_class = weighs_urgency() || policy.kind == PolicyKind::kStrictPriority;
+    if (!by_class || !policy.preemption || r.spec.qos > policy.preempt_min_class) return false;
     PathRuntime& p = paths[path];
     for (auto it = p.posted.rbegin(); it != p.posted.rend(); ++it) {
       const SliceId victim_id = *it;
@@ -553,7 +626,7 @@ struct Scheduler::State {
       if (!victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
       // An overdue request is being served by the starvation bound; taking
       // its slice back would starve it again, forever under sustained load.
-      if (now_ns - victim.status.submitted_ns >= policy.starvation_bound_ns) continue;
+      if (weighs_urgency() && now_ns - victim.status.submitted_ns >= policy.starvation_bound_ns) continue;
       const auto result = transport.cancel(victim_id, now_ns);
       if (!result.stopped) continue;  // already delivered: nothing to win
       const PostedSlice s = release(victim_id);
@@ -566,7 +639,7 @@ struct Scheduler::State {
       if (!victim.queued) {
         home_request(victim, now_ns);
       } else {
-        rekey(victim);
+        rekey(victim, now_ns);
       }
       return post(r, path, now_ns);
     }
@@ -651,7 +724,7 @@ RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns
   if (!r.queued) {
     st.home_request(r, now_ns);
   } else {
-    st.rekey(r);
+    st.rekey(r, now_ns);
   }
   return r.id;
 }
@@ -713,7 +786,7 @@ void Scheduler::dispatch(TimeNs now_ns) {
           st.paths[path].promoted_last = promoted;
           continue;
         }
-        if (pass == 0 || !st.deadline_aware()) break;
+        if (pass == 0) break;
         if (!st.try_spill(*r, path, now_ns) && !st.try_preempt(*r, path, now_ns)) break;
       }
     }

@@ -32,6 +32,7 @@ void expect_same(const SchedPolicy& actual, const SchedPolicy& expected) {
         << to_string(static_cast<QosClass>(q));
   }
   EXPECT_EQ(actual.starvation_bound_ns, expected.starvation_bound_ns);
+  EXPECT_EQ(actual.deadline_horizon_ns, expected.deadline_horizon_ns);
   for (PathType path : kAllPaths) {
     SCOPED_TRACE(std::string(to_string(path)));
     EXPECT_EQ(actual.slice_for(path), expected.slice_for(path));
@@ -121,6 +122,7 @@ TEST(SchedPolicyParse, EveryKeySet) {
       "weights: {deadline: 2, priority: 0.5, aging: 0}\n"
       "class_priority: {decode_critical: 900, hot_kv: 500.5, prefill_bulk: 10, background: 1}\n"
       "starvation_bound: 250us\n"
+      "deadline_horizon: 3ms\n"
       "slice_size: {default: 32KiB, nvlink: 1MiB}\n"
       "credits:\n"
       "  default: {lanes: 1, slices_per_lane: 3, inflight_bytes: 2MiB}\n"
@@ -132,6 +134,7 @@ TEST(SchedPolicyParse, EveryKeySet) {
   EXPECT_EQ(p.w_aging, 0.0);
   EXPECT_EQ(p.class_priority, (std::array<double, kQosClassCount>{900, 500.5, 10, 1}));
   EXPECT_EQ(p.starvation_bound_ns, 250'000);
+  EXPECT_EQ(p.deadline_horizon_ns, 3'000'000);
   EXPECT_FALSE(p.preemption);
   EXPECT_EQ(p.preempt_min_class, QosClass::kHotKv);
   for (PathType path : kAllPaths) {
@@ -215,6 +218,9 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"starvation_bound: -5ms\n", "<string>:1: starvation_bound: \"-5ms\""},
       {"starvation_bound: 0ms\n", "<string>:1: starvation_bound: \"0ms\" is zero"},
       {"starvation_bound: {a: 1}\n", "<string>:1: starvation_bound: expected a value, got a mapping"},
+      {"deadline_horizon: 10\n", "<string>:1: deadline_horizon: \"10\": no unit"},
+      {"deadline_horizon: -1ms\n", "<string>:1: deadline_horizon: \"-1ms\""},
+      {"deadline_horizon: [1ms]\n", "<string>:1: deadline_horizon: expected a value, got a sequence"},
       {"slice_size:\n  default: 64KiB\n  nvlink: 12 parsecs\n",
        "<string>:3: slice_size.nvlink: \"12 parsecs\": unknown unit \"parsecs\""},
       {"slice_size:\n  tcp: -1KiB\n", "<string>:2: slice_size.tcp: \"-1KiB\""},
@@ -241,8 +247,8 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
        "<string>:2: slice_size.tcp: \"8MiB\" is larger than the tcp inflight_bytes (4 MiB)"},
       {"credits:\n  nvlink: 4\n", "<string>:2: credits.nvlink: expected a mapping, got \"4\""},
       {"credits:\n  infiniband: {lanes: 2}\n", "<string>:2: credits: unknown path \"infiniband\""},
-      {"policy: fastest\n", "<string>:1: policy: unknown policy \"fastest\" (expected deadline_aware or "
-                            "baseline_fifo)"},
+      {"policy: fastest\n", "<string>:1: policy: unknown policy \"fastest\" (expected deadline_aware, "
+                            "baseline_fifo, strict_priority or edf)"},
       {"policy: [deadline_aware]\n", "<string>:1: policy: expected a value, got a sequence"},
       {"\npolicy:\n", "<string>:2: policy: expected a value, got nothing"},
       {"preemption:\n  enabled: maybe\n", "<string>:2: preemption.enabled: \"maybe\" is not true or false"},
@@ -273,7 +279,7 @@ TEST(SchedPolicyParse, BadValueMessagesInFull) {
 TEST(SchedPolicyParse, UnknownTopLevelKey) {
   EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
             "<string>:2: unknown key \"polcy\" (expected one of: policy, weights, class_priority, "
-            "starvation_bound, slice_size, credits, preemption, admission)");
+            "deadline_horizon, starvation_bound, slice_size, credits, preemption, admission)");
 }
 
 TEST(SchedPolicyParse, AdmissionSection) {
@@ -496,7 +502,10 @@ TEST(QosClassNames, BadNamesAreQuoted) {
 TEST(PolicyKindNames, RoundTrip) {
   EXPECT_EQ(to_string(PolicyKind::kDeadlineAware), "deadline_aware");
   EXPECT_EQ(to_string(PolicyKind::kBaselineFifo), "baseline_fifo");
-  for (PolicyKind kind : {PolicyKind::kDeadlineAware, PolicyKind::kBaselineFifo}) {
+  EXPECT_EQ(to_string(PolicyKind::kStrictPriority), "strict_priority");
+  EXPECT_EQ(to_string(PolicyKind::kEdf), "edf");
+  for (PolicyKind kind :
+       {PolicyKind::kDeadlineAware, PolicyKind::kBaselineFifo, PolicyKind::kStrictPriority, PolicyKind::kEdf}) {
     EXPECT_EQ(parse_policy_kind(to_string(kind)).value(), kind);
   }
 }
@@ -507,8 +516,8 @@ TEST(PolicyKindNames, BadNamesAreQuoted) {
     ASSERT_FALSE(kind.has_value()) << bad;
     EXPECT_EQ(kind.error().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(kind.error().message(),
-              fmt::format("parse_policy_kind: unknown policy \"{}\" (expected deadline_aware or "
-                          "baseline_fifo)",
+              fmt::format("parse_policy_kind: unknown policy \"{}\" (expected deadline_aware, "
+                          "baseline_fifo, strict_priority or edf)",
                           bad));
   }
 }

@@ -122,6 +122,127 @@ TEST(Scheduler, BaselineFifoKeepsArrivalOrderAcrossClasses) {
   EXPECT_EQ(completion_order(*e, ids), ids);
 }
 
+TEST(Scheduler, DeadlinePressureAloneMeetsTheDecodeDeadlinesClassPriorityMet) {
+  // The deadline term on its own (class priority weighed 0) must protect the
+  // decode stream as class priority does: a request with a deadline outranks
+  // bulk without one as soon as its laxity is inside the horizon.
+  engine::MixedWorkload w;
+  w.duration_ns = 60'000'000;
+  SchedPolicy deadline_only = SchedPolicy::defaults();
+  deadline_only.w_priority = 0;
+  SchedPolicy fifo = SchedPolicy::defaults();
+  fifo.kind = PolicyKind::kBaselineFifo;
+  const auto d = engine::run_mixed(w, deadline_only).value();
+  const auto f = engine::run_mixed(w, fifo).value();
+  ASSERT_GT(d.decode.count, 100u);
+  EXPECT_EQ(d.decode.count, f.decode.count);
+  EXPECT_GT(f.decode.miss_ratio, 0.1);
+  EXPECT_EQ(d.decode.miss_ratio, 0.0);
+  EXPECT_EQ(d.prefill.count, f.prefill.count);
+}
+
+// Submits `base` with a class and a deadline on `e`.
+struct Submitter {
+  Engine& e;
+  TransferRequest base;
+  RequestId operator()(QosClass q, TimeNs deadline, std::uint64_t bytes = 0) {
+    TransferRequest r = base;
+    r.qos = q;
+    r.deadline_ns = deadline;
+    if (bytes != 0) r.bytes = bytes;
+    return e.submit(r).value();
+  }
+};
+
+TEST(Scheduler, WithoutClassPriorityPressedDeadlinesGoLeastLaxityFirstAheadOfTheRest) {
+  SchedPolicy p = one_at_a_time(PolicyKind::kDeadlineAware);
+  p.w_priority = 0;
+  auto e = make_engine("pcie4", p);
+  Submitter with{*e, {"gpu0", "gpu1", 256 * kKiB, QosClass::kBackground, 0, true}};
+  const RequestId blocker = with(QosClass::kBackground, 0);
+  ASSERT_TRUE(e->run_until(1).is_ok());
+  const RequestId bulk = with(QosClass::kPrefillBulk, 0);
+  const RequestId far = with(QosClass::kDecodeCritical, 1'000'000'000);  // laxity far beyond the 10 ms horizon
+  const RequestId late = with(QosClass::kBackground, 900'000);
+  const RequestId soon = with(QosClass::kBackground, 300'000);  // submitted last, least laxity
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  // A deadline whose laxity is outside the horizon exerts no pressure: it
+  // waits as work without a deadline of its class does (here: after `bulk`,
+  // which arrived first).
+  EXPECT_EQ(completion_order(*e, {blocker, bulk, far, late, soon}),
+            (std::vector<RequestId>{blocker, soon, late, bulk, far}));
+  for (RequestId id : {soon, late, far}) EXPECT_FALSE(status_of(*e, id).deadline_missed());
+}
+
+TEST(Scheduler, DeadlinesSeparateRequestsWithinOneClass) {
+  // Default weights: equal class terms cancel, so deadlines decide.
+  auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kDeadlineAware));
+  Submitter with{*e, {"gpu0", "gpu1", 256 * kKiB, QosClass::kPrefillBulk, 0, true}};
+  const RequestId blocker = with(QosClass::kPrefillBulk, 0);
+  ASSERT_TRUE(e->run_until(1).is_ok());
+  const RequestId none = with(QosClass::kPrefillBulk, 0);
+  const RequestId d3 = with(QosClass::kPrefillBulk, 3'000'000);
+  const RequestId d2 = with(QosClass::kPrefillBulk, 2'000'000);
+  const RequestId d1 = with(QosClass::kPrefillBulk, 1'000'000);
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(completion_order(*e, {blocker, none, d3, d2, d1}),
+            (std::vector<RequestId>{blocker, d1, d2, d3, none}));
+}
+
+TEST(Scheduler, PressureStartsWhenLaxityEntersTheHorizon) {
+  // A 64 MiB bulk request holds a PCIe path (~2.8 ms). A small request due
+  // at 3 ms waits while its laxity is beyond the horizon and overtakes the
+  // bulk once it is inside: with a 1 ms horizon around 2 ms, with 10 ms at once.
+  auto finish_of_due = [](TimeNs horizon_ns) {
+    SchedPolicy p = one_at_a_time(PolicyKind::kDeadlineAware);
+    p.w_priority = 0;
+    p.deadline_horizon_ns = horizon_ns;
+    auto e = make_engine("pcie4", p);
+    Submitter with{*e, {"gpu0", "gpu1", 256 * kKiB, QosClass::kPrefillBulk, 0, true}};
+    const RequestId bulk = with(QosClass::kPrefillBulk, 0, 64 * kMiB);
+    const RequestId due = with(QosClass::kPrefillBulk, 3'000'000);
+    EXPECT_TRUE(e->run_until_idle().is_ok());
+    const RequestStatus b = status_of(*e, bulk);
+    const RequestStatus d = status_of(*e, due);
+    EXPECT_LT(d.completed_ns, b.completed_ns);
+    EXPECT_FALSE(d.deadline_missed());
+    return d.completed_ns;
+  };
+  const TimeNs narrow = finish_of_due(1'000'000);
+  const TimeNs wide = finish_of_due(10'000'000);
+  EXPECT_LT(wide, 100'000);  // served at once (virtual time)
+  EXPECT_GE(narrow, 3'000'000 - 1'000'000);  // not before its laxity reached 1 ms
+}
+
+TEST(Scheduler, StrictPriorityOrdersByClassAndArrivalAlone) {
+  auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kStrictPriority));
+  Submitter with{*e, {"gpu0", "gpu1", 256 * kKiB, QosClass::kBackground, 0, true}};
+  const RequestId blocker = with(QosClass::kBackground, 0);
+  ASSERT_TRUE(e->run_until(1).is_ok());
+  const RequestId background = with(QosClass::kBackground, 200'000);
+  const RequestId prefill = with(QosClass::kPrefillBulk, 0);
+  const RequestId decode_late = with(QosClass::kDecodeCritical, 900'000);
+  const RequestId decode_soon = with(QosClass::kDecodeCritical, 300'000);
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(completion_order(*e, {blocker, background, prefill, decode_late, decode_soon}),
+            (std::vector<RequestId>{blocker, decode_late, decode_soon, prefill, background}));
+}
+
+TEST(Scheduler, EdfOrdersByDeadlineAloneAndServesTheRestLastInArrivalOrder) {
+  auto e = make_engine("pcie4", one_at_a_time(PolicyKind::kEdf));
+  Submitter with{*e, {"gpu0", "gpu1", 256 * kKiB, QosClass::kBackground, 0, true}};
+  const RequestId blocker = with(QosClass::kBackground, 0);
+  ASSERT_TRUE(e->run_until(1).is_ok());
+  const RequestId decode_none = with(QosClass::kDecodeCritical, 0);
+  const RequestId background = with(QosClass::kBackground, 900'000);
+  const RequestId prefill_none = with(QosClass::kPrefillBulk, 0);
+  const RequestId decode = with(QosClass::kDecodeCritical, 1'200'000);
+  const RequestId bulk_soon = with(QosClass::kPrefillBulk, 300'000);
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(completion_order(*e, {blocker, decode_none, background, prefill_none, decode, bulk_soon}),
+            (std::vector<RequestId>{blocker, bulk_soon, background, decode, decode_none, prefill_none}));
+}
+
 TEST(Scheduler, NothingStarvesUnderSustainedCriticalLoad) {
   // Critical requests arrive faster than the PCIe path drains them (26 vs
   // 24 GB/s) for 200 ms; a background request queued at the start must still

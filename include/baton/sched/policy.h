@@ -21,9 +21,13 @@ inline constexpr int kQosClassCount = 4;
 [[nodiscard]] std::string_view to_string(QosClass qos);
 [[nodiscard]] Result<QosClass> parse_qos_class(std::string_view name);
 
+// The orderings one scheduler can run, so that every bench compares Baton
+// with the baselines a skeptic would pick on the same slices and credits.
 enum class PolicyKind : std::uint8_t {
-  kDeadlineAware,  // urgency order, spill, preemption
-  kBaselineFifo,   // arrival order across classes; no deadlines, no preemption
+  kDeadlineAware,   // urgency (deadline pressure + class + aging), starvation bound, spill, preemption
+  kBaselineFifo,    // arrival order across classes; no deadlines, no preemption
+  kStrictPriority,  // QoS class, FIFO within a class (a priority-queue engine); preemption, no deadlines
+  kEdf,             // earliest deadline first, no class (no deadline: last, FIFO); no preemption
 };
 [[nodiscard]] std::string_view to_string(PolicyKind kind);
 [[nodiscard]] Result<PolicyKind> parse_policy_kind(std::string_view name);
@@ -59,12 +63,18 @@ struct SchedPolicy {
   PolicyKind kind = PolicyKind::kDeadlineAware;
   AdmissionPolicy admission;
 
-  // Urgency = w_deadline·(−laxity in µs) + w_priority·class_priority + w_aging·(µs waited).
+  // Urgency = w_deadline·max(0, horizon − laxity) + w_priority·class_priority
+  //           + w_aging·(µs waited), times in µs (docs/scheduler.md).
   double w_deadline = 1.0;
   double w_priority = 1.0;
   double w_aging = 0.05;
   // Indexed by QosClass; in urgency units (µs of laxity).
   std::array<double, kQosClassCount> class_priority{10000, 5000, 1000, 0};
+  // Deadline pressure starts when a request's laxity (time to its deadline
+  // less the time to send what is left) falls below this; from then on it
+  // outranks work without a deadline of its class and is ordered
+  // least-laxity-first against other pressed requests.
+  TimeNs deadline_horizon_ns = 10'000'000;
   // Hard anti-starvation bound: a request queued this long is served next,
   // before anything more urgent (oldest first among those overdue).
   TimeNs starvation_bound_ns = 50'000'000;
