@@ -24,6 +24,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent);
 Command add_bench_mixed(CLI::App& bench);
 Command add_bench_ablation(CLI::App& bench);
 Command add_bench_mlu_sweep(CLI::App& bench);
+Command add_bench_deadlines(CLI::App& bench);
 Command add_bench_plan(CLI::App& bench);
 Command add_bench_dualpath(CLI::App& bench);
 Command add_bench_fault(CLI::App& bench);

@@ -1,0 +1,129 @@
+// `baton bench deadlines` as a user runs it: the JSON contract (every class
+// of every policy counted over all submitted requests), the orderings the
+// workload exists to show, determinism by seed, and one-line errors.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/baton_cli.h"
+
+namespace {
+
+using baton::testing::CommandRun;
+
+CommandRun baton(const std::string& args) { return baton::testing::run_baton(args); }
+
+nlohmann::json run_json(const std::string& args) {
+  const CommandRun r = baton("bench deadlines --json - " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
+
+std::uint64_t missed(const nlohmann::json& policy) {
+  std::uint64_t n = 0;
+  for (const auto& [name, c] : policy["classes"].items()) n += c["missed"].get<std::uint64_t>();
+  return n;
+}
+
+TEST(BenchDeadlines, JsonCountsEverySubmittedRequestOfEveryPolicy) {
+  const auto j = run_json("--duration-ms 60 --load 0.9");
+  EXPECT_EQ(j["load"], 0.9);
+  EXPECT_GT(j["link_gbps"].get<double>(), 0);
+  ASSERT_EQ(j["policies"].size(), 4u);
+  std::uint64_t submitted_first = 0;
+  for (const char* name : {"baseline_fifo", "strict_priority", "edf", "deadline_aware"}) {
+    SCOPED_TRACE(name);
+    const auto& p = j["policies"][name];
+    std::uint64_t submitted = 0;
+    for (const char* cls : {"decode", "prefill", "background"}) {
+      const auto& c = p["classes"][cls];
+      for (const char* key : {"submitted", "completed", "failed", "unfinished", "missed", "p50_us", "p99_us", "p999_us"}) {
+        EXPECT_TRUE(c.contains(key)) << cls << " " << key;
+      }
+      EXPECT_EQ(c["submitted"], c["completed"].get<std::uint64_t>() + c["failed"].get<std::uint64_t>() +
+                                    c["unfinished"].get<std::uint64_t>());
+      EXPECT_LE(c["missed"], c["with_deadline"]);
+      EXPECT_LE(c["p50_us"], c["p99_us"]);
+      EXPECT_LE(c["p99_us"], c["p999_us"]);
+      submitted += c["submitted"].get<std::uint64_t>();
+    }
+    EXPECT_EQ(p["classes"]["background"]["with_deadline"], 0);
+    EXPECT_GT(p["classes"]["decode"]["submitted"].get<std::uint64_t>(), 100u);
+    // Every policy sees the same arrivals.
+    if (submitted_first == 0) submitted_first = submitted;
+    EXPECT_EQ(submitted, submitted_first);
+    EXPECT_GE(p["on_time_fraction"].get<double>(), 0);
+    EXPECT_LE(p["on_time_fraction"].get<double>(), 1);
+    EXPECT_GT(p["goodput_gbps"].get<double>(), 0);
+  }
+  // Only deadline_aware drops for local recompute.
+  EXPECT_EQ(j["policies"]["edf"]["signalled_local_recompute"], 0);
+}
+
+TEST(BenchDeadlines, DeadlineAwareMissesLessThanEveryBaselineUnderLoad) {
+  const auto j = run_json("--duration-ms 1000 --load 0.9");
+  const std::uint64_t aware = missed(j["policies"]["deadline_aware"]);
+  for (const char* baseline : {"baseline_fifo", "strict_priority", "edf"}) {
+    EXPECT_LE(2 * aware, missed(j["policies"][baseline])) << baseline;
+  }
+}
+
+TEST(BenchDeadlines, UnderOverloadDroppingWhatCannotMakeItKeepsTheRestOnTime) {
+  const auto j = run_json("--duration-ms 300 --load 1.2");
+  const double aware = j["policies"]["deadline_aware"]["on_time_fraction"];
+  EXPECT_GT(j["policies"]["deadline_aware"]["signalled_local_recompute"].get<std::uint64_t>(), 0u);
+  for (const char* baseline : {"strict_priority", "edf"}) {
+    EXPECT_GE(aware, 1.3 * j["policies"][baseline]["on_time_fraction"].get<double>()) << baseline;
+  }
+}
+
+TEST(BenchDeadlines, SameSeedSameJsonOtherSeedOther) {
+  const CommandRun a = baton("bench deadlines --duration-ms 20 --seed 3 --json -");
+  const CommandRun b = baton("bench deadlines --duration-ms 20 --seed 3 --json -");
+  const CommandRun c = baton("bench deadlines --duration-ms 20 --seed 4 --json -");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(BenchDeadlines, OnePolicyAndEveryWorkloadKnob) {
+  const auto j = run_json(
+      "--duration-ms 20 --policies edf --decode-deadlines 2ms,3ms --prefill-sizes 512KiB --decode-size 64KiB "
+      "--background-size 1MiB --decode-share 0.2 --prefill-share 0.5 --prefill-slack 6 --model nvswitch8 "
+      "--from gpu0 --to gpu3 --link-gbps 100");
+  ASSERT_EQ(j["policies"].size(), 1u);
+  EXPECT_EQ(j["link_gbps"], 100.0);
+  EXPECT_EQ(j["workload"]["decode"]["deadlines_ms"], nlohmann::json::array({2.0, 3.0}));
+  EXPECT_EQ(j["workload"]["prefill"]["request_bytes"], nlohmann::json::array({512 * 1024}));
+}
+
+TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--load 0", "load 0 must be > 0"},
+      {"--load -1", "load -1 must be > 0"},
+      {"--decode-share 0.6 --prefill-share 0.6", "add up to <= 1"},
+      {"--decode-deadlines 1ms,0ms", "decode deadline 0 ns must be > 0"},
+      {"--decode-deadlines 5parsecs", "--decode-deadlines"},
+      {"--prefill-sizes 0", "a prefill size is 0"},
+      {"--prefill-sizes 1XB", "--prefill-sizes"},
+      {"--prefill-slack 0", "prefill_slack 0 must be > 0"},
+      {"--duration-ms 0", "--duration-ms 0 must be > 0"},
+      {"--policies fastest", "unknown policy \"fastest\""},
+      {"--transport carrier-pigeon", "expected sim or ucx"},
+      {"--transport ucx", "needs one of --target and --spawn"},
+      {"--spawn", "need --transport ucx"},
+      {"--from gpu0 --to nowhere", "nowhere"},
+      {"--policy-file /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args);
+    const std::string duration = std::string(args).find("--duration-ms") == std::string::npos ? "--duration-ms 5 " : "";
+    const CommandRun r = baton("bench deadlines " + duration + args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+}  // namespace
