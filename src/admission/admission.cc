@@ -41,12 +41,13 @@ std::string_view to_string(Band band) {
 }
 
 struct AdmissionController::State {
-  State(const sched::SchedPolicy& p, sched::Scheduler& s, BandwidthEstimator e)
-      : policy(p), a(policy.admission), scheduler(s), estimator(std::move(e)) {}
+  State(const sched::SchedPolicy& p, sched::Scheduler& s, const transport::Transport& t, BandwidthEstimator e)
+      : policy(p), a(policy.admission), scheduler(s), transport(t), estimator(std::move(e)) {}
 
   sched::SchedPolicy policy;
   const sched::AdmissionPolicy& a;
   sched::Scheduler& scheduler;
+  const transport::Transport& transport;
   BandwidthEstimator estimator;
   LocalRecompute local_recompute;
   std::shared_ptr<const Codec> codec;
@@ -108,6 +109,7 @@ struct AdmissionController::State {
     const TimeNs left = request.deadline_ns - now_ns;
     auto path = scheduler.route(request.from, request.to, now_ns);
     if (left <= 0 || !path) return kMluUnbounded;
+    estimator.sync(transport.paths());  // a peer may have connected since
     const double capacity = static_cast<double>(left) * estimator.estimate_gbps(*path) -
                             static_cast<double>(bytes_ahead(request, *path, self));
     if (capacity <= 0) return kMluUnbounded;
@@ -267,7 +269,7 @@ Result<std::unique_ptr<AdmissionController>> AdmissionController::create(const s
   auto estimator = BandwidthEstimator::create(transport.paths(), policy.admission.estimator_alpha);
   if (!estimator) return std::unexpected(estimator.error());
   return std::unique_ptr<AdmissionController>(
-      new AdmissionController(std::make_unique<State>(policy, scheduler, std::move(*estimator))));
+      new AdmissionController(std::make_unique<State>(policy, scheduler, transport, std::move(*estimator))));
 }
 
 void AdmissionController::set_local_recompute(LocalRecompute callback) {
@@ -339,6 +341,7 @@ Result<RequestStatus> AdmissionController::status(RequestId id) const {
 void AdmissionController::on_completion(const transport::Completion& c, RequestId request, TimeNs now_ns) {
   State& st = *state_;
   if (c.status.is_ok()) {
+    if (!st.estimator.measured(c.path)) st.estimator.sync(st.transport.paths());  // a new peer, or UCX chose its transport
     st.estimator.on_completion(c.path, c.bytes, c.at_ns, st.scheduler.load(c.path).inflight_slices > 0);
   }
   const auto it = st.owners.find(request);

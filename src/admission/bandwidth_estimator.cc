@@ -3,13 +3,29 @@
 namespace baton::admission {
 
 Result<BandwidthEstimator> BandwidthEstimator::create(const std::vector<transport::PathInfo>& paths, double alpha) {
-  std::vector<PathEstimate> estimates;
-  for (const transport::PathInfo& p : paths) {
-    auto ewma = Ewma::create(alpha, p.bandwidth_gbps);
-    if (!ewma) return std::unexpected(Status::invalid_argument("BandwidthEstimator: {}", ewma.error().message()));
-    estimates.push_back({*ewma, -1, 0});
+  auto probe = Ewma::create(alpha);
+  if (!probe) return std::unexpected(Status::invalid_argument("BandwidthEstimator: {}", probe.error().message()));
+  BandwidthEstimator estimator({}, alpha);
+  estimator.sync(paths);
+  return estimator;
+}
+
+void BandwidthEstimator::sync(const std::vector<transport::PathInfo>& paths) {
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const double seed = paths[i].bandwidth_gbps;
+    if (i < paths_.size() && (paths_[i].measured || paths_[i].seed_gbps == seed)) continue;
+    // alpha was checked in create(), so this cannot fail.
+    PathEstimate fresh{*Ewma::create(alpha_, seed), seed, false, -1, 0};
+    if (i < paths_.size()) {
+      paths_[i] = fresh;
+    } else {
+      paths_.push_back(fresh);
+    }
   }
-  return BandwidthEstimator(std::move(estimates));
+}
+
+bool BandwidthEstimator::measured(transport::PathId path) const {
+  return path < paths_.size() && paths_[path].measured;
 }
 
 void BandwidthEstimator::on_completion(transport::PathId path, std::uint64_t bytes, TimeNs now_ns,
@@ -29,6 +45,7 @@ void BandwidthEstimator::on_completion(transport::PathId path, std::uint64_t byt
   const TimeNs elapsed = now_ns - e.window_start_ns;
   if (elapsed >= kMinWindowNs) {
     e.ewma.add(static_cast<double>(e.window_bytes) / static_cast<double>(elapsed));
+    e.measured = true;
     e.window_start_ns = now_ns;
     e.window_bytes = 0;
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -432,6 +433,33 @@ TEST(UcxEngineBatch, ARequestAdmissionEndsAtOnceStillEndsItsBatch) {
   EXPECT_EQ(signalled.load(), 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_TRUE(target.engine->take_notifications().empty());  // a failed batch notifies no one
+}
+
+TEST(UcxEngineAdmission, APeerConnectedAfterCreateIsAdmittedOnItsPathsFigure) {
+  // The estimator was sized when the engine was made, before any peer: it
+  // must learn the peer's path at connect, or every deadline would read as
+  // unbounded and, with a recompute callback, end deadline_infeasible.
+  Side target(8 << 20, kTargetSalt);
+  Side local(8 << 20, kLocalSalt);
+  std::atomic<int> signalled{0};
+  local.engine->admission().set_local_recompute([&](sched::RequestId, const sched::TransferRequest&) { ++signalled; });
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  Batch roomy;
+  for (int i = 0; i < 8; ++i) {
+    Request r = request(Op::kRead, local, i << 20, *peer, target, i << 20, 1 << 20);
+    r.qos = sched::QosClass::kHotKv;
+    r.deadline_ns = local.engine->now_ns() + 10 * kSecond;  // 8 MiB in 10 s: feasible on any path here
+    roomy.requests.push_back(r);
+  }
+  EXPECT_TRUE(run(*local.engine, roomy).is_ok());
+  EXPECT_EQ(signalled.load(), 0);
+  // A deadline no path can meet (8 MiB in 1 µs) still ends at once.
+  Request tight = request(Op::kRead, local, 0, *peer, target, 0, 8 << 20);
+  tight.deadline_ns = local.engine->now_ns() + 1000;
+  EXPECT_EQ(run(*local.engine, Batch{{tight}, {}}).code(), StatusCode::kDeadlineInfeasible);
+  EXPECT_EQ(signalled.load(), 1);
+  EXPECT_EQ(std::memcmp(local.buffer.data(), target.buffer.data(), 1 << 20), 0);
 }
 
 }  // namespace

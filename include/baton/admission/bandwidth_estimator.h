@@ -24,19 +24,30 @@ class BandwidthEstimator {
   // on parallel lanes do not read as infinite bandwidth.
   void on_completion(transport::PathId path, std::uint64_t bytes, TimeNs now_ns, bool path_still_busy);
 
+  // Takes on the paths a transport added since (a UCX peer connects after
+  // the engine was made), each seeded with its cost-model figure, and
+  // re-seeds a path not yet measured when its figure changed (UCX said which
+  // transport it chose). A measured path keeps what it measured.
+  void sync(const std::vector<transport::PathInfo>& paths);
+
   // Bytes per ns (= GB/s).
   [[nodiscard]] double estimate_gbps(transport::PathId path) const;
+  // Whether a sample has been taken on `path` (else the estimate is the seed).
+  [[nodiscard]] bool measured(transport::PathId path) const;
 
   static constexpr TimeNs kMinWindowNs = 20'000;
 
  private:
   struct PathEstimate {
     Ewma ewma;
+    double seed_gbps = 0;
+    bool measured = false;
     TimeNs window_start_ns = -1;  // -1: no busy stretch open
     std::uint64_t window_bytes = 0;
   };
-  explicit BandwidthEstimator(std::vector<PathEstimate> paths) : paths_(std::move(paths)) {}
+  BandwidthEstimator(std::vector<PathEstimate> paths, double alpha) : paths_(std::move(paths)), alpha_(alpha) {}
   std::vector<PathEstimate> paths_;
+  double alpha_ = 1;
 };
 
 }  // namespace baton::admission
