@@ -1,5 +1,6 @@
 #include "baton/admission/admission.h"
 
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -276,9 +277,24 @@ void AdmissionController::set_local_recompute(LocalRecompute callback) {
   state_->local_recompute = std::move(callback);
 }
 
-void AdmissionController::set_codec(std::shared_ptr<const Codec> codec, CodecProfile profile) {
+Status AdmissionController::set_codec(std::shared_ptr<const Codec> codec, CodecProfile profile) {
+  if (codec == nullptr) return Status::invalid_argument("set_codec: no codec (null)");
+  if (!state_->transport.carries_compressed_slices()) {
+    return Status::failed_precondition(
+        "set_codec: {}: this engine's transport cannot carry compressed slices (UCX RMA writes exactly the bytes "
+        "it is given), so the compress band would shorten transfers; no codec registered",
+        codec->name());
+  }
+  // A rate may be +inf (measure() says so when there was nothing to undo).
+  if (!(profile.ratio >= 1) || !std::isfinite(profile.ratio) || !(profile.compress_gbps > 0) ||
+      !(profile.decompress_gbps > 0)) {
+    return Status::invalid_argument(
+        "set_codec: profile ratio {} (expected >= 1), compress {} GB/s and decompress {} GB/s (expected > 0)",
+        profile.ratio, profile.compress_gbps, profile.decompress_gbps);
+  }
   state_->codec = std::move(codec);
   state_->profile = profile;
+  return Status::ok();
 }
 
 void AdmissionController::set_mlu_observer(MluObserver observer) { state_->observe_mlu = std::move(observer); }
@@ -342,7 +358,7 @@ void AdmissionController::on_completion(const transport::Completion& c, RequestI
   State& st = *state_;
   if (c.status.is_ok()) {
     if (!st.estimator.measured(c.path)) st.estimator.sync(st.transport.paths());  // a new peer, or UCX chose its transport
-    st.estimator.on_completion(c.path, c.bytes, c.at_ns, st.scheduler.load(c.path).inflight_slices > 0);
+    st.estimator.on_completion(c.path, c.wire_bytes != 0 ? c.wire_bytes : c.bytes, c.at_ns, st.scheduler.load(c.path).inflight_slices > 0);
   }
   const auto it = st.owners.find(request);
   if (it == st.owners.end() || !it->second.admitted || it->second.request.deadline_ns == 0 || !st.can_degrade()) {

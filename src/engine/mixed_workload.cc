@@ -107,8 +107,11 @@ Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& 
     return out;
   };
   MixedResult result;
-  result.decode = summarize_class(collect(decode_ids));
-  result.prefill = summarize_class(collect(prefill_ids));
+  result.decode_requests = collect(decode_ids);
+  result.prefill_requests = collect(prefill_ids);
+  result.decode = summarize_class(result.decode_requests);
+  result.prefill = summarize_class(result.prefill_requests);
+  result.end_ns = e.now_ns();
   result.stats = e.stats();
   result.bytes_delivered = e.sim_transport().bytes_delivered();
   return result;
@@ -183,6 +186,9 @@ Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPoli
   }
   result.decode = summarize_class(decode_done);
   result.prefill = summarize_class(prefill_done);
+  result.decode_requests = std::move(decode_done);
+  result.prefill_requests = std::move(prefill_done);
+  result.end_ns = e.now_ns();
   result.stats = e.stats();
   return result;
 }

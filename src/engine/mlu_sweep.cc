@@ -76,7 +76,8 @@ Result<VariantResult> run_variant(const MluSweepConfig& c, TimeNs deadline, Vari
   std::uint64_t signalled = 0;
   if (v == Variant::kEdfDrop) {
     e.admission().set_local_recompute([&signalled](sched::RequestId, const sched::TransferRequest&) { ++signalled; });
-    e.admission().set_codec(codec, profile);  // degrade: used where compression pays
+    // degrade: used where compression pays
+    if (Status s = e.admission().set_codec(codec, profile); !s.is_ok()) return std::unexpected(s);
   }
   e.admission().set_mlu_observer([&result](double mlu, transport::Op) { result.mlus.push_back(mlu); });
 

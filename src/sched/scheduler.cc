@@ -559,7 +559,7 @@ struct Scheduler::State {
     const SliceId id = posted.add({0, &r, range, wire, path, lane});
     void* local = r.spec.local == nullptr ? nullptr : static_cast<std::byte*>(r.spec.local) + range.offset;
     const transport::SliceMemory memory{r.spec.op, local, r.spec.remote_addr + range.offset, r.spec.remote_key};
-    if (Status s = transport.submit({id, path, lane, wire, memory}, now_ns); !s.is_ok()) {
+    if (Status s = transport.submit({id, path, lane, length, memory, wire == length ? 0 : wire}, now_ns); !s.is_ok()) {
       posted.remove(id);
       r.retry.push_back(range);
       if (s.code() != StatusCode::kUnavailable) {
@@ -749,6 +749,10 @@ Status Scheduler::set_wire_ratio(RequestId id, double ratio) {
   if (it == state_->requests.end()) return Status::not_found("set_wire_ratio: no request {}", id);
   if (!(ratio > 0 && ratio <= 1)) {
     return Status::invalid_argument("set_wire_ratio: ratio {} for request {} is outside (0, 1]", ratio, id);
+  }
+  if (ratio < 1 && !state_->transport.carries_compressed_slices()) {
+    return Status::failed_precondition(
+        "set_wire_ratio: request {}: this transport carries no compressed slices (its slices would arrive short)", id);
   }
   it->second.wire_ratio = ratio;
   return Status::ok();

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "baton/engine/engine.h"
@@ -97,13 +99,14 @@ TEST(Admission, InfeasibleEndsWithStatusAndSignalNeverSilently) {
 TEST(Admission, CompressesOnlyWhenItPays) {
   auto run = [](CodecProfile profile) {
     auto e = make_engine();
-    e->admission().set_codec(std::shared_ptr<const Codec>(make_lz4_codec()), profile);
+    EXPECT_TRUE(e->admission().set_codec(std::shared_ptr<const Codec>(make_lz4_codec()), profile).is_ok());
     // MLU ~0.87: the compress band.
     const RequestId id = e->submit(req(4 * kMiB, 200'000)).value();
     EXPECT_TRUE(e->run_until_idle().is_ok());
     EXPECT_EQ(status_of(*e, id).state, RequestState::kCompleted);
     EXPECT_EQ(status_of(*e, id).bytes_done, 4 * kMiB);  // payload bytes all delivered
-    return std::pair(e->admission().stats().compressed, e->sim_transport().bytes_delivered());
+    EXPECT_EQ(e->sim_transport().bytes_delivered(), 4 * kMiB);
+    return std::pair(e->admission().stats().compressed, e->sim_transport().wire_bytes_delivered());
   };
   // A codec far faster than the path, 4:1: the wire carries ~30% of the bytes.
   const auto [fast_compressed, fast_wire] = run({4.0, 1000.0, 1000.0});
@@ -113,6 +116,25 @@ TEST(Admission, CompressesOnlyWhenItPays) {
   const auto [slow_compressed, slow_wire] = run({4.0, 2.0, 4.0});
   EXPECT_EQ(slow_compressed, 0u);
   EXPECT_EQ(slow_wire, 4 * kMiB);
+}
+
+TEST(Admission, ACodecIsRefusedWhereThePathCannotCompressAndABadOneAnywhere) {
+  auto sim = make_engine();
+  const std::shared_ptr<const Codec> lz4(make_lz4_codec());
+  EXPECT_EQ(sim->admission().set_codec(nullptr, {2.0, 1.0, 1.0}).code(), StatusCode::kInvalidArgument);
+  for (CodecProfile bad : {CodecProfile{0.5, 1, 1}, CodecProfile{2, 0, 1}, CodecProfile{2, 1, -1},
+                           CodecProfile{std::nan(""), 1, 1}}) {
+    const Status s = sim->admission().set_codec(lz4, bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_NE(s.message().find("set_codec: profile"), std::string::npos) << s.message();
+  }
+  // A transport that moves real bytes (UCX) refuses: its slices would arrive short.
+  engine::EngineConfig ucx = engine::wall_ucx_config();
+  auto real = engine::Engine::create(ucx);
+  ASSERT_TRUE(real.has_value()) << real.error().to_string();
+  const Status s = (*real)->admission().set_codec(lz4, {4.0, 1000.0, 1000.0});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("cannot carry compressed slices"), std::string::npos) << s.message();
 }
 
 TEST(Admission, ReevaluationPromotesMidTransfer) {

@@ -74,13 +74,12 @@ Status fill_workload(const DeadlinesOptions& o, DeadlinesWorkload& w) {
 
 // Sized for a loopback socket (about 1 GB/s here) rather than a PCIe path:
 // 64 KiB decode reads due 5, 20 or 50 ms later (a 4 MiB in-flight budget
-// alone is 4 ms there), 1–8 MiB prefill, 4 MiB background, 3 s of arrivals.
+// alone is 4 ms there), 0.5–2 MiB prefill, 4 MiB background, 1 s of arrivals.
 void apply_ucx_defaults(const CLI::App& app, DeadlinesOptions& o) {
   if (app.count("--decode-size") == 0) o.workload.decode_bytes = 64ULL << 10;
   if (app.count("--decode-deadlines") == 0) o.workload.decode_deadlines_ns = {5'000'000, 20'000'000, 50'000'000};
-  if (app.count("--prefill-sizes") == 0) o.workload.prefill_bytes = {1ULL << 20, 4ULL << 20, 8ULL << 20};
+  if (app.count("--prefill-sizes") == 0) o.workload.prefill_bytes = {512ULL << 10, 1ULL << 20, 2ULL << 20};
   if (app.count("--background-size") == 0) o.workload.background_bytes = 4ULL << 20;
-  if (app.count("--duration-ms") == 0) o.duration_ms = 3000;
 }
 
 ordered_json class_json(const workloads::ClassOutcome& c) {

@@ -13,6 +13,7 @@
 #include "json_output.h"
 #include "serve_child.h"
 #include "ucx_options.h"
+#include "workloads/outcome.h"
 
 namespace baton::cli {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 using nlohmann::ordered_json;
 
 struct SchedBenchOptions {
-  std::string policy = "both";
+  std::string policy = "all";
   std::string policy_file;
   std::uint64_t seed = 1;
   double duration_ms = 100;
@@ -107,6 +108,13 @@ ordered_json class_json(const engine::ClassResult& r, bool decode) {
   return j;
 }
 
+// Over every submitted request (bench/workloads/outcome.h).
+ordered_json outcome_json(const workloads::ClassOutcome& c) {
+  return {{"submitted", c.submitted}, {"completed", c.completed}, {"failed", c.failed},
+          {"unfinished", c.unfinished}, {"missed", c.missed},      {"p50_us", c.p50_us},
+          {"p99_us", c.p99_us},        {"p999_us", c.p999_us}};
+}
+
 int write_json(const ordered_json& j, const std::string& path) {
   if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(s);
   return 0;
@@ -118,12 +126,16 @@ int run_mixed_bench(const SchedBenchOptions& o) {
   auto base = base_policy(o);
   if (!base) return fail(base.error());
   std::vector<sched::PolicyKind> kinds;
-  if (o.policy == "both") {
+  if (o.policy == "all") {
+    kinds = {sched::PolicyKind::kBaselineFifo, sched::PolicyKind::kStrictPriority, sched::PolicyKind::kEdf,
+             sched::PolicyKind::kDeadlineAware};
+  } else if (o.policy == "both") {
     kinds = {sched::PolicyKind::kBaselineFifo, sched::PolicyKind::kDeadlineAware};
   } else if (auto k = sched::parse_policy_kind(o.policy)) {
     kinds = {*k};
   } else {
-    return fail(Status::invalid_argument("--policy \"{}\": expected deadline_aware, baseline_fifo or both", o.policy));
+    return fail(Status::invalid_argument(
+        "--policy \"{}\": expected deadline_aware, baseline_fifo, strict_priority, edf, both or all", o.policy));
   }
   if (o.transport != "sim" && o.transport != "ucx") {
     return fail(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.transport));
@@ -149,14 +161,21 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     auto r = run.transport == "ucx" ? engine::run_mixed_ucx(*w, policy, run.target, run.ucx) : engine::run_mixed(*w, policy);
     if (!r) return fail(r.error());
     results[kind] = *r;
+    const workloads::ClassOutcome decode = workloads::summarize_class(r->decode_requests, r->end_ns);
+    const workloads::ClassOutcome prefill = workloads::summarize_class(r->prefill_requests, r->end_ns);
     j["policies"][std::string(sched::to_string(kind))] = {
         {"decode_critical", class_json(r->decode, true)},
         {"prefill_bulk", class_json(r->prefill, false)},
+        {"classes", {{"decode_critical", outcome_json(decode)}, {"prefill_bulk", outcome_json(prefill)}}},
+        {"goodput_gbps", r->end_ns > 0 ? static_cast<double>(decode.bytes_on_time + prefill.bytes_on_time) /
+                                             static_cast<double>(r->end_ns)
+                                       : 0.0},
         {"slices_preempted", r->stats.slices_preempted},
         {"slices_spilled", r->stats.slices_spilled},
         {"bytes_wasted", r->stats.bytes_wasted}};
   }
-  const bool both = results.size() == 2;
+  const bool both = results.contains(sched::PolicyKind::kBaselineFifo) &&
+                    results.contains(sched::PolicyKind::kDeadlineAware);
   if (both) {
     const double fifo = results[sched::PolicyKind::kBaselineFifo].decode.p99_us;
     const double aware = results[sched::PolicyKind::kDeadlineAware].decode.p99_us;
@@ -240,9 +259,9 @@ void add_common(CLI::App* app, SchedBenchOptions& o) {
 
 Command add_bench_mixed(CLI::App& bench) {
   auto o = std::make_shared<SchedBenchOptions>();
-  CLI::App* app = bench.add_subcommand("mixed", "32 MB prefill vs 256 KB / 2 ms decode on one NVLink: FIFO vs deadline-aware");
+  CLI::App* app = bench.add_subcommand("mixed", "32 MB prefill vs 256 KB / 2 ms decode on one NVLink: FIFO, strict priority, EDF, deadline-aware");
   add_common(app, *o);
-  app->add_option("--policy", o->policy, "deadline_aware, baseline_fifo or both");
+  app->add_option("--policy", o->policy, "all (default), both (baseline_fifo and deadline_aware), or one policy");
   app->add_option("--transport", o->transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
   app->add_option("--target", o->target, "ucx: a running `baton serve` (host:port)");
   app->add_flag("--spawn", o->spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");

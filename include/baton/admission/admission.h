@@ -49,8 +49,11 @@ class AdmissionController {
 
   // Without a callback the local band degrades to best-effort transfer.
   void set_local_recompute(LocalRecompute callback);
-  // Without a codec the compress band sends raw bytes.
-  void set_codec(std::shared_ptr<const Codec> codec, CodecProfile profile);
+  // Without a codec the compress band sends raw bytes. failed_precondition
+  // when the transport cannot carry compressed slices (UCX: its RMA would
+  // write fewer bytes than the request holds); invalid_argument for a null
+  // codec or a profile with a ratio below 1 or a rate that is not > 0.
+  [[nodiscard]] Status set_codec(std::shared_ptr<const Codec> codec, CodecProfile profile);
   void set_mlu_observer(MluObserver observer);
 
   // Decides and queues. Errors as Scheduler::submit, at once.

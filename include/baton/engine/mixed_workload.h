@@ -50,6 +50,11 @@ struct ClassResult {
 struct MixedResult {
   ClassResult decode;
   ClassResult prefill;
+  // Every submitted request's final status, per class, and when the run
+  // ended: for a summary over all of them (bench/workloads/outcome.h).
+  std::vector<sched::RequestStatus> decode_requests;
+  std::vector<sched::RequestStatus> prefill_requests;
+  TimeNs end_ns = 0;
   sched::SchedStats stats;
   std::uint64_t bytes_delivered = 0;  // by the transport
 };

@@ -58,13 +58,18 @@ class SimTransport final : public Transport {
   void poll(TimeNs now_ns, std::vector<Completion>& out) override;
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
   [[nodiscard]] bool path_healthy(PathId path, TimeNs now_ns) const override;
+  // A compressed slice is modelled as its wire bytes plus codec time.
+  [[nodiscard]] bool carries_compressed_slices() const override { return true; }
 
   // Marks a path down (in-flight and queued slices fail at `now_ns`) or up;
   // for tests and the fault benchmark, in addition to scheduled faults.
   Status set_path_down(PathId path, bool down, TimeNs now_ns);
 
   // Totals, for tests that check that bytes are neither lost nor invented.
+  // Payload bytes of slices that completed ok, and the bytes that carried
+  // them over the wire (fewer when slices were compressed).
   [[nodiscard]] std::uint64_t bytes_delivered() const;
+  [[nodiscard]] std::uint64_t wire_bytes_delivered() const;
   [[nodiscard]] std::uint64_t bytes_wasted() const;
   // In completion order; empty unless SimConfig::record_deliveries.
   [[nodiscard]] const std::vector<SimDelivery>& deliveries() const;

@@ -43,12 +43,18 @@ struct SliceMemory {
   std::uint32_t remote_key = 0;
 };
 
+// `bytes` is the payload: what lands at the destination. A compressed
+// slice crosses the wire as `wire_bytes` (< bytes); 0 means uncompressed.
+// Only a transport that carries_compressed_slices() takes one, so a
+// shortened transfer can never pass for a whole one.
 struct SliceSubmit {
   SliceId id = 0;
   PathId path = 0;
   int lane = 0;
   std::uint64_t bytes = 0;
   SliceMemory memory;
+  std::uint64_t wire_bytes = 0;
+  [[nodiscard]] std::uint64_t on_wire() const { return wire_bytes != 0 ? wire_bytes : bytes; }
 };
 
 // The end of a slice that was not cancelled. `status` is ok, or unavailable
@@ -57,9 +63,10 @@ struct Completion {
   SliceId id = 0;
   PathId path = 0;
   int lane = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;  // payload
   TimeNs at_ns = 0;
   Status status;
+  std::uint64_t wire_bytes = 0;  // what crossed the wire (the path's rate is measured on these)
 };
 
 struct CancelResult {
@@ -102,6 +109,11 @@ class Transport {
   // when there is work already (poll again instead of sleeping).
   [[nodiscard]] virtual int event_fd() const { return -1; }
   [[nodiscard]] virtual bool arm() { return true; }
+
+  // Whether a slice may cross the wire compressed (SliceSubmit::wire_bytes).
+  // A transport that moves real bytes without a codec on both ends answers
+  // false, and admission refuses a codec for it.
+  [[nodiscard]] virtual bool carries_compressed_slices() const { return false; }
 };
 
 }  // namespace baton::transport

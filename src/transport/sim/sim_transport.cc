@@ -57,6 +57,7 @@ struct SimTransport::State {
   std::size_t next_fault = 0;
   std::vector<Completion> failed;     // failures not yet handed out by poll
   std::uint64_t delivered = 0;
+  std::uint64_t wire_delivered = 0;
   std::uint64_t wasted = 0;
   std::vector<SimDelivery> deliveries;  // when config.record_deliveries
 
@@ -67,7 +68,7 @@ struct SimTransport::State {
         config.jitter > 0 ? 1.0 + config.jitter * std::uniform_real_distribution<double>(0, 1)(rng) : 1.0;
     s.start_ns = at_ns;
     s.service_ns = std::max<TimeNs>(
-        1, static_cast<TimeNs>(std::ceil(static_cast<double>(s.submit.bytes) / path.lane_bytes_per_ns * stretch)));
+        1, static_cast<TimeNs>(std::ceil(static_cast<double>(s.submit.on_wire()) / path.lane_bytes_per_ns * stretch)));
     s.injected_error = config.error_probability > 0 &&
                        std::bernoulli_distribution(config.error_probability)(rng);
     service_ends.insert({s.start_ns + s.service_ns, s.submit.id});
@@ -204,7 +205,7 @@ CancelResult SimTransport::cancel(SliceId id, TimeNs now_ns) {
   }
   if (now_ns >= s.start_ns + s.service_ns) return {};  // finished sending, not yet polled
   const TimeNs elapsed = std::max<TimeNs>(0, now_ns - s.start_ns);
-  const auto wasted = static_cast<std::uint64_t>(static_cast<double>(s.submit.bytes) *
+  const auto wasted = static_cast<std::uint64_t>(static_cast<double>(s.submit.on_wire()) *
                                                  static_cast<double>(elapsed) / static_cast<double>(s.service_ns));
   st.service_ends.erase({s.start_ns + s.service_ns, id});
   lane.fifo.pop_front();
@@ -251,11 +252,12 @@ void SimTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
       status = Status::unavailable("sim: injected error on {}", st.paths[s.submit.path].info.name());
     } else {
       st.delivered += s.submit.bytes;
+      st.wire_delivered += s.submit.on_wire();
       if (st.config.record_deliveries) {
         st.deliveries.push_back({s.submit.path, s.submit.memory.remote_addr, s.submit.bytes, t});
       }
     }
-    out.push_back({id, s.submit.path, s.submit.lane, s.submit.bytes, t, std::move(status)});
+    out.push_back({id, s.submit.path, s.submit.lane, s.submit.bytes, t, std::move(status), s.submit.on_wire()});
   }
 }
 
@@ -284,6 +286,7 @@ Status SimTransport::set_path_down(PathId path, bool down, TimeNs now_ns) {
 }
 
 std::uint64_t SimTransport::bytes_delivered() const { return state_->delivered; }
+std::uint64_t SimTransport::wire_bytes_delivered() const { return state_->wire_delivered; }
 std::uint64_t SimTransport::bytes_wasted() const { return state_->wasted; }
 const std::vector<SimDelivery>& SimTransport::deliveries() const { return state_->deliveries; }
 

@@ -579,7 +579,7 @@ struct UcxTransport::State {
   void hand_out(TimeNs now_ns, std::vector<Completion>& out) {
     for (SliceOp* op : std::exchange(finished, {})) {
       const SliceSubmit& s = op->submit;
-      Completion c{s.id, s.path, s.lane, s.bytes, now_ns, Status::ok()};
+      Completion c{s.id, s.path, s.lane, s.bytes, now_ns, Status::ok(), s.bytes};
       if (op->status != UCS_OK) {
         c.status = Status::unavailable("ucx: slice {} ({} bytes, path {} lane {}) failed: {}", s.id, s.bytes,
                                        s.path, s.lane, ucs_status_string(op->status));
@@ -1016,6 +1016,14 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
   }
   if (slice.bytes == 0) {
     return Status::invalid_argument("UcxTransport::submit: slice {} has 0 bytes", slice.id);
+  }
+  if (slice.on_wire() != slice.bytes) {
+    // RMA moves exactly the bytes it is given: sending fewer would end a
+    // request ok with part of its payload never written.
+    return Status::invalid_argument(
+        "UcxTransport::submit: slice {} is compressed ({} payload bytes as {} on the wire); UCX RMA carries no "
+        "compressed slices",
+        slice.id, slice.bytes, slice.wire_bytes);
   }
   if (s.slices.contains(slice.id)) {
     return Status::already_exists("UcxTransport::submit: slice {} is already in flight", slice.id);
