@@ -24,6 +24,7 @@ struct Owner {
   bool compressed = false;
   int slices_since_eval = 0;
   TimeNs next_eval_ns = 0;
+  TimeNs expires_ns = 0;  // submit + transfer timeout
   transport::PathId path = 0;
 };
 
@@ -60,6 +61,7 @@ struct AdmissionController::State {
   std::unordered_map<RequestId, RequestStatus> ended;  // ended here, never admitted
   std::function<void(RequestId)> end_hook;
   std::set<std::pair<TimeNs, RequestId>> timers;       // re-evaluation of running owners
+  std::set<std::pair<TimeNs, RequestId>> expiries;     // transfer timeouts of live owners
   std::vector<RequestId> finished;                     // from the finish hook, settled in tick()
   int admitted_owners = 0;
   std::uint64_t admitted_bytes = 0;
@@ -135,6 +137,7 @@ struct AdmissionController::State {
     s.completed_ns = now_ns;
     ended[o.id] = std::move(s);
     waiting.erase(wait_key(o));
+    expiries.erase({o.expires_ns, o.id});
     const RequestId id = o.id;
     owners.erase(id);
     if (end_hook) end_hook(id);
@@ -232,6 +235,26 @@ struct AdmissionController::State {
     }
   }
 
+  // Owners past their transfer timeout end `timeout`: one still waiting at
+  // once, an admitted one through the scheduler (kCancelling until what it
+  // posted is settled).
+  void expire(TimeNs now_ns) {
+    while (!expiries.empty() && expiries.begin()->first <= now_ns) {
+      const auto [at, id] = *expiries.begin();
+      expiries.erase(expiries.begin());
+      const auto it = owners.find(id);
+      if (it == owners.end()) continue;
+      Owner& o = it->second;
+      Status why = Status::timeout("request {}: not done {} ns after submit (transfer timeout)", id,
+                                   at - o.submitted_ns);
+      if (o.admitted) {
+        (void)scheduler.abandon(id, std::move(why), now_ns);  // refused only when already stopping
+      } else {
+        end_here(o, RequestState::kTimedOut, std::move(why), now_ns);
+      }
+    }
+  }
+
   void reevaluate(Owner& o, TimeNs now_ns) {
     ++stats.reevaluations;
     o.slices_since_eval = 0;
@@ -254,6 +277,7 @@ struct AdmissionController::State {
       --admitted_owners;
       admitted_bytes -= it->second.request.bytes;
       timers.erase({it->second.next_eval_ns, id});
+      expiries.erase({it->second.expires_ns, id});
       owners.erase(it);
     }
     finished.clear();
@@ -302,6 +326,10 @@ void AdmissionController::set_mlu_observer(MluObserver observer) { state_->obser
 Status AdmissionController::submit(RequestId id, const TransferRequest& request, TimeNs now_ns) {
   State& st = *state_;
   if (request.bytes == 0) return Status::invalid_argument("submit: request {} has 0 bytes", id);
+  if (request.timeout_ns < 0) {
+    return Status::invalid_argument("submit: request {} has timeout {} ns (expected > 0, or 0 for the policy's {} ns)",
+                                    id, request.timeout_ns, st.policy.transfer_timeout_ns);
+  }
   if (st.owners.contains(id) || st.ended.contains(id) || st.scheduler.status(id)) {
     return Status::already_exists("submit: request {} exists already", id);
   }
@@ -313,6 +341,8 @@ Status AdmissionController::submit(RequestId id, const TransferRequest& request,
   o.seq = st.next_seq++;
   o.submitted_ns = now_ns;
   o.path = path.value_or(0);
+  o.expires_ns = now_ns + (request.timeout_ns != 0 ? request.timeout_ns : st.policy.transfer_timeout_ns);
+  st.expiries.insert({o.expires_ns, id});
   if (request.deadline_ns != 0) {
     const double m = st.mlu(request, request.bytes, now_ns, id);
     if (st.observe_mlu) st.observe_mlu(m, request.op);
@@ -394,16 +424,15 @@ void AdmissionController::tick(TimeNs now_ns) {
     if (it == st.owners.end()) continue;
     Owner& o = it->second;
     const auto s = st.scheduler.status(id);
-    if (!s || s->state == RequestState::kCompleted || s->state == RequestState::kFailed ||
-        s->state == RequestState::kCancelled || s->state == RequestState::kInfeasible) {
-      continue;
-    }
+    if (!s || (s->state != RequestState::kQueued && s->state != RequestState::kRunning)) continue;
     st.reevaluate(o, now_ns);
     if (st.owners.contains(id)) {
       o.next_eval_ns = now_ns + st.a.reevaluate_interval_ns;
       st.timers.insert({o.next_eval_ns, id});
     }
   }
+  st.settle_finished();
+  st.expire(now_ns);
   st.settle_finished();
   st.drop_infeasible_waiting(now_ns);
   st.admit_waiting(now_ns);
@@ -413,6 +442,7 @@ std::optional<TimeNs> AdmissionController::next_timer_ns() const {
   const State& st = *state_;
   std::optional<TimeNs> t;
   if (!st.timers.empty()) t = st.timers.begin()->first;
+  if (!st.expiries.empty()) t = t ? std::min(*t, st.expiries.begin()->first) : st.expiries.begin()->first;
   if (st.a.drop_infeasible && !st.waiting.empty()) {
     t = t ? std::min(*t, st.next_drop_scan_ns) : st.next_drop_scan_ns;
   }

@@ -555,8 +555,11 @@ struct DualPath::State {
     return e ? e : m;
   }
 
+  // Every handoff ended, and every leg request too: a cancelled leg whose
+  // slices are still on the transport is cancelling until they settle.
   [[nodiscard]] bool idle() const {
-    return std::ranges::all_of(active, [&](HandoffId id) { return handoffs.at(id).status.ended(); });
+    return std::ranges::all_of(active, [&](HandoffId id) { return handoffs.at(id).status.ended(); }) &&
+           engine.scheduler().queued_requests() == 0;
   }
 };
 

@@ -100,6 +100,9 @@ Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
     return std::unexpected(Status(s.code(), fmt::format("submit: request {} of the batch: {}", i, s.message())));
   };
   if (r.length == 0) return refuse(Status::invalid_argument("length 0"));
+  if (r.timeout_ns < 0) {
+    return refuse(Status::invalid_argument("timeout {} ns (expected > 0, or 0 for the policy's)", r.timeout_ns));
+  }
   if (r.op != Op::kRead && r.op != Op::kWrite) {
     return refuse(Status::invalid_argument("unknown op {}", static_cast<int>(r.op)));
   }
@@ -163,6 +166,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     t.bytes = r.length;
     t.qos = r.qos;
     t.deadline_ns = r.deadline_ns;
+    t.timeout_ns = r.timeout_ns;
     t.op = r.op;
     t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
     t.remote_key = r.remote_region;
@@ -221,6 +225,14 @@ Status Datapath::cancel(BatchHandle handle, TimeNs now_ns) {
   if (it == batches_.end()) return Status::not_found("cancel: no batch {}", handle.id);
   if (it->second.ended || it->second.open == 0) {
     return Status::invalid_argument("cancel: batch {} already ended", handle.id);
+  }
+  const bool running = std::ranges::any_of(it->second.requests, [this](sched::RequestId id) {
+    auto s = admission_.status(id);
+    return s && !ended_state(s->state);
+  });
+  if (!running) {
+    return Status::invalid_argument(
+        "cancel: batch {} is already stopping (its requests wait for slices UCX cannot recall)", handle.id);
   }
   cancel_running(it->second, now_ns);
   return Status::ok();

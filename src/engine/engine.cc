@@ -188,6 +188,10 @@ Result<std::vector<sched::RequestId>> Engine::submit(std::span<const sched::Tran
       return std::unexpected(
           Status::invalid_argument("submit: request {} of the batch ({} -> {}) has 0 bytes", i, r.from, r.to));
     }
+    if (r.timeout_ns < 0) {
+      return std::unexpected(Status::invalid_argument(
+          "submit: request {} of the batch has timeout {} ns (expected > 0, or 0 for the policy's)", i, r.timeout_ns));
+    }
     // rank() refuses unknown endpoints, a node to itself and NIC to NIC.
     if (auto route = state_->graph.rank(r.from, r.to); !route) {
       return std::unexpected(

@@ -496,9 +496,9 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
     return Status::invalid_argument("{}:{}: expected a mapping of policy keys, got {}", origin_,
                                     line_of(root), describe(root));
   }
-  static constexpr std::array<std::string_view, 9> kKeys{
-      "policy", "weights", "class_priority", "deadline_horizon", "starvation_bound", "slice_size", "credits",
-      "preemption", "admission"};
+  static constexpr std::array<std::string_view, 10> kKeys{
+      "policy", "weights", "class_priority", "deadline_horizon", "starvation_bound", "transfer_timeout",
+      "slice_size", "credits", "preemption", "admission"};
   auto sections = entries(root, "", line_of(root), kKeys);
   if (!sections) return sections.error();
   for (const Entry& e : *sections) {
@@ -521,6 +521,14 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
       auto ns = duration(e, "deadline_horizon");
       if (!ns) return ns.error();
       policy.deadline_horizon_ns = *ns;
+    } else if (e.key == "transfer_timeout") {
+      auto ns = duration(e, "transfer_timeout");
+      if (!ns) return ns.error();
+      if (*ns == 0) {
+        return bad_value(line_of(e), "transfer_timeout",
+                         fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar()));
+      }
+      policy.transfer_timeout_ns = *ns;
     } else if (e.key == "starvation_bound") {
       auto ns = duration(e, "starvation_bound");
       if (!ns) return ns.error();
@@ -634,6 +642,9 @@ Status SchedPolicy::validate() const {
   if (starvation_bound_ns <= 0) {
     return Status::invalid_argument("SchedPolicy: starvation_bound_ns is {} (expected > 0)",
                                     starvation_bound_ns);
+  }
+  if (transfer_timeout_ns <= 0) {
+    return Status::invalid_argument("SchedPolicy: transfer_timeout_ns is {} (expected > 0)", transfer_timeout_ns);
   }
   if (deadline_horizon_ns < 0) {
     return Status::invalid_argument("SchedPolicy: deadline_horizon_ns is {} (expected >= 0)",

@@ -68,9 +68,16 @@ struct Request {
   std::uint32_t age_pos = 0;
   std::uint32_t dormant_pos = 0;
 
+  // Where a stopped request goes once its last posted slice is settled.
+  RequestState ending_as = RequestState::kCancelled;
+  Status ending_status;
+
   [[nodiscard]] bool ended() const {
-    return status.state == RequestState::kCompleted || status.state == RequestState::kFailed ||
-           status.state == RequestState::kCancelled || status.state == RequestState::kInfeasible;
+    return status.state != RequestState::kQueued && status.state != RequestState::kRunning &&
+           status.state != RequestState::kCancelling;
+  }
+  [[nodiscard]] bool live() const {
+    return status.state == RequestState::kQueued || status.state == RequestState::kRunning;
   }
 };
 
@@ -222,6 +229,8 @@ std::string_view to_string(RequestState state) {
     case RequestState::kFailed: return "failed";
     case RequestState::kCancelled: return "cancelled";
     case RequestState::kInfeasible: return "deadline_infeasible";
+    case RequestState::kTimedOut: return "timeout";
+    case RequestState::kCancelling: return "cancelling";
   }
   return "?";
 }
@@ -499,10 +508,22 @@ struct Scheduler::State {
     }
   }
 
-  void fail(Request& r, Status status, TimeNs now_ns) {
+  // Ends `r` as `state` once nothing it posted can still land: at once
+  // when the transport stopped every posted slice, else it is kCancelling
+  // until on_completion settles the last one.
+  void stop(Request& r, RequestState state, Status status, TimeNs now_ns) {
     cancel_posted(r, now_ns);
-    finish(r, RequestState::kFailed, std::move(status), now_ns);
+    dequeue(r);
+    if (r.inflight == 0) {
+      finish(r, state, std::move(status), now_ns);
+      return;
+    }
+    r.status.state = RequestState::kCancelling;
+    r.ending_as = state;
+    r.ending_status = std::move(status);
   }
+
+  void fail(Request& r, Status status, TimeNs now_ns) { stop(r, RequestState::kFailed, std::move(status), now_ns); }
 
   // Queues `r` on its best healthy path, or fails it when none is left.
   void home_request(Request& r, TimeNs now_ns) {
@@ -623,7 +644,7 @@ struct Scheduler::State {
     for (auto it = p.posted.rbegin(); it != p.posted.rend(); ++it) {
       const SliceId victim_id = *it;
       Request& victim = *posted.find(victim_id)->request;
-      if (!victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
+      if (!victim.live() || !victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
       // An overdue request is being served by the starvation bound; taking
       // its slice back would starve it again, forever under sustained load.
       if (weighs_urgency() && now_ns - victim.status.submitted_ns >= policy.starvation_bound_ns) continue;
@@ -686,11 +707,11 @@ Status Scheduler::cancel(RequestId id, TimeNs now_ns) {
   const auto it = st.requests.find(id);
   if (it == st.requests.end()) return Status::not_found("cancel: no request {}", id);
   Request& r = it->second;
-  if (r.ended()) {
-    return Status::invalid_argument("cancel: request {} already ended ({})", id, to_string(r.status.state));
+  if (!r.live()) {
+    return Status::invalid_argument("cancel: request {} already {} ({})", id,
+                                    r.ended() ? "ended" : "stopping", to_string(r.status.state));
   }
-  st.cancel_posted(r, now_ns);
-  st.finish(r, RequestState::kCancelled, Status::cancelled("request {} cancelled", id), now_ns);
+  st.stop(r, RequestState::kCancelled, Status::cancelled("request {} cancelled", id), now_ns);
   return Status::ok();
 }
 
@@ -703,6 +724,10 @@ RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns
   // still landed, and a caller re-sending the rest must know.
   if (c.status.is_ok()) record_delivered(r.delivered_prefix, r.delivered_beyond, s.range);
   if (r.ended()) return r.id;  // cancelled or failed: the bytes no longer matter
+  if (r.status.state == RequestState::kCancelling) {
+    if (r.inflight == 0) st.finish(r, r.ending_as, std::move(r.ending_status), now_ns);
+    return r.id;
+  }
   if (c.status.is_ok()) {
     r.status.bytes_done += s.range.length;
     st.paths[s.path].load.bytes_completed += s.range.length;
@@ -734,13 +759,14 @@ Status Scheduler::abandon(RequestId id, Status reason, TimeNs now_ns) {
   const auto it = st.requests.find(id);
   if (it == st.requests.end()) return Status::not_found("abandon: no request {}", id);
   Request& r = it->second;
-  if (r.ended()) {
-    return Status::invalid_argument("abandon: request {} already ended ({})", id, to_string(r.status.state));
+  if (!r.live()) {
+    return Status::invalid_argument("abandon: request {} already {} ({})", id, r.ended() ? "ended" : "stopping",
+                                    to_string(r.status.state));
   }
-  const RequestState state =
-      reason.code() == StatusCode::kDeadlineInfeasible ? RequestState::kInfeasible : RequestState::kFailed;
-  st.cancel_posted(r, now_ns);
-  st.finish(r, state, std::move(reason), now_ns);
+  RequestState state = RequestState::kFailed;
+  if (reason.code() == StatusCode::kDeadlineInfeasible) state = RequestState::kInfeasible;
+  if (reason.code() == StatusCode::kTimeout) state = RequestState::kTimedOut;
+  st.stop(r, state, std::move(reason), now_ns);
   return Status::ok();
 }
 

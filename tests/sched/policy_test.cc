@@ -33,6 +33,7 @@ void expect_same(const SchedPolicy& actual, const SchedPolicy& expected) {
   }
   EXPECT_EQ(actual.starvation_bound_ns, expected.starvation_bound_ns);
   EXPECT_EQ(actual.deadline_horizon_ns, expected.deadline_horizon_ns);
+  EXPECT_EQ(actual.transfer_timeout_ns, expected.transfer_timeout_ns);
   for (PathType path : kAllPaths) {
     SCOPED_TRACE(std::string(to_string(path)));
     EXPECT_EQ(actual.slice_for(path), expected.slice_for(path));
@@ -123,6 +124,7 @@ TEST(SchedPolicyParse, EveryKeySet) {
       "class_priority: {decode_critical: 900, hot_kv: 500.5, prefill_bulk: 10, background: 1}\n"
       "starvation_bound: 250us\n"
       "deadline_horizon: 3ms\n"
+      "transfer_timeout: 2s\n"
       "slice_size: {default: 32KiB, nvlink: 1MiB}\n"
       "credits:\n"
       "  default: {lanes: 1, slices_per_lane: 3, inflight_bytes: 2MiB}\n"
@@ -135,6 +137,7 @@ TEST(SchedPolicyParse, EveryKeySet) {
   EXPECT_EQ(p.class_priority, (std::array<double, kQosClassCount>{900, 500.5, 10, 1}));
   EXPECT_EQ(p.starvation_bound_ns, 250'000);
   EXPECT_EQ(p.deadline_horizon_ns, 3'000'000);
+  EXPECT_EQ(p.transfer_timeout_ns, 2'000'000'000);
   EXPECT_FALSE(p.preemption);
   EXPECT_EQ(p.preempt_min_class, QosClass::kHotKv);
   for (PathType path : kAllPaths) {
@@ -219,6 +222,8 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"starvation_bound: 0ms\n", "<string>:1: starvation_bound: \"0ms\" is zero"},
       {"starvation_bound: {a: 1}\n", "<string>:1: starvation_bound: expected a value, got a mapping"},
       {"deadline_horizon: 10\n", "<string>:1: deadline_horizon: \"10\": no unit"},
+      {"transfer_timeout: 0s\n", "<string>:1: transfer_timeout: \"0s\" is zero"},
+      {"transfer_timeout: -1s\n", "<string>:1: transfer_timeout: \"-1s\""},
       {"deadline_horizon: -1ms\n", "<string>:1: deadline_horizon: \"-1ms\""},
       {"deadline_horizon: [1ms]\n", "<string>:1: deadline_horizon: expected a value, got a sequence"},
       {"slice_size:\n  default: 64KiB\n  nvlink: 12 parsecs\n",
@@ -279,7 +284,7 @@ TEST(SchedPolicyParse, BadValueMessagesInFull) {
 TEST(SchedPolicyParse, UnknownTopLevelKey) {
   EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
             "<string>:2: unknown key \"polcy\" (expected one of: policy, weights, class_priority, "
-            "deadline_horizon, starvation_bound, slice_size, credits, preemption, admission)");
+            "deadline_horizon, starvation_bound, transfer_timeout, slice_size, credits, preemption, admission)");
 }
 
 TEST(SchedPolicyParse, AdmissionSection) {

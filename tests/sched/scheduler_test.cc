@@ -243,6 +243,42 @@ TEST(Scheduler, EdfOrdersByDeadlineAloneAndServesTheRestLastInArrivalOrder) {
             (std::vector<RequestId>{blocker, bulk_soon, background, decode, decode_none, prefill_none}));
 }
 
+TEST(Scheduler, ARequestPastItsTimeoutEndsTimeoutAndFreesItsPlace) {
+  SchedPolicy p = SchedPolicy::defaults();
+  p.transfer_timeout_ns = 1'000'000;
+  p.admission.max_owners = 1;  // the third request waits in admission
+  auto e = make_engine("pcie4", p);
+  const RequestId big = e->submit({"gpu0", "gpu1", 64 * kMiB, QosClass::kPrefillBulk, 0, true}).value();  // ~2.8 ms
+  TransferRequest patient{"gpu0", "gpu1", 64 * kMiB, QosClass::kPrefillBulk, 0, true};
+  patient.timeout_ns = 20'000'000;  // its own timeout, longer than the policy's
+  const RequestId own = e->submit(patient).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  const RequestStatus b = status_of(*e, big);
+  EXPECT_EQ(b.state, RequestState::kTimedOut);
+  EXPECT_EQ(b.status.code(), StatusCode::kTimeout);
+  EXPECT_GT(b.bytes_done, 0u);
+  EXPECT_LT(b.bytes_done, 64 * kMiB);
+  EXPECT_EQ(b.completed_ns, 1'000'000);  // the simulator stops its slices at once
+  // Waiting for the admission slot past the policy's 1 ms did not end it.
+  EXPECT_EQ(status_of(*e, own).state, RequestState::kCompleted);
+  // One waiting in admission times out there, without a byte sent.
+  const RequestId holder = e->submit(patient).value();
+  const RequestId waiting = e->submit({"gpu0", "gpu1", kMiB, QosClass::kPrefillBulk, 0, true}).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(status_of(*e, holder).state, RequestState::kCompleted);
+  EXPECT_EQ(status_of(*e, waiting).state, RequestState::kTimedOut);
+  EXPECT_EQ(status_of(*e, waiting).bytes_done, 0u);
+  EXPECT_EQ(e->cancel(waiting).code(), StatusCode::kInvalidArgument);  // ended
+  TransferRequest negative{"gpu0", "gpu1", kMiB};
+  negative.timeout_ns = -5;
+  const auto refused = e->submit(negative);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("timeout -5 ns"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(e->scheduler().queued_requests(), 0u);
+  EXPECT_EQ(e->scheduler().load(path_of(*e, "gpu0", "gpu1", PathType::kPcieP2p)).inflight_bytes, 0u);
+}
+
 TEST(Scheduler, NothingStarvesUnderSustainedCriticalLoad) {
   // Critical requests arrive faster than the PCIe path drains them (26 vs
   // 24 GB/s) for 200 ms; a background request queued at the start must still

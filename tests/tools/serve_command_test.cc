@@ -5,7 +5,10 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
@@ -124,6 +127,99 @@ TEST(ServeProcessFailure, AKilledPeerEndsEveryRequestUnavailableAndOthersAreStil
   ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *sp, 0, 0, 1 << 20)}, {}}).is_ok());
   EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 20), kServeSalt).has_value());
   EXPECT_TRUE(survivor.stop().is_ok());
+}
+
+// A stopped peer never answers the reads already posted to it; UCX cannot
+// recall them. Whatever ends the requests (cancel, timeout, the peer's
+// death), none may report its end while a slice can still land in our buffer.
+struct StalledPeer {
+  ServeChild child = serve({"--buffer-size", "16MiB"});
+  Initiator me{16 << 20};
+  engine::Peer peer;
+
+  StalledPeer() {
+    auto p = me.engine->connect(child.address());
+    EXPECT_TRUE(p.has_value()) << p.error().to_string();
+    if (p) peer = *p;
+    (void)me.remote(peer);  // the region is known before the peer stops
+    ::kill(child.pid(), SIGSTOP);
+  }
+  ~StalledPeer() { ::kill(child.pid(), SIGCONT); }
+
+  engine::BatchHandle submit(TimeNs timeout_ns = 0) {
+    engine::Batch b;
+    for (int i = 0; i < 16; ++i) {
+      engine::Request r = me.request(engine::Op::kRead, peer, i << 20, i << 20, 1 << 20);
+      r.timeout_ns = timeout_ns;
+      b.requests.push_back(r);
+    }
+    auto h = me.engine->submit(b);
+    EXPECT_TRUE(h.has_value()) << h.error().to_string();
+    return h.value_or(engine::BatchHandle{});
+  }
+
+  engine::BatchStatus poll(engine::BatchHandle h) { return me.engine->poll(h).value(); }
+};
+
+int count(const engine::BatchStatus& st, sched::RequestState state) {
+  return static_cast<int>(std::ranges::count(st.requests, state, &sched::RequestStatus::state));
+}
+
+TEST(ServeProcessStalled, ACancelReturnsAtOnceAndTheBatchEndsOnlyWhenNothingCanLand) {
+  StalledPeer stalled;
+  const engine::BatchHandle h = stalled.submit();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // slices are posted, none answered
+  ASSERT_TRUE(stalled.me.engine->cancel(h).is_ok());
+  engine::BatchStatus st = stalled.poll(h);
+  EXPECT_FALSE(st.done);
+  EXPECT_GT(count(st, sched::RequestState::kCancelling), 0);  // its posted reads may still land
+  EXPECT_EQ(count(st, sched::RequestState::kCancelling) + count(st, sched::RequestState::kCancelled), 16);
+  EXPECT_EQ(stalled.me.engine->cancel(h).code(), StatusCode::kInvalidArgument);  // already stopping
+  EXPECT_EQ(stalled.me.engine->wait(h, 200'000'000).code(), StatusCode::kTimeout);
+  EXPECT_EQ(stalled.me.engine->release(h).code(), StatusCode::kInvalidArgument);
+  ::kill(stalled.child.pid(), SIGCONT);
+  ASSERT_TRUE(stalled.me.engine->wait(h, 30 * kSecond).is_ok());
+  st = stalled.poll(h);
+  EXPECT_TRUE(st.done);
+  EXPECT_EQ(count(st, sched::RequestState::kCancelled), 16);
+  EXPECT_EQ(st.status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(stalled.me.engine->cancel(h).code(), StatusCode::kInvalidArgument);  // ended
+  EXPECT_TRUE(stalled.me.engine->release(h).is_ok());
+}
+
+TEST(ServeProcessStalled, ARequestPastItsTimeoutEndsTimeoutOnceItsSlicesSettle) {
+  StalledPeer stalled;
+  const engine::BatchHandle h = stalled.submit(300'000'000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  engine::BatchStatus st = stalled.poll(h);
+  EXPECT_FALSE(st.done);
+  EXPECT_EQ(count(st, sched::RequestState::kCancelling) + count(st, sched::RequestState::kTimedOut), 16);
+  EXPECT_GT(count(st, sched::RequestState::kCancelling), 0);
+  ::kill(stalled.child.pid(), SIGCONT);
+  ASSERT_TRUE(stalled.me.engine->wait(h, 30 * kSecond).is_ok());
+  st = stalled.poll(h);
+  EXPECT_EQ(count(st, sched::RequestState::kTimedOut), 16);
+  EXPECT_EQ(st.status.code(), StatusCode::kTimeout);
+  // A negative timeout is refused before anything is queued.
+  engine::Request bad = stalled.me.request(engine::Op::kRead, stalled.peer, 0, 0, 4096);
+  bad.timeout_ns = -1;
+  const auto refused = stalled.me.engine->submit(engine::Batch{{bad}, {}});
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("timeout -1 ns"), std::string::npos) << refused.error().message();
+}
+
+TEST(ServeProcessStalled, ACancelledRequestOfAPeerKilledMidRequestEndsCancelled) {
+  StalledPeer stalled;
+  const engine::BatchHandle h = stalled.submit();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(stalled.me.engine->cancel(h).is_ok());
+  EXPECT_FALSE(stalled.poll(h).done);
+  ::kill(stalled.child.pid(), SIGKILL);  // its posted reads fail with the path: nothing can land any more
+  ASSERT_TRUE(stalled.me.engine->wait(h, 30 * kSecond).is_ok()) << "a request hung";
+  const engine::BatchStatus st = stalled.poll(h);
+  EXPECT_EQ(count(st, sched::RequestState::kCancelled), 16);
+  EXPECT_TRUE(stalled.me.engine->release(h).is_ok());
 }
 
 TEST(ServeCommand, RefusesBadInput) {

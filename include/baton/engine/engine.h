@@ -98,6 +98,9 @@ struct Request {
   std::uint64_t length = 0;
   sched::QosClass qos = sched::QosClass::kPrefillBulk;
   TimeNs deadline_ns = 0;  // absolute, on now_ns(); 0: none
+  // Relative to submit; past it the request ends `timeout` (0: the
+  // policy's transfer_timeout, 60 s by default; negative is refused).
+  TimeNs timeout_ns = 0;
 };
 
 struct Batch {
@@ -204,8 +207,12 @@ class Engine {
   // Until every request of the batch ended (ok; see poll() for how) or the
   // timeout passed (timeout). Wakes at once when the batch ends.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
-  // Cancels the requests still running. invalid_argument when the batch had
-  // already ended (a second cancel, for one); not_found for an unknown one.
+  // Cancels the requests still running and returns at once. A request
+  // reports `cancelled` only once nothing it posted can still land in the
+  // caller's memory (UCX cannot recall a posted slice); until then it is
+  // `cancelling` and the batch is not done, so wait() before reusing the
+  // memory. invalid_argument when no request of the batch is still running
+  // (it ended, or a second cancel); not_found for an unknown one.
   [[nodiscard]] Status cancel(BatchHandle batch);
   // Forgets an ended batch (its handle turns unknown), so a long-running
   // engine does not grow. invalid_argument while it runs.

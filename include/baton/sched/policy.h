@@ -78,6 +78,10 @@ struct SchedPolicy {
   // Hard anti-starvation bound: a request queued this long is served next,
   // before anything more urgent (oldest first among those overdue).
   TimeNs starvation_bound_ns = 50'000'000;
+  // A request not done this long after submit ends `timeout` (a request's
+  // own TransferRequest::timeout_ns overrides it). A stalled peer then
+  // cannot hold a caller forever.
+  TimeNs transfer_timeout_ns = 60'000'000'000;
 
   // Slice size per path type; indexed by topology::PathType. Zero until
   // defaults() or the loader fills it: build policies with defaults().

@@ -43,6 +43,9 @@ struct TransferRequest {
   // simulator ignores both.
   void* local = nullptr;
   std::uint32_t remote_key = 0;
+  // From submit until the request ends `timeout`; 0: the policy's
+  // transfer_timeout. Negative is refused at submit.
+  TimeNs timeout_ns = 0;
 };
 
 // A byte range of a request: [offset, offset + length).
@@ -64,8 +67,21 @@ struct RequestProgress {
 };
 
 // kInfeasible: admission ended it with deadline_infeasible (and signalled
-// local recompute) instead of letting it time out.
-enum class RequestState : std::uint8_t { kQueued, kRunning, kCompleted, kFailed, kCancelled, kInfeasible };
+// local recompute) instead of letting it time out. kTimedOut: it ran past
+// its transfer timeout. kCancelling: cancelled (or timed out, or failed)
+// while slices it posted are still on a transport that cannot recall them;
+// it takes its final state once none of them can still land in the
+// caller's memory, never before.
+enum class RequestState : std::uint8_t {
+  kQueued,
+  kRunning,
+  kCompleted,
+  kFailed,
+  kCancelled,
+  kInfeasible,
+  kTimedOut,
+  kCancelling,
+};
 [[nodiscard]] std::string_view to_string(RequestState state);
 
 struct RequestStatus {
@@ -126,13 +142,16 @@ class Scheduler {
   // request); already_exists when it is in use.
   [[nodiscard]] Status submit(RequestId id, const TransferRequest& request, TimeNs now_ns);
 
-  // Stops a request: queued bytes are dropped, posted slices are cancelled
-  // (those already delivered are not undone). not_found for an unknown id,
-  // invalid_argument when it already ended (completed, failed, cancelled).
+  // Stops a request at once: queued bytes are dropped, posted slices are
+  // cancelled (those already delivered are not undone). It ends cancelled
+  // when no slice of it is left on the transport, else it is kCancelling
+  // until the last one completes or fails. not_found for an unknown id,
+  // invalid_argument when it already ended or is already cancelling.
   [[nodiscard]] Status cancel(RequestId id, TimeNs now_ns);
 
   // Ends a live request with `reason` (kInfeasible for deadline_infeasible,
-  // kFailed otherwise), like cancel. For admission's "do not transfer".
+  // kTimedOut for timeout, kFailed otherwise), like cancel. For admission's
+  // "do not transfer" and its transfer timeout.
   [[nodiscard]] Status abandon(RequestId id, Status reason, TimeNs now_ns);
 
   // Bytes on the wire per payload byte for slices posted from now on (a
