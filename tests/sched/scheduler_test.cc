@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "baton/engine/engine.h"
-#include "baton/engine/mixed_workload.h"
+#include "workloads/mixed.h"
 #include "baton/topology/probe.h"
 #include "engine/completion_order.h"
 
@@ -49,12 +49,12 @@ RequestStatus status_of(Engine& e, RequestId id) {
 }
 
 TEST(Scheduler, DeadlineAwareMeetsDecodeDeadlinesThatFifoMisses) {
-  engine::MixedWorkload w;
+  workloads::MixedWorkload w;
   w.duration_ns = 60'000'000;
   SchedPolicy fifo = SchedPolicy::defaults();
   fifo.kind = PolicyKind::kBaselineFifo;
-  const auto f = engine::run_mixed(w, fifo).value();
-  const auto a = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  const auto f = workloads::run_mixed(w, fifo).value();
+  const auto a = workloads::run_mixed(w, SchedPolicy::defaults()).value();
   ASSERT_GT(a.decode.count, 100u);
   EXPECT_EQ(a.decode.count, f.decode.count);
   EXPECT_EQ(a.decode.miss_ratio, 0.0);
@@ -67,16 +67,16 @@ TEST(Scheduler, DeadlineAwareMeetsDecodeDeadlinesThatFifoMisses) {
 }
 
 TEST(Scheduler, SameSeedSameRunOtherSeedOtherRun) {
-  engine::MixedWorkload w;
+  workloads::MixedWorkload w;
   w.duration_ns = 20'000'000;
-  const auto a = engine::run_mixed(w, SchedPolicy::defaults()).value();
-  const auto b = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  const auto a = workloads::run_mixed(w, SchedPolicy::defaults()).value();
+  const auto b = workloads::run_mixed(w, SchedPolicy::defaults()).value();
   EXPECT_EQ(a.decode.cdf_us, b.decode.cdf_us);
   EXPECT_EQ(a.prefill.cdf_us, b.prefill.cdf_us);
   EXPECT_EQ(a.stats.slices_posted, b.stats.slices_posted);
   EXPECT_EQ(a.stats.slices_preempted, b.stats.slices_preempted);
   w.seed = 2;
-  const auto c = engine::run_mixed(w, SchedPolicy::defaults()).value();
+  const auto c = workloads::run_mixed(w, SchedPolicy::defaults()).value();
   EXPECT_NE(a.decode.count + a.prefill.count * 1000, c.decode.count + c.prefill.count * 1000);
 }
 
@@ -126,14 +126,14 @@ TEST(Scheduler, DeadlinePressureAloneMeetsTheDecodeDeadlinesClassPriorityMet) {
   // The deadline term on its own (class priority weighed 0) must protect the
   // decode stream as class priority does: a request with a deadline outranks
   // bulk without one as soon as its laxity is inside the horizon.
-  engine::MixedWorkload w;
+  workloads::MixedWorkload w;
   w.duration_ns = 60'000'000;
   SchedPolicy deadline_only = SchedPolicy::defaults();
   deadline_only.w_priority = 0;
   SchedPolicy fifo = SchedPolicy::defaults();
   fifo.kind = PolicyKind::kBaselineFifo;
-  const auto d = engine::run_mixed(w, deadline_only).value();
-  const auto f = engine::run_mixed(w, fifo).value();
+  const auto d = workloads::run_mixed(w, deadline_only).value();
+  const auto f = workloads::run_mixed(w, fifo).value();
   ASSERT_GT(d.decode.count, 100u);
   EXPECT_EQ(d.decode.count, f.decode.count);
   EXPECT_GT(f.decode.miss_ratio, 0.1);

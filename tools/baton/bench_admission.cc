@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "baton/engine/mlu_sweep.h"
+#include "workloads/mlu_sweep.h"
 #include "commands.h"
 #include "json_output.h"
 
@@ -24,7 +24,7 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
     fmt::print(stderr, "baton bench mlu-sweep: {}\n", s.message());
     return 1;
   };
-  engine::MluSweepConfig c;
+  workloads::MluSweepConfig c;
   c.seed = o.seed;
   if (!(o.duration_ms > 0)) return fail(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
   c.duration_ns = static_cast<TimeNs>(o.duration_ms * 1e6);
@@ -33,7 +33,7 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
     if (!(us > 0)) return fail(Status::invalid_argument("--deadlines-us: {} must be > 0", us));
     c.deadlines_ns.push_back(static_cast<TimeNs>(us * 1e3));
   }
-  auto result = engine::run_mlu_sweep(c);
+  auto result = workloads::run_mlu_sweep(c);
   if (!result) return fail(result.error());
 
   nlohmann::ordered_json j;
@@ -55,7 +55,7 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
     fmt::print("{:>11} {:>6} {:>9} {:>9}   attainment fifo / edf / edf+drop   signalled edf+drop\n", "deadline_us",
                "count", "mean_mlu", "feasible");
   }
-  for (const engine::MluSweepRow& r : result->rows) {
+  for (const workloads::MluSweepRow& r : result->rows) {
     const double deadline_us = static_cast<double>(r.deadline_ns) / 1e3;
     j["rows"].push_back({{"deadline_us", deadline_us},
                          {"count", r.count},

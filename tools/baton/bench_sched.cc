@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "baton/common/units.h"
-#include "baton/engine/mixed_workload.h"
+#include "workloads/mixed.h"
 #include "commands.h"
 #include "json_output.h"
 #include "serve_child.h"
@@ -25,7 +25,7 @@ struct SchedBenchOptions {
   std::string policy_file;
   std::uint64_t seed = 1;
   double duration_ms = 100;
-  engine::MixedWorkload workload;  // the stream shapes; seed and duration come from above
+  workloads::MixedWorkload workload;  // the stream shapes; seed and duration come from above
   std::string json_path;
   std::vector<std::string> slice_sizes{"64KiB", "128KiB", "256KiB", "512KiB", "1MiB", "2MiB", "4MiB"};
   std::vector<std::string> budgets{"1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "32MiB"};
@@ -45,7 +45,7 @@ struct SchedBenchOptions {
 // priority of 10 ms of laxity, so a decode outranks bulk at once). Applied
 // to the options the command line left alone.
 void apply_ucx_defaults(CLI::App& app, SchedBenchOptions& o) {
-  engine::MixedWorkload& w = o.workload;
+  workloads::MixedWorkload& w = o.workload;
   if (app.count("--prefill-size") == 0) w.prefill_bytes = 4ULL << 20;
   if (app.count("--prefill-burst") == 0) w.prefill_burst = 4;
   if (app.count("--prefill-interval-ms") == 0) w.prefill_interval_ns = 80'000'000;
@@ -65,11 +65,11 @@ Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
   return sched::load_policy(o.policy_file);
 }
 
-Result<engine::MixedWorkload> workload(const SchedBenchOptions& o) {
+Result<workloads::MixedWorkload> workload(const SchedBenchOptions& o) {
   if (!(o.duration_ms > 0)) {
     return std::unexpected(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
   }
-  engine::MixedWorkload w = o.workload;
+  workloads::MixedWorkload w = o.workload;
   for (auto [text, field, name] : {std::tuple{&o.prefill_size, &w.prefill_bytes, "--prefill-size"},
                                    std::tuple{&o.decode_size, &w.decode_bytes, "--decode-size"}}) {
     if (text->empty()) continue;
@@ -82,7 +82,7 @@ Result<engine::MixedWorkload> workload(const SchedBenchOptions& o) {
   return w;
 }
 
-ordered_json workload_json(const engine::MixedWorkload& w, const SchedBenchOptions& o) {
+ordered_json workload_json(const workloads::MixedWorkload& w, const SchedBenchOptions& o) {
   const bool ucx = o.transport == "ucx";
   return {{"transport", o.transport},
           {"topology", ucx ? std::string("loopback") : w.topology_model},
@@ -97,7 +97,7 @@ ordered_json workload_json(const engine::MixedWorkload& w, const SchedBenchOptio
           {"seed", w.seed}};
 }
 
-ordered_json class_json(const engine::ClassResult& r, bool decode) {
+ordered_json class_json(const workloads::ClassResult& r, bool decode) {
   ordered_json j{{"count", r.count}, {"p50_us", r.p50_us}, {"p95_us", r.p95_us}, {"p99_us", r.p99_us}};
   if (decode) {
     j["miss_ratio"] = r.miss_ratio;
@@ -154,11 +154,11 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     return fail(Status::invalid_argument("--spawn and --target need --transport ucx"));
   }
   ordered_json j{{"workload", workload_json(*w, run)}, {"policies", ordered_json::object()}};
-  std::map<sched::PolicyKind, engine::MixedResult> results;
+  std::map<sched::PolicyKind, workloads::MixedResult> results;
   for (sched::PolicyKind kind : kinds) {
     sched::SchedPolicy policy = *base;
     policy.kind = kind;
-    auto r = run.transport == "ucx" ? engine::run_mixed_ucx(*w, policy, run.target, run.ucx) : engine::run_mixed(*w, policy);
+    auto r = run.transport == "ucx" ? workloads::run_mixed_ucx(*w, policy, run.target, run.ucx) : workloads::run_mixed(*w, policy);
     if (!r) return fail(r.error());
     results[kind] = *r;
     const workloads::ClassOutcome decode = workloads::summarize_class(r->decode_requests, r->end_ns);
@@ -220,7 +220,7 @@ int run_ablation_bench(const SchedBenchOptions& o) {
         cells.push_back(cell);
         continue;
       }
-      auto r = engine::run_mixed(*w, policy);
+      auto r = workloads::run_mixed(*w, policy);
       if (!r) return fail(r.error());
       cell["decode_p99_us"] = r->decode.p99_us;
       cell["decode_miss_ratio"] = r->decode.miss_ratio;

@@ -14,7 +14,7 @@
 #include "baton/sched/scheduler.h"
 #include "baton/transport/ucx_transport.h"
 
-namespace baton::engine {
+namespace baton::workloads {
 
 struct MixedWorkload {
   std::string topology_model = "nvswitch8";
@@ -71,4 +71,4 @@ struct MixedResult {
 [[nodiscard]] Result<MixedResult> run_mixed_ucx(const MixedWorkload& workload, const sched::SchedPolicy& policy,
                                                 const std::string& peer, const transport::UcxConfig& ucx);
 
-}  // namespace baton::engine
+}  // namespace baton::workloads

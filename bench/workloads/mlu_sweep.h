@@ -12,7 +12,7 @@
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
 
-namespace baton::engine {
+namespace baton::workloads {
 
 struct MluSweepConfig {
   std::vector<TimeNs> deadlines_ns{30'000, 60'000, 100'000, 200'000, 500'000, 2'000'000, 5'000'000'000};
@@ -60,4 +60,4 @@ struct MluSweepResult {
 
 [[nodiscard]] Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& config);
 
-}  // namespace baton::engine
+}  // namespace baton::workloads

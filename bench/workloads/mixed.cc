@@ -1,4 +1,4 @@
-#include "baton/engine/mixed_workload.h"
+#include "workloads/mixed.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,16 @@
 #include "baton/common/stats.h"
 #include "baton/engine/engine.h"
 
-namespace baton::engine {
+namespace baton::workloads {
+
+using engine::Batch;
+using engine::BatchHandle;
+using engine::Engine;
+using engine::EngineConfig;
+using engine::Op;
+using engine::Request;
+using engine::wall_ucx_config;
+
 namespace {
 
 struct Arrival {
@@ -193,4 +202,4 @@ Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPoli
   return result;
 }
 
-}  // namespace baton::engine
+}  // namespace baton::workloads

@@ -1,4 +1,4 @@
-#include "baton/engine/mlu_sweep.h"
+#include "workloads/mlu_sweep.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,16 @@
 
 #include "baton/engine/engine.h"
 
-namespace baton::engine {
+namespace baton::workloads {
+
+using engine::Batch;
+using engine::BatchHandle;
+using engine::Engine;
+using engine::EngineConfig;
+using engine::Op;
+using engine::Request;
+using engine::wall_ucx_config;
+
 namespace {
 
 struct Arrival {
@@ -149,4 +158,4 @@ Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   return result;
 }
 
-}  // namespace baton::engine
+}  // namespace baton::workloads

@@ -1,8 +1,8 @@
-#include "baton/engine/mlu_sweep.h"
+#include "workloads/mlu_sweep.h"
 
 #include <gtest/gtest.h>
 
-namespace baton::engine {
+namespace baton::workloads {
 namespace {
 
 TEST(MluSweep, MluRisesAsDeadlinesTightenAndDropPaysInTheBand) {
@@ -45,4 +45,4 @@ TEST(MluSweep, RefusesBadConfigs) {
 }
 
 }  // namespace
-}  // namespace baton::engine
+}  // namespace baton::workloads
