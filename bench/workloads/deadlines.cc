@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "baton/engine/engine.h"
+#include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
 namespace {
@@ -129,67 +130,23 @@ Result<PolicyRun> run_sim(const DeadlinesWorkload& w, const std::vector<Arrival>
   return run;
 }
 
-// Reads `bytes` per request in batches of 16 from the peer and times them:
-// the link figure for --load when none was given.
-Result<double> measure_link(engine::Engine& e, const engine::Request& like, std::uint64_t bytes) {
-  engine::Batch batch;
-  for (int i = 0; i < 16; ++i) {
-    engine::Request r = like;
-    r.length = bytes;
-    batch.requests.push_back(r);
-  }
-  double best = 0;
-  for (int round = 0; round < 3; ++round) {
-    const TimeNs start = e.now_ns();
-    auto h = e.submit(batch);
-    if (!h) return std::unexpected(h.error());
-    if (Status s = e.wait(*h, 60'000'000'000); !s.is_ok()) return std::unexpected(s);
-    const TimeNs took = e.now_ns() - start;
-    auto st = e.poll(*h);
-    (void)e.release(*h);
-    if (!st) return std::unexpected(st.error());
-    if (!st->status.is_ok()) return std::unexpected(st->status);
-    best = std::max(best, static_cast<double>(16 * bytes) / static_cast<double>(std::max<TimeNs>(took, 1)));
-  }
-  return best;
-}
-
 Result<PolicyRun> run_ucx(const DeadlinesWorkload& w, DeadlinesResult& result, std::vector<Arrival>& all,
                           const sched::SchedPolicy& policy, const std::string& peer_address,
                           const transport::UcxConfig& ucx) {
-  engine::EngineConfig config = engine::wall_ucx_config(ucx);
-  config.policy = policy;
   std::uint64_t largest = std::max(w.decode_bytes, w.background_bytes);
   for (std::uint64_t b : w.prefill_bytes) largest = std::max(largest, b);
-  // Every request lands on the same local bytes: this run measures time.
-  std::vector<std::byte> buffer(largest);
-  auto engine = engine::Engine::create(config);
-  if (!engine) return std::unexpected(engine.error());
-  engine::Engine& e = **engine;
   std::atomic<std::uint64_t> signalled{0};
-  if (policy.admission.drop_infeasible) {
-    e.admission().set_local_recompute(
-        [&signalled](sched::RequestId, const sched::TransferRequest&) { signalled.fetch_add(1); });
-  }
-  auto local = e.register_memory(buffer.data(), buffer.size());
-  if (!local) return std::unexpected(local.error());
-  auto peer = e.connect(peer_address);
-  if (!peer) return std::unexpected(peer.error());
-  auto regions = e.remote_regions(*peer);
-  if (!regions) return std::unexpected(regions.error());
-  if (regions->empty()) return std::unexpected(Status::out_of_range("deadlines: peer {} registered no memory", peer->address));
-  const transport::RemoteRegion remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
-  if (remote.length < largest) {
-    return std::unexpected(Status::out_of_range("deadlines: the peer's region has {} bytes; the largest request needs {}",
-                                                remote.length, largest));
-  }
-  engine::Request like;
-  like.op = transport::Op::kRead;
-  like.local_region = local->handle;
-  like.peer = peer->address;
-  like.remote_region = remote.key;
+  auto rig = connect_rig(policy, peer_address, ucx, largest, [&](engine::Engine& e) {
+    if (policy.admission.drop_infeasible) {
+      e.admission().set_local_recompute(
+          [&signalled](sched::RequestId, const sched::TransferRequest&) { signalled.fetch_add(1); });
+    }
+  });
+  if (!rig) return std::unexpected(Status(rig.error().code(), "deadlines: " + rig.error().message()));
+  engine::Engine& e = *(*rig)->engine;
+  const engine::Request like = (*rig)->read(0);
   if (result.link_gbps == 0) {
-    auto gbps = measure_link(e, like, std::min<std::uint64_t>(largest, 4ULL << 20));
+    auto gbps = measure_link(**rig, std::min<std::uint64_t>(largest, 4ULL << 20));
     if (!gbps) return std::unexpected(gbps.error());
     result.link_gbps = *gbps;
   }

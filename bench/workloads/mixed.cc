@@ -8,6 +8,7 @@
 
 #include "baton/common/stats.h"
 #include "baton/engine/engine.h"
+#include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
 
@@ -15,9 +16,7 @@ using engine::Batch;
 using engine::BatchHandle;
 using engine::Engine;
 using engine::EngineConfig;
-using engine::Op;
 using engine::Request;
-using engine::wall_ucx_config;
 
 namespace {
 
@@ -129,35 +128,11 @@ Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& 
 Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPolicy& policy, const std::string& peer_address,
                                   const transport::UcxConfig& ucx) {
   if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
-  EngineConfig config = wall_ucx_config(ucx);
-  config.policy = policy;
-  // Every request of a class lands on the same local bytes: this run
-  // measures time, and the throughput bench and the demo check the data.
-  std::vector<std::byte> buffer(w.prefill_bytes + w.decode_bytes);
-  auto engine = Engine::create(config);
-  if (!engine) return std::unexpected(engine.error());
-  Engine& e = **engine;
-  auto local = e.register_memory(buffer.data(), buffer.size());
-  if (!local) return std::unexpected(local.error());
-  auto peer = e.connect(peer_address);
-  if (!peer) return std::unexpected(peer.error());
-  auto regions = e.remote_regions(*peer);
-  if (!regions) return std::unexpected(regions.error());
-  if (regions->empty()) return std::unexpected(Status::out_of_range("mixed: peer {} registered no memory", peer->address));
-  const transport::RemoteRegion remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
-  if (remote.length < buffer.size()) {
-    return std::unexpected(Status::out_of_range("mixed: the peer's region has {} bytes; one prefill and one decode need {}",
-                                                remote.length, buffer.size()));
-  }
+  auto rig = connect_rig(policy, peer_address, ucx, w.prefill_bytes + w.decode_bytes);
+  if (!rig) return std::unexpected(Status(rig.error().code(), "mixed: " + rig.error().message()));
+  Engine& e = *(*rig)->engine;
   auto make = [&](bool decode) {
-    Request r;
-    r.op = Op::kRead;
-    r.local_region = local->handle;
-    r.local_offset = decode ? w.prefill_bytes : 0;
-    r.peer = peer->address;
-    r.remote_region = remote.key;
-    r.remote_offset = decode ? w.prefill_bytes : 0;
-    r.length = decode ? w.decode_bytes : w.prefill_bytes;
+    Request r = decode ? (*rig)->read(w.decode_bytes, w.prefill_bytes, w.prefill_bytes) : (*rig)->read(w.prefill_bytes);
     r.qos = decode ? sched::QosClass::kDecodeCritical : sched::QosClass::kPrefillBulk;
     return r;
   };

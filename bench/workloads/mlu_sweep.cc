@@ -1,20 +1,22 @@
 #include "workloads/mlu_sweep.h"
 
 #include <algorithm>
+#include <cmath>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <random>
 
+#include "baton/admission/admission.h"
 #include "baton/engine/engine.h"
+#include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
 
-using engine::Batch;
-using engine::BatchHandle;
 using engine::Engine;
 using engine::EngineConfig;
-using engine::Op;
-using engine::Request;
-using engine::wall_ucx_config;
 
 namespace {
 
@@ -23,9 +25,9 @@ struct Arrival {
   int stream;
 };
 
-std::vector<Arrival> arrivals(const MluSweepConfig& c) {
+std::vector<Arrival> arrivals(const MluSweepConfig& c, TimeNs interval_ns) {
   std::mt19937_64 rng(c.seed);
-  std::exponential_distribution<double> gap(1.0 / static_cast<double>(c.mean_batch_interval_ns));
+  std::exponential_distribution<double> gap(1.0 / static_cast<double>(interval_ns));
   std::vector<Arrival> out;
   for (int s = 0; s < c.streams; ++s) {
     for (double t = gap(rng); t < static_cast<double>(c.duration_ns); t += gap(rng)) {
@@ -36,7 +38,22 @@ std::vector<Arrival> arrivals(const MluSweepConfig& c) {
   return out;
 }
 
-enum class Variant { kFifo, kEdf, kEdfDrop };
+// Each part of admission on its own: the ordering (FIFO or EDF, with the
+// scheduler that matches it) and the drop (infeasible requests end at once
+// with the local-recompute signal, and, where the path can carry it,
+// compression where it pays).
+enum class Variant { kFifo, kFifoDrop, kEdf, kEdfDrop };
+constexpr Variant kVariants[] = {Variant::kFifo, Variant::kFifoDrop, Variant::kEdf, Variant::kEdfDrop};
+
+sched::SchedPolicy policy_of(const MluSweepConfig& c, Variant v) {
+  sched::SchedPolicy p = sched::SchedPolicy::defaults();
+  p.admission.max_owners = c.max_owners;
+  const bool fifo = v == Variant::kFifo || v == Variant::kFifoDrop;
+  p.kind = fifo ? sched::PolicyKind::kBaselineFifo : sched::PolicyKind::kDeadlineAware;
+  p.admission.order = fifo ? sched::AdmissionOrder::kFifo : sched::AdmissionOrder::kEdf;
+  p.admission.drop_infeasible = v == Variant::kFifoDrop || v == Variant::kEdfDrop;
+  return p;
+}
 
 // KV-like payload for profiling the codec: fp16 values of a unit normal,
 // which is what attention keys and values look like to a byte compressor.
@@ -62,50 +79,137 @@ struct VariantResult {
   std::vector<double> mlus;
 };
 
-Result<VariantResult> run_variant(const MluSweepConfig& c, TimeNs deadline, Variant v,
-                                  const std::shared_ptr<const admission::Codec>& codec,
-                                  const admission::CodecProfile& profile) {
+PolicyOutcome outcome_of(const std::vector<sched::RequestStatus>& statuses, std::uint64_t signalled) {
+  std::uint64_t attained = 0;
+  for (const sched::RequestStatus& s : statuses) {
+    attained += s.state == sched::RequestState::kCompleted && s.completed_ns <= s.deadline_ns;
+  }
+  const double n = std::max<double>(1.0, static_cast<double>(statuses.size()));
+  return {static_cast<double>(attained) / n, static_cast<double>(signalled) / n};
+}
+
+struct Codec {
+  std::shared_ptr<const admission::Codec> codec;
+  admission::CodecProfile profile;
+};
+
+Result<VariantResult> run_variant(const MluSweepConfig& c, const std::vector<Arrival>& all, TimeNs deadline,
+                                  Variant v, const Codec& codec) {
   EngineConfig config;
   config.topology_model = c.topology_model;
   config.sim.seed = c.seed;
-  sched::SchedPolicy& p = config.policy;
-  p.admission.max_owners = c.max_owners;
-  if (v == Variant::kFifo) {
-    p.kind = sched::PolicyKind::kBaselineFifo;
-    p.admission.order = sched::AdmissionOrder::kFifo;
-  } else {
-    p.kind = sched::PolicyKind::kDeadlineAware;
-    p.admission.order = sched::AdmissionOrder::kEdf;
-    p.admission.drop_infeasible = v == Variant::kEdfDrop;
-  }
+  config.policy = policy_of(c, v);
   auto engine = Engine::create(config);
   if (!engine) return std::unexpected(engine.error());
   Engine& e = **engine;
   VariantResult result;
   std::uint64_t signalled = 0;
-  if (v == Variant::kEdfDrop) {
+  if (config.policy.admission.drop_infeasible) {
     e.admission().set_local_recompute([&signalled](sched::RequestId, const sched::TransferRequest&) { ++signalled; });
-    // degrade: used where compression pays
-    if (Status s = e.admission().set_codec(codec, profile); !s.is_ok()) return std::unexpected(s);
+    if (Status s = e.admission().set_codec(codec.codec, codec.profile); !s.is_ok()) return std::unexpected(s);
   }
   e.admission().set_mlu_observer([&result](double mlu, transport::Op) { result.mlus.push_back(mlu); });
-
   std::vector<sched::RequestId> ids;
-  for (const Arrival& a : arrivals(c)) {
+  for (const Arrival& a : all) {
     if (Status s = e.run_until(a.at_ns); !s.is_ok()) return std::unexpected(s);
     auto id = e.submit({c.from, c.to, c.request_bytes, sched::QosClass::kHotKv, a.at_ns + deadline, true});
     if (!id) return std::unexpected(id.error());
     ids.push_back(*id);
   }
   if (Status s = e.run_until_idle(); !s.is_ok()) return std::unexpected(s);
-  std::uint64_t attained = 0;
+  std::vector<sched::RequestStatus> statuses;
   for (sched::RequestId id : ids) {
-    const auto s = e.status(id);
-    if (s && s->state == sched::RequestState::kCompleted && s->completed_ns <= s->deadline_ns) ++attained;
+    auto s = e.status(id);
+    if (!s) return std::unexpected(s.error());
+    statuses.push_back(*s);
   }
-  const double n = static_cast<double>(ids.size());
-  result.outcome = {static_cast<double>(attained) / n, static_cast<double>(signalled) / n};
+  result.outcome = outcome_of(statuses, signalled);
   return result;
+}
+
+// The same arrivals in real time over UCX: each stream's batch is one Batch
+// of reads, due `deadline` after it was submitted.
+Result<VariantResult> run_variant_ucx(const MluSweepConfig& c, const std::vector<Arrival>& all, TimeNs deadline,
+                                      Variant v, const std::string& peer, const transport::UcxConfig& ucx) {
+  const sched::SchedPolicy policy = policy_of(c, v);
+  std::atomic<std::uint64_t> signalled{0};
+  std::mutex mlus_mutex;  // the observer runs on the loop thread
+  VariantResult result;
+  auto rig = connect_rig(policy, peer, ucx, c.request_bytes * static_cast<std::uint64_t>(c.batch), [&](Engine& e) {
+    if (policy.admission.drop_infeasible) {
+      e.admission().set_local_recompute(
+          [&signalled](sched::RequestId, const sched::TransferRequest&) { signalled.fetch_add(1); });
+    }
+    e.admission().set_mlu_observer([&](double mlu, transport::Op) {
+      std::lock_guard lock(mlus_mutex);
+      result.mlus.push_back(mlu);
+    });
+  });
+  if (!rig) return std::unexpected(Status(rig.error().code(), "mlu sweep: " + rig.error().message()));
+  Engine& e = *(*rig)->engine;
+  std::vector<engine::BatchHandle> handles;
+  const TimeNs start = e.now_ns();
+  for (std::size_t i = 0; i < all.size();) {
+    const TimeNs due = start + all[i].at_ns;
+    if (const TimeNs now = e.now_ns(); now < due) std::this_thread::sleep_for(std::chrono::nanoseconds(due - now));
+    engine::Batch batch;
+    const TimeNs at = all[i].at_ns;
+    const int stream = all[i].stream;
+    const TimeNs deadline_ns = e.now_ns() + deadline;
+    for (; i < all.size() && all[i].at_ns == at && all[i].stream == stream; ++i) {
+      engine::Request r = (*rig)->read(c.request_bytes, batch.requests.size() * c.request_bytes);
+      r.qos = sched::QosClass::kHotKv;
+      r.deadline_ns = deadline_ns;
+      batch.requests.push_back(r);
+    }
+    auto h = e.submit(batch);
+    if (!h) return std::unexpected(h.error());
+    handles.push_back(*h);
+  }
+  std::vector<sched::RequestStatus> statuses;
+  for (engine::BatchHandle h : handles) {
+    if (Status s = e.wait(h, 120'000'000'000); !s.is_ok()) return std::unexpected(s);
+    auto st = e.poll(h);
+    if (!st) return std::unexpected(st.error());
+    statuses.insert(statuses.end(), st->requests.begin(), st->requests.end());
+    (void)e.release(h);
+  }
+  (*rig)->engine.reset();  // the loop thread stops: the observer's writes are done
+  result.outcome = outcome_of(statuses, signalled.load());
+  return result;
+}
+
+void fill_row(MluSweepRow& row, Variant v, const VariantResult& r) {
+  switch (v) {
+    case Variant::kFifo: row.fifo = r.outcome; break;
+    case Variant::kFifoDrop: row.fifo_drop = r.outcome; break;
+    case Variant::kEdf: {
+      // The MLU each request met on arrival, under the deadline-aware
+      // scheduler that the EDF variants share.
+      row.edf = r.outcome;
+      row.count = r.mlus.size();
+      double sum = 0;
+      std::uint64_t feasible = 0;
+      std::uint64_t unbounded = 0;
+      for (double m : r.mlus) {
+        sum += std::min(m, kMeanMluCap);
+        feasible += m < 1.0;
+        unbounded += m >= admission::kMluUnbounded;
+      }
+      const double n = std::max<double>(1.0, static_cast<double>(row.count));
+      row.mean_mlu = sum / n;
+      row.feasible_rate = static_cast<double>(feasible) / n;
+      row.unbounded_rate = static_cast<double>(unbounded) / n;
+      break;
+    }
+    case Variant::kEdfDrop: row.edf_drop = r.outcome; break;
+  }
+}
+
+TimeNs interval_of(const MluSweepConfig& c, double link_gbps) {
+  if (c.load <= 0) return c.mean_batch_interval_ns;
+  const double bytes_per_batch = static_cast<double>(c.request_bytes) * c.batch;
+  return std::max<TimeNs>(1, static_cast<TimeNs>(c.streams * bytes_per_batch / (c.load * link_gbps)));
 }
 
 }  // namespace
@@ -120,40 +224,64 @@ Status MluSweepConfig::validate() const {
     return Status::invalid_argument(
         "mlu sweep: request_bytes, batch, streams, interval and duration must be > 0 and max_owners >= 0");
   }
+  if (!(load >= 0) || !std::isfinite(load) || !(link_gbps >= 0) || !std::isfinite(link_gbps)) {
+    return Status::invalid_argument("mlu sweep: load {} and link_gbps {} must be >= 0", load, link_gbps);
+  }
   return Status::ok();
 }
 
 Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
-  std::shared_ptr<const admission::Codec> codec = admission::make_lz4_codec();
-  auto profile = admission::measure(*codec, kv_sample(c.seed));
+  Codec codec{admission::make_lz4_codec(), {}};
+  auto profile = admission::measure(*codec.codec, kv_sample(c.seed));
   if (!profile) return std::unexpected(profile.error());
-  MluSweepResult result{{}, profile->ratio, profile->compress_gbps, profile->decompress_gbps};
-  std::vector<MluSweepRow>& rows = result.rows;
+  codec.profile = *profile;
+  MluSweepResult result;
+  result.codec_ratio = profile->ratio;
+  result.codec_compress_gbps = profile->compress_gbps;
+  result.codec_decompress_gbps = profile->decompress_gbps;
+  if (c.load > 0 && c.link_gbps == 0) {
+    return std::unexpected(Status::invalid_argument("mlu sweep: a load needs the link's bandwidth on the simulator"));
+  }
+  result.link_gbps = c.link_gbps;
+  result.mean_batch_interval_ns = interval_of(c, c.link_gbps);
+  const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
   for (TimeNs deadline : c.deadlines_ns) {
     MluSweepRow row;
     row.deadline_ns = deadline;
-    for (Variant v : {Variant::kFifo, Variant::kEdf, Variant::kEdfDrop}) {
-      auto r = run_variant(c, deadline, v, codec, *profile);
+    for (Variant v : kVariants) {
+      auto r = run_variant(c, all, deadline, v, codec);
       if (!r) return std::unexpected(r.error());
-      if (v == Variant::kFifo) row.fifo = r->outcome;
-      if (v == Variant::kEdf) {
-        // The MLU each request met on arrival, under the deadline-aware
-        // scheduler that the EDF variants share.
-        row.edf = r->outcome;
-        row.count = r->mlus.size();
-        double sum = 0;
-        std::uint64_t feasible = 0;
-        for (double m : r->mlus) {
-          sum += std::min(m, kMeanMluCap);
-          feasible += m < 1.0;
-        }
-        row.mean_mlu = row.count ? sum / static_cast<double>(row.count) : 0;
-        row.feasible_rate = row.count ? static_cast<double>(feasible) / static_cast<double>(row.count) : 0;
-      }
-      if (v == Variant::kEdfDrop) row.edf_drop = r->outcome;
+      fill_row(row, v, *r);
     }
-    rows.push_back(row);
+    result.rows.push_back(row);
+  }
+  return result;
+}
+
+Result<MluSweepResult> run_mlu_sweep_ucx(const MluSweepConfig& c, const std::string& peer,
+                                         const transport::UcxConfig& ucx) {
+  if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
+  MluSweepResult result;
+  result.link_gbps = c.link_gbps;
+  if (result.link_gbps == 0) {
+    auto rig = connect_rig(sched::SchedPolicy::defaults(), peer, ucx, c.request_bytes);
+    if (!rig) return std::unexpected(Status(rig.error().code(), "mlu sweep: " + rig.error().message()));
+    auto gbps = measure_link(**rig, c.request_bytes);
+    if (!gbps) return std::unexpected(gbps.error());
+    result.link_gbps = *gbps;
+  }
+  result.mean_batch_interval_ns = interval_of(c, result.link_gbps);
+  const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
+  for (TimeNs deadline : c.deadlines_ns) {
+    MluSweepRow row;
+    row.deadline_ns = deadline;
+    for (Variant v : kVariants) {
+      auto r = run_variant_ucx(c, all, deadline, v, peer, ucx);
+      if (!r) return std::unexpected(r.error());
+      fill_row(row, v, *r);
+    }
+    result.rows.push_back(row);
   }
   return result;
 }

@@ -1,8 +1,10 @@
-// The admission benchmark: 1 MiB transfers in batches of 8 from two
-// submitting streams contend for one PCIe path, swept over deadlines. Per
-// deadline it reports the MLU at submit and, under FIFO, EDF and EDF + drop +
-// degrade, the SLO attainment and the share of requests signalled for local
-// recompute. `baton bench mlu-sweep` and the admission tests run it.
+// The admission benchmark: transfers in batches from two submitting streams
+// contend for one path, swept over deadlines. Per deadline it reports the
+// MLU at submit and, under FIFO, FIFO + drop, EDF and EDF + drop + degrade,
+// the SLO attainment and the share of requests signalled for local
+// recompute, so each part's gain shows on its own. On the simulator (a PCIe
+// path, virtual clock) or over UCX to a peer (wall clock). `baton bench
+// mlu-sweep` and the admission tests run it.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
+#include "baton/transport/ucx_transport.h"
 
 namespace baton::workloads {
 
@@ -23,6 +26,10 @@ struct MluSweepConfig {
   int batch = 8;
   int streams = 2;
   TimeNs mean_batch_interval_ns = 800'000;  // per stream (exponential gaps): ~87% of the path
+  // When > 0, the interval is derived from the link instead: the streams
+  // together offer `load` × link_gbps (UCX: the link is measured first).
+  double load = 0;
+  double link_gbps = 0;  // UCX: 0 measures it
   TimeNs duration_ns = 50'000'000;
   int max_owners = 16;  // admission capacity, the same under every policy
   std::uint64_t seed = 1;
@@ -38,9 +45,11 @@ struct PolicyOutcome {
 struct MluSweepRow {
   TimeNs deadline_ns = 0;
   std::uint64_t count = 0;
-  double mean_mlu = 0;       // at submit, each value capped at kMeanMluCap
-  double feasible_rate = 0;  // MLU < 1 at submit
+  double mean_mlu = 0;        // at submit, each value capped at kMeanMluCap
+  double feasible_rate = 0;   // MLU < 1 at submit
+  double unbounded_rate = 0;  // MLU "unbounded": no bandwidth known, or none left before the deadline
   PolicyOutcome fifo;
+  PolicyOutcome fifo_drop;
   PolicyOutcome edf;
   PolicyOutcome edf_drop;
 };
@@ -51,13 +60,20 @@ inline constexpr double kMeanMluCap = 10.0;
 
 struct MluSweepResult {
   std::vector<MluSweepRow> rows;
+  double link_gbps = 0;                 // UCX: as measured (or given)
+  TimeNs mean_batch_interval_ns = 0;    // per stream, as run
   // The lz4 codec as measured on fp16 KV-like data on this machine, offered
-  // to EDF + drop + degrade (used only where it pays).
+  // to the drop variants on the simulator (used only where it pays). UCX
+  // carries no compressed slices, so there it is not offered.
   double codec_ratio = 1.0;
   double codec_compress_gbps = 0;
   double codec_decompress_gbps = 0;
 };
 
 [[nodiscard]] Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& config);
+
+// Over UCX: reads from the largest region of `peer` (host:port).
+[[nodiscard]] Result<MluSweepResult> run_mlu_sweep_ucx(const MluSweepConfig& config, const std::string& peer,
+                                                       const transport::UcxConfig& ucx);
 
 }  // namespace baton::workloads

@@ -826,7 +826,9 @@ void Scheduler::dispatch(TimeNs now_ns) {
 Result<RequestStatus> Scheduler::status(RequestId id) const {
   const auto it = state_->requests.find(id);
   if (it == state_->requests.end()) return std::unexpected(Status::not_found("status: no request {}", id));
-  return it->second.status;
+  RequestStatus s = it->second.status;
+  s.bytes_unsent = it->second.live() ? it->second.unsent : 0;
+  return s;
 }
 
 Result<RequestProgress> Scheduler::progress(RequestId id) const {

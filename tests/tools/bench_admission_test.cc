@@ -22,8 +22,10 @@ TEST(BenchMluSweep, JsonContract) {
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2u);
   for (const auto& row : j["rows"]) {
-    for (const char* key : {"deadline_us", "count", "mean_mlu", "feasible_rate"}) EXPECT_TRUE(row.contains(key)) << key;
-    for (const char* policy : {"fifo", "edf", "edf_drop"}) {
+    for (const char* key : {"deadline_us", "count", "mean_mlu", "feasible_rate", "unbounded_rate"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    for (const char* policy : {"fifo", "fifo_drop", "edf", "edf_drop"}) {
       EXPECT_TRUE(row["attainment"].contains(policy)) << policy;
       EXPECT_TRUE(row["signalled"].contains(policy)) << policy;
     }
@@ -34,7 +36,12 @@ TEST(BenchMluSweep, JsonContract) {
 
 TEST(BenchMluSweep, BadInputFailsWithOneLine) {
   for (const auto& [args, needle] : {std::pair<std::string, std::string>{"bench mlu-sweep --deadlines-us 0", "--deadlines-us"},
-                                     {"bench mlu-sweep --duration-ms -1", "--duration-ms"}}) {
+                                     {"bench mlu-sweep --duration-ms -1", "--duration-ms"},
+                                     {"bench mlu-sweep --request-size 1XB", "--request-size"},
+                                     {"bench mlu-sweep --transport pigeon", "expected sim or ucx"},
+                                     {"bench mlu-sweep --transport ucx", "needs one of --target and --spawn"},
+                                     {"bench mlu-sweep --transport ucx --spawn --load 0", "--load 0 must be > 0"},
+                                     {"bench mlu-sweep --spawn", "need --transport ucx"}}) {
     const CommandRun r = baton(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;

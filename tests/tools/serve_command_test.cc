@@ -280,6 +280,26 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
   EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 1);
 }
 
+TEST(BenchMluSweepUcx, AdmissionLearnsTheRealLinkMluIsFiniteAndFallsWithTheDeadline) {
+  const CommandRun r =
+      run_baton("bench mlu-sweep --transport ucx --spawn --duration-ms 200 --deadlines-us 2000,1000000 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  EXPECT_EQ(j["workload"]["transport"], "ucx");
+  EXPECT_GT(j["workload"]["link_gbps"].get<double>(), 0);
+  EXPECT_FALSE(j["codec"]["offered"].get<bool>());  // UCX carries no compressed slices
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const auto& tight = j["rows"][0];
+  const auto& roomy = j["rows"][1];
+  for (const auto& row : {tight, roomy}) EXPECT_GT(row["count"].get<int>(), 0);
+  EXPECT_EQ(roomy["unbounded_rate"], 0.0);  // the estimator knows the peer's path
+  EXPECT_GT(tight["mean_mlu"].get<double>(), roomy["mean_mlu"].get<double>());
+  EXPECT_LT(roomy["mean_mlu"].get<double>(), 0.3);
+  for (const char* policy : {"fifo", "fifo_drop", "edf", "edf_drop"}) {
+    EXPECT_EQ(roomy["attainment"][policy], 1.0) << policy;  // 1 s for 2 MiB: everyone is on time
+    EXPECT_EQ(roomy["signalled"][policy], 0.0) << policy;
+  }
+}
 
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
   const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");

@@ -27,6 +27,7 @@ TEST(MluSweep, MluRisesAsDeadlinesTightenAndDropPaysInTheBand) {
     EXPECT_GT(r.feasible_rate, 0.0);
     EXPECT_LT(r.feasible_rate, 1.0);
     EXPECT_GE(r.edf_drop.attainment, 2.4 * r.fifo.attainment) << r.deadline_ns;
+    EXPECT_GT(r.fifo_drop.attainment, r.fifo.attainment) << r.deadline_ns;  // the drop alone already pays
     EXPECT_GT(r.edf_drop.signalled, 0.0);
     EXPECT_EQ(r.fifo.signalled, 0.0);  // no callback under FIFO: nothing signalled
   }

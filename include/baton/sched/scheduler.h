@@ -90,6 +90,7 @@ struct RequestStatus {
   QosClass qos = QosClass::kPrefillBulk;
   std::uint64_t bytes = 0;
   std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_unsent = 0;  // not yet posted (queued, or back from a failed or preempted slice)
   TimeNs deadline_ns = 0;
   TimeNs submitted_ns = 0;
   TimeNs completed_ns = 0;  // when it reached a final state
