@@ -111,6 +111,10 @@ struct AdmissionController::State {
     // last request is behind the others, its first behind none).
     const auto me = owners.find(self);
     const std::uint64_t self_seq = me == owners.end() ? std::numeric_limits<std::uint64_t>::max() : me->second.seq;
+    if (me != owners.end() && me->second.admitted) {
+      // Its own posted bytes are in its remainder already.
+      ahead -= std::min(ahead, remaining(me->second) - unsent(me->second));
+    }
     for (const auto& [id, o] : owners) {
       if (id == self || o.path != path) continue;
       if (fifo && o.admitted) continue;  // already in queued_bytes
