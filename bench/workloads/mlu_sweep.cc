@@ -89,8 +89,8 @@ PolicyOutcome outcome_of(const std::vector<sched::RequestStatus>& statuses, std:
 }
 
 struct Codec {
-  std::shared_ptr<const admission::Codec> codec;
-  admission::CodecProfile profile;
+  std::shared_ptr<const transport::Codec> codec;
+  transport::CodecProfile profile;
 };
 
 Result<VariantResult> run_variant(const MluSweepConfig& c, const std::vector<Arrival>& all, TimeNs deadline,
@@ -232,8 +232,8 @@ Status MluSweepConfig::validate() const {
 
 Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
-  Codec codec{admission::make_lz4_codec(), {}};
-  auto profile = admission::measure(*codec.codec, kv_sample(c.seed));
+  Codec codec{transport::make_lz4_codec(), {}};
+  auto profile = transport::measure(*codec.codec, kv_sample(c.seed));
   if (!profile) return std::unexpected(profile.error());
   codec.profile = *profile;
   MluSweepResult result;

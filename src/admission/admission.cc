@@ -13,6 +13,8 @@ using sched::RequestId;
 using sched::RequestState;
 using sched::RequestStatus;
 using sched::TransferRequest;
+using transport::Codec;
+using transport::CodecProfile;
 
 struct Owner {
   RequestId id = 0;

@@ -17,6 +17,10 @@
 namespace baton::admission {
 namespace {
 
+using transport::Codec;
+using transport::CodecProfile;
+using transport::make_lz4_codec;
+
 using engine::Engine;
 using sched::QosClass;
 using sched::RequestId;

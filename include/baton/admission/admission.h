@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "baton/admission/bandwidth_estimator.h"
-#include "baton/admission/codec.h"
+#include "baton/transport/codec.h"
 #include "baton/sched/scheduler.h"
 
 namespace baton::admission {
@@ -53,7 +53,7 @@ class AdmissionController {
   // when the transport cannot carry compressed slices (UCX: its RMA would
   // write fewer bytes than the request holds); invalid_argument for a null
   // codec or a profile with a ratio below 1 or a rate that is not > 0.
-  [[nodiscard]] Status set_codec(std::shared_ptr<const Codec> codec, CodecProfile profile);
+  [[nodiscard]] Status set_codec(std::shared_ptr<const transport::Codec> codec, transport::CodecProfile profile);
   void set_mlu_observer(MluObserver observer);
 
   // Decides and queues. Errors as Scheduler::submit, at once.

@@ -1,4 +1,4 @@
-#include "baton/admission/codec.h"
+#include "baton/transport/codec.h"
 
 #include <bit>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-namespace baton::admission {
+namespace baton::transport {
 namespace {
 
 using Bytes = std::vector<std::byte>;
@@ -277,4 +277,4 @@ TEST(PathCost, UnusablePathsCostForever) {
 }
 
 }  // namespace
-}  // namespace baton::admission
+}  // namespace baton::transport

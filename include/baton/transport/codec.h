@@ -1,6 +1,7 @@
 // Lossless codecs for degrading a transfer that would otherwise miss its
 // deadline: fewer bytes on a slow path, at the price of CPU time on both
-// ends. A compressed slice is never larger than the raw one: when the codec
+// ends. Admission decides when (CodecProfile: does it pay); a transport that
+// carries compressed slices runs them on both ends. A compressed slice is never larger than the raw one: when the codec
 // cannot shrink it, compress() says so and the raw bytes travel.
 #pragma once
 
@@ -13,7 +14,7 @@
 
 #include "baton/common/status.h"
 
-namespace baton::admission {
+namespace baton::transport {
 
 class Codec {
  public:
@@ -56,4 +57,4 @@ struct CodecProfile {
 [[nodiscard]] double raw_seconds(std::uint64_t bytes, double path_gbps);
 [[nodiscard]] double compressed_seconds(std::uint64_t bytes, double path_gbps, const CodecProfile& profile);
 
-}  // namespace baton::admission
+}  // namespace baton::transport

@@ -1,4 +1,4 @@
-#include "baton/admission/codec.h"
+#include "baton/transport/codec.h"
 
 #include <algorithm>
 #include <charconv>
@@ -11,7 +11,7 @@
 #include <lz4.h>
 #include <zstd.h>
 
-namespace baton::admission {
+namespace baton::transport {
 namespace {
 
 constexpr int kMinZstdLevel = 1;
@@ -263,4 +263,4 @@ double compressed_seconds(std::uint64_t bytes, double path_gbps,
          raw / (profile.decompress_gbps * 1e9);
 }
 
-}  // namespace baton::admission
+}  // namespace baton::transport
