@@ -45,13 +45,13 @@ std::string_view to_string(Band band) {
 }
 
 struct AdmissionController::State {
-  State(const sched::SchedPolicy& p, sched::Scheduler& s, const transport::Transport& t, BandwidthEstimator e)
+  State(const sched::SchedPolicy& p, sched::Scheduler& s, transport::Transport& t, BandwidthEstimator e)
       : policy(p), a(policy.admission), scheduler(s), transport(t), estimator(std::move(e)) {}
 
   sched::SchedPolicy policy;
   const sched::AdmissionPolicy& a;
   sched::Scheduler& scheduler;
-  const transport::Transport& transport;
+  transport::Transport& transport;
   BandwidthEstimator estimator;
   LocalRecompute local_recompute;
   std::shared_ptr<const Codec> codec;
@@ -311,7 +311,7 @@ AdmissionController::~AdmissionController() = default;
 
 Result<std::unique_ptr<AdmissionController>> AdmissionController::create(const sched::SchedPolicy& policy,
                                                                          sched::Scheduler& scheduler,
-                                                                         const transport::Transport& transport) {
+                                                                         transport::Transport& transport) {
   if (Status s = policy.validate(); !s.is_ok()) return std::unexpected(s);
   auto estimator = BandwidthEstimator::create(transport.paths(), policy.admission.estimator_alpha);
   if (!estimator) return std::unexpected(estimator.error());
@@ -327,8 +327,8 @@ Status AdmissionController::set_codec(std::shared_ptr<const Codec> codec, CodecP
   if (codec == nullptr) return Status::invalid_argument("set_codec: no codec (null)");
   if (!state_->transport.carries_compressed_slices()) {
     return Status::failed_precondition(
-        "set_codec: {}: this engine's transport cannot carry compressed slices (UCX RMA writes exactly the bytes "
-        "it is given), so the compress band would shorten transfers; no codec registered",
+        "set_codec: {}: this engine's transport cannot carry compressed slices, so the compress band would shorten "
+        "transfers; no codec registered",
         codec->name());
   }
   // A rate may be +inf (measure() says so when there was nothing to undo).
@@ -338,6 +338,7 @@ Status AdmissionController::set_codec(std::shared_ptr<const Codec> codec, CodecP
         "set_codec: profile ratio {} (expected >= 1), compress {} GB/s and decompress {} GB/s (expected > 0)",
         profile.ratio, profile.compress_gbps, profile.decompress_gbps);
   }
+  if (Status s = state_->transport.set_codec(codec); !s.is_ok()) return s;
   state_->codec = std::move(codec);
   state_->profile = profile;
   return Status::ok();

@@ -54,6 +54,9 @@ void declare_metrics(MetricsRegistry& m) {
   (void)m.declare_counter("baton_sched_slices_preempted_total", "Slices cancelled for a more critical one");
   (void)m.declare_counter("baton_sched_slices_retried_total", "Slices that failed on the wire and were re-queued");
   (void)m.declare_counter("baton_sched_bytes_wasted_total", "Bytes sent and then thrown away (preemption, cancel)");
+  (void)m.declare_counter("baton_sched_bytes_completed_total", "Payload bytes of slices delivered");
+  (void)m.declare_counter("baton_sched_wire_bytes_completed_total",
+                          "Bytes that carried them over the wire (fewer when compressed)");
   (void)m.declare_counter("baton_sched_starvation_promotions_total", "Slices served first by the starvation bound");
 }
 
@@ -282,6 +285,8 @@ std::string Engine::metrics_text() {
     m.add("baton_sched_slices_preempted_total", {}, s.slices_preempted - es.slices_preempted);
     m.add("baton_sched_slices_retried_total", {}, s.slices_retried - es.slices_retried);
     m.add("baton_sched_bytes_wasted_total", {}, s.bytes_wasted - es.bytes_wasted);
+    m.add("baton_sched_bytes_completed_total", {}, s.bytes_completed - es.bytes_completed);
+    m.add("baton_sched_wire_bytes_completed_total", {}, s.wire_bytes_completed - es.wire_bytes_completed);
     m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
     es = s;
     return m.text();

@@ -732,6 +732,8 @@ RequestId Scheduler::on_completion(const transport::Completion& c, TimeNs now_ns
     r.status.bytes_done += s.range.length;
     st.paths[s.path].load.bytes_completed += s.range.length;
     ++st.stats.slices_completed;
+    st.stats.bytes_completed += s.range.length;
+    st.stats.wire_bytes_completed += c.wire_bytes != 0 ? c.wire_bytes : c.bytes;
     if (r.status.bytes_done == r.spec.bytes) st.finish(r, RequestState::kCompleted, Status::ok(), c.at_ns);
     return r.id;
   }

@@ -44,15 +44,16 @@ class AdmissionController {
   // routes the scheduler's finish hook to on_finish().
   [[nodiscard]] static Result<std::unique_ptr<AdmissionController>> create(const sched::SchedPolicy& policy,
                                                                            sched::Scheduler& scheduler,
-                                                                           const transport::Transport& transport);
+                                                                           transport::Transport& transport);
   ~AdmissionController();
 
   // Without a callback the local band degrades to best-effort transfer.
   void set_local_recompute(LocalRecompute callback);
-  // Without a codec the compress band sends raw bytes. failed_precondition
-  // when the transport cannot carry compressed slices (UCX: its RMA would
-  // write fewer bytes than the request holds); invalid_argument for a null
-  // codec or a profile with a ratio below 1 or a rate that is not > 0.
+  // Without a codec the compress band sends raw bytes. The codec is handed
+  // to the transport too, which runs it on compressed slices (UCX: on both
+  // ends). failed_precondition when the transport cannot carry compressed
+  // slices; invalid_argument for a null codec, one the transport cannot name
+  // on the wire, or a profile with a ratio below 1 or a rate that is not > 0.
   [[nodiscard]] Status set_codec(std::shared_ptr<const transport::Codec> codec, transport::CodecProfile profile);
   void set_mlu_observer(MluObserver observer);
 

@@ -109,6 +109,8 @@ struct SchedStats {
   std::uint64_t slices_retried = 0;  // failed on the wire and re-queued
   std::uint64_t bytes_wasted = 0;    // sent, then cancelled by preemption or request cancel
   std::uint64_t starvation_promotions = 0;  // served first because they waited past the bound
+  std::uint64_t bytes_completed = 0;       // payload of slices that completed ok
+  std::uint64_t wire_bytes_completed = 0;  // what carried them over the wire (fewer when compressed)
 };
 
 // What a path holds right now and the most it ever held, for credit checks.

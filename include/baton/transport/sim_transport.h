@@ -60,6 +60,9 @@ class SimTransport final : public Transport {
   [[nodiscard]] bool path_healthy(PathId path, TimeNs now_ns) const override;
   // A compressed slice is modelled as its wire bytes plus codec time.
   [[nodiscard]] bool carries_compressed_slices() const override { return true; }
+  [[nodiscard]] Status set_codec(std::shared_ptr<const Codec> codec) override {
+    return codec != nullptr ? Status::ok() : Status::invalid_argument("set_codec: no codec (null)");
+  }
 
   // Marks a path down (in-flight and queued slices fail at `now_ns`) or up;
   // for tests and the fault benchmark, in addition to scheduled faults.

@@ -13,6 +13,7 @@
 
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
+#include "baton/transport/codec.h"
 #include "baton/topology/cost_model.h"
 
 namespace baton::transport {
@@ -110,10 +111,13 @@ class Transport {
   [[nodiscard]] virtual int event_fd() const { return -1; }
   [[nodiscard]] virtual bool arm() { return true; }
 
-  // Whether a slice may cross the wire compressed (SliceSubmit::wire_bytes).
-  // A transport that moves real bytes without a codec on both ends answers
-  // false, and admission refuses a codec for it.
+  // Whether a slice may cross the wire compressed (SliceSubmit::wire_bytes),
+  // and the codec it then uses. A transport that cannot answers false, and
+  // admission refuses a codec for it.
   [[nodiscard]] virtual bool carries_compressed_slices() const { return false; }
+  [[nodiscard]] virtual Status set_codec(std::shared_ptr<const Codec> /*codec*/) {
+    return Status::failed_precondition("set_codec: this transport carries no compressed slices");
+  }
 };
 
 }  // namespace baton::transport

@@ -186,6 +186,14 @@ class UcxTransport final : public Transport {
   // UCX cannot recall a posted RMA and slices are posted at submit, so this
   // never stops one: stopped = false, and its completion still comes.
   CancelResult cancel(SliceId id, TimeNs now_ns) override;
+  // Compressed slices (SliceSubmit::wire_bytes) travel as active messages:
+  // a write is compressed here and decompressed by the holder into the
+  // destination before it acknowledges; a read asks the holder to compress
+  // and is decompressed here before it completes. A slice the codec cannot
+  // shrink travels raw. The holder needs no codec set: the message names it.
+  [[nodiscard]] bool carries_compressed_slices() const override { return true; }
+  // lz4 or zstd (their wire ids); invalid_argument for another or null.
+  [[nodiscard]] Status set_codec(std::shared_ptr<const Codec> codec) override;
   // Progresses the worker, answers handshakes, and hands out the slices that
   // completed since the last poll, stamped `now_ns`. A slice whose path
   // failed under it completes with unavailable.

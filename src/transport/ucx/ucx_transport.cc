@@ -17,11 +17,13 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <unordered_map>
 
 #include "baton/topology/cost_model.h"
+#include "baton/transport/codec.h"
 #include "transport/ucx/socket_address.h"
 #include "transport/ucx/wire.h"
 
@@ -31,6 +33,8 @@ namespace {
 using ucx::MessageHeader;
 using ucx::MessageKind;
 using ucx::RegionDescriptor;
+using ucx::SliceDescriptor;
+using ucx::WireCodec;
 
 // Progress rounds per poll: enough to drain a burst of completions, bounded
 // so that one poll cannot starve the loop that called it.
@@ -111,6 +115,12 @@ struct UcxTransport::State {
     std::array<void*, 2> requests{};  // the RMA and, for writes, the flush
     int pending = 0;
     ucs_status_t status = UCS_OK;
+    // A compressed slice travels as active messages (RMA moves exactly the
+    // bytes it is given) and completes on the holder's reply.
+    bool compressed = false;
+    bool awaiting_reply = false;
+    std::uint64_t wire_bytes = 0;
+    std::string error;  // why the holder refused it
   };
 
   struct Outgoing {
@@ -144,6 +154,10 @@ struct UcxTransport::State {
   std::unordered_map<ucp_ep_h, std::unique_ptr<Accepted>> accepted;
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
+  std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
+  WireCodec codec_id = WireCodec::kRaw;
+  std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
+  std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
@@ -339,6 +353,145 @@ struct UcxTransport::State {
     }
     // Slices still posted hold their regions' rkeys until they finish.
     peer.regions.clear();
+    // A compressed slice waits for a reply that will not come now.
+    for (auto& [sid, op] : slices) {
+      if (op->awaiting_reply && op->submit.path == id) finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
+    }
+  }
+
+  void finish_compressed(SliceOp& op, ucs_status_t status, std::string error) {
+    op.awaiting_reply = false;
+    if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+    if (!error.empty() && op.error.empty()) op.error = std::move(error);
+    finished.push_back(&op);
+  }
+
+  // --- compressed slices ------------------------------------------------------
+
+  const Codec* codec_for(WireCodec id) {
+    if (id == WireCodec::kLz4) {
+      if (!lz4) lz4 = make_lz4_codec();
+      return lz4.get();
+    }
+    if (id == WireCodec::kZstd) {
+      if (!zstd) zstd = std::move(*make_zstd_codec(1));
+      return zstd.get();
+    }
+    return nullptr;
+  }
+
+  // The local region holding [addr, addr + length) of the region `key`, or why not.
+  Result<std::byte*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const {
+    const auto base = region_base.find(key);
+    if (base == region_base.end()) return std::unexpected(Status::not_found("no region {} here", key));
+    const LocalRegion& r = regions.at(base->second);
+    if (addr < r.base || length > r.length || addr - r.base > r.length - length) {
+      return std::unexpected(Status::out_of_range("[{:#x}, +{}) is not inside region {} [{:#x}, +{})", addr, length,
+                                                  key, r.base, r.length));
+    }
+    return reinterpret_cast<std::byte*>(addr);
+  }
+
+  // Writes a slice's bytes (compressed or raw) to `out` (exactly its size).
+  Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out) {
+    const std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data.data()), data.size());
+    if (d.codec == WireCodec::kRaw) {
+      if (data.size() != d.payload_len) {
+        return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
+      }
+      std::memcpy(out, in.data(), in.size());
+      return Status::ok();
+    }
+    return codec_for(d.codec)->decompress(in, std::span(out, d.payload_len));
+  }
+
+  // `bytes` compressed with `id` when that shrinks them, else raw.
+  std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
+                                                       std::uint64_t length) {
+    std::vector<std::byte> packed;
+    const std::span<const std::byte> in(bytes, length);
+    if (with != nullptr) {
+      if (auto shrunk = with->compress(in, packed); shrunk && *shrunk) {
+        const auto* p = reinterpret_cast<const std::uint8_t*>(packed.data());
+        return {id, std::vector<std::uint8_t>(p, p + packed.size())};
+      }
+    }
+    const auto* p = reinterpret_cast<const std::uint8_t*>(bytes);
+    return {WireCodec::kRaw, std::vector<std::uint8_t>(p, p + length)};
+  }
+
+  // The holder's side: an accepted endpoint that said hello asks to write or read.
+  void handle_slice_request(const Inbound& in, const MessageHeader& header) {
+    auto it = in.reply_ep == nullptr ? accepted.end() : accepted.find(in.reply_ep);
+    if (it == accepted.end() || !it->second->identified) {
+      spdlog::warn("ucx: a compressed slice from an endpoint that never said hello; dropped");
+      return;
+    }
+    std::size_t at = 0;
+    auto d = ucx::decode_slice(in.payload, at);
+    SliceDescriptor reply;
+    Status why;
+    std::vector<std::uint8_t> data;
+    if (!d) {
+      why = d.error();
+    } else {
+      reply = *d;
+      auto range = local_range(d->key, d->addr, d->payload_len);
+      if (!range) {
+        why = range.error();
+      } else if (in.kind == MessageKind::kWriteData) {
+        why = unpack(*d, std::span(in.payload).subspan(at), *range);
+      } else {
+        auto [id, packed] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
+        reply.codec = id;
+        data = std::move(packed);
+      }
+    }
+    if (!why.is_ok()) {
+      reply.failed = 1;
+      reply.payload_len = std::max<std::uint64_t>(reply.payload_len, 1);
+      const std::string text = why.message();
+      data.assign(text.begin(), text.end());
+    }
+    const MessageKind kind = in.kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
+    if (Status s = send_message(in.reply_ep, kind, header, ucx::encode_slice(reply, data)); !s.is_ok()) {
+      spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
+    }
+  }
+
+  // The initiator's side: the holder answered a compressed slice.
+  void handle_slice_reply(const Inbound& in, const MessageHeader& header) {
+    Lane* lane = lane_of(in, header);
+    const auto it = slices.find(header.seq);
+    if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path) {
+      spdlog::warn("ucx: a reply for compressed slice {} that is not waiting for one; dropped", header.seq);
+      return;
+    }
+    SliceOp& op = *it->second;
+    std::size_t at = 0;
+    auto d = ucx::decode_slice(in.payload, at);
+    if (!d) {
+      finish_compressed(op, UCS_ERR_INVALID_PARAM, d.error().message());
+      return;
+    }
+    const auto data = std::span(in.payload).subspan(at);
+    if (d->failed != 0) {
+      finish_compressed(op, UCS_ERR_REJECTED, "the holder refused: " + std::string(data.begin(), data.end()));
+      return;
+    }
+    if (in.kind == MessageKind::kReadData) {
+      op.wire_bytes += in.payload.size();
+      if (d->payload_len != op.submit.bytes) {
+        finish_compressed(op, UCS_ERR_INVALID_PARAM, fmt::format("{} bytes came back, {} asked", d->payload_len,
+                                                                 op.submit.bytes));
+        return;
+      }
+      if (Status s = unpack(*d, data, static_cast<std::byte*>(op.submit.memory.local)); !s.is_ok()) {
+        finish_compressed(op, UCS_ERR_INVALID_PARAM, s.message());
+        return;
+      }
+    }
+    finish_compressed(op, UCS_OK, {});
   }
 
   // Replaces the peer's region table by `descriptors`, unpacking the rkeys
@@ -571,6 +724,10 @@ struct UcxTransport::State {
           case MessageKind::kAnswer: handle_answer(in, *header); break;
           case MessageKind::kRegionsRemoved: handle_regions_removed(in, *header); break;
           case MessageKind::kNotify: handle_notify(in); break;
+          case MessageKind::kWriteData:
+          case MessageKind::kReadAsk: handle_slice_request(in, *header); break;
+          case MessageKind::kWriteDone:
+          case MessageKind::kReadData: handle_slice_reply(in, *header); break;
         }
       }
     }
@@ -579,8 +736,11 @@ struct UcxTransport::State {
   void hand_out(TimeNs now_ns, std::vector<Completion>& out) {
     for (SliceOp* op : std::exchange(finished, {})) {
       const SliceSubmit& s = op->submit;
-      Completion c{s.id, s.path, s.lane, s.bytes, now_ns, Status::ok(), s.bytes};
-      if (op->status != UCS_OK) {
+      Completion c{s.id, s.path, s.lane, s.bytes, now_ns, Status::ok(), op->compressed ? op->wire_bytes : s.bytes};
+      if (!op->error.empty()) {
+        c.status = Status::unavailable("ucx: slice {} ({} bytes, path {} lane {}): {}", s.id, s.bytes, s.path, s.lane,
+                                       op->error);
+      } else if (op->status != UCS_OK) {
         c.status = Status::unavailable("ucx: slice {} ({} bytes, path {} lane {}) failed: {}", s.id, s.bytes,
                                        s.path, s.lane, ucs_status_string(op->status));
       }
@@ -722,7 +882,11 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
                           std::pair{MessageKind::kAnswer, &State::on_message<MessageKind::kAnswer>},
                           std::pair{MessageKind::kRegionsRemoved, &State::on_message<MessageKind::kRegionsRemoved>},
-                          std::pair{MessageKind::kNotify, &State::on_message<MessageKind::kNotify>}}) {
+                          std::pair{MessageKind::kNotify, &State::on_message<MessageKind::kNotify>},
+                          std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
+                          std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
+                          std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
+                          std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>}}) {
     if (ucs_status_t s = set_handler(kind, cb); s != UCS_OK) {
       return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
     }
@@ -1017,12 +1181,10 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
   if (slice.bytes == 0) {
     return Status::invalid_argument("UcxTransport::submit: slice {} has 0 bytes", slice.id);
   }
-  if (slice.on_wire() != slice.bytes) {
-    // RMA moves exactly the bytes it is given: sending fewer would end a
-    // request ok with part of its payload never written.
-    return Status::invalid_argument(
-        "UcxTransport::submit: slice {} is compressed ({} payload bytes as {} on the wire); UCX RMA carries no "
-        "compressed slices",
+  const bool compress = slice.on_wire() != slice.bytes;
+  if (compress && s.codec == nullptr) {
+    return Status::failed_precondition(
+        "UcxTransport::submit: slice {} asks for compression ({} payload bytes as ~{}) and no codec is set",
         slice.id, slice.bytes, slice.wire_bytes);
   }
   if (s.slices.contains(slice.id)) {
@@ -1064,6 +1226,35 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
   op->local = local;
   op->remote = remote_it->second;
   ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
+  if (compress) {
+    // A write goes compressed when the codec shrinks it (else as plain RMA
+    // below); a read asks the holder to compress, which it does if it shrinks.
+    SliceDescriptor d{m.remote_key, s.codec_id, 0, m.remote_addr, slice.bytes};
+    std::vector<std::uint8_t> payload;
+    if (m.op == Op::kRead) {
+      payload = ucx::encode_slice(d, {});
+    } else if (auto [id, packed] = s.pack(s.codec_id, s.codec.get(), static_cast<const std::byte*>(m.local), slice.bytes);
+               id != WireCodec::kRaw) {
+      d.codec = id;
+      payload = ucx::encode_slice(d, packed);
+    }
+    if (!payload.empty()) {
+      MessageHeader header;
+      header.path = slice.path;
+      header.lane = static_cast<std::uint32_t>(slice.lane);
+      header.seq = slice.id;
+      op->compressed = true;
+      op->awaiting_reply = true;
+      op->wire_bytes = payload.size();
+      const MessageKind kind = m.op == Op::kRead ? MessageKind::kReadAsk : MessageKind::kWriteData;
+      if (Status st = s.send_message(ep, kind, header, std::move(payload)); !st.is_ok()) {
+        return Status::unavailable("UcxTransport::submit: slice {}: {}", slice.id, st.message());
+      }
+      ++local->inflight;
+      s.slices.emplace(slice.id, std::move(op));
+      return Status::ok();
+    }
+  }
   ucp_rkey_h rkey = op->remote->rkeys[static_cast<std::size_t>(slice.lane)];
 
   ucp_request_param_t param{};
@@ -1105,6 +1296,20 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
 }
 
 CancelResult UcxTransport::cancel(SliceId /*id*/, TimeNs /*now_ns*/) { return {}; }
+
+Status UcxTransport::set_codec(std::shared_ptr<const Codec> codec) {
+  if (codec == nullptr) return Status::invalid_argument("UcxTransport::set_codec: no codec (null)");
+  WireCodec id = WireCodec::kRaw;
+  if (codec->name() == "lz4") id = WireCodec::kLz4;
+  if (codec->name() == "zstd") id = WireCodec::kZstd;
+  if (id == WireCodec::kRaw) {
+    return Status::invalid_argument("UcxTransport::set_codec: codec \"{}\" has no wire id (lz4 or zstd travel)",
+                                    codec->name());
+  }
+  state_->codec = std::move(codec);
+  state_->codec_id = id;
+  return Status::ok();
+}
 
 void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   State& s = *state_;

@@ -82,6 +82,41 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
   return h;
 }
 
+std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data) {
+  Writer w;
+  w.put(d.key);
+  w.put(static_cast<std::uint8_t>(d.codec));
+  w.put(d.failed);
+  w.put(std::uint16_t{0});
+  w.put(d.addr);
+  w.put(d.payload_len);
+  w.bytes(data);
+  return w.take();
+}
+
+Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::size_t& data_offset) {
+  Reader r(bytes);
+  SliceDescriptor d;
+  std::uint8_t codec = 0;
+  std::uint16_t reserved = 0;
+  if (!r.get(d.key) || !r.get(codec) || !r.get(d.failed) || !r.get(reserved) || !r.get(d.addr) ||
+      !r.get(d.payload_len)) {
+    return std::unexpected(Status::invalid_argument("ucx slice: descriptor truncated ({} bytes, expected {})",
+                                                    bytes.size(), kSliceDescriptorBytes));
+  }
+  if (codec > static_cast<std::uint8_t>(WireCodec::kZstd)) {
+    return std::unexpected(Status::invalid_argument("ucx slice: unknown codec {}", codec));
+  }
+  d.codec = static_cast<WireCodec>(codec);
+  if (d.failed > 1) return std::unexpected(Status::invalid_argument("ucx slice: failed flag {}", d.failed));
+  if (d.payload_len == 0 || d.payload_len > kMaxCompressedSliceBytes) {
+    return std::unexpected(Status::invalid_argument("ucx slice: payload of {} bytes (expected 1..{})", d.payload_len,
+                                                    kMaxCompressedSliceBytes));
+  }
+  data_offset = r.offset();
+  return d;
+}
+
 std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& regions) {
   Writer w;
   w.put(static_cast<std::uint32_t>(regions.size()));

@@ -24,7 +24,30 @@ enum class MessageKind : unsigned {
   kAnswer = 2,          // listener → initiator: ack, with regions when asked
   kRegionsRemoved = 3,  // listener → initiator: these region keys are gone
   kNotify = 4,          // initiator → listener: a user's message (after a batch)
+  // Compressed slices, which RMA cannot carry (it moves exactly the bytes it
+  // is given). header.seq is the initiator's slice id; the payload starts
+  // with a SliceDescriptor.
+  kWriteData = 5,  // initiator → holder: bytes (compressed or raw) to write at addr
+  kWriteDone = 6,  // holder → initiator: written, or why not (text after the descriptor)
+  kReadAsk = 7,    // initiator → holder: send [addr, +payload_len), compressed with `codec`
+  kReadData = 8,   // holder → initiator: those bytes (compressed or raw), or why not
 };
+
+// How a compressed slice's bytes travel: 0 raw (the codec could not shrink
+// them), else the codec that compressed them.
+enum class WireCodec : std::uint8_t { kRaw = 0, kLz4 = 1, kZstd = 2 };
+
+struct SliceDescriptor {
+  std::uint32_t key = 0;     // the holder's region
+  WireCodec codec = WireCodec::kRaw;
+  std::uint8_t failed = 0;   // replies: 1 when the holder refused (the text follows)
+  std::uint64_t addr = 0;    // in the holder's region
+  std::uint64_t payload_len = 0;  // raw bytes, what lands
+};
+inline constexpr std::size_t kSliceDescriptorBytes = 24;
+// A compressed slice is one scheduler slice (256 KiB on TCP by default);
+// anything far larger is not ours, and is refused before allocating.
+inline constexpr std::uint64_t kMaxCompressedSliceBytes = 64ULL << 20;
 
 inline constexpr std::uint16_t kFlagWithRegions = 1;
 
@@ -65,6 +88,11 @@ inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
 
 [[nodiscard]] std::vector<std::uint8_t> encode_keys(const std::vector<std::uint32_t>& keys);
 [[nodiscard]] Result<std::vector<std::uint32_t>> decode_keys(std::span<const std::uint8_t> bytes);
+
+// A descriptor and the bytes after it; decode checks the codec and the size
+// bound and hands back where the data starts.
+[[nodiscard]] std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data);
+[[nodiscard]] Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::size_t& data_offset);
 
 // The query's payload is the initiator's own listen address ("host:port"),
 // for the listener's logs.
