@@ -11,6 +11,7 @@
 
 #include "baton/admission/admission.h"
 #include "baton/engine/engine.h"
+#include "workloads/payloads.h"
 #include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
@@ -53,25 +54,6 @@ sched::SchedPolicy policy_of(const MluSweepConfig& c, Variant v) {
   p.admission.order = fifo ? sched::AdmissionOrder::kFifo : sched::AdmissionOrder::kEdf;
   p.admission.drop_infeasible = v == Variant::kFifoDrop || v == Variant::kEdfDrop;
   return p;
-}
-
-// KV-like payload for profiling the codec: fp16 values of a unit normal,
-// which is what attention keys and values look like to a byte compressor.
-std::vector<std::byte> kv_sample(std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> value(0.0F, 1.0F);
-  std::vector<std::byte> out(1 << 20);
-  for (std::size_t i = 0; i + 1 < out.size(); i += 2) {
-    // float -> fp16 by truncation of the mantissa: enough for byte statistics.
-    const float f = value(rng);
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &f, sizeof bits);
-    const auto half = static_cast<std::uint16_t>(((bits >> 16) & 0x8000U) |
-                                                 ((((bits >> 23) & 0xFFU) - 112U) << 10 & 0x7C00U) |
-                                                 ((bits >> 13) & 0x3FFU));
-    std::memcpy(&out[i], &half, sizeof half);
-  }
-  return out;
 }
 
 struct VariantResult {
@@ -233,7 +215,11 @@ Status MluSweepConfig::validate() const {
 Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
   Codec codec{transport::make_lz4_codec(), {}};
-  auto profile = transport::measure(*codec.codec, kv_sample(c.seed));
+  // The codec profiled on KV-like data: fp16 values, what attention keys and
+  // values look like to a byte compressor.
+  std::vector<std::byte> kv_sample(1 << 20);
+  fill_payload(PayloadKind::kFp16Kv, kv_sample, c.seed);
+  auto profile = transport::measure(*codec.codec, kv_sample);
   if (!profile) return std::unexpected(profile.error());
   codec.profile = *profile;
   MluSweepResult result;

@@ -282,7 +282,13 @@ struct AdmissionController::State {
     o.slices_since_eval = 0;
     const double m = mlu(o.request, remaining(o), now_ns, o.id);
     const Band band = band_of(m);
-    if (band <= o.band) return;  // bands only rise
+    // Bands only rise. Compression is reconsidered while in its band: the
+    // path's estimate may have fallen to what makes it pay (a new peer's
+    // path starts from the cost model's figure).
+    if (band <= o.band) {
+      if (o.band == Band::kCompress) maybe_compress(o);
+      return;
+    }
     o.band = band;
     ++stats.promotions;
     if (band == Band::kLocal && local_recompute) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -299,6 +300,60 @@ TEST(BenchMluSweepUcx, AdmissionLearnsTheRealLinkMluIsFiniteAndFallsWithTheDeadl
     EXPECT_EQ(roomy["attainment"][policy], 1.0) << policy;  // 1 s for 2 MiB: everyone is on time
     EXPECT_EQ(roomy["signalled"][policy], 0.0) << policy;
   }
+}
+TEST(BenchCompress, EveryKindIsVerifiedAndIncompressibleDataTravelsRaw) {
+  const CommandRun r = run_baton("bench compress --spawn --size 4MiB --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  ASSERT_EQ(j["rows"].size(), 3u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_TRUE(row["verified"].get<bool>()) << row["data"];
+    for (const char* key : {"data", "ratio", "plain_gbps", "auto_gbps", "auto_wire_bytes"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(j["rows"][0]["data"], "fp16");
+  EXPECT_EQ(j["rows"][0]["auto_wire_bytes"], 4u << 20);  // lz4 cannot shrink it: nothing compressed
+  EXPECT_GT(j["rows"][1]["ratio"].get<double>(), 1.5);    // half zero pages
+}
+
+TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
+  for (const auto& [args, needle] : {std::pair<std::string, std::string>{"--spawn --data gzip", "unknown data kind"},
+                                     {"--spawn --size 0", "sizes must be > 0"},
+                                     {"--spawn --size 1XB", "--size"},
+                                     {"--spawn --codec brotli", "brotli"},
+                                     {"--spawn --slack 0", "slack 0 must be > 0"},
+                                     {"--spawn --theta-compress 2", "theta_compress 2"},
+                                     {"--target 127.0.0.1:1 --netns x", "--netns and --listen"},
+                                     {"", "one of --target and --spawn"}}) {
+    const CommandRun r = run_baton("bench compress " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+// Over a link shaped to 1 Gbit/s between this host and a network namespace
+// (scripts/netns-link), where compressing pays for data that shrinks.
+TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse) {
+  const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
+  if (std::system((link + " up 1gbit >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
+  }
+  const CommandRun r =
+      run_baton("bench compress --spawn --netns baton-far --listen 10.77.0.2:0 --size 8MiB --data fp16,padded --json -");
+  (void)std::system((link + " down").c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const auto& fp16 = j["rows"][0];
+  const auto& padded = j["rows"][1];
+  EXPECT_TRUE(fp16["verified"].get<bool>());
+  EXPECT_TRUE(padded["verified"].get<bool>());
+  EXPECT_EQ(fp16["auto_wire_bytes"], 8u << 20);
+  EXPECT_LT(padded["auto_wire_bytes"].get<std::uint64_t>(), (8u << 20) * 3 / 4);
+  EXPECT_GT(padded["auto_gbps"].get<double>(), 1.3 * padded["plain_gbps"].get<double>());
+  EXPECT_GT(fp16["auto_gbps"].get<double>(), 0.8 * fp16["plain_gbps"].get<double>());
 }
 
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {

@@ -11,6 +11,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   modes.push_back(add_bench_ablation(*bench));
   modes.push_back(add_bench_mlu_sweep(*bench));
   modes.push_back(add_bench_deadlines(*bench));
+  modes.push_back(add_bench_compress(*bench));
   modes.push_back(add_bench_plan(*bench));
   modes.push_back(add_bench_dualpath(*bench));
   modes.push_back(add_bench_fault(*bench));

@@ -25,6 +25,7 @@ Command add_bench_mixed(CLI::App& bench);
 Command add_bench_ablation(CLI::App& bench);
 Command add_bench_mlu_sweep(CLI::App& bench);
 Command add_bench_deadlines(CLI::App& bench);
+Command add_bench_compress(CLI::App& bench);
 Command add_bench_plan(CLI::App& bench);
 Command add_bench_dualpath(CLI::App& bench);
 Command add_bench_fault(CLI::App& bench);

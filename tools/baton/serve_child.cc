@@ -5,12 +5,19 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
+#include <system_error>
 #include <chrono>
 #include <utility>
 
 namespace baton::cli {
 
-Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const std::string& binary) {
+Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const std::string& binary,
+                                     const std::string& netns) {
+  // `ip netns exec` runs its command by path: /proc/self/exe would name ip.
+  std::error_code ec;
+  const std::string program = netns.empty() ? binary : std::filesystem::canonical(binary, ec).string();
+  if (program.empty()) return std::unexpected(Status::unavailable("serve: cannot resolve {}: {}", binary, ec.message()));
   int out[2];
   if (::pipe(out) != 0) return std::unexpected(Status::unavailable("serve: pipe failed"));
   const pid_t pid = ::fork();
@@ -20,11 +27,16 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
     ::close(out[0]);
     ::close(out[1]);
     std::vector<std::string> storage{"baton", "serve"};
+    if (!netns.empty()) storage = {"ip", "netns", "exec", netns, program, "serve"};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& s : storage) argv.push_back(s.data());
     argv.push_back(nullptr);
-    ::execv(binary.c_str(), argv.data());
+    if (netns.empty()) {
+      ::execv(program.c_str(), argv.data());
+    } else {
+      ::execvp("ip", argv.data());
+    }
     ::_exit(127);
   }
   ::close(out[1]);
