@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
@@ -96,13 +97,13 @@ PolicyRun summarize(const std::vector<Arrival>& all, const std::vector<sched::Re
 
 Result<PolicyRun> run_sim(const DeadlinesWorkload& w, const std::vector<Arrival>& all, TimeNs run_ns,
                           const sched::SchedPolicy& policy) {
-  engine::EngineConfig config;
+  engine::HarnessConfig config;
   config.topology_model = w.topology_model;
   config.policy = policy;
   config.sim.seed = w.seed;
-  auto engine = engine::Engine::create(config);
+  auto engine = engine::Harness::create(config);
   if (!engine) return std::unexpected(engine.error());
-  engine::Engine& e = **engine;
+  engine::Harness& e = **engine;
   std::uint64_t signalled = 0;
   if (policy.admission.drop_infeasible) {
     e.admission().set_local_recompute([&signalled](sched::RequestId, const sched::TransferRequest&) { ++signalled; });
@@ -252,9 +253,9 @@ Result<DeadlinesResult> run_deadlines(const DeadlinesWorkload& w, const std::vec
   DeadlinesResult result;
   result.link_gbps = w.link_gbps;
   if (result.link_gbps == 0) {
-    engine::EngineConfig config;
+    engine::HarnessConfig config;
     config.topology_model = w.topology_model;
-    auto probe = engine::Engine::create(config);
+    auto probe = engine::Harness::create(config);
     if (!probe) return std::unexpected(probe.error());
     auto route = (*probe)->topology().rank(w.from, w.to);
     if (!route) return std::unexpected(route.error());

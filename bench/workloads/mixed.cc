@@ -8,6 +8,7 @@
 
 #include "baton/common/stats.h"
 #include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
@@ -15,7 +16,8 @@ namespace baton::workloads {
 using engine::Batch;
 using engine::BatchHandle;
 using engine::Engine;
-using engine::EngineConfig;
+using engine::Harness;
+using engine::HarnessConfig;
 using engine::Request;
 
 namespace {
@@ -87,13 +89,13 @@ Status MixedWorkload::validate() const {
 
 Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& policy) {
   if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
-  EngineConfig config;
+  HarnessConfig config;
   config.topology_model = w.topology_model;
   config.policy = policy;
   config.sim.seed = w.seed;
-  auto engine = Engine::create(config);
+  auto engine = Harness::create(config);
   if (!engine) return std::unexpected(engine.error());
-  Engine& e = **engine;
+  Harness& e = **engine;
 
   std::vector<sched::RequestId> decode_ids;
   std::vector<sched::RequestId> prefill_ids;

@@ -11,13 +11,15 @@
 
 #include "baton/admission/admission.h"
 #include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "workloads/payloads.h"
 #include "workloads/ucx_rig.h"
 
 namespace baton::workloads {
 
 using engine::Engine;
-using engine::EngineConfig;
+using engine::Harness;
+using engine::HarnessConfig;
 
 namespace {
 
@@ -77,13 +79,13 @@ struct Codec {
 
 Result<VariantResult> run_variant(const MluSweepConfig& c, const std::vector<Arrival>& all, TimeNs deadline,
                                   Variant v, const Codec& codec) {
-  EngineConfig config;
+  HarnessConfig config;
   config.topology_model = c.topology_model;
   config.sim.seed = c.seed;
   config.policy = policy_of(c, v);
-  auto engine = Engine::create(config);
+  auto engine = Harness::create(config);
   if (!engine) return std::unexpected(engine.error());
-  Engine& e = **engine;
+  Harness& e = **engine;
   VariantResult result;
   std::uint64_t signalled = 0;
   if (config.policy.admission.drop_infeasible) {

@@ -21,7 +21,7 @@ Result<std::unique_ptr<UcxRig>> connect_rig(const sched::SchedPolicy& policy, co
                                             const std::function<void(engine::Engine&)>& prepare) {
   auto rig = std::make_unique<UcxRig>();
   rig->buffer.resize(buffer_bytes);
-  engine::EngineConfig config = engine::wall_ucx_config(ucx);
+  engine::EngineConfig config{.ucx = ucx};
   config.policy = policy;
   auto engine = engine::Engine::create(config);
   if (!engine) return std::unexpected(engine.error());

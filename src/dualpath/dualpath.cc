@@ -1,4 +1,4 @@
-// DualPath on top of the Engine. A handoff owns a ledger of the byte ranges
+// DualPath on top of the simulation harness. A handoff owns a ledger of the byte ranges
 // that have landed at the destination (`landed`, in handoff offsets) and a
 // list of runs: engine requests, each carrying one contiguous range of the
 // handoff on one leg (remote_addr = handoff's + offset). The handoff is
@@ -175,9 +175,9 @@ Status DualPathConfig::validate() const {
 }
 
 struct DualPath::State {
-  State(engine::Engine& e, DualPathConfig c) : engine(e), config(std::move(c)), rng(config.seed) {}
+  State(engine::Harness& e, DualPathConfig c) : engine(e), config(std::move(c)), rng(config.seed) {}
 
-  engine::Engine& engine;
+  engine::Harness& engine;
   DualPathConfig config;
   std::mt19937_64 rng;
   std::map<HandoffId, Handoff> handoffs;
@@ -566,7 +566,7 @@ struct DualPath::State {
 DualPath::DualPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
 DualPath::~DualPath() = default;
 
-Result<std::unique_ptr<DualPath>> DualPath::create(engine::Engine& engine, DualPathConfig config) {
+Result<std::unique_ptr<DualPath>> DualPath::create(engine::Harness& engine, DualPathConfig config) {
   if (Status s = config.validate(); !s.is_ok()) return std::unexpected(s);
   for (const auto& [name, help] : kCounters) (void)engine.metrics().declare_counter(name, help);
   (void)engine.metrics().declare_counter("baton_dualpath_wins_total", "Handoffs completed, by the leg that won");

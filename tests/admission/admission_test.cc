@@ -1,4 +1,4 @@
-// Admission through the Engine on the simulated transport: exact MLU, bands,
+// Admission through the Harness on the simulated transport: exact MLU, bands,
 // the local-recompute signal, compression only when it pays, queue order and
 // limits, and deadline 0 leaving the scheduler exactly as it was.
 #include "baton/admission/admission.h"
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "engine/completion_order.h"
 #include "baton/topology/probe.h"
 #include "baton/transport/sim_transport.h"
@@ -21,7 +22,7 @@ using transport::Codec;
 using transport::CodecProfile;
 using transport::make_lz4_codec;
 
-using engine::Engine;
+using engine::Harness;
 using sched::QosClass;
 using sched::RequestId;
 using sched::RequestState;
@@ -32,11 +33,11 @@ constexpr std::uint64_t kKiB = 1024;
 constexpr std::uint64_t kMiB = 1024 * kKiB;
 constexpr double kPcieGbps = 24.0;  // pcie4 gpu0->gpu1: PCIe P2P under one switch (cost model)
 
-std::unique_ptr<Engine> make_engine(SchedPolicy policy = SchedPolicy::defaults(), const std::string& model = "pcie4") {
-  engine::EngineConfig config;
+std::unique_ptr<Harness> make_engine(SchedPolicy policy = SchedPolicy::defaults(), const std::string& model = "pcie4") {
+  engine::HarnessConfig config;
   config.topology_model = model;
   config.policy = policy;
-  auto e = Engine::create(config);
+  auto e = Harness::create(config);
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return std::move(*e);
 }
@@ -45,7 +46,7 @@ TransferRequest req(std::uint64_t bytes, TimeNs deadline, QosClass qos = QosClas
   return {"gpu0", "gpu1", bytes, qos, deadline, true};
 }
 
-sched::RequestStatus status_of(Engine& e, RequestId id) { return e.status(id).value(); }
+sched::RequestStatus status_of(Harness& e, RequestId id) { return e.status(id).value(); }
 
 TEST(Admission, MluIsExactOnConstructedCases) {
   auto e = make_engine();
@@ -144,7 +145,7 @@ TEST(Admission, BadCodecsAreRefusedWithAClearStatus) {
     EXPECT_NE(s.message().find("set_codec: profile"), std::string::npos) << s.message();
   }
   // UCX carries lz4 and zstd slices, and refuses a codec it cannot name.
-  auto real = engine::Engine::create(engine::wall_ucx_config());
+  auto real = engine::Engine::create(engine::EngineConfig{});
   ASSERT_TRUE(real.has_value()) << real.error().to_string();
   EXPECT_TRUE((*real)->admission().set_codec(lz4, {4.0, 1000.0, 1000.0}).is_ok());
   const Status s = (*real)->admission().set_codec(std::make_shared<Rot13>(), {4.0, 1000.0, 1000.0});

@@ -19,13 +19,13 @@ constexpr TimeNs kUs = 1000;
 std::uint64_t addr_of(int i) { return static_cast<std::uint64_t>(i + 1) << 32; }
 
 struct Rig {
-  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::Harness> engine;
   std::unique_ptr<DualPath> dual;
 
   explicit Rig(Strategy strategy, DualPathConfig config = {}) {
-    engine::EngineConfig ec;
+    engine::HarnessConfig ec;
     ec.sim.record_deliveries = true;
-    auto e = engine::Engine::create(ec);
+    auto e = engine::Harness::create(ec);
     EXPECT_TRUE(e.has_value()) << e.error().to_string();
     engine = std::move(*e);
     config.strategy = strategy;
@@ -308,7 +308,7 @@ TEST(DualPath, BadInputsGetAClearStatus) {
   EXPECT_NE(parse_strategy("fastest").error().message().find("fastest"), std::string::npos);
   EXPECT_EQ(parse_strategy("request_hedging").value(), Strategy::kRequestHedging);
 
-  auto engine = engine::Engine::create({});
+  auto engine = engine::Harness::create({});
   ASSERT_TRUE(engine.has_value());
   auto bad_config = [&](auto mutate) {
     DualPathConfig c;

@@ -1,11 +1,11 @@
-// The Engine on the wall clock: a loop thread runs the same scheduler and
+// The Harness on the wall clock: a loop thread runs the same scheduler and
 // admission code against real time, any thread may call in, and an idle
 // engine sleeps instead of spinning.
 #include <thread>
 
 #include <gtest/gtest.h>
 
-#include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 
 namespace baton::engine {
 namespace {
@@ -16,10 +16,10 @@ using sched::RequestState;
 constexpr std::uint64_t kMiB = 1 << 20;
 constexpr TimeNs kSeconds = 1'000'000'000;
 
-std::unique_ptr<Engine> wall_engine() {
-  EngineConfig config;
+std::unique_ptr<Harness> wall_engine() {
+  HarnessConfig config;
   config.clock = ClockKind::kWall;
-  auto e = Engine::create(config);
+  auto e = Harness::create(config);
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return std::move(*e);
 }
@@ -80,7 +80,7 @@ TEST(WallClockEngine, CancelFromAnotherThreadAndBadCalls) {
 }
 
 TEST(VirtualClockEngine, WaitRunsVirtualTimeAndTimesOut) {
-  auto e = Engine::create({}).value();
+  auto e = Harness::create({}).value();
   const auto small = e->submit({"gpu0", "gpu1", kMiB, QosClass::kHotKv, 0, true}).value();
   ASSERT_TRUE(e->wait(small, kSeconds).is_ok());
   EXPECT_EQ(e->status(small)->state, RequestState::kCompleted);

@@ -1,4 +1,4 @@
-// The scheduler's behaviour, run through the Engine on the simulated
+// The scheduler's behaviour, run through the Harness on the simulated
 // transport under the virtual clock: orderings, exact byte counts, credits.
 #include "baton/sched/scheduler.h"
 
@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "workloads/mixed.h"
 #include "baton/topology/probe.h"
 #include "engine/completion_order.h"
@@ -14,26 +14,26 @@
 namespace baton::sched {
 namespace {
 
-using engine::Engine;
-using engine::EngineConfig;
+using engine::Harness;
+using engine::HarnessConfig;
 using topology::PathType;
 using transport::PathId;
 
 constexpr std::uint64_t kKiB = 1024;
 constexpr std::uint64_t kMiB = 1024 * kKiB;
 
-std::unique_ptr<Engine> make_engine(const std::string& model, SchedPolicy policy = SchedPolicy::defaults(),
+std::unique_ptr<Harness> make_engine(const std::string& model, SchedPolicy policy = SchedPolicy::defaults(),
                                     transport::SimConfig sim = {}) {
-  EngineConfig config;
+  HarnessConfig config;
   config.topology_model = model;
   config.policy = policy;
   config.sim = std::move(sim);
-  auto e = Engine::create(config);
+  auto e = Harness::create(config);
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return std::move(*e);
 }
 
-PathId path_of(Engine& e, const std::string& from, const std::string& to, PathType type) {
+PathId path_of(Harness& e, const std::string& from, const std::string& to, PathType type) {
   const auto& paths = e.sim_transport().paths();
   for (PathId i = 0; i < paths.size(); ++i) {
     if (paths[i].from == from && paths[i].to == to && paths[i].type == type) return i;
@@ -42,7 +42,7 @@ PathId path_of(Engine& e, const std::string& from, const std::string& to, PathTy
   return 0;
 }
 
-RequestStatus status_of(Engine& e, RequestId id) {
+RequestStatus status_of(Harness& e, RequestId id) {
   auto s = e.status(id);
   EXPECT_TRUE(s.has_value());
   return s.value_or(RequestStatus{});
@@ -143,7 +143,7 @@ TEST(Scheduler, DeadlinePressureAloneMeetsTheDecodeDeadlinesClassPriorityMet) {
 
 // Submits `base` with a class and a deadline on `e`.
 struct Submitter {
-  Engine& e;
+  Harness& e;
   TransferRequest base;
   RequestId operator()(QosClass q, TimeNs deadline, std::uint64_t bytes = 0) {
     TransferRequest r = base;
@@ -536,12 +536,12 @@ TEST(Scheduler, EngineRefusesBadRequests) {
   EXPECT_EQ(e->run_until(e->now_ns() - 1).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(e->status(12345).error().code(), StatusCode::kNotFound);
 
-  EngineConfig bad;
+  HarnessConfig bad;
   bad.topology_model = "dgx9000";
-  EXPECT_EQ(Engine::create(bad).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Harness::create(bad).error().code(), StatusCode::kNotFound);
   bad = {};
   bad.policy.w_aging = -1;
-  EXPECT_EQ(Engine::create(bad).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Harness::create(bad).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

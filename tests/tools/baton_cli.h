@@ -27,11 +27,12 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
-inline CommandRun run_baton(const std::string& args) {
+// `prefix`: a command that runs the binary (e.g. "ip netns exec NS").
+inline CommandRun run_baton(const std::string& args, const std::string& prefix = "") {
   static int runs = 0;
   const std::string stem = fmt::format("{}/baton_{}_{}_{}", ::testing::TempDir(), getpid(),
                                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), runs++);
-  const int status = std::system(fmt::format("{} {} >{}.out 2>{}.err", BATON_BINARY, args, stem, stem).c_str());
+  const int status = std::system(fmt::format("{} {} {} >{}.out 2>{}.err", prefix, BATON_BINARY, args, stem, stem).c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
 }
 

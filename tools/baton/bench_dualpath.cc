@@ -89,7 +89,7 @@ ordered_json summary_json(std::vector<double> latencies_us) {
 
 // One leg alone, through the plain engine: the baselines.
 Result<std::vector<double>> run_single_leg(const Workload& w, const std::string& from) {
-  auto engine = engine::Engine::create({});
+  auto engine = engine::Harness::create({});
   if (!engine) return std::unexpected(engine.error());
   std::vector<sched::RequestId> ids;
   for (std::size_t i = 0; i < w.at_ns.size(); ++i) {
@@ -123,7 +123,7 @@ dualpath::HandoffRequest handoff(const Workload& w, std::size_t i) {
 
 // An engine and a DualPath racing on it; the engine must outlive the race.
 struct Race {
-  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::Harness> engine;
   std::unique_ptr<dualpath::DualPath> dual;
   dualpath::Strategy strategy;
 };
@@ -131,7 +131,7 @@ struct Race {
 Result<Race> make_race(const DualPathBenchOptions& o, std::string_view default_strategy) {
   auto strategy = dualpath::parse_strategy(o.strategy.empty() ? default_strategy : o.strategy);
   if (!strategy) return std::unexpected(strategy.error());
-  auto engine = engine::Engine::create({});
+  auto engine = engine::Harness::create({});
   if (!engine) return std::unexpected(engine.error());
   dualpath::DualPathConfig config;
   config.strategy = *strategy;

@@ -54,7 +54,7 @@ int run_idle(const IdleOptions& o) {
     fmt::print(stderr, "baton bench idle: {}\n", child.error().message());
     return 1;
   }
-  auto e = engine::Engine::create(engine::wall_ucx_config(o.ucx));
+  auto e = engine::Engine::create(engine::EngineConfig{.ucx = o.ucx});
   std::vector<std::byte> buffer(1 << 20);
   auto local = e ? (*e)->register_memory(buffer.data(), buffer.size()) : Result<engine::Region>(std::unexpected(e.error()));
   auto peer = local ? (*e)->connect(child->address()) : Result<engine::Peer>(std::unexpected(local.error()));

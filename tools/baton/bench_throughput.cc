@@ -107,7 +107,7 @@ int run_throughput(const ThroughputOptions& o) {
     target = child->address();
   }
 
-  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
+  engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.policy_file = o.policy_file;  // create() loads it and reports its errors
   std::vector<std::byte> buffer(plan->span);
   if (plan->op == engine::Op::kWrite) {

@@ -74,7 +74,7 @@ Result<RunResult> run_policy(const DemoOptions& o, sched::PolicyKind kind, const
                              const std::vector<std::uint64_t>& offsets, std::uint64_t decode_bytes) {
   RunResult out;
   out.policy = std::string(sched::to_string(kind));
-  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
+  engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.policy.kind = kind;
   auto created = engine::Engine::create(config);
   if (!created) return std::unexpected(created.error());

@@ -39,7 +39,7 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  engine::EngineConfig config = engine::wall_ucx_config(o.ucx);
+  engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
   if (!engine) {

@@ -7,9 +7,10 @@
 // retries with backoff and jitter when both legs are down. A health monitor
 // soft-excludes a failed leg and re-admits it when probes succeed.
 //
-// Transport-agnostic: it talks to the Engine only (submit, cancel, status,
-// progress, run_until). It drives the engine's virtual clock itself, one
-// event at a time, so it reacts at the instant a leg fails or wins.
+// It talks to the simulation harness (submit, cancel, status, progress,
+// run_until) and drives its virtual clock itself, one event at a time, so it
+// reacts at the instant a leg fails or wins. Simulation only, for now: the
+// real Engine has no store to race against yet.
 // Lives on the thread that drives the engine; no locks. docs/dualpath.md.
 #pragma once
 
@@ -20,7 +21,7 @@
 
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
-#include "baton/engine/engine.h"
+#include "baton/engine/harness.h"
 #include "baton/sched/policy.h"
 
 namespace baton::dualpath {
@@ -122,9 +123,9 @@ struct DualPathStats {
 class DualPath {
  public:
   // The engine must outlive it. Declares its counters in engine.metrics()
-  // (baton_dualpath_*_total), so Engine::metrics_text() exports them.
+  // (baton_dualpath_*_total), so Harness::metrics_text() exports them.
   // invalid_argument for an invalid config.
-  [[nodiscard]] static Result<std::unique_ptr<DualPath>> create(engine::Engine& engine, DualPathConfig config);
+  [[nodiscard]] static Result<std::unique_ptr<DualPath>> create(engine::Harness& engine, DualPathConfig config);
   ~DualPath();
   DualPath(const DualPath&) = delete;
   DualPath& operator=(const DualPath&) = delete;

@@ -1,18 +1,15 @@
-// The Engine facade: what an inference server holds. It owns the topology,
-// the transport, the scheduler and the loop that drives them. Two setups:
-// the simulated transport under the VirtualClockDriver (tests, simulation,
-// benchmarks: TransferRequests between topology nodes), and UCX under the
-// WallClockDriver, which moves real bytes between registered memory and
-// peers' regions (register_memory, connect, Batches of Requests).
+// The Engine: what an inference server (a KV connector) holds to move real
+// bytes. It registers memory, connects to peers by host:port with a P2P
+// handshake, and moves Batches of read/write Requests between local regions
+// and peers' regions over UCX, through admission (deadline feasibility,
+// degradation) and the slice scheduler (QoS, deadlines, credits), on a loop
+// thread against the wall clock. The simulation harness (harness.h) runs the
+// same loop, scheduler and admission over a simulated transport.
 //
-// Threads: under the wall clock (EngineConfig::clock) a loop thread owns
-// the state; every call that is not marked otherwise posts to it and waits
-// for the answer (submit of a TransferRequest only posts), so any thread may
-// call them. docs/engine.md has the picture. Under the virtual clock the
-// loop runs when the caller advances it (run_until / run_until_idle), from
-// one thread. The accessors sim_transport, scheduler, admission, progress
-// and next_event_ns read loop state directly: virtual clock, or before
-// traffic, only.
+// Threads: a loop thread owns the state; every call posts to it and waits for
+// the answer, so any thread may call them. admission() is the exception: use
+// it before any traffic (to register a recompute callback or a codec).
+// docs/engine.md has the picture.
 #pragma once
 
 #include <memory>
@@ -28,44 +25,27 @@
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
 #include "baton/topology/graph.h"
-#include "baton/transport/sim_transport.h"
 #include "baton/transport/ucx_transport.h"
 
 namespace baton::engine {
 
-enum class ClockKind : std::uint8_t {
-  kVirtual,  // the caller drives time (run_until): tests, simulation, benchmarks
-  kWall,     // a loop thread runs against the steady clock and sleeps when idle
-};
-
-enum class TransportKind : std::uint8_t {
-  kSim,  // simulated lanes on the topology's paths
-  kUcx,  // real bytes to peers over UCX (needs ClockKind::kWall)
-};
-
 struct EngineConfig {
-  ClockKind clock = ClockKind::kVirtual;
-  TransportKind transport = TransportKind::kSim;
-  // kUcx: listen address (default 127.0.0.1:0, an ephemeral port), lanes
-  // (UCP endpoints) per peer, UCX_TLS, peer-failure detection.
-  transport::UcxConfig ucx;
+  // Listen address (default 127.0.0.1:0, an ephemeral port), lanes (UCP
+  // endpoints) per peer, UCX_TLS, peer-failure detection.
+  transport::UcxConfig ucx{};
   // "host:port" to serve GET /metrics (Prometheus text) on; port 0 picks a
   // free one (metrics_address()). Empty: no HTTP server.
-  std::string metrics_address;
-  // Where the topology comes from: a synthetic model name, else a saved
-  // `nvidia-smi topo -m` file, else this machine's probe.
-  std::string topology_model = "nvswitch8";
-  std::string topology_file;
+  std::string metrics_address{};
   sched::SchedPolicy policy = sched::SchedPolicy::defaults();
   // A YAML policy file (configs/sched_policy.yaml); when set it replaces
   // `policy`. Its errors (with line numbers) come back from create().
-  std::string policy_file;
-  transport::SimConfig sim;
+  std::string policy_file{};
+  // The local topology, for the scheduler's view of this host's devices: a
+  // synthetic model name, else a saved `nvidia-smi topo -m` file, else this
+  // machine's probe. Peers route on the transport's own paths to them.
+  std::string topology_model = "nvswitch8";
+  std::string topology_file{};
 };
-
-// A wall-clock engine over UCX with these transport settings: what every
-// real-memory user (serve, the benches, the demo, tests) starts from.
-[[nodiscard]] EngineConfig wall_ucx_config(transport::UcxConfig ucx = {});
 
 using transport::MemoryKind;
 using transport::Op;
@@ -126,42 +106,15 @@ struct BatchStatus {
 
 class Engine {
  public:
+  // Starts the loop thread and the listener. Errors: the policy file's (with
+  // line numbers), the topology's, UCX's (unavailable), an address already
+  // taken for metrics.
   [[nodiscard]] static Result<std::unique_ptr<Engine>> create(EngineConfig config);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues; the loop picks the request up at its next tick.
-  // invalid_argument (zero bytes, same endpoints) or not_found (unknown
-  // endpoint) at once, never later.
-  [[nodiscard]] Result<sched::RequestId> submit(const sched::TransferRequest& request);
-  // All or nothing: one bad request refuses the whole batch.
-  [[nodiscard]] Result<std::vector<sched::RequestId>> submit(std::span<const sched::TransferRequest> batch);
-  // not_found for an id never handed out; the loop answers invalid_argument
-  // for a request that already ended (see status()).
-  [[nodiscard]] Status cancel(sched::RequestId id);
-
-  // Until the request ends (ok) or `timeout_ns` passes (timeout): virtual
-  // time under the virtual clock (it runs the loop), real time under the
-  // wall clock. not_found for an unknown id.
-  [[nodiscard]] Status wait(sched::RequestId id, TimeNs timeout_ns);
-
-  // Prometheus text of the engine's metrics: admission (MLU histogram per
-  // op, admitted / compressed / dropped / infeasible / signalled) and the
-  // scheduler's counters. Call from the driving thread.
-  [[nodiscard]] std::string metrics_text();
-
-  [[nodiscard]] Result<sched::RequestStatus> status(sched::RequestId id);
-  // Which byte ranges of a request landed and which are still posted
-  // (Scheduler::progress); empty while admission still holds it. For a layer
-  // that moves the missing rest of a transfer elsewhere (dualpath).
-  [[nodiscard]] Result<sched::RequestProgress> progress(sched::RequestId id);
-  // The scheduler's counters (a copy, taken on the loop).
-  [[nodiscard]] sched::SchedStats stats();
-
-  // --- Real memory and peers (TransportKind::kUcx) ---------------------------
-  // Each answers failed_precondition on a simulated engine, and unavailable
-  // after shutdown().
+  // Each call below answers unavailable after shutdown().
 
   // The handshake address peers connect() to: "127.0.0.1:41234".
   [[nodiscard]] std::string address() const;
@@ -196,10 +149,11 @@ class Engine {
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer);
 
   // Validates every request before any is queued (all or nothing):
-  // invalid_argument for an empty batch, zero length, an oversized or
-  // multi-peer notification; not_found for an unknown peer, local region
-  // or remote region (refresh() may help); out_of_range for a range outside
-  // its region; unavailable for a failed peer. Then admits the requests.
+  // invalid_argument for an empty batch, zero length, a negative timeout,
+  // an oversized or multi-peer notification; not_found for an unknown peer,
+  // local region or remote region (refresh() may help); out_of_range for a
+  // range outside its region; unavailable for a failed peer. Then admits the
+  // requests.
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
   // A snapshot of every request's state and bytes. not_found for an unknown
   // or released handle.
@@ -220,43 +174,35 @@ class Engine {
   // Notifications peers sent us since the last call, in arrival order.
   [[nodiscard]] std::vector<transport::Notification> take_notifications();
 
+  // Prometheus text of the engine's metrics: admission (MLU histogram per
+  // op, admitted / compressed / dropped / infeasible / signalled), the
+  // scheduler's counters and the engine's own (requests, bytes, batches).
+  [[nodiscard]] std::string metrics_text();
+  // The scheduler's counters (a copy, taken on the loop).
+  [[nodiscard]] sched::SchedStats stats();
+  // The engine's clock (steady), on which Request::deadline_ns is absolute.
+  [[nodiscard]] TimeNs now_ns() const;
+  // How many times the loop thread has turned (a measure of idle spinning).
+  [[nodiscard]] std::uint64_t loop_turns() const;
+  // The local topology (EngineConfig): GPUs, NICs and their paths, for a
+  // transfer plan's NIC striping (plan::materialize). Immutable.
+  [[nodiscard]] const topology::TopologyGraph& topology() const;
+  // Register the local-recompute callback and a codec here, before any
+  // traffic. Callbacks run on the loop: they must not call back into the
+  // Engine and wait (that would wait on the loop itself).
+  [[nodiscard]] admission::AdmissionController& admission();
+  // The registry metrics_text() exports, for layers on top that add their
+  // own counters.
+  [[nodiscard]] MetricsRegistry& metrics();
+
   // Stops taking work: cancels what runs, closes every peer (they see
   // unavailable) and the listener, and stops the HTTP server. Later calls
   // answer unavailable; the destructor calls it.
   void shutdown();
 
-  // Virtual clock: advance to `t_ns`, running everything due on the way.
-  // out_of_range when `t_ns` is in the past.
-  [[nodiscard]] Status run_until(TimeNs t_ns);
-  // Until nothing is queued, posted or scheduled; timeout if that takes
-  // longer than `limit_ns` of virtual time (a stuck workload, not a hang).
-  [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
-  [[nodiscard]] TimeNs now_ns() const;
-  // Wall clock: how many times the loop thread has turned (a measure of
-  // idle spinning); 0 under the virtual clock.
-  [[nodiscard]] std::uint64_t loop_turns() const;
-  // The next instant the loop has work without new input (now when commands
-  // wait); nullopt when idle. Lets a layer on top (dualpath) interleave its
-  // own timers with the engine's events, one instant at a time.
-  [[nodiscard]] std::optional<TimeNs> next_event_ns() const;
-
-  [[nodiscard]] const topology::TopologyGraph& topology() const;
-  // The simulated transport (TransportKind::kSim only).
-  [[nodiscard]] transport::SimTransport& sim_transport();
-  [[nodiscard]] const sched::Scheduler& scheduler() const;
-  // Admission: register the local-recompute callback and a codec here.
-  // Callbacks run on the loop: they must not call back into the Engine and
-  // wait (under the wall clock that would wait on the loop itself).
-  [[nodiscard]] admission::AdmissionController& admission();
-  // The registry metrics_text() exports, for layers on top that add their
-  // own counters (dualpath).
-  [[nodiscard]] MetricsRegistry& metrics();
-
  private:
   struct State;
   explicit Engine(std::unique_ptr<State> state);
-  template <typename F>
-  auto on_loop(F f) -> decltype(f());
   std::unique_ptr<State> state_;
 };
 

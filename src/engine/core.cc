@@ -1,0 +1,119 @@
+#include "engine/core.h"
+
+#include "baton/topology/probe.h"
+
+namespace baton::engine {
+namespace {
+
+// Permille buckets: 0.1 … 1.0 in tenths, then the infeasible range.
+const std::vector<double> kMluPermilleBuckets{100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000, 5000, 10000};
+
+void declare_metrics(MetricsRegistry& m) {
+  (void)m.declare_histogram("baton_admission_mlu_permille", "Feasibility ratio (MLU x 1000) at submit, per op",
+                            kMluPermilleBuckets);
+  (void)m.declare_counter("baton_admission_admitted_total", "Requests handed to the scheduler");
+  (void)m.declare_counter("baton_admission_compressed_total", "Requests switched to compressed slices");
+  (void)m.declare_counter("baton_admission_dropped_total", "Waiting requests dropped as infeasible");
+  (void)m.declare_counter("baton_admission_infeasible_total", "Requests ended deadline_infeasible");
+  (void)m.declare_counter("baton_admission_signalled_total", "Local-recompute signals fired");
+  (void)m.declare_counter("baton_sched_slices_posted_total", "Slices posted on a transport");
+  (void)m.declare_counter("baton_sched_slices_completed_total", "Slices delivered");
+  (void)m.declare_counter("baton_sched_slices_spilled_total", "Slices sent on a fallback path to meet a deadline");
+  (void)m.declare_counter("baton_sched_slices_preempted_total", "Slices cancelled for a more critical one");
+  (void)m.declare_counter("baton_sched_slices_retried_total", "Slices that failed on the wire and were re-queued");
+  (void)m.declare_counter("baton_sched_bytes_wasted_total", "Bytes sent and then thrown away (preemption, cancel)");
+  (void)m.declare_counter("baton_sched_bytes_completed_total", "Payload bytes of slices delivered");
+  (void)m.declare_counter("baton_sched_wire_bytes_completed_total",
+                          "Bytes that carried them over the wire (fewer when compressed)");
+  (void)m.declare_counter("baton_sched_starvation_promotions_total", "Slices served first by the starvation bound");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
+  auto facts = !config.topology_model.empty() ? topology::load_model(config.topology_model)
+               : !config.topology_file.empty() ? topology::load_nvidia_smi_topo(config.topology_file)
+                                               : topology::probe_machine();
+  if (!facts) return std::unexpected(facts.error());
+  auto graph = topology::TopologyGraph::build(*facts);
+  if (!graph) return std::unexpected(graph.error());
+  if (!config.policy_file.empty()) {
+    auto loaded = sched::load_policy(config.policy_file);
+    if (!loaded) return std::unexpected(loaded.error());
+    config.policy = std::move(*loaded);
+  }
+  if (Status s = config.policy.validate(); !s.is_ok()) return std::unexpected(s);
+
+  auto core = std::make_unique<Core>();
+  core->graph = std::move(*graph);
+  const sched::SchedPolicy& policy = config.policy;
+  if (config.real) {
+    auto ucx = transport::UcxTransport::create(config.ucx);
+    if (!ucx) return std::unexpected(ucx.error());
+    core->ucx = ucx->get();
+    core->transport = std::move(*ucx);
+  } else {
+    auto sim = transport::SimTransport::from_topology(
+        core->graph, [&policy](topology::PathType p) { return policy.credits_for(p).lanes; }, config.sim);
+    if (!sim) return std::unexpected(sim.error());
+    core->sim = sim->get();
+    core->transport = std::move(*sim);
+  }
+  auto scheduler = sched::Scheduler::create(core->graph, policy, *core->transport);
+  if (!scheduler) return std::unexpected(scheduler.error());
+  core->scheduler = std::move(*scheduler);
+  auto admission = admission::AdmissionController::create(policy, *core->scheduler, *core->transport);
+  if (!admission) return std::unexpected(admission.error());
+  core->admission = std::move(*admission);
+  core->scheduler->set_finish_hook([a = core->admission.get()](sched::RequestId id) { a->on_finish(id); });
+  core->loop = std::make_unique<EngineLoop>(*core->scheduler, *core->admission, *core->transport);
+  declare_metrics(core->metrics);
+  core->admission->set_mlu_observer([m = &core->metrics](double mlu, transport::Op op) {
+    m->observe("baton_admission_mlu_permille", {{"op", op == transport::Op::kRead ? "read" : "write"}}, mlu * 1000.0);
+  });
+  core->driver = std::make_unique<VirtualClockDriver>(*core->loop);
+  if (config.clock == ClockKind::kWall) {
+    core->wall = std::make_unique<WallClockDriver>(*core->loop, *core->transport);
+  }
+  return core;
+}
+
+Core::~Core() {
+  if (wall) wall->stop();  // the loop thread goes before what it uses
+}
+
+std::string Core::metrics_text() {
+  return on_loop([this] {
+    MetricsRegistry& m = metrics;
+    const admission::AdmissionStats& a = admission->stats();
+    admission::AdmissionStats& ea = exported_admission;
+    m.add("baton_admission_admitted_total", {}, a.admitted - ea.admitted);
+    m.add("baton_admission_compressed_total", {}, a.compressed - ea.compressed);
+    m.add("baton_admission_dropped_total", {}, a.dropped - ea.dropped);
+    m.add("baton_admission_infeasible_total", {}, a.infeasible - ea.infeasible);
+    m.add("baton_admission_signalled_total", {}, a.signalled - ea.signalled);
+    ea = a;
+    const sched::SchedStats& s = scheduler->stats();
+    sched::SchedStats& es = exported_sched;
+    m.add("baton_sched_slices_posted_total", {}, s.slices_posted - es.slices_posted);
+    m.add("baton_sched_slices_completed_total", {}, s.slices_completed - es.slices_completed);
+    m.add("baton_sched_slices_spilled_total", {}, s.slices_spilled - es.slices_spilled);
+    m.add("baton_sched_slices_preempted_total", {}, s.slices_preempted - es.slices_preempted);
+    m.add("baton_sched_slices_retried_total", {}, s.slices_retried - es.slices_retried);
+    m.add("baton_sched_bytes_wasted_total", {}, s.bytes_wasted - es.bytes_wasted);
+    m.add("baton_sched_bytes_completed_total", {}, s.bytes_completed - es.bytes_completed);
+    m.add("baton_sched_wire_bytes_completed_total", {}, s.wire_bytes_completed - es.wire_bytes_completed);
+    m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
+    es = s;
+    return m.text();
+  });
+}
+
+sched::SchedStats Core::stats() {
+  return on_loop([this] { return scheduler->stats(); });
+}
+
+TimeNs Core::now_ns() const { return wall ? wall->now_ns() : driver->clock().now_ns(); }
+std::uint64_t Core::loop_turns() const { return wall ? wall->turns() : 0; }
+
+}  // namespace baton::engine

@@ -1,0 +1,93 @@
+// What the Engine (real memory) and the Harness (simulation) share: the
+// topology, a transport, the scheduler and admission in front of it, the
+// loop with its driver, and the metrics. Each facade owns one Core and
+// exposes the calls that make sense for it. Private to engine/.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "baton/admission/admission.h"
+#include "baton/engine/harness.h"
+#include "baton/engine/metrics.h"
+#include "baton/sched/scheduler.h"
+#include "baton/topology/graph.h"
+#include "baton/transport/sim_transport.h"
+#include "baton/transport/ucx_transport.h"
+#include "engine/engine_loop.h"
+
+namespace baton::engine {
+
+struct CoreConfig {
+  ClockKind clock = ClockKind::kVirtual;
+  bool real = false;  // UCX (needs the wall clock), else the simulated transport
+  transport::UcxConfig ucx;
+  std::string topology_model;
+  std::string topology_file;
+  sched::SchedPolicy policy;
+  std::string policy_file;
+  transport::SimConfig sim;
+};
+
+// A caller waiting for the loop spins before it blocks: a block plus a
+// wake-up costs tens of microseconds on a VM. The loop answers a call within
+// microseconds; a batch takes longer, and a 4 MiB copy through shared memory
+// (~90 us) blocked and woke its waiter for ~55 us more (docs/engine.md).
+inline constexpr auto kCallerSpin = std::chrono::microseconds(30);
+inline constexpr auto kBatchWaitSpin = std::chrono::microseconds(250);
+
+template <typename F>
+bool spin_until(F ready, std::chrono::microseconds spin = kCallerSpin) {
+  const auto until = std::chrono::steady_clock::now() + spin;
+  do {
+    if (ready()) return true;
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
+struct Core {
+  // Loads the topology and the policy, builds the transport, scheduler,
+  // admission and loop, and starts the wall-clock driver when asked.
+  [[nodiscard]] static Result<std::unique_ptr<Core>> create(CoreConfig config);
+  ~Core();
+
+  // Runs `f` on the loop: posted and awaited under the wall clock (the loop
+  // thread owns the state); directly, after the pending commands, otherwise.
+  template <typename F>
+  auto on_loop(F f) -> decltype(f()) {
+    if (!wall) {
+      if (loop->has_commands()) loop->tick(now_ns());
+      return f();
+    }
+    auto done = std::make_shared<std::promise<decltype(f())>>();
+    auto result = done->get_future();
+    loop->post([done, f = std::move(f)](admission::AdmissionController&, TimeNs) { done->set_value(f()); });
+    (void)spin_until([&] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    return result.get();
+  }
+
+  [[nodiscard]] std::string metrics_text();
+  [[nodiscard]] sched::SchedStats stats();
+  [[nodiscard]] TimeNs now_ns() const;
+  [[nodiscard]] std::uint64_t loop_turns() const;
+
+  topology::TopologyGraph graph;
+  std::unique_ptr<transport::Transport> transport;
+  transport::SimTransport* sim = nullptr;  // the transport, when simulated
+  transport::UcxTransport* ucx = nullptr;  // the transport, when real
+  std::unique_ptr<sched::Scheduler> scheduler;
+  std::unique_ptr<admission::AdmissionController> admission;
+  std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<VirtualClockDriver> driver;
+  std::unique_ptr<WallClockDriver> wall;  // set when the loop runs on the wall clock
+  std::atomic<sched::RequestId> next_id{1};
+  MetricsRegistry metrics;
+  // What metrics_text() last exported, so counters grow by the difference.
+  admission::AdmissionStats exported_admission;
+  sched::SchedStats exported_sched;
+};
+
+}  // namespace baton::engine
