@@ -13,7 +13,7 @@
 
 namespace baton::topology {
 
-// One physical route between two endpoints (DESIGN.md "Names").
+// One physical route between two endpoints (docs/architecture.md, "Names").
 enum class PathType : std::uint8_t {
   kNvlink,       // direct NVLink bridge or mesh
   kNvswitch,     // NVLink through an NVSwitch fabric
