@@ -222,7 +222,15 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   std::map<int, std::string> nic_names;
   for (; at < lines.size(); ++at) {
     std::smatch m;
-    if (std::regex_match(lines[at].text, m, kNicLegend)) nic_names[std::stoi(m[1])] = m[2];
+    if (!std::regex_match(lines[at].text, m, kNicLegend)) continue;
+    // The digits may not fit an int (std::stoi would throw): refuse, never abort.
+    int index = 0;
+    const std::string digits = m[1];
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec != std::errc() || end != digits.data() + digits.size()) {
+      return error(lines[at].number, fmt::format("NIC legend index \"{}\" is out of range", digits));
+    }
+    nic_names[index] = m[2];
   }
 
   TopologyFacts facts;

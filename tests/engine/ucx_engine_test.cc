@@ -284,6 +284,7 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.cancel(BatchHandle{12345}).code(), StatusCode::kNotFound);
   EXPECT_EQ(e.release(BatchHandle{12345}).code(), StatusCode::kNotFound);
   EXPECT_EQ(e.allocate_memory(0).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.allocate_memory(std::size_t{1} << 50).error().code(), StatusCode::kResourceExhausted);  // 1 PiB
   EXPECT_EQ(e.refresh(Peer{"127.0.0.1:1"}).code(), StatusCode::kNotFound);
   EXPECT_EQ(e.remote_regions(Peer{"127.0.0.1:1"}).error().code(), StatusCode::kNotFound);
 

@@ -229,6 +229,13 @@ TEST(ServeCommand, RefusesBadInput) {
   const CommandRun r = run_baton("serve --listen nohost --buffer-size 1MiB");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("nohost"), std::string::npos) << r.err;
+  // Larger than the machine: refused before anything is mapped, nothing left in /dev/shm.
+  for (const char* size : {"1024TiB", "18446744073709551615B"}) {
+    const CommandRun big = run_baton(std::string("serve --buffer-size ") + size);
+    EXPECT_EQ(big.exit_code, 1) << size;
+    EXPECT_NE(big.err.find("more than this machine can give"), std::string::npos) << big.err;
+    EXPECT_NE(big.err.find("free in /dev/shm"), std::string::npos) << big.err;
+  }
 }
 
 TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {

@@ -357,7 +357,10 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"asymmetric", "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tSYS\t X \n", "line 3: GPU1-GPU0 differs"},
         Malformed{"too_many_values", "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\t0\t1\n", "has 3 values after the matrix"},
         Malformed{"gpu_gap", "\tGPU0\tGPU2\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", "column \"GPU2\" where GPU1 was expected"},
-        Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"}),
+        Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"},
+        Malformed{"nic_legend_index_overflow",
+                  "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\nNIC Legend:\n\n  NIC99999999999: mlx5_0\n",
+                  "line 7: NIC legend index \"99999999999\" is out of range"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {

@@ -22,6 +22,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "baton/common/memory_budget.h"
 #include "baton/topology/cost_model.h"
 #include "baton/transport/codec.h"
 #include "transport/ucx/socket_address.h"
@@ -947,6 +948,11 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
 Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length) {
   if (length == 0) {
     return std::unexpected(Status::invalid_argument("UcxTransport::allocate_memory: length is 0"));
+  }
+  // UCX backs it with /dev/shm, which is RAM: too large a size would fill it
+  // until the OOM killer picks a victim, and leave the segment behind.
+  if (Status s = check_shared_allocation("UcxTransport::allocate_memory", length); !s.is_ok()) {
+    return std::unexpected(s);
   }
   auto handle = state_->map_region(nullptr, length, MemoryKind::kDram);
   if (!handle) return std::unexpected(handle.error());
