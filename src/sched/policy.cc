@@ -1,6 +1,7 @@
 #include "baton/sched/policy.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <exception>
@@ -552,6 +553,69 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
   return check_inflight_holds_a_slice(policy);
 }
 
+// The line where a second YAML document's content starts, if the text has
+// one: content after a "---" or "..." line that itself follows content.
+std::optional<int> second_document_line(std::string_view text) {
+  int line = 0;
+  bool content = false;
+  bool ended = false;  // a separator followed the first document's content
+  while (!text.empty()) {
+    const std::size_t eol = text.find('\n');
+    std::string_view l = text.substr(0, eol);
+    text = eol == std::string_view::npos ? std::string_view{} : text.substr(eol + 1);
+    ++line;
+    while (!l.empty() && std::isspace(static_cast<unsigned char>(l.back())) != 0) l.remove_suffix(1);
+    const bool marker = (l.starts_with("---") || l.starts_with("...")) &&
+                        (l.size() == 3 || std::isspace(static_cast<unsigned char>(l[3])) != 0);
+    if (marker) {
+      if (content) ended = true;
+      l.remove_prefix(3);
+      while (!l.empty() && std::isspace(static_cast<unsigned char>(l.front())) != 0) l.remove_prefix(1);
+    }
+    if (l.empty() || l.starts_with('#') || (!marker && l.starts_with('%'))) continue;
+    if (ended) return line;
+    content = true;
+  }
+  return std::nullopt;
+}
+
+// Where text stops being UTF-8 text without control characters, if it does.
+struct NonText {
+  int line = 1;
+  std::string what;
+};
+std::optional<NonText> find_non_text(std::string_view text) {
+  int line = 1;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u == '\n') ++line;
+    if (u < 0x80) {
+      if ((u < 0x20 && u != '\n' && u != '\t' && u != '\r') || u == 0x7f) {
+        return NonText{line, fmt::format("control character {:#04x}", u)};
+      }
+      ++i;
+      continue;
+    }
+    // A lead byte and its continuation bytes; overlong forms and surrogates refused.
+    const int extra = u >= 0xf0 && u <= 0xf4 ? 3 : u >= 0xe0 ? 2 : u >= 0xc2 && u <= 0xdf ? 1 : -1;
+    bool ok = extra > 0 && i + static_cast<std::size_t>(extra) < text.size();
+    if (ok) {
+      for (int k = 1; k <= extra; ++k) ok = ok && (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    }
+    if (ok && extra == 2) {
+      const auto b1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(u == 0xe0 && b1 < 0xa0) && !(u == 0xed && b1 >= 0xa0);
+    }
+    if (ok && extra == 3) {
+      const auto b1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(u == 0xf0 && b1 < 0x90) && !(u == 0xf4 && b1 >= 0x90);
+    }
+    if (!ok) return NonText{line, fmt::format("byte {:#04x} is not UTF-8", u)};
+    i += static_cast<std::size_t>(extra) + 1;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string_view to_string(AdmissionOrder order) { return order == AdmissionOrder::kEdf ? "edf" : "fifo"; }
@@ -676,22 +740,24 @@ Status SchedPolicy::validate() const {
 
 Result<SchedPolicy> parse_policy(std::string_view yaml_text, std::string_view origin) {
   SchedPolicy policy = SchedPolicy::defaults();
+  // yaml-cpp 0.7 loops forever on a NUL byte and on some invalid UTF-8
+  // (found by fuzz/policy_fuzzer); a policy file is UTF-8 text without
+  // control characters, so anything else is refused before it gets there.
+  if (auto bad = find_non_text(yaml_text)) {
+    return std::unexpected(Status::invalid_argument("{}:{}: {} (a policy file is UTF-8 text)", origin, bad->line,
+                                                    bad->what));
+  }
+  // A second document would be ignored silently (e.g. two files
+  // concatenated). Found in the text: YAML::LoadAll loops forever on input
+  // as small as "," (yaml-cpp 0.7; fuzz/policy_fuzzer), YAML::Load does not.
+  if (auto line = second_document_line(yaml_text)) {
+    return std::unexpected(Status::invalid_argument(
+        "{}:{}: a second YAML document (expected one policy per file)", origin, *line));
+  }
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
-    // A second document would be ignored silently (e.g. two files concatenated).
-    for (std::size_t i = 1; i < documents.size(); ++i) {
-      if (!documents[i].IsNull()) {
-        return std::unexpected(Status::invalid_argument(
-            "{}:{}: a second YAML document (expected one policy per file)", origin,
-            documents[i].Mark().line + 1));
-      }
-    }
-    if (!documents.empty()) {
-      PolicyReader reader(origin);
-      if (Status status = reader.read(documents.front(), policy); !status.is_ok()) {
-        return std::unexpected(std::move(status));
-      }
-    }
+    const YAML::Node document = YAML::Load(std::string(yaml_text));
+    PolicyReader reader(origin);
+    if (Status status = reader.read(document, policy); !status.is_ok()) return std::unexpected(std::move(status));
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) {
       return std::unexpected(Status::invalid_argument("{}: invalid YAML: {}", origin, e.msg));

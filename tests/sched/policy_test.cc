@@ -222,6 +222,7 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"starvation_bound: 0ms\n", "<string>:1: starvation_bound: \"0ms\" is zero"},
       {"starvation_bound: {a: 1}\n", "<string>:1: starvation_bound: expected a value, got a mapping"},
       {"deadline_horizon: 10\n", "<string>:1: deadline_horizon: \"10\": no unit"},
+      {"policy: edf\x1b[0m\n", "<string>:1: control character 0x1b"},
       {"transfer_timeout: 0s\n", "<string>:1: transfer_timeout: \"0s\" is zero"},
       {"transfer_timeout: -1s\n", "<string>:1: transfer_timeout: \"-1s\""},
       {"deadline_horizon: -1ms\n", "<string>:1: deadline_horizon: \"-1ms\""},
@@ -280,6 +281,21 @@ TEST(SchedPolicyParse, BadValueMessagesInFull) {
 }
 
 // ---- Unknown keys, duplicates, document shape, syntax ------------------------
+
+TEST(SchedPolicyParse, ANulByteIsRefusedNotLoopedOn) {
+  // yaml-cpp 0.7 never returns on this (fuzz/policy_fuzzer found it).
+  const std::string text("# a comment\n# b\0c\npolicy: edf\n", 31);
+  const auto p = parse_policy(text);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().message(), "<string>:2: control character 0x00 (a policy file is UTF-8 text)");
+  // Nor is text that is not UTF-8 (0xff runs also hung yaml-cpp); UTF-8 is fine.
+  const auto latin1 = parse_policy("# pinned host memory \xff\xff\n");
+  ASSERT_FALSE(latin1.has_value());
+  EXPECT_EQ(latin1.error().message(), "<string>:1: byte 0xff is not UTF-8 (a policy file is UTF-8 text)");
+  EXPECT_FALSE(parse_policy("# truncated \xe2\x88").has_value());
+  EXPECT_FALSE(parse_policy("# overlong \xc0\xaf\n").has_value());
+  EXPECT_TRUE(parse_policy("# µs, ·, −, 🚀\npolicy: edf\n").has_value());
+}
 
 TEST(SchedPolicyParse, UnknownTopLevelKey) {
   EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
