@@ -2,7 +2,10 @@
 // engine, and the benches that spawn one (`bench throughput`, `bench mixed
 // --transport ucx`), run as a user runs them.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -353,10 +356,29 @@ TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
   }
 }
 
+// scripts/netns-link's namespaces have fixed names: a test that uses them
+// holds this lock (as scripts/bench-compress does), so ctest -j runs them one
+// at a time.
+class NetnsLock {
+ public:
+  NetnsLock() : fd_(::open("/tmp/baton-netns.lock", O_CREAT | O_RDWR, 0600)) {
+    if (fd_ >= 0) (void)::flock(fd_, LOCK_EX);
+  }
+  ~NetnsLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  NetnsLock(const NetnsLock&) = delete;
+  NetnsLock& operator=(const NetnsLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 // Over a link shaped to 1 Gbit/s between two network namespaces
 // (scripts/netns-link; the host's own interfaces stay as they are for the
 // tests running beside this one), where compressing pays for data that shrinks.
 TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse) {
+  const NetnsLock lock;
   const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
   if (std::system((link + " up 1gbit >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
@@ -376,6 +398,33 @@ TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse)
   EXPECT_LT(padded["auto_wire_bytes"].get<std::uint64_t>(), (8u << 20) * 3 / 4);
   EXPECT_GT(padded["auto_gbps"].get<double>(), 1.3 * padded["plain_gbps"].get<double>());
   EXPECT_GT(fp16["auto_gbps"].get<double>(), 0.8 * fp16["plain_gbps"].get<double>());
+}
+
+// A link that goes down under a running transfer (between two network
+// namespaces): UCX reports nothing, so the stall timeout must fail the path,
+// and every request then ends unavailable instead of waiting forever.
+TEST(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
+  const NetnsLock lock;
+  const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
+  if (std::system((link + " up >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
+  }
+  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0"}, BATON_BINARY, "baton-far");
+  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+  std::thread cut([] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    (void)std::system("ip netns exec baton-near ip link set baton-near0 down");
+  });
+  const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op write --block-size 1MiB "
+                                             "--batch-size 16 --duration 4s --stall-timeout 1s",
+                                             child->address()),
+                                 "ip netns exec baton-near");
+  cut.join();
+  (void)child->stop();
+  (void)std::system((link + " down").c_str());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;  // not a 60 s wait that timed out
+  EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
 }
 
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {

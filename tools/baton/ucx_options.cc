@@ -1,5 +1,7 @@
 #include "ucx_options.h"
 
+#include "baton/common/units.h"
+
 namespace baton::cli {
 
 void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
@@ -7,6 +9,14 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
   app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64));
   app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
                "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
+  app.add_option_function<std::string>(
+         "--stall-timeout",
+         [&ucx](const std::string& text) {
+           auto ns = parse_duration(text);
+           if (!ns) throw CLI::ValidationError("--stall-timeout", ns.error().message());
+           ucx.stall_timeout_ms = *ns / 1'000'000;
+         },
+         "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)");
 }
 
 std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx) {
@@ -14,6 +24,7 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
                                 std::to_string(ucx.lanes_per_peer)};
   if (!ucx.tls.empty()) args.insert(args.end(), {"--ucx-tls", ucx.tls});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
+  args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
   return args;
 }
 

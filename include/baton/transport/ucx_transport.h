@@ -38,6 +38,12 @@ struct UcxConfig {
   bool peer_failure_detection = true;
   // A connect whose handshake has not finished by then fails (unavailable).
   std::int64_t handshake_timeout_ms = 5000;
+  // A path with slices posted and none completed for this long fails
+  // (unavailable), its endpoints closed: a link that went down or a peer
+  // that stopped answering, which UCX does not always report. The forced
+  // close completes what was posted, so nothing lands afterwards (under
+  // peer_failure_detection). 0: never.
+  std::int64_t stall_timeout_ms = 10'000;
 };
 
 // Where a region's bytes live. VRAM needs a UCX built with CUDA support.

@@ -96,6 +96,8 @@ struct UcxTransport::State {
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
     TimeNs deadline_ns = 0;         // handshake
     int answered = 0;
+    int inflight = 0;               // slices posted and not handed out
+    TimeNs last_progress_ns = 0;    // the last completion, or the post that ended an idle stretch
   };
 
   // An endpoint our listener accepted: the serving side of someone's lane.
@@ -358,6 +360,21 @@ struct UcxTransport::State {
     for (auto& [sid, op] : slices) {
       if (op->awaiting_reply && op->submit.path == id) finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
     }
+  }
+
+  // A ready path that has had slices posted and none completed for the
+  // stall timeout fails: a link that went down, or a peer that stopped.
+  void fail_stalled(TimeNs now_ns) {
+    if (config.stall_timeout_ms == 0) return;
+    const TimeNs stall_ns = config.stall_timeout_ms * 1'000'000;
+    for (PathId id = 0; id < peers.size(); ++id) {
+      Peer& p = peers[id];
+      if (p.state != PathState::kReady || p.inflight == 0 || now_ns - p.last_progress_ns < stall_ns) continue;
+      fail_path(id, Status::unavailable("path {} to {}: no slice completed for {} ms with {} posted (the link or the "
+                                        "peer is gone)",
+                                        id, p.address, config.stall_timeout_ms, p.inflight));
+    }
+    handle_recorded();  // the forced close completes what was posted
   }
 
   void finish_compressed(SliceOp& op, ucs_status_t status, std::string error) {
@@ -746,6 +763,9 @@ struct UcxTransport::State {
                                        s.path, s.lane, ucs_status_string(op->status));
       }
       --op->local->inflight;
+      Peer& peer = peers[s.path];
+      --peer.inflight;
+      peer.last_progress_ns = now_ns;
       out.push_back(std::move(c));
       slices.erase(s.id);
     }
@@ -825,6 +845,10 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   if (config.lanes_per_peer < 1) {
     return std::unexpected(Status::invalid_argument("UcxTransport::create: lanes_per_peer is {} (expected >= 1)",
                                                     config.lanes_per_peer));
+  }
+  if (config.stall_timeout_ms < 0) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: stall_timeout_ms is {} (expected >= 0; 0: never)", config.stall_timeout_ms));
   }
   if (config.handshake_timeout_ms <= 0) {
     return std::unexpected(Status::invalid_argument(
@@ -1173,7 +1197,7 @@ bool UcxTransport::arm() {
 
 const std::vector<PathInfo>& UcxTransport::paths() const { return state_->infos; }
 
-Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
+Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   State& s = *state_;
   if (slice.path >= s.peers.size()) {
     return Status::invalid_argument("UcxTransport::submit: slice {} names unknown path {} ({} paths)", slice.id,
@@ -1257,6 +1281,7 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
         return Status::unavailable("UcxTransport::submit: slice {}: {}", slice.id, st.message());
       }
       ++local->inflight;
+      if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
       s.slices.emplace(slice.id, std::move(op));
       return Status::ok();
     }
@@ -1296,6 +1321,7 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs /*now_ns*/) {
     }
   }
   ++local->inflight;
+  if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
   if (op->pending == 0) s.finished.push_back(op.get());
   s.slices.emplace(slice.id, std::move(op));
   return Status::ok();
@@ -1332,6 +1358,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
     }
   }
   s.handle_recorded();  // a failed handshake's forced close completes its requests
+  s.fail_stalled(now_ns);
   s.hand_out(now_ns, out);
 }
 
