@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -237,6 +238,41 @@ TEST(ServeProcessStalled, ACancelledRequestOfAPeerKilledMidRequestEndsCancelled)
   const engine::BatchStatus st = stalled.poll(h);
   EXPECT_EQ(count(st, sched::RequestState::kCancelled), 16);
   EXPECT_TRUE(stalled.me.engine->release(h).is_ok());
+}
+
+std::size_t open_fds(pid_t pid) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid))) ++n;
+  return n;
+}
+
+TEST(ServeProcessFailure, AKilledInitiatorsEndpointsAreFreedAndTheNextIsServed) {
+  ServeChild server = serve({"--buffer-size", "64MiB"});
+  const std::size_t baseline = open_fds(server.pid());
+  // An initiator in its own process, SIGKILLed mid-transfer: no goodbye.
+  const std::string bench = fmt::format("{} bench throughput --target {} --op read --block-size 1MiB --batch-size 16 "
+                                        "--duration 20s",
+                                        BATON_BINARY, server.address());
+  ASSERT_EQ(std::system(("(" + bench + " >/dev/null 2>&1 &)").c_str()), 0);
+  std::size_t during = 0;
+  for (int i = 0; i < 100 && during <= baseline; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    during = open_fds(server.pid());
+  }
+  EXPECT_GT(during, baseline);  // its connections are open
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(std::system(("pkill -9 -f -x '" + bench + "'").c_str()), 0);
+  std::size_t after = during;
+  for (int i = 0; i < 200 && after > baseline; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = open_fds(server.pid());
+  }
+  EXPECT_EQ(after, baseline);  // the server noticed and freed what the initiator held
+  Initiator next(1 << 20);
+  auto peer = next.engine->connect(server.address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  ASSERT_TRUE(next.run({{next.request(engine::Op::kRead, *peer, 0, 0, 1 << 20)}, {}}).is_ok());
+  EXPECT_TRUE(server.stop().is_ok());
 }
 
 TEST(ServeCommand, RefusesBadInput) {
