@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -273,6 +274,31 @@ TEST(ServeProcessFailure, AKilledInitiatorsEndpointsAreFreedAndTheNextIsServed) 
   ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
   ASSERT_TRUE(next.run({{next.request(engine::Op::kRead, *peer, 0, 0, 1 << 20)}, {}}).is_ok());
   EXPECT_TRUE(server.stop().is_ok());
+}
+
+TEST(ServeProcessFailure, APeerRestartedOnTheSameAddressIsReachedAfresh) {
+  std::optional<ServeChild> first(serve({"--buffer-size", "8MiB"}));
+  const std::string address = first->address();
+  Initiator me(1 << 20);
+  auto peer = me.engine->connect(address);
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *peer, 0, 0, 1 << 20)}, {}}).is_ok());
+  ::kill(first->pid(), SIGKILL);
+  first.reset();
+  // Requests to the dead incarnation end unavailable, never hang.
+  Status dead;
+  for (int i = 0; i < 100 && dead.is_ok(); ++i) {
+    dead = me.run({{me.request(engine::Op::kRead, *peer, 0, 0, 4096)}, {}});
+    if (dead.is_ok()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(dead.code(), StatusCode::kUnavailable) << dead.to_string();
+  // The same address again: a fresh handshake, fresh regions, bytes as served.
+  ServeChild second = serve({"--buffer-size", "8MiB", "--listen", address});
+  auto again = me.engine->connect(address);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *again, 0, 4096, 1 << 19)}, {}}).is_ok());
+  EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 19), kServeSalt, 4096).has_value());
+  EXPECT_TRUE(second.stop().is_ok());
 }
 
 TEST(ServeCommand, RefusesBadInput) {
