@@ -609,5 +609,23 @@ TEST(Scheduler, RoutesPeersOnTransportPathsThatAppearWhileRunning) {
   EXPECT_EQ(s->submit(4, {"gpu0", "nic9", 1, QosClass::kHotKv, 0, true}, 0).code(), StatusCode::kNotFound);
 }
 
+TEST(Scheduler, AWireRatioIsRefusedWhereTheTransportCannotCarryCompressedSlices) {
+  // Its slices would arrive short and the request would still end ok.
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;  // carries_compressed_slices() is false
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  ASSERT_TRUE(s->submit(1, {"127.0.0.1:5000", "127.0.0.1:6000", 1 * kMiB, QosClass::kHotKv, 0, true}, 0).is_ok());
+  const Status refused = s->set_wire_ratio(1, 0.5);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("carries no compressed slices"), std::string::npos) << refused.message();
+  EXPECT_TRUE(s->set_wire_ratio(1, 1.0).is_ok());  // uncompressed is always fine
+  EXPECT_EQ(s->set_wire_ratio(1, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(transport.set_codec(nullptr).code(), StatusCode::kFailedPrecondition);
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(1)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->stats().wire_bytes_completed, 1 * kMiB);
+}
+
 }  // namespace
 }  // namespace baton::sched
