@@ -139,7 +139,7 @@ class DualPath {
   [[nodiscard]] Status cancel(HandoffId id);
   [[nodiscard]] Result<HandoffStatus> status(HandoffId id) const;
 
-  // Advance the engine's virtual clock to `t_ns`, reacting to every leg's end
+  // Advance the harness's virtual clock to `t_ns`, reacting to every leg's end
   // at the instant it happens. out_of_range for a time in the past.
   [[nodiscard]] Status run_until(TimeNs t_ns);
   // Until every handoff has ended (probes of a dead leg do not keep it
