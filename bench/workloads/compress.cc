@@ -10,32 +10,21 @@
 namespace baton::workloads {
 namespace {
 
-constexpr TimeNs kRunTimeoutNs = 600'000'000'000;
-
 // Writes [0, bytes) of the rig's buffer to the peer at `remote_offset`, as
 // requests of `block` bytes, each due `deadline_ns` after submit (0: none).
 // The elapsed time, submit to the last completion.
 Result<TimeNs> write_all(UcxRig& rig, std::uint64_t bytes, std::uint64_t block, std::uint64_t remote_offset,
                          TimeNs deadline_ns) {
-  engine::Engine& e = *rig.engine;
   engine::Batch batch;
-  const TimeNs start = e.now_ns();
+  const TimeNs due = deadline_ns == 0 ? 0 : rig.engine->now_ns() + deadline_ns;
   for (std::uint64_t at = 0; at < bytes; at += block) {
     engine::Request r = rig.read(std::min(block, bytes - at), at, remote_offset + at);
     r.op = transport::Op::kWrite;
     r.qos = sched::QosClass::kPrefillBulk;
-    if (deadline_ns != 0) r.deadline_ns = start + deadline_ns;
+    r.deadline_ns = due;
     batch.requests.push_back(r);
   }
-  auto h = e.submit(batch);
-  if (!h) return std::unexpected(h.error());
-  if (Status s = e.wait(*h, kRunTimeoutNs); !s.is_ok()) return std::unexpected(s);
-  const TimeNs took = e.now_ns() - start;
-  auto st = e.poll(*h);
-  (void)e.release(*h);
-  if (!st) return std::unexpected(st.error());
-  if (!st->status.is_ok()) return std::unexpected(st->status);
-  return took;
+  return run_batch(*rig.engine, batch);
 }
 
 // Reads the peer's [remote_offset, +bytes) into the rig's buffer at
@@ -47,13 +36,7 @@ Result<bool> read_back_equal(UcxRig& rig, std::uint64_t remote_offset, std::uint
     batch.requests.push_back(rig.read(std::min<std::uint64_t>(block, expected.size() - at), local_offset + at,
                                       remote_offset + at));
   }
-  auto h = rig.engine->submit(batch);
-  if (!h) return std::unexpected(h.error());
-  if (Status s = rig.engine->wait(*h, kRunTimeoutNs); !s.is_ok()) return std::unexpected(s);
-  auto st = rig.engine->poll(*h);
-  (void)rig.engine->release(*h);
-  if (!st) return std::unexpected(st.error());
-  if (!st->status.is_ok()) return std::unexpected(st->status);
+  if (auto took = run_batch(*rig.engine, batch); !took) return std::unexpected(took.error());
   return std::memcmp(rig.buffer.data() + local_offset, expected.data(), expected.size()) == 0;
 }
 

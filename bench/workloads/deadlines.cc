@@ -134,8 +134,7 @@ Result<PolicyRun> run_sim(const DeadlinesWorkload& w, const std::vector<Arrival>
 Result<PolicyRun> run_ucx(const DeadlinesWorkload& w, DeadlinesResult& result, std::vector<Arrival>& all,
                           const sched::SchedPolicy& policy, const std::string& peer_address,
                           const transport::UcxConfig& ucx) {
-  std::uint64_t largest = std::max(w.decode_bytes, w.background_bytes);
-  for (std::uint64_t b : w.prefill_bytes) largest = std::max(largest, b);
+  const std::uint64_t largest = w.largest_request_bytes();
   std::atomic<std::uint64_t> signalled{0};
   auto rig = connect_rig(policy, peer_address, ucx, largest, [&](engine::Engine& e) {
     if (policy.admission.drop_infeasible) {
@@ -228,6 +227,12 @@ Status DeadlinesWorkload::validate() const {
   }
   if (duration_ns <= 0) return Status::invalid_argument("deadlines: duration {} ns must be > 0", duration_ns);
   return Status::ok();
+}
+
+std::uint64_t DeadlinesWorkload::largest_request_bytes() const {
+  std::uint64_t largest = std::max(decode_bytes, background_bytes);
+  for (std::uint64_t b : prefill_bytes) largest = std::max(largest, b);
+  return largest;
 }
 
 TimeNs DeadlinesWorkload::run_ns(double link) const {

@@ -43,6 +43,8 @@ struct DeadlinesWorkload {
 
   // invalid_argument naming the field.
   [[nodiscard]] Status validate() const;
+  // The largest request any class makes: what a peer's region must hold.
+  [[nodiscard]] std::uint64_t largest_request_bytes() const;
   // Arrivals stop at duration_ns; the run ends one longest deadline later,
   // so every request with a deadline had its whole window.
   [[nodiscard]] TimeNs run_ns(double link_gbps) const;

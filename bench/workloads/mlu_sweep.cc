@@ -190,6 +190,22 @@ void fill_row(MluSweepRow& row, Variant v, const VariantResult& r) {
   }
 }
 
+// One row per deadline, each variant run once: `run(deadline, variant)`.
+template <typename RunVariant>
+Status sweep(const MluSweepConfig& c, MluSweepResult& result, RunVariant&& run) {
+  for (TimeNs deadline : c.deadlines_ns) {
+    MluSweepRow row;
+    row.deadline_ns = deadline;
+    for (Variant v : kVariants) {
+      auto r = run(deadline, v);
+      if (!r) return r.error();
+      fill_row(row, v, *r);
+    }
+    result.rows.push_back(row);
+  }
+  return Status::ok();
+}
+
 TimeNs interval_of(const MluSweepConfig& c, double link_gbps) {
   if (c.load <= 0) return c.mean_batch_interval_ns;
   const double bytes_per_batch = static_cast<double>(c.request_bytes) * c.batch;
@@ -234,15 +250,9 @@ Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   result.link_gbps = c.link_gbps;
   result.mean_batch_interval_ns = interval_of(c, c.link_gbps);
   const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
-  for (TimeNs deadline : c.deadlines_ns) {
-    MluSweepRow row;
-    row.deadline_ns = deadline;
-    for (Variant v : kVariants) {
-      auto r = run_variant(c, all, deadline, v, codec);
-      if (!r) return std::unexpected(r.error());
-      fill_row(row, v, *r);
-    }
-    result.rows.push_back(row);
+  if (Status s = sweep(c, result, [&](TimeNs deadline, Variant v) { return run_variant(c, all, deadline, v, codec); });
+      !s.is_ok()) {
+    return std::unexpected(s);
   }
   return result;
 }
@@ -261,15 +271,10 @@ Result<MluSweepResult> run_mlu_sweep_ucx(const MluSweepConfig& c, const std::str
   }
   result.mean_batch_interval_ns = interval_of(c, result.link_gbps);
   const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
-  for (TimeNs deadline : c.deadlines_ns) {
-    MluSweepRow row;
-    row.deadline_ns = deadline;
-    for (Variant v : kVariants) {
-      auto r = run_variant_ucx(c, all, deadline, v, peer, ucx);
-      if (!r) return std::unexpected(r.error());
-      fill_row(row, v, *r);
-    }
-    result.rows.push_back(row);
+  if (Status s = sweep(c, result,
+                      [&](TimeNs deadline, Variant v) { return run_variant_ucx(c, all, deadline, v, peer, ucx); });
+      !s.is_ok()) {
+    return std::unexpected(s);
   }
   return result;
 }

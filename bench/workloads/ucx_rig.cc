@@ -45,22 +45,27 @@ Result<std::unique_ptr<UcxRig>> connect_rig(const sched::SchedPolicy& policy, co
   return rig;
 }
 
+Result<TimeNs> run_batch(engine::Engine& e, const engine::Batch& batch, TimeNs timeout_ns) {
+  const TimeNs start = e.now_ns();
+  auto h = e.submit(batch);
+  if (!h) return std::unexpected(h.error());
+  if (Status s = e.wait(*h, timeout_ns); !s.is_ok()) return std::unexpected(s);
+  const TimeNs took = e.now_ns() - start;
+  auto st = e.poll(*h);
+  (void)e.release(*h);
+  if (!st) return std::unexpected(st.error());
+  if (!st->status.is_ok()) return std::unexpected(st->status);
+  return took;
+}
+
 Result<double> measure_link(UcxRig& rig, std::uint64_t bytes) {
-  engine::Engine& e = *rig.engine;
   engine::Batch batch;
   for (int i = 0; i < 16; ++i) batch.requests.push_back(rig.read(bytes));
   double best = 0;
   for (int round = 0; round < 3; ++round) {
-    const TimeNs start = e.now_ns();
-    auto h = e.submit(batch);
-    if (!h) return std::unexpected(h.error());
-    if (Status s = e.wait(*h, 60'000'000'000); !s.is_ok()) return std::unexpected(s);
-    const TimeNs took = e.now_ns() - start;
-    auto st = e.poll(*h);
-    (void)e.release(*h);
-    if (!st) return std::unexpected(st.error());
-    if (!st->status.is_ok()) return std::unexpected(st->status);
-    best = std::max(best, static_cast<double>(16 * bytes) / static_cast<double>(std::max<TimeNs>(took, 1)));
+    auto took = run_batch(*rig.engine, batch, 60'000'000'000);
+    if (!took) return std::unexpected(took.error());
+    best = std::max(best, static_cast<double>(16 * bytes) / static_cast<double>(std::max<TimeNs>(*took, 1)));
   }
   return best;
 }

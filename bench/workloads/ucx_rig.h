@@ -37,6 +37,11 @@ struct UcxRig {
                                                           const transport::UcxConfig& ucx, std::uint64_t buffer_bytes,
                                                           const std::function<void(engine::Engine&)>& prepare = {});
 
+// Submits `batch`, waits for it (up to `timeout_ns`) and releases it: the
+// time from submit to its end, or the batch's failure.
+[[nodiscard]] Result<TimeNs> run_batch(engine::Engine& engine, const engine::Batch& batch,
+                                       TimeNs timeout_ns = 600'000'000'000);
+
 // The link's rate as bulk reads see it: 16 reads of `bytes` at once, the
 // best of three rounds (GB/s). The figure a workload's --load refers to.
 [[nodiscard]] Result<double> measure_link(UcxRig& rig, std::uint64_t bytes);

@@ -135,6 +135,7 @@ class PolicyReader {
   Status read_preemption(const Entry& section, SchedPolicy& policy) const;
   Status read_admission(const Entry& section, SchedPolicy& policy) const;
   Result<TimeNs> duration(const Entry& e, std::string_view key) const;
+  Result<TimeNs> positive_duration(const Entry& e, std::string_view key) const;
   Status check_inflight_holds_a_slice(const SchedPolicy& policy) const;
 
   std::string_view origin_;
@@ -397,6 +398,15 @@ Result<TimeNs> PolicyReader::duration(const Entry& e, std::string_view key) cons
   return *ns;
 }
 
+Result<TimeNs> PolicyReader::positive_duration(const Entry& e, std::string_view key) const {
+  auto ns = duration(e, key);
+  if (ns && *ns == 0) {
+    return std::unexpected(
+        bad_value(line_of(e), key, fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar())));
+  }
+  return ns;
+}
+
 Status PolicyReader::read_admission(const Entry& section, SchedPolicy& policy) const {
   static constexpr std::array<std::string_view, 9> kKeys{
       "theta_compress", "theta_local",       "order",           "drop_infeasible", "max_owners",
@@ -523,21 +533,13 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
       if (!ns) return ns.error();
       policy.deadline_horizon_ns = *ns;
     } else if (e.key == "transfer_timeout") {
-      auto ns = duration(e, "transfer_timeout");
+      auto ns = positive_duration(e, "transfer_timeout");
       if (!ns) return ns.error();
-      if (*ns == 0) {
-        return bad_value(line_of(e), "transfer_timeout",
-                         fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar()));
-      }
       policy.transfer_timeout_ns = *ns;
     } else if (e.key == "starvation_bound") {
-      auto ns = duration(e, "starvation_bound");
-      if (!ns) return ns.error();
       // Zero would make every queued request overdue: FIFO in disguise.
-      if (*ns == 0) {
-        return bad_value(line_of(e), "starvation_bound",
-                         fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar()));
-      }
+      auto ns = positive_duration(e, "starvation_bound");
+      if (!ns) return ns.error();
       policy.starvation_bound_ns = *ns;
     } else if (e.key == "slice_size") {
       status = read_slice_size(e, policy);

@@ -425,6 +425,12 @@ struct Scheduler::State {
   // deadline request's key depends on it).
   void rekey(Request& r, TimeNs now_ns) {
     if (!r.queued || !weighs_urgency() || r.spec.deadline_ns == 0) return;
+    if (r.pressing && activation_ns(r) <= now_ns) {
+      // Still pressing (the common case after a post): one re-key in place.
+      r.key = key_of(r);
+      urgency_heap(r).replace(r.urgency_pos, {r.key, r.seq, &r});
+      return;
+    }
     unplace(r);
     place(r, now_ns);
   }

@@ -2,7 +2,6 @@
 // FIFO + drop, EDF and EDF + drop + degrade (docs/admission.md), on the
 // simulator or over UCX to a `baton serve`.
 #include <cmath>
-#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,7 +10,6 @@
 #include "baton/common/units.h"
 #include "commands.h"
 #include "json_output.h"
-#include "serve_child.h"
 #include "ucx_options.h"
 
 namespace baton::cli {
@@ -22,10 +20,7 @@ struct MluSweepOptions {
   std::uint64_t seed = 1;
   double duration_ms = 50;
   std::string json_path;
-  std::string transport = "sim";
-  std::string target;
-  bool spawn = false;
-  transport::UcxConfig ucx;
+  PeerOptions peer;
   std::string request_size;
   double load = 0.87;
 };
@@ -58,32 +53,20 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
     if (!bytes) return fail(Status::invalid_argument("--request-size: {}", bytes.error().message()));
     c.request_bytes = *bytes;
   }
-  if (o.transport != "sim" && o.transport != "ucx") {
-    return fail(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.transport));
-  }
-  std::optional<ServeChild> child;
-  std::string target = o.target;
-  if (o.transport == "ucx") {
-    if (o.spawn == !o.target.empty()) return fail(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
+  PeerOptions peer = o.peer;
+  if (peer.real()) {
     if (!(o.load > 0) || !std::isfinite(o.load)) return fail(Status::invalid_argument("--load {} must be > 0", o.load));
     c.load = o.load;
-    if (o.spawn) {
-      auto started = ServeChild::start(serve_args(c.request_bytes * static_cast<std::uint64_t>(c.batch), o.ucx));
-      if (!started) return fail(started.error());
-      child.emplace(std::move(*started));
-      target = child->address();
-    }
-  } else if (o.spawn || !o.target.empty()) {
-    return fail(Status::invalid_argument("--spawn and --target need --transport ucx"));
   }
-  auto result = o.transport == "ucx" ? workloads::run_mlu_sweep_ucx(c, target, o.ucx) : workloads::run_mlu_sweep(c);
+  auto child = resolve_peer(peer, c.request_bytes * static_cast<std::uint64_t>(c.batch));
+  if (!child) return fail(child.error());
+  auto result = peer.real() ? workloads::run_mlu_sweep_ucx(c, peer.target, peer.ucx) : workloads::run_mlu_sweep(c);
   if (!result) return fail(result.error());
 
   nlohmann::ordered_json j;
-  j["workload"] = {{"transport", o.transport},
-                   {"topology", o.transport == "ucx" ? std::string("loopback") : c.topology_model},
-                   {"path", o.transport == "ucx" ? fmt::format("ucx to {} (tls {})", target, o.ucx.tls.empty() ? "default" : o.ucx.tls)
-                                                 : fmt::format("{}->{}", c.from, c.to)},
+  j["workload"] = {{"transport", peer.transport},
+                   {"topology", peer.real() ? std::string("loopback") : c.topology_model},
+                   {"path", peer.real() ? peer.link() : fmt::format("{}->{}", c.from, c.to)},
                    {"request_bytes", c.request_bytes},
                    {"batch", c.batch},
                    {"streams", c.streams},
@@ -91,12 +74,12 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
                    {"max_owners", c.max_owners},
                    {"duration_ms", o.duration_ms},
                    {"seed", c.seed}};
-  if (o.transport == "ucx") {
+  if (peer.real()) {
     j["workload"]["load"] = c.load;
     j["workload"]["link_gbps"] = result->link_gbps;
   }
   j["codec"] = {{"name", "lz4"},
-                {"offered", o.transport == "sim"},  // UCX carries no compressed slices
+                {"offered", !peer.real()},
                 {"ratio", result->codec_ratio},
                 {"compress_gbps", result->codec_compress_gbps},
                 {"decompress_gbps", result->codec_decompress_gbps}};
@@ -130,8 +113,8 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
                    ? fmt::format(", decompress {:.2f} GB/s", result->codec_decompress_gbps)
                    : std::string(" (it never shrank the data, so nothing to decompress)"));
   }
-  if (child) {
-    if (Status s = child->stop(); !s.is_ok()) return fail(s);
+  if (*child) {
+    if (Status s = (*child)->stop(); !s.is_ok()) return fail(s);
   }
   if (Status s = write_json_output(j.dump(2), o.json_path); !s.is_ok()) return fail(s);
   return 0;
@@ -149,12 +132,9 @@ Command add_bench_mlu_sweep(CLI::App& bench) {
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
   app->add_option("--request-size", o->request_size, "Bytes per request (size; 1MiB on sim, 256KiB over UCX)");
   app->add_option("--load", o->load, "ucx: the streams offer this fraction of the measured link");
-  app->add_option("--transport", o->transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
-  app->add_option("--target", o->target, "ucx: a running `baton serve` (host:port)");
-  app->add_flag("--spawn", o->spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
-  add_ucx_options(*app, o->ucx);
+  add_peer_options(*app, o->peer);
   return {app, [o, app] {
-            if (o->transport == "ucx") apply_ucx_defaults(*app, *o);
+            if (o->peer.real()) apply_ucx_defaults(*app, *o);
             return run_mlu_sweep_bench(*o);
           }};
 }

@@ -3,7 +3,6 @@
 // size-proportional deadlines and background offload, under each policy of
 // the same scheduler (baseline_fifo, strict_priority, edf, deadline_aware).
 // On the simulator (virtual clock) or over UCX to a `baton serve`.
-#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,7 +10,6 @@
 #include "baton/common/units.h"
 #include "commands.h"
 #include "json_output.h"
-#include "serve_child.h"
 #include "ucx_options.h"
 #include "workloads/deadlines.h"
 
@@ -31,10 +29,7 @@ struct DeadlinesOptions {
   std::string decode_size;
   std::string background_size;
   std::string json_path;
-  std::string transport = "sim";
-  std::string target;
-  bool spawn = false;
-  transport::UcxConfig ucx;
+  PeerOptions peer;
 };
 
 int fail(const Status& s) {
@@ -92,9 +87,8 @@ ordered_json class_json(const workloads::ClassOutcome& c) {
 ordered_json workload_json(const DeadlinesWorkload& w, const DeadlinesOptions& o) {
   std::vector<double> decode_ms;
   for (TimeNs d : w.decode_deadlines_ns) decode_ms.push_back(static_cast<double>(d) / 1e6);
-  return {{"transport", o.transport},
-          {"link", o.transport == "ucx" ? fmt::format("ucx to {} (tls {})", o.target, o.ucx.tls.empty() ? "default" : o.ucx.tls)
-                                        : fmt::format("{} {}->{}", w.topology_model, w.from, w.to)},
+  return {{"transport", o.peer.transport},
+          {"link", o.peer.real() ? o.peer.link() : fmt::format("{} {}->{}", w.topology_model, w.from, w.to)},
           {"decode", {{"share", w.decode_share}, {"request_bytes", w.decode_bytes}, {"deadlines_ms", decode_ms}}},
           {"prefill", {{"share", w.prefill_share}, {"request_bytes", w.prefill_bytes}, {"slack", w.prefill_slack}}},
           {"background", {{"share", 1.0 - w.decode_share - w.prefill_share}, {"request_bytes", w.background_bytes}}},
@@ -114,25 +108,10 @@ int run(DeadlinesOptions o) {
   auto base = o.policy_file.empty() ? Result<sched::SchedPolicy>(sched::SchedPolicy::defaults())
                                     : sched::load_policy(o.policy_file);
   if (!base) return fail(base.error());
-  if (o.transport != "sim" && o.transport != "ucx") {
-    return fail(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.transport));
-  }
-  std::optional<ServeChild> child;
-  if (o.transport == "ucx") {
-    if (o.spawn == !o.target.empty()) return fail(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
-    if (o.spawn) {
-      std::uint64_t largest = std::max(w.decode_bytes, w.background_bytes);
-      for (std::uint64_t b : w.prefill_bytes) largest = std::max(largest, b);
-      auto started = ServeChild::start(serve_args(largest, o.ucx));
-      if (!started) return fail(started.error());
-      child.emplace(std::move(*started));
-      o.target = child->address();
-    }
-  } else if (o.spawn || !o.target.empty()) {
-    return fail(Status::invalid_argument("--spawn and --target need --transport ucx"));
-  }
-  auto result = o.transport == "ucx" ? workloads::run_deadlines_ucx(w, kinds, *base, o.target, o.ucx)
-                                     : workloads::run_deadlines(w, kinds, *base);
+  auto child = resolve_peer(o.peer, w.largest_request_bytes());
+  if (!child) return fail(child.error());
+  auto result = o.peer.real() ? workloads::run_deadlines_ucx(w, kinds, *base, o.peer.target, o.peer.ucx)
+                              : workloads::run_deadlines(w, kinds, *base);
   if (!result) return fail(result.error());
   ordered_json j{{"load", w.load},
                  {"link_gbps", result->link_gbps},
@@ -161,8 +140,8 @@ int run(DeadlinesOptions o) {
                  p.missed, p.submitted, r.signalled);
     }
   }
-  if (child) {
-    if (Status s = child->stop(); !s.is_ok()) return fail(s);
+  if (*child) {
+    if (Status s = (*child)->stop(); !s.is_ok()) return fail(s);
   }
   return emit_json("bench deadlines", j.dump(2), o.json_path);
 }
@@ -192,12 +171,9 @@ Command add_bench_deadlines(CLI::App& bench) {
       ->delimiter(',');
   app->add_option("--policy-file", o->policy_file, "Start every policy from this YAML instead of the defaults");
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
-  app->add_option("--transport", o->transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
-  app->add_option("--target", o->target, "ucx: a running `baton serve` (host:port)");
-  app->add_flag("--spawn", o->spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
-  add_ucx_options(*app, o->ucx);
+  add_peer_options(*app, o->peer);
   return {app, [o, app] {
-            if (o->transport == "ucx") apply_ucx_defaults(*app, *o);
+            if (o->peer.real()) apply_ucx_defaults(*app, *o);
             return run(*o);
           }};
 }

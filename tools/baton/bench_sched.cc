@@ -11,7 +11,6 @@
 #include "workloads/mixed.h"
 #include "commands.h"
 #include "json_output.h"
-#include "serve_child.h"
 #include "ucx_options.h"
 #include "workloads/outcome.h"
 
@@ -29,11 +28,7 @@ struct SchedBenchOptions {
   std::string json_path;
   std::vector<std::string> slice_sizes{"64KiB", "128KiB", "256KiB", "512KiB", "1MiB", "2MiB", "4MiB"};
   std::vector<std::string> budgets{"1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "32MiB"};
-  // bench mixed over a real link
-  std::string transport = "sim";
-  std::string target;
-  bool spawn = false;
-  transport::UcxConfig ucx;
+  PeerOptions peer;  // bench mixed over a real link
   std::string prefill_size;
   std::string decode_size;
 };
@@ -82,12 +77,10 @@ Result<workloads::MixedWorkload> workload(const SchedBenchOptions& o) {
   return w;
 }
 
-ordered_json workload_json(const workloads::MixedWorkload& w, const SchedBenchOptions& o) {
-  const bool ucx = o.transport == "ucx";
-  return {{"transport", o.transport},
-          {"topology", ucx ? std::string("loopback") : w.topology_model},
-          {"link", ucx ? fmt::format("ucx to {} (tls {})", o.target, o.ucx.tls.empty() ? "default" : o.ucx.tls)
-                       : fmt::format("{}->{}", w.from, w.to)},
+ordered_json workload_json(const workloads::MixedWorkload& w, const PeerOptions& peer) {
+  return {{"transport", peer.transport},
+          {"topology", peer.real() ? std::string("loopback") : w.topology_model},
+          {"link", peer.real() ? peer.link() : fmt::format("{}->{}", w.from, w.to)},
           {"prefill", {{"request_bytes", w.prefill_bytes}, {"burst", w.prefill_burst},
                        {"mean_burst_interval_us", static_cast<double>(w.prefill_interval_ns) / 1e3}}},
           {"decode", {{"request_bytes", w.decode_bytes},
@@ -137,28 +130,15 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     return fail(Status::invalid_argument(
         "--policy \"{}\": expected deadline_aware, baseline_fifo, strict_priority, edf, both or all", o.policy));
   }
-  if (o.transport != "sim" && o.transport != "ucx") {
-    return fail(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.transport));
-  }
-  SchedBenchOptions run = o;
-  std::optional<ServeChild> child;
-  if (o.transport == "ucx") {
-    if (o.spawn == !o.target.empty()) return fail(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
-    if (o.spawn) {
-      auto started = ServeChild::start(serve_args(w->prefill_bytes + w->decode_bytes, o.ucx));
-      if (!started) return fail(started.error());
-      child.emplace(std::move(*started));
-      run.target = child->address();
-    }
-  } else if (o.spawn || !o.target.empty()) {
-    return fail(Status::invalid_argument("--spawn and --target need --transport ucx"));
-  }
-  ordered_json j{{"workload", workload_json(*w, run)}, {"policies", ordered_json::object()}};
+  PeerOptions peer = o.peer;
+  auto child = resolve_peer(peer, w->prefill_bytes + w->decode_bytes);
+  if (!child) return fail(child.error());
+  ordered_json j{{"workload", workload_json(*w, peer)}, {"policies", ordered_json::object()}};
   std::map<sched::PolicyKind, workloads::MixedResult> results;
   for (sched::PolicyKind kind : kinds) {
     sched::SchedPolicy policy = *base;
     policy.kind = kind;
-    auto r = run.transport == "ucx" ? workloads::run_mixed_ucx(*w, policy, run.target, run.ucx) : workloads::run_mixed(*w, policy);
+    auto r = peer.real() ? workloads::run_mixed_ucx(*w, policy, peer.target, peer.ucx) : workloads::run_mixed(*w, policy);
     if (!r) return fail(r.error());
     results[kind] = *r;
     const workloads::ClassOutcome decode = workloads::summarize_class(r->decode_requests, r->end_ns);
@@ -191,8 +171,8 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     }
     if (both) fmt::print("decode P99 reduction: {:.1f}%\n", 100 * j["decode_p99_reduction"].get<double>());
   }
-  if (child) {
-    if (Status s = child->stop(); !s.is_ok()) return fail(s);
+  if (*child) {
+    if (Status s = (*child)->stop(); !s.is_ok()) return fail(s);
   }
   return write_json(j, o.json_path);
 }
@@ -234,7 +214,7 @@ int run_ablation_bench(const SchedBenchOptions& o) {
       cells.push_back(cell);
     }
   }
-  return write_json({{"workload", workload_json(*w, o)}, {"path", "nvswitch"}, {"cells", cells}}, o.json_path);
+  return write_json({{"workload", workload_json(*w, o.peer)}, {"path", "nvswitch"}, {"cells", cells}}, o.json_path);
 }
 
 void add_common(CLI::App* app, SchedBenchOptions& o) {
@@ -262,14 +242,11 @@ Command add_bench_mixed(CLI::App& bench) {
   CLI::App* app = bench.add_subcommand("mixed", "32 MB prefill vs 256 KB / 2 ms decode on one NVLink: FIFO, strict priority, EDF, deadline-aware");
   add_common(app, *o);
   app->add_option("--policy", o->policy, "all (default), both (baseline_fifo and deadline_aware), or one policy");
-  app->add_option("--transport", o->transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
-  app->add_option("--target", o->target, "ucx: a running `baton serve` (host:port)");
-  app->add_flag("--spawn", o->spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
-  add_ucx_options(*app, o->ucx);
+  add_peer_options(*app, o->peer);
   app->add_option("--prefill-size", o->prefill_size, "Bytes per prefill request (size)");
   app->add_option("--decode-size", o->decode_size, "Bytes per decode request (size)");
   return {app, [o, app] {
-            if (o->transport == "ucx") apply_ucx_defaults(*app, *o);
+            if (o->peer.real()) apply_ucx_defaults(*app, *o);
             return run_mixed_bench(*o);
           }};
 }

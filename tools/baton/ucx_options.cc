@@ -1,5 +1,7 @@
 #include "ucx_options.h"
 
+#include <fmt/format.h>
+
 #include "baton/common/units.h"
 
 namespace baton::cli {
@@ -26,6 +28,37 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
   return args;
+}
+
+std::string PeerOptions::link() const {
+  return fmt::format("ucx to {} (tls {})", target, ucx.tls.empty() ? "default" : ucx.tls);
+}
+
+void add_peer_options(CLI::App& app, PeerOptions& peer) {
+  app.add_option("--transport", peer.transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
+  app.add_option("--target", peer.target, "ucx: a running `baton serve` (host:port)");
+  app.add_flag("--spawn", peer.spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
+  add_ucx_options(app, peer.ucx);
+}
+
+Result<std::optional<ServeChild>> resolve_peer(PeerOptions& peer, std::uint64_t buffer_bytes) {
+  if (peer.transport != "sim" && peer.transport != "ucx") {
+    return std::unexpected(Status::invalid_argument("--transport \"{}\": expected sim or ucx", peer.transport));
+  }
+  if (!peer.real()) {
+    if (peer.spawn || !peer.target.empty()) {
+      return std::unexpected(Status::invalid_argument("--spawn and --target need --transport ucx"));
+    }
+    return std::optional<ServeChild>{};
+  }
+  if (peer.spawn == !peer.target.empty()) {
+    return std::unexpected(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
+  }
+  if (!peer.spawn) return std::optional<ServeChild>{};
+  auto started = ServeChild::start(serve_args(buffer_bytes, peer.ucx));
+  if (!started) return std::unexpected(started.error());
+  peer.target = started->address();
+  return std::optional<ServeChild>(std::move(*started));
 }
 
 }  // namespace baton::cli

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "baton/common/status.h"
 #include "baton/transport/ucx_transport.h"
+#include "serve_child.h"
 
 namespace baton::cli {
 
@@ -18,5 +21,24 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx);
 
 // `baton serve` arguments for a buffer of `buffer_bytes` with `ucx`'s settings.
 [[nodiscard]] std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx);
+
+// Where a scheduling bench sends its requests: the simulator, or a real peer
+// over UCX (a running `baton serve`, or one it spawns).
+struct PeerOptions {
+  std::string transport = "sim";
+  std::string target;
+  bool spawn = false;
+  transport::UcxConfig ucx;
+  [[nodiscard]] bool real() const { return transport == "ucx"; }
+  // "ucx to HOST:PORT (tls …)", for the JSON's description of the link.
+  [[nodiscard]] std::string link() const;
+};
+
+// --transport, --target, --spawn and the UCX options.
+void add_peer_options(CLI::App& app, PeerOptions& peer);
+
+// Checks the flags together (invalid_argument naming them); with --spawn
+// starts a `baton serve` with `buffer_bytes` and points `target` at it.
+[[nodiscard]] Result<std::optional<ServeChild>> resolve_peer(PeerOptions& peer, std::uint64_t buffer_bytes);
 
 }  // namespace baton::cli

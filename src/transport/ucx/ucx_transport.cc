@@ -367,14 +367,16 @@ struct UcxTransport::State {
   void fail_stalled(TimeNs now_ns) {
     if (config.stall_timeout_ms == 0) return;
     const TimeNs stall_ns = config.stall_timeout_ms * 1'000'000;
+    bool failed = false;
     for (PathId id = 0; id < peers.size(); ++id) {
       Peer& p = peers[id];
       if (p.state != PathState::kReady || p.inflight == 0 || now_ns - p.last_progress_ns < stall_ns) continue;
       fail_path(id, Status::unavailable("path {} to {}: no slice completed for {} ms with {} posted (the link or the "
                                         "peer is gone)",
                                         id, p.address, config.stall_timeout_ms, p.inflight));
+      failed = true;
     }
-    handle_recorded();  // the forced close completes what was posted
+    if (failed) handle_recorded();  // the forced close completes what was posted
   }
 
   void finish_compressed(SliceOp& op, ucs_status_t status, std::string error) {
