@@ -114,15 +114,18 @@ Result<VariantResult> run_variant(const MluSweepConfig& c, const std::vector<Arr
 // The same arrivals in real time over UCX: each stream's batch is one Batch
 // of reads, due `deadline` after it was submitted.
 Result<VariantResult> run_variant_ucx(const MluSweepConfig& c, const std::vector<Arrival>& all, TimeNs deadline,
-                                      Variant v, const std::string& peer, const transport::UcxConfig& ucx) {
+                                      Variant v, const Codec& codec, const std::string& peer,
+                                      const transport::UcxConfig& ucx) {
   const sched::SchedPolicy policy = policy_of(c, v);
   std::atomic<std::uint64_t> signalled{0};
   std::mutex mlus_mutex;  // the observer runs on the loop thread
   VariantResult result;
+  Status refused;
   auto rig = connect_rig(policy, peer, ucx, c.request_bytes * static_cast<std::uint64_t>(c.batch), [&](Engine& e) {
     if (policy.admission.drop_infeasible) {
       e.admission().set_local_recompute(
           [&signalled](sched::RequestId, const sched::TransferRequest&) { signalled.fetch_add(1); });
+      refused = e.admission().set_codec(codec.codec, codec.profile);
     }
     e.admission().set_mlu_observer([&](double mlu, transport::Op) {
       std::lock_guard lock(mlus_mutex);
@@ -130,6 +133,7 @@ Result<VariantResult> run_variant_ucx(const MluSweepConfig& c, const std::vector
     });
   });
   if (!rig) return std::unexpected(Status(rig.error().code(), "mlu sweep: " + rig.error().message()));
+  if (!refused.is_ok()) return std::unexpected(refused);
   Engine& e = *(*rig)->engine;
   std::vector<engine::BatchHandle> handles;
   const TimeNs start = e.now_ns();
@@ -190,6 +194,22 @@ void fill_row(MluSweepRow& row, Variant v, const VariantResult& r) {
   }
 }
 
+// lz4 profiled on KV-like data (fp16 values, what attention keys and values
+// look like to a byte compressor), for the drop variants; its figures go in
+// `result`.
+Result<Codec> profiled_codec(const MluSweepConfig& c, MluSweepResult& result) {
+  Codec codec{transport::make_lz4_codec(), {}};
+  std::vector<std::byte> kv_sample(1 << 20);
+  fill_payload(PayloadKind::kFp16Kv, kv_sample, c.seed);
+  auto profile = transport::measure(*codec.codec, kv_sample);
+  if (!profile) return std::unexpected(profile.error());
+  codec.profile = *profile;
+  result.codec_ratio = profile->ratio;
+  result.codec_compress_gbps = profile->compress_gbps;
+  result.codec_decompress_gbps = profile->decompress_gbps;
+  return codec;
+}
+
 // One row per deadline, each variant run once: `run(deadline, variant)`.
 template <typename RunVariant>
 Status sweep(const MluSweepConfig& c, MluSweepResult& result, RunVariant&& run) {
@@ -232,25 +252,16 @@ Status MluSweepConfig::validate() const {
 
 Result<MluSweepResult> run_mlu_sweep(const MluSweepConfig& c) {
   if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
-  Codec codec{transport::make_lz4_codec(), {}};
-  // The codec profiled on KV-like data: fp16 values, what attention keys and
-  // values look like to a byte compressor.
-  std::vector<std::byte> kv_sample(1 << 20);
-  fill_payload(PayloadKind::kFp16Kv, kv_sample, c.seed);
-  auto profile = transport::measure(*codec.codec, kv_sample);
-  if (!profile) return std::unexpected(profile.error());
-  codec.profile = *profile;
   MluSweepResult result;
-  result.codec_ratio = profile->ratio;
-  result.codec_compress_gbps = profile->compress_gbps;
-  result.codec_decompress_gbps = profile->decompress_gbps;
+  auto codec = profiled_codec(c, result);
+  if (!codec) return std::unexpected(codec.error());
   if (c.load > 0 && c.link_gbps == 0) {
     return std::unexpected(Status::invalid_argument("mlu sweep: a load needs the link's bandwidth on the simulator"));
   }
   result.link_gbps = c.link_gbps;
   result.mean_batch_interval_ns = interval_of(c, c.link_gbps);
   const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
-  if (Status s = sweep(c, result, [&](TimeNs deadline, Variant v) { return run_variant(c, all, deadline, v, codec); });
+  if (Status s = sweep(c, result, [&](TimeNs deadline, Variant v) { return run_variant(c, all, deadline, v, *codec); });
       !s.is_ok()) {
     return std::unexpected(s);
   }
@@ -261,6 +272,8 @@ Result<MluSweepResult> run_mlu_sweep_ucx(const MluSweepConfig& c, const std::str
                                          const transport::UcxConfig& ucx) {
   if (Status s = c.validate(); !s.is_ok()) return std::unexpected(s);
   MluSweepResult result;
+  auto codec = profiled_codec(c, result);
+  if (!codec) return std::unexpected(codec.error());
   result.link_gbps = c.link_gbps;
   if (result.link_gbps == 0) {
     auto rig = connect_rig(sched::SchedPolicy::defaults(), peer, ucx, c.request_bytes);
@@ -272,7 +285,7 @@ Result<MluSweepResult> run_mlu_sweep_ucx(const MluSweepConfig& c, const std::str
   result.mean_batch_interval_ns = interval_of(c, result.link_gbps);
   const std::vector<Arrival> all = arrivals(c, result.mean_batch_interval_ns);
   if (Status s = sweep(c, result,
-                      [&](TimeNs deadline, Variant v) { return run_variant_ucx(c, all, deadline, v, peer, ucx); });
+                      [&](TimeNs deadline, Variant v) { return run_variant_ucx(c, all, deadline, v, *codec, peer, ucx); });
       !s.is_ok()) {
     return std::unexpected(s);
   }

@@ -63,8 +63,7 @@ struct MluSweepResult {
   double link_gbps = 0;                 // UCX: as measured (or given)
   TimeNs mean_batch_interval_ns = 0;    // per stream, as run
   // The lz4 codec as measured on fp16 KV-like data on this machine, offered
-  // to the drop variants on the simulator (used only where it pays). UCX
-  // carries no compressed slices, so there it is not offered.
+  // to the drop variants on both transports (used only where it pays).
   double codec_ratio = 1.0;
   double codec_compress_gbps = 0;
   double codec_decompress_gbps = 0;
