@@ -325,6 +325,9 @@ TEST(ServeProcessFailure, APeerRestartedOnTheSameAddressIsReachedAfresh) {
 TEST(ServeCommand, RefusesBadInput) {
   EXPECT_EQ(run_baton("serve --buffer-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("serve --buffer-size lots").exit_code, 2);
+  const CommandRun stall = run_baton("serve --buffer-size 1MiB --stall-timeout soon");
+  EXPECT_EQ(stall.exit_code, 2);
+  EXPECT_NE(stall.err.find("--stall-timeout"), std::string::npos) << stall.err;
   const CommandRun r = run_baton("serve --listen nohost --buffer-size 1MiB");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("nohost"), std::string::npos) << r.err;

@@ -343,6 +343,10 @@ TEST_P(UcxTransportTest, BadRegistrationsAndUnregistrationsAreRefused) {
 
 TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
   EXPECT_EQ(a_->allocate_memory(0).error().code(), StatusCode::kInvalidArgument);
+  const auto huge = a_->allocate_memory(std::size_t{1} << 50);  // 1 PiB: more than any machine here
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_EQ(huge.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.error().message().find("free in /dev/shm"), std::string::npos) << huge.error().message();
   auto allocated = b_->allocate_memory(64 << 10);
   ASSERT_TRUE(allocated.has_value()) << allocated.error().to_string();
   ASSERT_NE(allocated->address, nullptr);
@@ -397,6 +401,12 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
   bad = config();
   bad.listen_address = "localhost";
   EXPECT_EQ(UcxTransport::create(bad).error().code(), StatusCode::kInvalidArgument);
+  bad = config();
+  bad.stall_timeout_ms = -1;
+  const auto stall = UcxTransport::create(bad);
+  ASSERT_FALSE(stall.has_value());
+  EXPECT_EQ(stall.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(stall.error().message().find("stall_timeout_ms is -1"), std::string::npos) << stall.error().message();
 }
 
 TEST_P(UcxTransportTest, ConnectToAClosedPortFailsUnavailable) {

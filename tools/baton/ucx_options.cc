@@ -5,6 +5,15 @@
 #include "baton/common/units.h"
 
 namespace baton::cli {
+namespace {
+
+// A bad option value, reported like CLI11's own parse errors (exit code 2).
+class BadValue : public CLI::ParseError {
+ public:
+  explicit BadValue(std::string message) : ParseError("BadValue", std::move(message), 2) {}
+};
+
+}  // namespace
 
 void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
   app.add_option("--ucx-tls", ucx.tls, "UCX_TLS for this engine and a spawned peer (e.g. tcp); empty: UCX's default");
@@ -15,7 +24,7 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
          "--stall-timeout",
          [&ucx](const std::string& text) {
            auto ns = parse_duration(text);
-           if (!ns) throw CLI::ValidationError("--stall-timeout", ns.error().message());
+           if (!ns) throw BadValue("--stall-timeout: " + ns.error().message());
            ucx.stall_timeout_ms = *ns / 1'000'000;
          },
          "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)");
