@@ -43,6 +43,9 @@ constexpr int kProgressRoundsPerPoll = 64;
 // Teardown waits this many progress rounds for endpoint closes; a forced
 // close needs no peer, so this only bounds a flushing close to a silent peer.
 constexpr int kTeardownRounds = 20'000;
+// Compressed-read replies a holder keeps queued for the wire, at most: a
+// legitimate initiator has a few MiB in flight per path.
+constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
 
 Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
@@ -162,6 +165,7 @@ struct UcxTransport::State {
   std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
   std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
+  std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
 
@@ -205,6 +209,7 @@ struct UcxTransport::State {
     if (status != UCS_OK && status != UCS_ERR_CANCELED) {
       spdlog::debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
     }
+    msg->state->outgoing_bytes -= msg->payload.size();
     msg->state->outgoing.erase(msg);
   }
 
@@ -274,6 +279,7 @@ struct UcxTransport::State {
     }
     if (request != nullptr) {
       msg->request = request;
+      outgoing_bytes += msg->payload.size();
       Outgoing* key = msg.get();
       outgoing.emplace(key, std::move(msg));
     }
@@ -461,6 +467,11 @@ struct UcxTransport::State {
         why = range.error();
       } else if (in.kind == MessageKind::kWriteData) {
         why = unpack(*d, std::span(in.payload).subspan(at), *range);
+      } else if (outgoing_bytes + d->payload_len > kMaxQueuedReplyBytes) {
+        // A peer asking faster than the wire drains would make us copy
+        // without bound: refuse, it retries the slice.
+        why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})", outgoing_bytes,
+                                         kMaxQueuedReplyBytes);
       } else {
         auto [id, packed] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
         reply.codec = id;
