@@ -72,6 +72,7 @@ struct Pair {
     auto rb = p->b->register_memory(p->buf_b.data(), p->buf_b.size());
     if (!rb) return "register b: " + rb.error().to_string();
     p->region_b = *rb;
+    if (Status s = p->b->export_region(*rb); !s.is_ok()) return "export b: " + s.to_string();
     auto path = p->a->connect(p->b->address(), p->clock.now_ns());
     if (!path) return "connect: " + path.error().to_string();
     p->path = *path;

@@ -15,6 +15,7 @@ std::string_view to_string(StatusCode code) {
     case StatusCode::kDeadlineInfeasible: return "deadline_infeasible";
     case StatusCode::kResourceExhausted: return "resource_exhausted";
     case StatusCode::kFailedPrecondition: return "failed_precondition";
+    case StatusCode::kPermissionDenied: return "permission_denied";
     case StatusCode::kInternal: return "internal";
   }
   return "unknown";

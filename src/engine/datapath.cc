@@ -41,7 +41,7 @@ Result<Region> Datapath::allocate_memory(std::size_t length, int numa_node) {
   return region;
 }
 
-Status Datapath::unregister(RegionHandle handle) {
+Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> done) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) {
     return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
@@ -55,7 +55,19 @@ Status Datapath::unregister(RegionHandle handle) {
     return Status::failed_precondition("unregister: {}", s.message());
   }
   regions_.erase(it);
+  if (ucx_.unregister_pending(handle)) {
+    unregisters_.push_back({handle, std::move(done)});
+  } else {
+    done(Status::ok());
+  }
   return Status::ok();
+}
+
+Status Datapath::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
+  if (!regions_.contains(handle)) {
+    return Status::not_found("export_region: no region {} (never registered, or unregistered)", handle);
+  }
+  return ucx_.export_region(handle, peers);
 }
 
 void Datapath::connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done) {
@@ -328,6 +340,11 @@ void Datapath::on_turn(TimeNs /*now_ns*/) {
       return false;
     });
   }
+  std::erase_if(unregisters_, [this](PendingUnregister& u) {
+    if (ucx_.unregister_pending(u.region)) return false;
+    u.done(Status::ok());
+    return true;
+  });
   if (!refreshes_.empty()) {
     std::erase_if(refreshes_, [this](PendingRefresh& r) {
       if (ucx_.path_state(r.path) == transport::PathState::kFailed) {

@@ -31,7 +31,10 @@ class Datapath {
   // --- on the loop ---
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind, int device);
   [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node);
-  [[nodiscard]] Status unregister(RegionHandle region);
+  // ok or an error at once; `done` runs (on the loop) once peers
+  // acknowledged the revocation, or at once when none knew the region.
+  [[nodiscard]] Status unregister(RegionHandle region, std::function<void(Status)> done);
+  [[nodiscard]] Status export_region(RegionHandle region, const std::vector<std::string>& peers);
   // `done` runs on the loop once the handshake ended (ready or failed).
   void connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done);
   void refresh(const Peer& peer, std::function<void(Status)> done);
@@ -78,6 +81,10 @@ class Datapath {
     transport::PathId path;
     std::function<void(Result<Peer>)> done;
   };
+  struct PendingUnregister {
+    RegionHandle region;
+    std::function<void(Status)> done;
+  };
   struct PendingRefresh {
     transport::PathId path;
     std::function<void(Status)> done;
@@ -111,6 +118,7 @@ class Datapath {
   std::vector<std::uint64_t> finished_batches_;  // ended this turn, to close in on_turn
   std::vector<PendingConnect> connects_;
   std::vector<PendingRefresh> refreshes_;
+  std::vector<PendingUnregister> unregisters_;
 
   std::mutex ended_mutex_;
   std::condition_variable ended_cv_;

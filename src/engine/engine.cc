@@ -17,6 +17,7 @@ struct Engine::State {
   std::unique_ptr<Datapath> datapath;
   std::unique_ptr<MetricsServer> http;  // set when metrics_address is configured
   std::atomic<bool> closed{false};      // shutdown() was called
+  std::int64_t revoke_timeout_ms = 0;
 };
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -27,12 +28,14 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
+  const std::int64_t revoke_timeout_ms = config.ucx.revoke_timeout_ms;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),
                             std::move(config.topology_file), std::move(config.policy), std::move(config.policy_file),
                             {}});
   if (!core) return std::unexpected(core.error());
   auto state = std::make_unique<State>();
   state->core = std::move(*core);
+  state->revoke_timeout_ms = revoke_timeout_ms;
   Core& c = *state->core;
   state->datapath = std::make_unique<Datapath>(*c.ucx, *c.scheduler, *c.admission, c.metrics, c.next_id);
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
@@ -67,7 +70,24 @@ Result<Region> Engine::allocate_memory(std::size_t length, int numa_node) {
 
 Status Engine::unregister(RegionHandle region) {
   if (state_->closed) return Status::unavailable("unregister: the engine shut down");
-  return state_->core->on_loop([&] { return state_->datapath->unregister(region); });
+  auto done = std::make_shared<std::promise<Status>>();
+  auto revoked = done->get_future();
+  const Status started = state_->core->on_loop([&] {
+    return state_->datapath->unregister(region, [done](Status s) { done->set_value(std::move(s)); });
+  });
+  if (!started.is_ok()) return started;
+  // The loop disconnects a peer that does not acknowledge within the revoke
+  // timeout; the margin covers a loop turn.
+  const auto bound = std::chrono::milliseconds(state_->revoke_timeout_ms + 5'000);
+  if (revoked.wait_for(bound) != std::future_status::ready) {
+    return Status::timeout("unregister: region {} not revoked within {} ms", region, bound.count());
+  }
+  return revoked.get();
+}
+
+Status Engine::export_region(RegionHandle region, const std::vector<std::string>& peers) {
+  if (state_->closed) return Status::unavailable("export_region: the engine shut down");
+  return state_->core->on_loop([&] { return state_->datapath->export_region(region, peers); });
 }
 
 Result<Peer> Engine::connect(std::string_view address) {

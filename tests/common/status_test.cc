@@ -31,6 +31,7 @@ TEST(Status, EveryCodeHasItsSnakeCaseName) {
       {Status::unavailable("x"), "unavailable"},
       {Status::deadline_infeasible("x"), "deadline_infeasible"},
       {Status::resource_exhausted("x"), "resource_exhausted"},
+      {Status::permission_denied("x"), "permission_denied"},
       {Status::internal("x"), "internal"},
   };
   for (const auto& [status, name] : cases) {

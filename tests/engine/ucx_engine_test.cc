@@ -34,7 +34,7 @@ std::unique_ptr<Engine> make_engine(std::string tls = "") {
   return e ? std::move(*e) : nullptr;
 }
 
-// An engine with one pattern-filled buffer registered. The buffer is
+// An engine with one pattern-filled buffer registered and exported. The buffer is
 // declared first so it outlives the engine: a peer may read it until the
 // engine is gone.
 struct Side {
@@ -46,7 +46,10 @@ struct Side {
     fill_pattern(buffer, salt);
     auto r = engine->register_memory(buffer.data(), buffer.size());
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
-    if (r) region = *r;
+    if (r) {
+      region = *r;
+      EXPECT_TRUE(engine->export_region(r->handle).is_ok());
+    }
   }
 };
 
@@ -211,7 +214,7 @@ TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
 }
 
-TEST(UcxEngineRegions, RegionsRegisteredAfterTheHandshakeNeedARefresh) {
+TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt) {
   Side target(1 << 20, kTargetSalt);
   Side local(1 << 20, kLocalSalt);
   auto peer = local.engine->connect(target.engine->address());
@@ -226,14 +229,21 @@ TEST(UcxEngineRegions, RegionsRegisteredAfterTheHandshakeNeedARefresh) {
   r.peer = peer->address;
   r.remote_region = late_region->handle;
   r.length = late.size();
-  EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
+  // Registered is not exported: the peer does not see it, even after a refresh.
   ASSERT_TRUE(local.engine->refresh(*peer).is_ok());
-  auto regions = local.engine->remote_regions(*peer);
-  ASSERT_TRUE(regions.has_value());
-  EXPECT_EQ(regions->size(), 2u);
+  EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(local.engine->remote_regions(*peer)->size(), 1u);
+  // Exported: pushed to connected peers (a refresh waits for the current list).
+  ASSERT_TRUE(target.engine->export_region(late_region->handle).is_ok());
+  ASSERT_TRUE(local.engine->refresh(*peer).is_ok());
+  EXPECT_EQ(local.engine->remote_regions(*peer)->size(), 2u);
   ASSERT_TRUE(run(*local.engine, Batch{{r}, {}}).is_ok());
   EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(late.size()), 99).has_value());
+  // Unregister returns once the peer acknowledged: it has forgotten the region.
   EXPECT_TRUE(target.engine->unregister(late_region->handle).is_ok());
+  EXPECT_EQ(local.engine->remote_regions(*peer)->size(), 1u);
+  EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(target.engine->export_region(late_region->handle).code(), StatusCode::kNotFound);
 }
 
 TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {

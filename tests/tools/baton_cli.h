@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +35,15 @@ inline CommandRun run_baton(const std::string& args, const std::string& prefix =
                                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), runs++);
   const int status = std::system(fmt::format("{} {} {} >{}.out 2>{}.err", prefix, BATON_BINARY, args, stem, stem).c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
+}
+
+// A deployment secret in a private file, for peers that listen beyond
+// loopback (between network namespaces): pass it as --token-file.
+inline std::string secret_file() {
+  const std::string path = fmt::format("{}/baton_secret_{}", ::testing::TempDir(), getpid());
+  std::ofstream(path) << "a test secret of enough bytes\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
 }
 
 }  // namespace baton::testing

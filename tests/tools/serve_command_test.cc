@@ -27,6 +27,7 @@ namespace {
 
 using baton::testing::CommandRun;
 using baton::testing::run_baton;
+using baton::testing::secret_file;
 constexpr TimeNs kSecond = 1'000'000'000;
 
 // The JSON a command printed after its human-readable lines (`--json -`).
@@ -252,6 +253,15 @@ std::size_t open_fds(pid_t pid) {
 
 TEST(ServeProcessFailure, AKilledInitiatorsEndpointsAreFreedAndTheNextIsServed) {
   ServeChild server = serve({"--buffer-size", "64MiB"});
+  // The baseline is taken after a first initiator came and went: UCX makes
+  // some worker-wide resources (a timer fd) on first use.
+  {
+    Initiator first(1 << 20);
+    auto peer = first.engine->connect(server.address());
+    ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+    ASSERT_TRUE(first.run({{first.request(engine::Op::kRead, *peer, 0, 0, 1 << 20)}, {}}).is_ok());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::size_t baseline = open_fds(server.pid());
   // An initiator in its own process, SIGKILLed mid-transfer: no goodbye.
   const std::string bench = fmt::format("{} bench throughput --target {} --op read --block-size 1MiB --batch-size 16 "
@@ -495,15 +505,17 @@ TEST(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
   if (std::system((link + " up >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
   }
-  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0"}, BATON_BINARY, "baton-far");
+  const std::string secret = secret_file();
+  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret},
+                                 BATON_BINARY, "baton-far");
   ASSERT_TRUE(child.has_value()) << child.error().to_string();
   std::thread cut([] {
     std::this_thread::sleep_for(std::chrono::seconds(1));
     (void)std::system("ip netns exec baton-near ip link set baton-near0 down");
   });
   const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op write --block-size 1MiB "
-                                             "--batch-size 16 --duration 4s --stall-timeout 1s",
-                                             child->address()),
+                                             "--batch-size 16 --duration 4s --stall-timeout 1s --token-file {}",
+                                             child->address(), secret),
                                  "ip netns exec baton-near");
   cut.join();
   (void)child->stop();

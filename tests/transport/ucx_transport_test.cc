@@ -34,7 +34,7 @@ void PrintTo(const Flavor& flavor, std::ostream* os) { *os << flavor.name; }
 
 // UCX 1.13 selects sysv/posix shared memory only without peer-failure
 // handling (they report dead peers by "ep_check" alone), so the shm flavour
-// runs with it off. The handshake still needs tcp for the sockaddr CM.
+// runs with it off.
 const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp};
 const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm};
 
@@ -91,6 +91,14 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
 
   TimeNs now() const { return clock_.now_ns(); }
 
+  // What a holder does: registers on b_ and exports to every peer.
+  Result<RegionHandle> expose(void* p, std::size_t n) {
+    auto r = b_->register_memory(p, n);
+    if (!r) return r;
+    if (Status s = b_->export_region(*r); !s.is_ok()) return std::unexpected(s);
+    return r;
+  }
+
   void poll_both() {
     if (a_) a_->poll(now(), done_a_);
     if (b_) b_->poll(now(), done_b_);
@@ -140,7 +148,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
 
 TEST_P(UcxTransportTest, HandshakeLearnsThePeersRegionsAndTransport) {
   auto& remote = buffer(64 * 1024);
-  auto region = b_->register_memory(remote.data(), remote.size());
+  auto region = expose(remote.data(), remote.size());
   ASSERT_TRUE(region.has_value()) << region.error().to_string();
 
   auto path = a_->connect(b_->address(), now());
@@ -183,7 +191,7 @@ TEST_P(UcxTransportTest, HandshakeLearnsThePeersRegionsAndTransport) {
 TEST_P(UcxTransportTest, WritesAndReadsOnSeveralLanesAreByteExact) {
   constexpr std::size_t kBytes = 1 << 20;
   auto& remote = buffer(kBytes, 0);
-  auto remote_region = b_->register_memory(remote.data(), remote.size());
+  auto remote_region = expose(remote.data(), remote.size());
   ASSERT_TRUE(remote_region.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -236,7 +244,7 @@ TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
   auto& late = buffer(8192, 0);
-  auto late_region = b_->register_memory(late.data(), late.size());
+  auto late_region = expose(late.data(), late.size());
   ASSERT_TRUE(late_region.has_value());
   auto& source = buffer(pattern(late.size(), 3));
   ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
@@ -258,7 +266,7 @@ TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
 
 TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
   auto& remote = buffer(4096);
-  auto region = b_->register_memory(remote.data(), remote.size());
+  auto region = expose(remote.data(), remote.size());
   ASSERT_TRUE(region.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -274,7 +282,7 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
 
 TEST_P(UcxTransportTest, EveryBadSliceIsRefusedBeforePosting) {
   auto& remote = buffer(4096);
-  auto rr = b_->register_memory(remote.data(), remote.size());
+  auto rr = expose(remote.data(), remote.size());
   ASSERT_TRUE(rr.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -350,6 +358,7 @@ TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
   auto allocated = b_->allocate_memory(64 << 10);
   ASSERT_TRUE(allocated.has_value()) << allocated.error().to_string();
   ASSERT_NE(allocated->address, nullptr);
+  ASSERT_TRUE(b_->export_region(allocated->handle).is_ok());
   EXPECT_EQ(a_->notify(7, "hi").code(), StatusCode::kInvalidArgument);           // no such path
   EXPECT_EQ(a_->remote_region(7, 1).error().code(), StatusCode::kInvalidArgument);
   const PathId path = connect_ready();
@@ -369,7 +378,7 @@ TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
 
 TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {
   auto& remote = buffer(1 << 20);
-  auto rr = b_->register_memory(remote.data(), remote.size());
+  auto rr = expose(remote.data(), remote.size());
   ASSERT_TRUE(rr.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -459,7 +468,7 @@ TEST_P(UcxTransportTest, APeerThatGoesAwayFailsItsSlicesUnavailable) {
   }
   constexpr std::size_t kBytes = 8 << 20;
   auto& remote = buffer(kBytes);
-  auto rr = b_->register_memory(remote.data(), remote.size());
+  auto rr = expose(remote.data(), remote.size());
   ASSERT_TRUE(rr.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -504,7 +513,7 @@ bool readable_within(int fd, const std::function<void()>& progress_other, std::c
 TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   ASSERT_GE(a_->event_fd(), 0);
   auto& remote = buffer(1 << 20);
-  auto rr = b_->register_memory(remote.data(), remote.size());
+  auto rr = expose(remote.data(), remote.size());
   ASSERT_TRUE(rr.has_value());
 
   // The handshake answer wakes the initiator.

@@ -55,16 +55,24 @@ int run(CompressOptions o) {
     return fail(Status::invalid_argument("--netns and --listen are for the spawned peer (--spawn)"));
   }
   std::optional<ServeChild> child;
+  std::optional<SpawnSecret> secret;
   std::string target = o.target;
+  transport::UcxConfig ucx = o.ucx;
   if (o.spawn) {
-    std::vector<std::string> args = serve_args(c.peer_bytes(), o.ucx);
+    // A peer beyond loopback needs a secret: one for this run, unless given.
+    if (ucx.secret.empty() && ucx.secret_file.empty() && std::getenv("BATON_TOKEN_FILE") == nullptr) {
+      auto made = SpawnSecret::create(ucx);
+      if (!made) return fail(made.error());
+      secret.emplace(std::move(*made));
+    }
+    std::vector<std::string> args = serve_args(c.peer_bytes(), ucx);
     if (!o.listen.empty()) args.insert(args.end(), {"--listen", o.listen});
     auto started = ServeChild::start(args, "/proc/self/exe", o.netns);
     if (!started) return fail(started.error());
     child.emplace(std::move(*started));
     target = child->address();
   }
-  auto rows = workloads::run_compress(c, target, o.ucx);
+  auto rows = workloads::run_compress(c, target, ucx);
   if (!rows) return fail(rows.error());
   nlohmann::ordered_json j{{"peer", target},
                            {"netns", o.netns},

@@ -23,6 +23,7 @@ struct ServeOptions {
   std::string buffer_size = "256MiB";
   transport::UcxConfig ucx;  // listen_address: --listen
   std::string metrics_address;
+  std::vector<std::string> export_to;  // empty: every authenticated peer
 };
 
 int run_serve(const ServeOptions& o) {
@@ -54,6 +55,10 @@ int run_serve(const ServeOptions& o) {
     return 1;
   }
   engine::fill_pattern(std::span(reinterpret_cast<std::byte*>(region->base), region->length), kServeSalt);
+  if (Status s = (*engine)->export_region(region->handle, o.export_to); !s.is_ok()) {
+    fmt::print(stderr, "baton serve: {}\n", s.to_string());
+    return 1;
+  }
   fmt::print("address {}\n", (*engine)->address());
   fmt::print("region {} bytes {}\n", region->handle, region->length);
   if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
@@ -74,6 +79,9 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--buffer-size", o->buffer_size, "Bytes to register (size: 256MiB, 1GB …)");
   app->add_option("--listen", o->ucx.listen_address, "Handshake address host:port (port 0: any free port)");
   add_ucx_options(*app, o->ucx);
+  app->add_option("--export-to", o->export_to,
+                  "Export the buffer only to these peers (their listen addresses, repeatable); default: every peer "
+                  "that proves the secret");
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
   return {app, [o] { return run_serve(*o); }};
 }

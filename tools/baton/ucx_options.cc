@@ -1,6 +1,14 @@
 #include "ucx_options.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
 
 #include "baton/common/units.h"
 
@@ -28,6 +36,11 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
            ucx.stall_timeout_ms = *ns / 1'000'000;
          },
          "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)");
+  app.add_option("--token-file", ucx.secret_file,
+                 "The deployment secret peers prove to each other (a chmod 600 file of 16..4096 bytes; default: "
+                 "$BATON_TOKEN_FILE; none: loopback only)");
+  app.add_flag("--allow-unauthenticated", ucx.allow_unauthenticated,
+               "Listen beyond loopback without a secret: any host that reaches the port becomes a peer");
 }
 
 std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx) {
@@ -36,7 +49,28 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   if (!ucx.tls.empty()) args.insert(args.end(), {"--ucx-tls", ucx.tls});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
+  if (!ucx.secret_file.empty()) args.insert(args.end(), {"--token-file", ucx.secret_file});
+  if (ucx.allow_unauthenticated) args.emplace_back("--allow-unauthenticated");
   return args;
+}
+
+Result<SpawnSecret> SpawnSecret::create(transport::UcxConfig& ucx) {
+  std::string path = "/tmp/baton-secret-XXXXXX";
+  const int fd = ::mkstemp(path.data());  // 0600
+  if (fd < 0) return std::unexpected(Status::unavailable("cannot make a secret file: {}", std::strerror(errno)));
+  std::random_device entropy;
+  std::string secret;
+  for (int i = 0; i < 32; ++i) secret += fmt::format("{:02x}", entropy() & 0xff);
+  const bool written = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+  ::close(fd);
+  SpawnSecret made(path);
+  if (!written) return std::unexpected(Status::unavailable("cannot write the secret file {}", path));
+  ucx.secret_file = path;
+  return made;
+}
+
+SpawnSecret::~SpawnSecret() {
+  if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 std::string PeerOptions::link() const {

@@ -16,11 +16,28 @@
 
 namespace baton::cli {
 
-// --ucx-tls, --lanes, --peer-failure-detection / --no-peer-failure-detection.
+// --ucx-tls, --lanes, --peer-failure-detection / --no-peer-failure-detection,
+// --stall-timeout, --token-file, --allow-unauthenticated.
 void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx);
 
 // `baton serve` arguments for a buffer of `buffer_bytes` with `ucx`'s settings.
 [[nodiscard]] std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx);
+
+// A random deployment secret in a private (0600) temporary file, for a
+// command that spawns its own peer where it must listen beyond loopback:
+// both sides read it (ucx.secret_file points at it). The file goes with
+// the object.
+class SpawnSecret {
+ public:
+  [[nodiscard]] static Result<SpawnSecret> create(transport::UcxConfig& ucx);
+  SpawnSecret(SpawnSecret&& other) noexcept : path_(std::exchange(other.path_, {})) {}
+  SpawnSecret& operator=(SpawnSecret&&) = delete;
+  ~SpawnSecret();
+
+ private:
+  explicit SpawnSecret(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 
 // Where a scheduling bench sends its requests: the simulator, or a real peer
 // over UCX (a running `baton serve`, or one it spawns).

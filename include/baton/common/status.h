@@ -25,6 +25,7 @@ enum class StatusCode : std::uint8_t {
   kDeadlineInfeasible,
   kResourceExhausted,
   kFailedPrecondition,  // the call does not fit the object's state (a region with transfers in flight)
+  kPermissionDenied,  // the peer did not prove the deployment secret, or may not see that region
   kInternal,
 };
 
@@ -55,6 +56,7 @@ class [[nodiscard]] Status {
   BATON_STATUS_FACTORY(deadline_infeasible, kDeadlineInfeasible)
   BATON_STATUS_FACTORY(resource_exhausted, kResourceExhausted)
   BATON_STATUS_FACTORY(failed_precondition, kFailedPrecondition)
+  BATON_STATUS_FACTORY(permission_denied, kPermissionDenied)
   BATON_STATUS_FACTORY(internal, kInternal)
 #undef BATON_STATUS_FACTORY
 

@@ -30,8 +30,9 @@
 namespace baton::engine {
 
 struct EngineConfig {
-  // Listen address (default 127.0.0.1:0, an ephemeral port), lanes (UCP
-  // endpoints) per peer, UCX_TLS, peer-failure detection.
+  // Listen address (default 127.0.0.1:0, an ephemeral port), the deployment
+  // secret (needed to listen beyond loopback), lanes (UCP endpoints) per
+  // peer, UCX_TLS, peer-failure detection, handshake and revoke timeouts.
   transport::UcxConfig ucx{};
   // "host:port" to serve GET /metrics (Prometheus text) on; port 0 picks a
   // free one (metrics_address()). Empty: no HTTP server.
@@ -52,7 +53,7 @@ using transport::Op;
 using transport::RegionHandle;
 
 // A registered memory range. `handle` is what peers name in
-// Request::remote_region (they learn it in the handshake).
+// Request::remote_region (they learn it once it is exported to them).
 struct Region {
   RegionHandle handle = 0;
   std::uint64_t base = 0;
@@ -121,8 +122,8 @@ class Engine {
   // Where GET /metrics is served, or empty.
   [[nodiscard]] std::string metrics_address() const;
 
-  // Registers [ptr, ptr + length) for transfers and for peers to reach
-  // (they see it after their next handshake or refresh). invalid_argument
+  // Registers [ptr, ptr + length) for transfers; peers reach it only once
+  // export_region() made it visible to them. invalid_argument
   // for a null pointer, zero length or an overlap with a region; unavailable
   // when UCX refuses (VRAM without CUDA support in UCX).
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind = MemoryKind::kDram,
@@ -133,18 +134,28 @@ class Engine {
   // buffer from register_memory() goes through the CPU of its owner.
   // invalid_argument for zero length.
   [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node = -1);
-  // not_found for an unknown region; failed_precondition while requests on
-  // it are queued or in flight (including posted slices of a cancelled
-  // request, which UCX cannot recall: they finish first).
+  // Makes a region visible to peers that proved the deployment secret: all
+  // of them (`peers` empty), or those named (their listen addresses, as
+  // they connect from: "10.0.0.2:7000"). Connected peers learn it at once.
+  // not_found for an unknown region; invalid_argument for an empty name.
+  [[nodiscard]] Status export_region(RegionHandle region, const std::vector<std::string>& peers = {});
+  // Revokes the region from every peer that knew it and unmaps it: returns
+  // once each acknowledged (none of its transfers on it can still land) or
+  // was disconnected (UcxConfig::revoke_timeout_ms), so the caller may free
+  // the memory then. not_found for an unknown region; failed_precondition
+  // while requests on it are queued or in flight (including posted slices
+  // of a cancelled request, which UCX cannot recall: they finish first).
   [[nodiscard]] Status unregister(RegionHandle region);
 
-  // Handshake with a peer's listener (no metadata server): endpoints per
-  // lane, and the peer's regions with their keys. Blocks until ready, or
-  // until the handshake timeout (unavailable). invalid_argument for a
-  // malformed address. Connecting again to a live peer returns at once; to
+  // Handshake with a peer's listener (no metadata server): both prove the
+  // deployment secret (UcxConfig::secret), then endpoints per lane and the
+  // regions the peer exports to us, with their keys. Blocks until ready, or
+  // until the handshake timeout (unavailable); permission_denied when the
+  // secrets differ. invalid_argument for a malformed address. Connecting again to a live peer returns at once; to
   // a failed one starts afresh.
   [[nodiscard]] Result<Peer> connect(std::string_view address);
-  // Learns the peer's current regions (ones registered since the handshake).
+  // Learns the peer's current regions (exports reach us unasked; this waits
+  // for the current list).
   [[nodiscard]] Status refresh(const Peer& peer, TimeNs timeout_ns = 5'000'000'000);
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer);
 

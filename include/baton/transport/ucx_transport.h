@@ -1,9 +1,12 @@
 // The UCX transport: moves real bytes between engines with UCP RMA (put/get)
 // over whatever UCX selects (TCP here; RDMA verbs on a cluster). A path is one
-// connected peer and its lanes are UCP endpoints to that peer. Peers meet
-// through a sockaddr listener and a handshake over UCP active messages that
-// carries region descriptors (base, length, packed rkey), so no metadata
-// server is needed. docs/transport.md has the whole picture.
+// connected peer and its lanes are UCP endpoints to that peer. Peers meet on
+// Baton's own TCP socket: a challenge–response over a shared deployment
+// secret, then the listener's UCP worker address and the region descriptors
+// (base, length, packed rkey) it exports to that peer, so no metadata server
+// is needed. The same connection carries region updates, revocations and
+// notifications; its closing is the peer's death. docs/transport.md and
+// docs/security.md have the whole picture.
 //
 // Lives on the engine loop: one UCP worker in single-thread mode, progressed
 // only by poll() (and the destructor); no locks, no threads of its own. Both
@@ -26,9 +29,22 @@ struct UcxConfig {
   // UCP endpoints per peer: the lanes of each path.
   int lanes_per_peer = 2;
   // UCX_TLS for this transport only (e.g. "tcp", "rc,tcp"); empty: UCX's own
-  // default, or the UCX_TLS environment variable. The sockaddr handshake
-  // needs "tcp" (or an RDMA transport) in the list.
+  // default, or the UCX_TLS environment variable.
   std::string tls;
+  // The deployment secret (16..4096 bytes) that peers prove to each other
+  // before any region or key is sent; every engine of a deployment holds the
+  // same. Empty: read from secret_file, else from the file named by
+  // $BATON_TOKEN_FILE, else none: then only a loopback listen address is
+  // allowed (any local process is a peer), unless allow_unauthenticated.
+  std::string secret;
+  std::string secret_file;
+  bool allow_unauthenticated = false;
+  // Connections that have not proved the secret yet, at most; more are
+  // closed on arrival (each has handshake_timeout_ms to prove it).
+  int max_unauthenticated = 64;
+  // unregister() waits this long for peers to acknowledge a revocation;
+  // one that did not is disconnected (its endpoints here closed).
+  std::int64_t revoke_timeout_ms = 5000;
   // Peer-failure reporting (UCP_ERR_HANDLING_MODE_PEER): a dead peer fails
   // its slices with `unavailable` instead of leaving them in flight. UCX 1.13
   // then uses only transports that can report a dead peer (tcp, RDMA, cma),
@@ -36,7 +52,8 @@ struct UcxConfig {
   // memory between processes of one host, but a peer that dies without
   // closing leaves slices in flight, and endpoints close by flushing.
   bool peer_failure_detection = true;
-  // A connect whose handshake has not finished by then fails (unavailable).
+  // A connect whose handshake has not finished by then fails (unavailable);
+  // a connection to our listener that has not proved the secret by then is closed.
   std::int64_t handshake_timeout_ms = 5000;
   // A path with slices posted and none completed for this long fails
   // (unavailable), its endpoints closed: a link that went down or a peer
@@ -62,8 +79,8 @@ struct RemoteRegion {
 
 inline constexpr std::size_t kMaxNotificationBytes = 4096;
 
-// A small message a peer sent with notify(), tagged with the sender's own
-// listen address.
+// A small message a peer sent with notify(), tagged with the sender's name
+// (its own listen address, as it said in the handshake).
 struct Notification {
   std::string from;
   std::string message;
@@ -78,9 +95,12 @@ enum class PathState : std::uint8_t {
 
 class UcxTransport final : public Transport {
  public:
-  // UCP context (RMA, AM, wakeup), worker and listener. invalid_argument for
-  // a bad listen address or lanes_per_peer < 1; unavailable when UCX cannot
-  // start (e.g. an unknown transport name in `tls`) or cannot listen.
+  // UCP context (RMA, AM, wakeup), worker and Baton's listener.
+  // invalid_argument for a bad listen address, a bad bound, a secret of the
+  // wrong size, or a non-loopback address without a secret (and without
+  // allow_unauthenticated); not_found / invalid_argument for an unreadable or
+  // unsafe secret file; unavailable when UCX cannot start (e.g. an unknown
+  // transport name in `tls`) or the address cannot be bound.
   [[nodiscard]] static Result<std::unique_ptr<UcxTransport>> create(UcxConfig config = {});
 
   // shutdown(), then progresses until the endpoint closes finish (a bounded
@@ -97,7 +117,8 @@ class UcxTransport final : public Transport {
 
   // --- Registered memory ---------------------------------------------------
 
-  // ucp_mem_map of [addr, addr + length). invalid_argument for a null
+  // ucp_mem_map of [addr, addr + length): usable for local slices at once,
+  // seen by peers only once exported (export_region). invalid_argument for a null
   // address, zero length, a range that wraps, or one that overlaps a region
   // already registered; unavailable when UCX refuses the mapping (VRAM
   // without CUDA support in UCX, for one).
@@ -112,23 +133,37 @@ class UcxTransport final : public Transport {
     void* address = nullptr;
   };
   [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length);
-  // not_found for an unknown (or already unregistered) handle;
-  // invalid_argument while slices on the region are in flight. Connected
-  // peers are told at once that the region is gone.
+  // Makes a region visible to peers: to every authenticated peer (`peers`
+  // empty) or to those that named themselves so in the handshake (their
+  // listen address, e.g. "10.0.0.2:7000"; a claim made by a holder of the
+  // secret). Connected peers learn it at once, others when they connect.
+  // Exports add up. not_found for an unknown region; failed_precondition
+  // while it is being unregistered; invalid_argument for an empty name.
+  Status export_region(RegionHandle region, const std::vector<std::string>& peers = {});
+  // Revokes and frees a region. Peers that were told of it are told to
+  // forget it; each acknowledges once none of its slices on it can still
+  // land, or is disconnected after revoke_timeout_ms. Until then the region
+  // stays mapped and unregister_pending() is true (keep polling); then it is
+  // unmapped and the caller may free the memory. Returns at once.
+  // not_found for an unknown (or unregistered) handle; invalid_argument
+  // while local slices on it are in flight; failed_precondition while it is
+  // already being unregistered.
   Status unregister(RegionHandle region);
+  [[nodiscard]] bool unregister_pending(RegionHandle region) const;
   // The packed rkey of a local region (what the handshake sends to peers).
   [[nodiscard]] Result<std::vector<std::uint8_t>> packed_rkey(RegionHandle region) const;
 
   // --- Peers ---------------------------------------------------------------
 
-  // Starts connecting to a peer's listener: lanes_per_peer endpoints and a
-  // handshake on each; the path is kConnecting until the peer answered on
-  // every lane (learned through poll()), then kReady. Returns the path at
+  // Starts connecting to a peer's listener: the control connection, the
+  // challenge–response, then lanes_per_peer endpoints from the peer's worker
+  // address, each bound to the session; the path is kConnecting until every
+  // lane is bound (learned through poll()), then kReady. Returns the path at
   // once (paths() grows by one); a live path to the same address is returned
   // again instead of a second one. invalid_argument for a malformed or
-  // unresolvable address or port 0; unavailable when UCX cannot create the
-  // endpoints. A refused connection or a silent peer shows up later as
-  // kFailed with an unavailable path_status().
+  // unresolvable address or port 0; unavailable when no socket can be made.
+  // A refused connection or a silent peer shows up later as kFailed with an
+  // unavailable path_status(); secrets that differ as permission_denied.
   [[nodiscard]] Result<PathId> connect(std::string_view peer_address, TimeNs now_ns);
 
   // kFailed for an unknown path.
@@ -167,8 +202,9 @@ class UcxTransport final : public Transport {
 
   // --- Waiting without spinning ---------------------------------------------
 
-  // The worker's event fd (ucp_worker_get_efd): readable when arm() returned
-  // true and something happened since.
+  // An epoll fd over the worker's event fd (ucp_worker_get_efd) and the
+  // control sockets: readable when arm() returned true and something
+  // happened since.
   [[nodiscard]] int event_fd() const override;
   // Prepares event_fd() for sleeping (ucp_worker_arm). False when there is
   // work to do first (poll again, do not sleep).
@@ -204,13 +240,17 @@ class UcxTransport final : public Transport {
   // completed since the last poll, stamped `now_ns`. A slice whose path
   // failed under it completes with unavailable.
   void poll(TimeNs now_ns, std::vector<Completion>& out) override;
-  // The earliest handshake deadline, if a connect is under way; nullopt
-  // otherwise (completions are not predictable: wait on event_fd()).
+  // The earliest handshake or revocation deadline; nullopt when none runs
+  // (completions are not predictable: wait on event_fd()).
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
   [[nodiscard]] bool path_healthy(PathId path, TimeNs now_ns) const override;
 
   // Slices posted and not yet handed out by poll().
   [[nodiscard]] std::size_t slices_in_flight() const;
+
+  // Connections closed on arrival because max_unauthenticated handshakes
+  // were under way.
+  [[nodiscard]] std::uint64_t refused_connections() const;
 
   // Starts a clean close: the listener stops, every path fails with
   // unavailable and its endpoints close (a forced close under peer-failure

@@ -27,4 +27,7 @@ struct SocketAddress {
 
 [[nodiscard]] int port_of(const sockaddr* address);
 
+// 127.0.0.0/8, ::1 or an IPv4-mapped 127.x: reachable from this host only.
+[[nodiscard]] bool is_loopback(const sockaddr* address);
+
 }  // namespace baton::transport::ucx

@@ -1,7 +1,16 @@
 // UCP underneath the Transport interface.
 //
+// Peers meet over Baton's own TCP socket (control_channel.h): the listener
+// challenges, the initiator proves the deployment secret, the listener proves
+// it back and sends its UCP worker address and the regions exported to that
+// peer; the initiator creates its lanes from the worker address and binds each
+// to its session with a token. The control connection then carries region
+// updates, revocations and notifications, and its closing is the peer's
+// death. UCX's sockaddr listener is never used (UCX 1.13 aborts on a
+// malformed connection request).
+//
 // Ownership of UCX callbacks: every callback (request completion, endpoint
-// error, connection request, active message) only records what happened in
+// error, active message) only records what happened in
 // State; poll() acts on it after ucp_worker_progress returns. So no UCX call
 // is made from inside UCX, and one place (poll) changes the transport's
 // state. A request's callback runs exactly once when the post returned a
@@ -20,17 +29,25 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "baton/common/memory_budget.h"
 #include "baton/topology/cost_model.h"
 #include "baton/transport/codec.h"
+#include "baton/transport/secret.h"
+#include "transport/ucx/auth.h"
+#include "transport/ucx/control_channel.h"
+#include "transport/ucx/control_wire.h"
 #include "transport/ucx/socket_address.h"
 #include "transport/ucx/wire.h"
 
 namespace baton::transport {
 namespace {
 
+using ucx::ControlConnection;
+using ucx::ControlKind;
+using ucx::Frame;
 using ucx::MessageHeader;
 using ucx::MessageKind;
 using ucx::RegionDescriptor;
@@ -58,6 +75,14 @@ struct LocalRegion {
   ucp_mem_h memh = nullptr;
   std::vector<std::uint8_t> packed_rkey;
   std::uint64_t inflight = 0;  // slices whose local range is here
+  // Who may see it: every authenticated peer, or the peers of these names.
+  bool exported_all = false;
+  std::set<std::string> exported_to;
+  // unregister() under way: the sessions that must acknowledge first.
+  bool revoking = false;
+  std::uint64_t revoke_seq = 0;
+  std::set<std::uint64_t> awaiting;
+  TimeNs revoke_deadline_ns = 0;  // 0 until the next poll saw it
 };
 
 // One region of a peer, with its rkey unpacked on each lane's endpoint.
@@ -87,13 +112,21 @@ struct UcxTransport::State {
     bool answered = false;  // the peer answered this lane's hello
   };
 
+  // Where an initiator's handshake stands.
+  enum class Stage : std::uint8_t { kAwaitChallenge, kAwaitWelcome, kBinding, kDone };
+
   struct Peer {
     std::string address;
     PathState state = PathState::kConnecting;
     Status error;
+    std::unique_ptr<ControlConnection> control;
+    bool write_watched = false;
+    Stage stage = Stage::kAwaitChallenge;
+    ucx::Nonce nonce{};      // ours
+    ucx::Nonce challenge{};  // the listener's
     std::vector<std::unique_ptr<Lane>> lanes;
     std::map<RegionHandle, std::shared_ptr<RemoteRegionKeys>> regions;
-    std::optional<std::vector<RegionDescriptor>> hello_regions;  // until ready
+    std::vector<ucx::Revoke> revokes;  // to acknowledge once no slice of ours uses them
     std::uint64_t next_seq = 1;
     std::uint64_t hello_seq = 0;
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
@@ -103,14 +136,18 @@ struct UcxTransport::State {
     TimeNs last_progress_ns = 0;    // the last completion, or the post that ended an idle stretch
   };
 
-  // An endpoint our listener accepted: the serving side of someone's lane.
-  struct Accepted {
-    State* state = nullptr;
-    ucp_ep_h ep = nullptr;
-    bool identified = false;  // sent its hello: we know its path and lane
-    std::uint32_t client_path = 0;
-    std::uint32_t client_lane = 0;
-    std::string client_address;
+  // The listener's side of one initiator: its control connection, and once
+  // it proved the secret, the lanes it bound and the regions it was told of.
+  struct Session {
+    std::unique_ptr<ControlConnection> conn;
+    bool write_watched = false;
+    bool authenticated = false;
+    ucx::Nonce nonce{};           // our challenge
+    TimeNs deadline_ns = 0;       // to authenticate; 0 until the first poll saw it
+    std::string name;             // what it calls itself (its listen address)
+    std::uint64_t token = 0;      // binds its lanes
+    std::set<RegionHandle> sent;  // regions it knows of, not revoked
+    std::vector<ucp_ep_h> lanes;  // reply endpoints its lanes bound
   };
 
   struct SliceOp {
@@ -144,11 +181,14 @@ struct UcxTransport::State {
   };
 
   UcxConfig config;
+  std::string secret;
   std::string address;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
-  int event_fd = -1;
+  std::vector<std::uint8_t> worker_address;
+  int worker_fd = -1;
+  std::optional<ucx::ControlListener> listener;
+  std::optional<ucx::Poller> poller;  // its fd is event_fd()
   bool shut_down = false;
 
   std::map<std::uintptr_t, LocalRegion> regions;  // by base address
@@ -157,7 +197,12 @@ struct UcxTransport::State {
 
   std::vector<Peer> peers;  // by PathId
   std::vector<PathInfo> infos;
-  std::unordered_map<ucp_ep_h, std::unique_ptr<Accepted>> accepted;
+  std::map<std::uint64_t, Session> sessions;  // by id
+  std::uint64_t next_session = 1;
+  std::uint64_t next_revoke = 1;
+  std::unordered_map<std::uint64_t, std::uint64_t> session_by_token;
+  std::unordered_map<ucp_ep_h, std::uint64_t> session_by_ep;
+  std::uint64_t refused_connections = 0;  // over max_unauthenticated
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
   std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
@@ -172,25 +217,15 @@ struct UcxTransport::State {
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
   std::vector<Inbound> inbox;
-  std::vector<ucp_conn_request_h> conn_requests;
   std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
-  std::vector<std::pair<ucp_ep_h, ucs_status_t>> accepted_errors;
 
   ~State() { teardown(); }
 
   // --- callbacks (record only) ----------------------------------------------
 
-  static void on_conn_request(ucp_conn_request_h request, void* arg) {
-    static_cast<State*>(arg)->conn_requests.push_back(request);
-  }
-
   static void on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* lane = static_cast<Lane*>(arg);
     lane->state->lane_errors.emplace_back(lane, status);
-  }
-
-  static void on_accepted_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
-    static_cast<State*>(arg)->accepted_errors.emplace_back(ep, status);
   }
 
   static void on_slice_request(void* request, ucs_status_t status, void* user_data) {
@@ -286,11 +321,18 @@ struct UcxTransport::State {
     return Status::ok();
   }
 
-  std::vector<RegionDescriptor> local_descriptors() const {
+  static bool visible(const LocalRegion& r, const Session& session) {
+    return session.authenticated && !r.revoking && (r.exported_all || r.exported_to.contains(session.name));
+  }
+
+  // The regions `session` may use now; remembered as what it was told.
+  std::vector<RegionDescriptor> tell_regions(Session& session) {
     std::vector<RegionDescriptor> out;
-    out.reserve(regions.size());
+    session.sent.clear();
     for (const auto& [base, r] : regions) {
+      if (!visible(r, session)) continue;
       out.push_back({r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkey});
+      session.sent.insert(r.handle);
     }
     return out;
   }
@@ -353,7 +395,11 @@ struct UcxTransport::State {
     peer.state = PathState::kFailed;
     peer.error = std::move(reason);
     peer.refresh_seq = 0;
-    peer.hello_regions.reset();
+    peer.revokes.clear();
+    if (peer.control) {
+      poller->forget(peer.control->fd());
+      peer.control.reset();  // the listener sees us go
+    }
     for (auto& lane : peer.lanes) {
       if (lane->ep != nullptr) {
         close_endpoint(lane->ep);
@@ -446,11 +492,17 @@ struct UcxTransport::State {
     return {WireCodec::kRaw, std::vector<std::uint8_t>(p, p + length)};
   }
 
-  // The holder's side: an accepted endpoint that said hello asks to write or read.
+  // The session whose lane `ep` is, or null for a lane never bound.
+  Session* session_of(ucp_ep_h ep) {
+    const auto it = ep == nullptr ? session_by_ep.end() : session_by_ep.find(ep);
+    return it == session_by_ep.end() ? nullptr : &sessions.at(it->second);
+  }
+
+  // The holder's side: a bound lane asks to write or read.
   void handle_slice_request(const Inbound& in, const MessageHeader& header) {
-    auto it = in.reply_ep == nullptr ? accepted.end() : accepted.find(in.reply_ep);
-    if (it == accepted.end() || !it->second->identified) {
-      spdlog::warn("ucx: a compressed slice from an endpoint that never said hello; dropped");
+    Session* session = session_of(in.reply_ep);
+    if (session == nullptr) {
+      spdlog::warn("ucx: a compressed slice from an endpoint no authenticated peer bound; dropped");
       return;
     }
     std::size_t at = 0;
@@ -460,6 +512,9 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> data;
     if (!d) {
       why = d.error();
+    } else if (!session->sent.contains(d->key)) {
+      reply = *d;
+      why = Status::permission_denied("region {} is not exported to {}", d->key, session->name);
     } else {
       reply = *d;
       auto range = local_range(d->key, d->addr, d->payload_len);
@@ -604,54 +659,33 @@ struct UcxTransport::State {
 
   // --- acting on what callbacks recorded ------------------------------------
 
-  void accept(ucp_conn_request_h request) {
-    auto record = std::make_unique<Accepted>();
-    record->state = this;
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    params.conn_request = request;
-    if (config.peer_failure_detection) {
-      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      params.err_handler.cb = &State::on_accepted_error;
-      params.err_handler.arg = this;
-    }
-    ucp_ep_h ep = nullptr;
-    if (const ucs_status_t s = ucp_ep_create(worker, &params, &ep); s != UCS_OK) {
-      spdlog::warn("ucx: cannot accept a connection on {}: {}", address, ucs_status_string(s));
+  // A lane's first message: the session token its welcome carried. Binds the
+  // lane's endpoint here (its reply_ep) to that authenticated session.
+  void handle_bind(const Inbound& in, const MessageHeader& header) {
+    if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
+      spdlog::warn("ucx: a lane binding without a reply endpoint or a token; dropped");
       return;
     }
-    record->ep = ep;
-    accepted.emplace(ep, std::move(record));
-  }
-
-  void on_accepted_failed(ucp_ep_h ep, ucs_status_t status) {
-    auto it = accepted.find(ep);
-    if (it == accepted.end()) return;
-    spdlog::debug("ucx: client {} (path {}, lane {}) went away: {}", it->second->client_address,
-                  it->second->client_path, it->second->client_lane, ucs_status_string(status));
-    close_endpoint(ep);
-    accepted.erase(it);
-  }
-
-  void handle_query(const Inbound& in, const MessageHeader& header) {
-    auto it = in.reply_ep == nullptr ? accepted.end() : accepted.find(in.reply_ep);
-    if (it == accepted.end()) {
-      if (!shut_down) spdlog::warn("ucx: handshake query from an endpoint we did not accept; ignored");
+    std::uint64_t token = 0;
+    std::memcpy(&token, in.payload.data(), sizeof token);
+    const auto it = session_by_token.find(token);
+    if (it == session_by_token.end()) {
+      spdlog::warn("ucx: a lane binding with an unknown session token; dropped");
       return;
     }
-    Accepted& a = *it->second;
-    auto client = ucx::decode_address(in.payload);
-    a.identified = true;
-    a.client_path = header.path;
-    a.client_lane = header.lane;
-    a.client_address = client ? *client : "?";
+    Session& session = sessions.at(it->second);
+    if (!session_by_ep.contains(in.reply_ep)) {
+      if (session.lanes.size() >= ucx::kMaxLanes) {
+        spdlog::warn("ucx: {} bound more than {} lanes; dropped", session.name, ucx::kMaxLanes);
+        return;
+      }
+      session.lanes.push_back(in.reply_ep);
+      session_by_ep.emplace(in.reply_ep, it->second);
+    }
     MessageHeader answer = header;
-    answer.flags = header.flags & ucx::kFlagWithRegions;
-    std::vector<std::uint8_t> payload;
-    if ((answer.flags & ucx::kFlagWithRegions) != 0) payload = ucx::encode_regions(local_descriptors());
-    if (Status s = send_message(a.ep, MessageKind::kAnswer, answer, std::move(payload)); !s.is_ok()) {
-      spdlog::warn("ucx: cannot answer {}: {}", a.client_address, s.message());
+    answer.flags = 0;
+    if (Status s = send_message(in.reply_ep, MessageKind::kAnswer, answer, {}); !s.is_ok()) {
+      spdlog::warn("ucx: cannot answer {}: {}", session.name, s.message());
     }
   }
 
@@ -669,75 +703,19 @@ struct UcxTransport::State {
     Lane* lane = lane_of(in, header);
     if (lane == nullptr) return;
     Peer& peer = peers[lane->path];
-    const bool with_regions = (header.flags & ucx::kFlagWithRegions) != 0;
-    std::optional<std::vector<RegionDescriptor>> descriptors;
-    if (with_regions) {
-      auto decoded = ucx::decode_regions(in.payload);
-      if (!decoded) {
-        fail_path(lane->path, Status::unavailable("peer {} sent a malformed region list: {}", peer.address,
-                                                  decoded.error().message()));
-        return;
-      }
-      descriptors = std::move(*decoded);
-    }
-    if (peer.state == PathState::kConnecting && header.seq == peer.hello_seq && !lane->answered) {
-      lane->answered = true;
-      ++peer.answered;
-      if (descriptors) peer.hello_regions = std::move(descriptors);
-      if (peer.answered == static_cast<int>(peer.lanes.size()) && peer.hello_regions) {
-        if (Status s = apply_regions(lane->path, *peer.hello_regions); !s.is_ok()) {
-          fail_path(lane->path, std::move(s));
-          return;
-        }
-        peer.hello_regions.reset();
-        peer.state = PathState::kReady;
-        set_path_type(lane->path, detect_path_type(peer.lanes[0]->ep));
-        spdlog::debug("ucx: path {} ready: {}", lane->path, infos[lane->path].name());
-      }
-      return;
-    }
-    if (peer.state == PathState::kReady && header.seq == peer.refresh_seq && descriptors) {
-      peer.refresh_seq = 0;
-      if (Status s = apply_regions(lane->path, *descriptors); !s.is_ok()) fail_path(lane->path, std::move(s));
-    }
-  }
-
-  void handle_notify(const Inbound& in) {
-    auto it = in.reply_ep == nullptr ? accepted.end() : accepted.find(in.reply_ep);
-    if (it == accepted.end() || !it->second->identified) {
-      spdlog::warn("ucx: notification from an endpoint that never said hello; dropped");
-      return;
-    }
-    if (in.payload.size() > kMaxNotificationBytes) {
-      spdlog::warn("ucx: notification of {} bytes from {} is over the {} byte limit; dropped", in.payload.size(),
-                   it->second->client_address, kMaxNotificationBytes);
-      return;
-    }
-    if (notifications.size() == ucx::kMaxPendingNotifications) {
-      spdlog::warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
-      notifications.pop_front();
-    }
-    notifications.push_back({it->second->client_address, std::string(in.payload.begin(), in.payload.end())});
-  }
-
-  void handle_regions_removed(const Inbound& in, const MessageHeader& header) {
-    Lane* lane = lane_of(in, header);
-    if (lane == nullptr) return;
-    auto keys = ucx::decode_keys(in.payload);
-    if (!keys) {
-      spdlog::warn("ucx: malformed region removal from {}: {}", peers[lane->path].address,
-                   keys.error().message());
-      return;
-    }
-    for (std::uint32_t key : *keys) peers[lane->path].regions.erase(key);
+    if (peer.stage != Stage::kBinding || header.seq != peer.hello_seq || lane->answered) return;
+    lane->answered = true;
+    if (++peer.answered < static_cast<int>(peer.lanes.size())) return;
+    peer.stage = Stage::kDone;
+    peer.state = PathState::kReady;
+    set_path_type(lane->path, detect_path_type(peer.lanes[0]->ep));
+    spdlog::debug("ucx: path {} ready: {}", lane->path, infos[lane->path].name());
   }
 
   void handle_recorded() {
     // Acting may record more (a forced close completes requests at once), so
     // go round until nothing is left.
-    while (!conn_requests.empty() || !accepted_errors.empty() || !lane_errors.empty() || !inbox.empty()) {
-      for (ucp_conn_request_h r : std::exchange(conn_requests, {})) accept(r);
-      for (auto [ep, status] : std::exchange(accepted_errors, {})) on_accepted_failed(ep, status);
+    while (!lane_errors.empty() || !inbox.empty()) {
       for (auto [lane, status] : std::exchange(lane_errors, {})) {
         if (lane->ep == nullptr) continue;
         fail_path(lane->path, Status::unavailable("path {} to {}: lane {} failed: {}", lane->path,
@@ -747,20 +725,366 @@ struct UcxTransport::State {
       for (Inbound& in : std::exchange(inbox, {})) {
         auto header = ucx::decode_header(in.header);
         if (!header) {
-          spdlog::warn("ucx: dropped a handshake message: {}", header.error().message());
+          spdlog::warn("ucx: dropped a message: {}", header.error().message());
           continue;
         }
         switch (in.kind) {
-          case MessageKind::kQuery: handle_query(in, *header); break;
+          case MessageKind::kQuery: handle_bind(in, *header); break;
           case MessageKind::kAnswer: handle_answer(in, *header); break;
-          case MessageKind::kRegionsRemoved: handle_regions_removed(in, *header); break;
-          case MessageKind::kNotify: handle_notify(in); break;
           case MessageKind::kWriteData:
           case MessageKind::kReadAsk: handle_slice_request(in, *header); break;
           case MessageKind::kWriteDone:
           case MessageKind::kReadData: handle_slice_reply(in, *header); break;
         }
       }
+    }
+  }
+
+  // --- the listener's control connections -----------------------------------
+
+  void watch(ControlConnection& conn, bool& write_watched) {
+    if (conn.wants_write() != write_watched) {
+      write_watched = conn.wants_write();
+      poller->change(conn.fd(), write_watched);
+    }
+  }
+
+  void close_session(std::uint64_t id, std::string_view why) {
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return;
+    Session& session = it->second;
+    if (session.authenticated) {
+      spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
+    } else {
+      spdlog::debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
+    }
+    poller->forget(session.conn->fd());
+    // Its lanes' endpoints here go too: nothing of a departed or dismissed
+    // peer may still reach our memory.
+    for (ucp_ep_h ep : session.lanes) {
+      session_by_ep.erase(ep);
+      close_endpoint(ep);
+    }
+    session_by_token.erase(session.token);
+    for (auto& [base, r] : regions) r.awaiting.erase(id);
+    sessions.erase(it);
+  }
+
+  // Sends a frame to a session; a peer that does not read loses its session.
+  bool tell(std::uint64_t id, ControlKind kind, std::span<const std::uint8_t> body) {
+    Session& session = sessions.at(id);
+    if (Status s = session.conn->send(kind, body); !s.is_ok()) {
+      close_session(id, s.message());
+      return false;
+    }
+    return true;
+  }
+
+  void accept_connections(TimeNs now_ns) {
+    if (!listener) return;
+    while (auto conn = listener->accept()) {
+      const auto unauthenticated = static_cast<int>(
+          std::count_if(sessions.begin(), sessions.end(), [](const auto& s) { return !s.second.authenticated; }));
+      if (unauthenticated >= config.max_unauthenticated) {
+        ++refused_connections;
+        spdlog::debug("ucx: {} handshakes under way; connection from {} closed", unauthenticated, conn->remote());
+        continue;  // closes it
+      }
+      auto nonce = ucx::random_nonce();
+      if (!nonce) {
+        spdlog::error("ucx: {}", nonce.error().message());
+        continue;
+      }
+      const std::uint64_t id = next_session++;
+      Session& session = sessions[id];
+      session.conn = std::move(conn);
+      session.nonce = *nonce;
+      session.deadline_ns = now_ns + config.handshake_timeout_ms * 1'000'000;
+      poller->watch(session.conn->fd(), false);
+      tell(id, ControlKind::kChallenge, ucx::encode(ucx::Challenge{session.nonce}));
+    }
+  }
+
+  Status authenticate(std::uint64_t id, const Frame& frame) {
+    Session& session = sessions.at(id);
+    if (frame.kind != ControlKind::kHello) {
+      return Status::invalid_argument("expected a hello, got frame kind {}", static_cast<int>(frame.kind));
+    }
+    auto hello = ucx::decode_hello(frame.body);
+    if (!hello) return hello.error();
+    if (!ucx::same_proof(hello->proof, ucx::initiator_proof(secret, session.nonce, hello->nonce, hello->name))) {
+      const std::string why = secret.empty() ? "authentication failed: this engine has no secret and the peer has one"
+                                             : "authentication failed: the peer does not hold this engine's secret";
+      (void)session.conn->send(ControlKind::kRefusal, ucx::encode_text(why));
+      (void)session.conn->flush();
+      return Status::permission_denied("{}", why);
+    }
+    auto token = ucx::random_token();
+    if (!token) return token.error();
+    session.authenticated = true;
+    session.name = hello->name;
+    session.token = *token;
+    session_by_token.emplace(session.token, id);
+    ucx::Welcome welcome{ucx::listener_proof(secret, session.nonce, hello->nonce), session.token, worker_address,
+                         tell_regions(session)};
+    spdlog::debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
+    tell(id, ControlKind::kWelcome, ucx::encode(welcome));
+    return Status::ok();
+  }
+
+  Status serve_frame(std::uint64_t id, const Frame& frame) {
+    Session& session = sessions.at(id);
+    switch (frame.kind) {
+      case ControlKind::kRefresh: {
+        auto seq = ucx::decode_seq(frame.body);
+        if (!seq) return seq.error();
+        tell(id, ControlKind::kRegions, ucx::encode(ucx::Regions{*seq, tell_regions(session)}));
+        return Status::ok();
+      }
+      case ControlKind::kRevokeAck: {
+        auto seq = ucx::decode_seq(frame.body);
+        if (!seq) return seq.error();
+        for (auto& [base, r] : regions) {
+          if (r.revoking && r.revoke_seq == *seq) r.awaiting.erase(id);
+        }
+        return Status::ok();
+      }
+      case ControlKind::kNotify: {
+        auto text = ucx::decode_text(frame.body, kMaxNotificationBytes);
+        if (!text) return text.error();
+        if (notifications.size() == ucx::kMaxPendingNotifications) {
+          spdlog::warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
+          notifications.pop_front();
+        }
+        notifications.push_back({session.name, std::move(*text)});
+        return Status::ok();
+      }
+      default:
+        return Status::invalid_argument("frame kind {} is not for a listener", static_cast<int>(frame.kind));
+    }
+  }
+
+  void serve_sessions(TimeNs now_ns) {
+    std::vector<std::pair<std::uint64_t, std::string>> closing_sessions;
+    for (auto& [id, session] : sessions) {
+      Status status = session.conn->receive(session.authenticated ? ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes
+                                                                  : ucx::kMaxHandshakeFrameBytes);
+      // Frames that arrived before a close still count (a notification, an ack).
+      for (;;) {
+        auto frame = session.conn->next(session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes);
+        if (!frame) {
+          status = frame.error();
+          break;
+        }
+        if (!*frame) break;
+        Status handled = session.authenticated ? serve_frame(id, **frame) : authenticate(id, **frame);
+        if (!handled.is_ok()) {
+          status = handled;
+          break;
+        }
+        if (!sessions.contains(id)) break;  // closed while telling it something
+      }
+      if (!sessions.contains(id)) continue;
+      if (status.is_ok() && !session.authenticated && now_ns >= session.deadline_ns) {
+        status = Status::timeout("no valid hello within {} ms", config.handshake_timeout_ms);
+      }
+      if (status.is_ok()) status = session.conn->flush();
+      if (!status.is_ok()) {
+        closing_sessions.emplace_back(id, status.message());
+        continue;
+      }
+      watch(*session.conn, session.write_watched);
+    }
+    for (auto& [id, why] : closing_sessions) close_session(id, why);
+  }
+
+  // --- the initiator's control connections ----------------------------------
+
+  Status create_lanes(PathId id, const std::vector<std::uint8_t>& address) {
+    Peer& peer = peers[id];
+    for (auto& lane : peer.lanes) {
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      if (config.peer_failure_detection) {
+        params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        params.err_handler.cb = &State::on_lane_error;
+        params.err_handler.arg = lane.get();
+      }
+      if (ucs_status_t st = ucp_ep_create(worker, &params, &lane->ep); st != UCS_OK) {
+        lane->ep = nullptr;
+        return Status::unavailable("cannot create endpoint {} to {}: {}", lane->index, peer.address,
+                                   ucs_status_string(st));
+      }
+    }
+    return Status::ok();
+  }
+
+  Status welcome(PathId id, const Frame& frame, std::uint64_t& token) {
+    Peer& peer = peers[id];
+    if (frame.kind == ControlKind::kRefusal) {
+      auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
+      return Status::permission_denied("{} refused us: {}", peer.address, text ? *text : "(unreadable reason)");
+    }
+    if (frame.kind != ControlKind::kWelcome) {
+      return Status::invalid_argument("expected a welcome, got frame kind {}", static_cast<int>(frame.kind));
+    }
+    auto w = ucx::decode_welcome(frame.body);
+    if (!w) return w.error();
+    if (!ucx::same_proof(w->proof, ucx::listener_proof(secret, peer.challenge, peer.nonce))) {
+      return Status::permission_denied("{} does not hold our secret (its proof is wrong)", peer.address);
+    }
+    if (Status s = create_lanes(id, w->worker_address); !s.is_ok()) return s;
+    if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
+    token = w->session;
+    return Status::ok();
+  }
+
+  Status initiator_frame(PathId id, const Frame& frame) {
+    Peer& peer = peers[id];
+    switch (peer.stage) {
+      case Stage::kAwaitChallenge: {
+        if (frame.kind != ControlKind::kChallenge) {
+          return Status::invalid_argument("expected a challenge, got frame kind {}", static_cast<int>(frame.kind));
+        }
+        auto challenge = ucx::decode_challenge(frame.body);
+        if (!challenge) return challenge.error();
+        auto nonce = ucx::random_nonce();
+        if (!nonce) return nonce.error();
+        peer.nonce = *nonce;
+        peer.challenge = challenge->nonce;
+        const ucx::Hello hello{peer.nonce, ucx::initiator_proof(secret, peer.challenge, peer.nonce, address), address,
+                               static_cast<std::uint16_t>(peer.lanes.size())};
+        peer.stage = Stage::kAwaitWelcome;
+        return peer.control->send(ControlKind::kHello, ucx::encode(hello));
+      }
+      case Stage::kAwaitWelcome: {
+        std::uint64_t token = 0;
+        if (Status s = welcome(id, frame, token); !s.is_ok()) return s;
+        peer.stage = Stage::kBinding;
+        std::vector<std::uint8_t> payload(sizeof token);
+        std::memcpy(payload.data(), &token, sizeof token);
+        for (auto& lane : peer.lanes) {
+          MessageHeader bind;
+          bind.path = id;
+          bind.lane = static_cast<std::uint32_t>(lane->index);
+          bind.seq = peer.hello_seq;
+          if (Status s = send_message(lane->ep, MessageKind::kQuery, bind, payload); !s.is_ok()) return s;
+        }
+        return Status::ok();
+      }
+      case Stage::kBinding:
+      case Stage::kDone:
+        break;
+    }
+    switch (frame.kind) {
+      case ControlKind::kRegions: {
+        auto update = ucx::decode_regions_update(frame.body);
+        if (!update) return update.error();
+        if (update->seq != 0 && update->seq == peer.refresh_seq) peer.refresh_seq = 0;
+        return apply_regions(id, update->regions);
+      }
+      case ControlKind::kRevoke: {
+        auto revoke = ucx::decode_revoke(frame.body);
+        if (!revoke) return revoke.error();
+        for (std::uint32_t key : revoke->keys) peer.regions.erase(key);
+        peer.revokes.push_back(std::move(*revoke));
+        return Status::ok();
+      }
+      case ControlKind::kRefusal: {
+        auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
+        return Status::unavailable("{} closed the path: {}", peer.address, text ? *text : "(unreadable reason)");
+      }
+      default:
+        return Status::invalid_argument("frame kind {} is not for an initiator", static_cast<int>(frame.kind));
+    }
+  }
+
+  // Acknowledges revocations once no slice of ours on that path still uses
+  // one of the revoked regions (a posted RMA may land until it completed).
+  Status acknowledge_revokes(PathId id) {
+    Peer& peer = peers[id];
+    if (peer.revokes.empty()) return Status::ok();
+    std::set<std::uint32_t> busy;
+    if (peer.inflight > 0) {
+      for (const auto& [sid, op] : slices) {
+        if (op->submit.path == id) busy.insert(op->remote->info.key);
+      }
+    }
+    for (auto it = peer.revokes.begin(); it != peer.revokes.end();) {
+      const bool in_use = std::any_of(it->keys.begin(), it->keys.end(), [&](auto k) { return busy.contains(k); });
+      if (in_use) {
+        ++it;
+        continue;
+      }
+      if (Status s = peer.control->send(ControlKind::kRevokeAck, ucx::encode_seq(it->seq)); !s.is_ok()) return s;
+      it = peer.revokes.erase(it);
+    }
+    return Status::ok();
+  }
+
+  void drive_paths(TimeNs now_ns) {
+    for (PathId id = 0; id < peers.size(); ++id) {
+      Peer& peer = peers[id];
+      if (peer.state == PathState::kFailed || !peer.control) continue;
+      Status status = peer.control->flush();
+      if (status.is_ok()) status = peer.control->receive(ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes);
+      for (;;) {
+        auto frame = peer.control->next(ucx::kMaxFrameBytes);
+        if (!frame) {
+          status = frame.error();
+          break;
+        }
+        if (!*frame) break;
+        if (Status s = initiator_frame(id, **frame); !s.is_ok()) {
+          status = s;
+          break;
+        }
+      }
+      if (status.is_ok() && peer.state == PathState::kReady) status = acknowledge_revokes(id);
+      if (status.is_ok()) status = peer.control->flush();
+      if (!status.is_ok()) {
+        fail_path(id, Status(status.code() == StatusCode::kPermissionDenied ? StatusCode::kPermissionDenied
+                                                                            : StatusCode::kUnavailable,
+                             fmt::format("path {} to {}: {}", id, peer.address, status.message())));
+        continue;
+      }
+      watch(*peer.control, peer.write_watched);
+      if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
+        fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({} of {} lanes "
+                                          "answered)",
+                                          id, peer.address, config.handshake_timeout_ms, peer.answered,
+                                          peer.lanes.size()));
+      }
+    }
+  }
+
+  // --- revocation -------------------------------------------------------------
+
+  // Unmaps regions whose revocation every session acknowledged; dismisses
+  // sessions that did not within the revoke timeout.
+  void finish_revokes(TimeNs now_ns) {
+    for (auto it = regions.begin(); it != regions.end();) {
+      LocalRegion& r = it->second;
+      if (!r.revoking) {
+        ++it;
+        continue;
+      }
+      if (r.revoke_deadline_ns == 0) r.revoke_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
+      if (!r.awaiting.empty() && now_ns >= r.revoke_deadline_ns) {
+        for (std::uint64_t id : std::set(r.awaiting)) {
+          close_session(id, fmt::format("did not acknowledge the revocation of region {} within {} ms", r.handle,
+                                        config.revoke_timeout_ms));
+        }
+      }
+      if (!r.awaiting.empty()) {
+        ++it;
+        continue;
+      }
+      ucp_mem_unmap(context, r.memh);
+      region_base.erase(r.handle);
+      it = regions.erase(it);
     }
   }
 
@@ -784,32 +1108,18 @@ struct UcxTransport::State {
     }
   }
 
-  void notify_regions_removed(RegionHandle handle) {
-    for (auto& [ep, a] : accepted) {
-      if (!a->identified || a->client_lane != 0) continue;  // one message per client path
-      MessageHeader header;
-      header.path = a->client_path;
-      header.lane = a->client_lane;
-      if (Status s = send_message(ep, MessageKind::kRegionsRemoved, header, ucx::encode_keys({handle}));
-          !s.is_ok()) {
-        spdlog::warn("ucx: cannot tell {} that region {} is gone: {}", a->client_address, handle, s.message());
-      }
-    }
-  }
 
   void begin_shutdown() {
     if (shut_down) return;
     shut_down = true;
-    if (listener != nullptr) {
-      for (ucp_conn_request_h r : std::exchange(conn_requests, {})) ucp_listener_reject(listener, r);
-      ucp_listener_destroy(listener);
-      listener = nullptr;
+    if (listener) {
+      poller->forget(listener->fd());
+      listener.reset();
     }
     for (PathId id = 0; id < peers.size(); ++id) {
       fail_path(id, Status::unavailable("path {} to {}: the transport shut down", id, peers[id].address));
     }
-    for (auto& [ep, a] : accepted) close_endpoint(ep);
-    accepted.clear();
+    while (!sessions.empty()) close_session(sessions.begin()->first, "the transport shut down");
   }
 
   void teardown() {
@@ -867,11 +1177,52 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::create: handshake_timeout_ms is {} (expected > 0)", config.handshake_timeout_ms));
   }
+  if (config.revoke_timeout_ms <= 0) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: revoke_timeout_ms is {} (expected > 0)", config.revoke_timeout_ms));
+  }
+  if (config.max_unauthenticated < 1) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: max_unauthenticated is {} (expected >= 1)", config.max_unauthenticated));
+  }
   auto listen = ucx::parse_socket_address(config.listen_address);
   if (!listen) return std::unexpected(listen.error());
 
   auto state = std::make_unique<State>();
+  // The secret: said, else its file, else $BATON_TOKEN_FILE.
+  state->secret = config.secret;
+  std::string secret_file = config.secret_file;
+  if (state->secret.empty() && secret_file.empty()) {
+    if (const char* env = std::getenv("BATON_TOKEN_FILE"); env != nullptr) secret_file = env;
+  }
+  if (state->secret.empty() && !secret_file.empty()) {
+    auto read = read_secret_file(secret_file);
+    if (!read) return std::unexpected(read.error());
+    state->secret = std::move(*read);
+  }
+  if (!state->secret.empty() &&
+      (state->secret.size() < kMinSecretBytes || state->secret.size() > kMaxSecretBytes)) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::create: the secret has {} bytes (expected {}..{})",
+                                                    state->secret.size(), kMinSecretBytes, kMaxSecretBytes));
+  }
+  if (state->secret.empty()) {
+    if (!ucx::is_loopback(listen->get()) && !config.allow_unauthenticated) {
+      return std::unexpected(Status::invalid_argument(
+          "UcxTransport::create: listening on {} without a secret would let any host that reaches it read and write "
+          "the memory peers are given: set a secret (--token-file, BATON_TOKEN_FILE, UcxConfig::secret), listen on "
+          "loopback, or say allow_unauthenticated",
+          config.listen_address));
+    }
+    if (ucx::is_loopback(listen->get())) {
+      spdlog::debug("ucx: no secret: listening on loopback {} only, for processes of this host",
+                    config.listen_address);
+    } else {
+      spdlog::warn("ucx: no secret, and listening on {}: any host that reaches it is a peer (allow_unauthenticated)",
+                   config.listen_address);
+    }
+  }
   state->config = std::move(config);
+  state->config.secret.clear();  // kept once, in state->secret
   const UcxConfig& cfg = state->config;
 
   ucp_config_t* ucp_config = nullptr;
@@ -903,9 +1254,17 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     state->worker = nullptr;
     return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_create", s));
   }
-  if (ucs_status_t s = ucp_worker_get_efd(state->worker, &state->event_fd); s != UCS_OK) {
+  if (ucs_status_t s = ucp_worker_get_efd(state->worker, &state->worker_fd); s != UCS_OK) {
     return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_get_efd", s));
   }
+  ucp_address_t* worker_address = nullptr;
+  std::size_t worker_address_length = 0;
+  if (ucs_status_t s = ucp_worker_get_address(state->worker, &worker_address, &worker_address_length); s != UCS_OK) {
+    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_get_address", s));
+  }
+  const auto* address_bytes = reinterpret_cast<const std::uint8_t*>(worker_address);
+  state->worker_address.assign(address_bytes, address_bytes + worker_address_length);
+  ucp_worker_release_address(state->worker, worker_address);
 
   auto set_handler = [&](MessageKind kind, ucp_am_recv_callback_t cb) {
     ucp_am_handler_param_t p{};
@@ -919,8 +1278,6 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   };
   for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
                           std::pair{MessageKind::kAnswer, &State::on_message<MessageKind::kAnswer>},
-                          std::pair{MessageKind::kRegionsRemoved, &State::on_message<MessageKind::kRegionsRemoved>},
-                          std::pair{MessageKind::kNotify, &State::on_message<MessageKind::kNotify>},
                           std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
                           std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
                           std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
@@ -930,23 +1287,17 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     }
   }
 
-  ucp_listener_params_t listener_params{};
-  listener_params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  listener_params.sockaddr.addr = listen->get();
-  listener_params.sockaddr.addrlen = listen->length;
-  listener_params.conn_handler.cb = &State::on_conn_request;
-  listener_params.conn_handler.arg = state.get();
-  if (ucs_status_t s = ucp_listener_create(state->worker, &listener_params, &state->listener); s != UCS_OK) {
-    state->listener = nullptr;
-    return std::unexpected(Status::unavailable("UcxTransport::create: cannot listen on {}: {}",
-                                               cfg.listen_address, ucs_status_string(s)));
+  auto poller = ucx::Poller::create();
+  if (!poller) return std::unexpected(poller.error());
+  state->poller = std::move(*poller);
+  state->poller->watch(state->worker_fd, false);
+  auto listener = ucx::ControlListener::open(*listen);
+  if (!listener) {
+    return std::unexpected(Status::unavailable("UcxTransport::create: {}", listener.error().message()));
   }
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  if (ucs_status_t s = ucp_listener_query(state->listener, &attr); s != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_listener_query", s));
-  }
-  state->address = ucx::format_socket_address(reinterpret_cast<const sockaddr*>(&attr.sockaddr));
+  state->listener = std::move(*listener);
+  state->poller->watch(state->listener->fd(), false);
+  state->address = state->listener->address();
   return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(state)));
 }
 
@@ -1004,15 +1355,67 @@ Status UcxTransport::unregister(RegionHandle handle) {
                              handle);
   }
   LocalRegion& region = s.regions.at(it->second);
+  if (region.revoking) {
+    return Status::failed_precondition("UcxTransport::unregister: region {} is already being unregistered", handle);
+  }
   if (region.inflight > 0) {
     return Status::invalid_argument(
         "UcxTransport::unregister: region {} has {} slices in flight; unregister after their completions",
         handle, region.inflight);
   }
-  ucp_mem_unmap(s.context, region.memh);
-  s.regions.erase(it->second);
-  s.region_base.erase(it);
-  s.notify_regions_removed(handle);
+  // Every peer that was told of it must forget it (and finish what it
+  // posted there) before the memory goes; poll() unmaps it then.
+  region.revoking = true;
+  region.revoke_seq = s.next_revoke++;
+  for (auto& [id, session] : s.sessions) {
+    if (!session.sent.erase(handle)) continue;
+    if (s.tell(id, ControlKind::kRevoke, ucx::encode(ucx::Revoke{region.revoke_seq, {handle}}))) {
+      region.awaiting.insert(id);
+    }
+  }
+  if (region.awaiting.empty()) {
+    ucp_mem_unmap(s.context, region.memh);
+    s.regions.erase(it->second);
+    s.region_base.erase(it);
+  }
+  return Status::ok();
+}
+
+bool UcxTransport::unregister_pending(RegionHandle handle) const {
+  const auto it = state_->region_base.find(handle);
+  return it != state_->region_base.end() && state_->regions.at(it->second).revoking;
+}
+
+Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
+  State& s = *state_;
+  auto it = s.region_base.find(handle);
+  if (it == s.region_base.end()) {
+    return Status::not_found("UcxTransport::export_region: no region {}", handle);
+  }
+  LocalRegion& region = s.regions.at(it->second);
+  if (region.revoking) {
+    return Status::failed_precondition("UcxTransport::export_region: region {} is being unregistered", handle);
+  }
+  for (const std::string& name : peers) {
+    if (name.empty() || name.size() > ucx::kMaxNameBytes) {
+      return Status::invalid_argument("UcxTransport::export_region: peer name \"{}\" (expected 1..{} bytes)", name,
+                                      ucx::kMaxNameBytes);
+    }
+  }
+  if (peers.empty()) {
+    region.exported_all = true;
+  } else {
+    region.exported_to.insert(peers.begin(), peers.end());
+  }
+  // Peers connected now learn it at once; later ones in their welcome.
+  std::vector<std::uint64_t> told;
+  for (auto& [id, session] : s.sessions) {
+    if (s.visible(region, session) && !session.sent.contains(handle)) told.push_back(id);
+  }
+  for (std::uint64_t id : told) {
+    State::Session& session = s.sessions.at(id);
+    s.tell(id, ControlKind::kRegions, ucx::encode(ucx::Regions{0, s.tell_regions(session)}));
+  }
   return Status::ok();
 }
 
@@ -1043,50 +1446,27 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   }
 
   const auto id = static_cast<PathId>(s.peers.size());
+  auto control = ControlConnection::dial(*target);
+  if (!control) return std::unexpected(control.error());
   State::Peer peer;
   peer.address = address;
   peer.deadline_ns = now_ns + s.config.handshake_timeout_ms * 1'000'000;
   peer.hello_seq = peer.next_seq++;
+  peer.last_progress_ns = now_ns;
+  peer.control = std::move(*control);
   for (int i = 0; i < s.config.lanes_per_peer; ++i) {
     auto lane = std::make_unique<State::Lane>();
     lane->state = &s;
     lane->path = id;
     lane->index = i;
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = target->get();
-    params.sockaddr.addrlen = target->length;
-    if (s.config.peer_failure_detection) {
-      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      params.err_handler.cb = &State::on_lane_error;
-      params.err_handler.arg = lane.get();
-    }
-    if (ucs_status_t st = ucp_ep_create(s.worker, &params, &lane->ep); st != UCS_OK) {
-      for (auto& made : peer.lanes) s.close_endpoint(made->ep);
-      return std::unexpected(Status::unavailable("UcxTransport::connect: cannot create endpoint {} to {}: {}", i,
-                                                 address, ucs_status_string(st)));
-    }
-    peer.lanes.push_back(std::move(lane));
+    peer.lanes.push_back(std::move(lane));  // endpoints come with the welcome
   }
+  s.poller->watch(peer.control->fd(), peer.control->wants_write());
+  peer.write_watched = peer.control->wants_write();
   s.peers.push_back(std::move(peer));
   PathInfo info{s.address, address, topology::PathType::kTcp, s.config.lanes_per_peer, 0, 0};
   s.infos.push_back(std::move(info));
   s.set_path_type(id, topology::PathType::kTcp);  // until UCX says what it chose
-
-  const std::vector<std::uint8_t> me(s.address.begin(), s.address.end());
-  for (auto& lane : s.peers[id].lanes) {
-    MessageHeader hello;
-    hello.path = id;
-    hello.lane = static_cast<std::uint32_t>(lane->index);
-    hello.seq = s.peers[id].hello_seq;
-    hello.flags = lane->index == 0 ? ucx::kFlagWithRegions : 0;
-    if (Status st = s.send_message(lane->ep, MessageKind::kQuery, hello, me); !st.is_ok()) {
-      s.fail_path(id, Status::unavailable("path {} to {}: {}", id, address, st.message()));
-      break;
-    }
-  }
   return id;
 }
 
@@ -1103,8 +1483,12 @@ Status UcxTransport::path_status(PathId path) const {
   switch (peer.state) {
     case PathState::kReady: return Status::ok();
     case PathState::kConnecting:
-      return Status::unavailable("path {} to {}: handshake not finished ({} of {} lanes answered)", path,
-                                 peer.address, peer.answered, peer.lanes.size());
+      return Status::unavailable("path {} to {}: handshake not finished ({})", path, peer.address,
+                                 peer.stage == State::Stage::kBinding
+                                     ? fmt::format("{} of {} lanes answered", peer.answered, peer.lanes.size())
+                                     : std::string(peer.stage == State::Stage::kAwaitChallenge
+                                                       ? "waiting for the listener's challenge"
+                                                       : "waiting for the listener's welcome"));
     case PathState::kFailed: return peer.error;
   }
   return peer.error;
@@ -1115,14 +1499,9 @@ Status UcxTransport::refresh_regions(PathId path) {
   if (Status st = path_status(path); !st.is_ok()) return st;
   State::Peer& peer = s.peers[path];
   if (peer.refresh_seq != 0) return Status::ok();  // the answer on its way will do
-  MessageHeader query;
-  query.path = path;
-  query.lane = 0;
-  query.seq = peer.next_seq++;
-  query.flags = ucx::kFlagWithRegions;
-  const std::vector<std::uint8_t> me(s.address.begin(), s.address.end());
-  if (Status st = s.send_message(peer.lanes[0]->ep, MessageKind::kQuery, query, me); !st.is_ok()) return st;
-  peer.refresh_seq = query.seq;
+  const std::uint64_t seq = peer.next_seq++;
+  if (Status st = peer.control->send(ControlKind::kRefresh, ucx::encode_seq(seq)); !st.is_ok()) return st;
+  peer.refresh_seq = seq;
   return Status::ok();
 }
 
@@ -1178,10 +1557,9 @@ Status UcxTransport::notify(PathId path, std::string_view message) {
                                     kMaxNotificationBytes);
   }
   if (Status st = path_status(path); !st.is_ok()) return st;
-  MessageHeader header;
-  header.path = path;
-  return s.send_message(s.peers[path].lanes[0]->ep, MessageKind::kNotify, header,
-                        std::vector<std::uint8_t>(message.begin(), message.end()));
+  // Over the control connection: the listener knows who sent it. A write's
+  // bytes are at the peer when its slice completed, so they precede this.
+  return s.peers[path].control->send(ControlKind::kNotify, ucx::encode_text(message));
 }
 
 std::vector<Notification> UcxTransport::take_notifications() {
@@ -1191,14 +1569,13 @@ std::vector<Notification> UcxTransport::take_notifications() {
   return out;
 }
 
-int UcxTransport::event_fd() const { return state_->event_fd; }
+int UcxTransport::event_fd() const { return state_->poller->fd(); }
 
 bool UcxTransport::arm() {
   State& s = *state_;
-  if (!s.finished.empty() || !s.inbox.empty() || !s.conn_requests.empty() || !s.lane_errors.empty() ||
-      !s.accepted_errors.empty()) {
-    return false;
-  }
+  if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty()) return false;
+  // Queued control frames need the socket's writability, which the poller
+  // watches; revocations and handshakes have deadlines (next_event_ns).
   // UCX's rule for sleeping: progress until it reports nothing done, then
   // arm. Events it consumed but did not finish (a socket half read) would
   // not fire the fd again, and the loop would sleep on them.
@@ -1247,6 +1624,10 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     return Status::out_of_range(
         "UcxTransport::submit: slice {}: local range [{}, +{}) is not inside one registered region", slice.id,
         m.local, slice.bytes);
+  }
+  if (local->revoking) {
+    return Status::failed_precondition("UcxTransport::submit: slice {}: local region {} is being unregistered",
+                                       slice.id, local->handle);
   }
   auto remote_it = peer.regions.find(m.remote_key);
   if (remote_it == peer.regions.end()) {
@@ -1361,15 +1742,10 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.progress();
   s.handle_recorded();
   s.reap_closing();
-  for (PathId id = 0; id < s.peers.size(); ++id) {
-    State::Peer& peer = s.peers[id];
-    if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
-      s.fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({} of {} lanes "
-                                          "answered)",
-                                          id, peer.address, s.config.handshake_timeout_ms, peer.answered,
-                                          peer.lanes.size()));
-    }
-  }
+  s.accept_connections(now_ns);
+  s.serve_sessions(now_ns);
+  s.drive_paths(now_ns);
+  s.finish_revokes(now_ns);
   s.handle_recorded();  // a failed handshake's forced close completes its requests
   s.fail_stalled(now_ns);
   s.hand_out(now_ns, out);
@@ -1377,8 +1753,17 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
 
 std::optional<TimeNs> UcxTransport::next_event_ns() const {
   std::optional<TimeNs> next;
+  auto sooner = [&next](TimeNs t) {
+    if (!next || t < *next) next = t;
+  };
   for (const State::Peer& peer : state_->peers) {
-    if (peer.state == PathState::kConnecting && (!next || peer.deadline_ns < *next)) next = peer.deadline_ns;
+    if (peer.state == PathState::kConnecting) sooner(peer.deadline_ns);
+  }
+  for (const auto& [id, session] : state_->sessions) {
+    if (!session.authenticated && session.deadline_ns != 0) sooner(session.deadline_ns);
+  }
+  for (const auto& [base, r] : state_->regions) {
+    if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
   }
   return next;
 }
@@ -1388,6 +1773,8 @@ bool UcxTransport::path_healthy(PathId path, TimeNs /*now_ns*/) const {
 }
 
 std::size_t UcxTransport::slices_in_flight() const { return state_->slices.size(); }
+
+std::uint64_t UcxTransport::refused_connections() const { return state_->refused_connections; }
 
 void UcxTransport::shutdown() { state_->begin_shutdown(); }
 

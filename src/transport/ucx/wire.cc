@@ -1,51 +1,8 @@
 #include "transport/ucx/wire.h"
 
-#include <cstring>
+#include "transport/ucx/bytes.h"
 
 namespace baton::transport::ucx {
-namespace {
-
-class Writer {
- public:
-  template <typename T>
-  void put(T value) {
-    const auto at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &value, sizeof(T));
-  }
-  void bytes(std::span<const std::uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
-  std::vector<std::uint8_t> take() { return std::move(out_); }
-
- private:
-  std::vector<std::uint8_t> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::uint8_t> in) : in_(in) {}
-  template <typename T>
-  bool get(T& value) {
-    if (in_.size() - at_ < sizeof(T)) return false;
-    std::memcpy(&value, in_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return true;
-  }
-  bool bytes(std::size_t n, std::vector<std::uint8_t>& out) {
-    if (in_.size() - at_ < n) return false;
-    out.assign(in_.begin() + static_cast<std::ptrdiff_t>(at_),
-               in_.begin() + static_cast<std::ptrdiff_t>(at_ + n));
-    at_ += n;
-    return true;
-  }
-  [[nodiscard]] std::size_t offset() const { return at_; }
-  [[nodiscard]] std::size_t left() const { return in_.size() - at_; }
-
- private:
-  std::span<const std::uint8_t> in_;
-  std::size_t at_ = 0;
-};
-
-}  // namespace
 
 std::vector<std::uint8_t> encode_header(const MessageHeader& h) {
   Writer w;
@@ -188,14 +145,6 @@ Result<std::vector<std::uint32_t>> decode_keys(std::span<const std::uint8_t> byt
   std::vector<std::uint32_t> keys(count);
   for (auto& k : keys) r.get(k);
   return keys;
-}
-
-Result<std::string> decode_address(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() > kMaxAddressBytes) {
-    return std::unexpected(Status::invalid_argument(
-        "ucx handshake: peer address of {} bytes (at most {})", bytes.size(), kMaxAddressBytes));
-  }
-  return std::string(bytes.begin(), bytes.end());
 }
 
 }  // namespace baton::transport::ucx

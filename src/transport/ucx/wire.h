@@ -1,6 +1,8 @@
-// The handshake's wire form, private to transport/ucx. Messages travel as
-// UCP active messages: a fixed header (MessageHeader, in the AM header) and a
-// payload (the AM data). Everything a peer sends is validated here before
+// The active messages engines exchange over UCP lanes, private to
+// transport/ucx: lane binding and compressed slices (the handshake itself
+// travels over Baton's control socket, control_wire.h), and the region
+// descriptors both carry. A message is a fixed header (MessageHeader, in the
+// AM header) and a payload (the AM data). Everything a peer sends is validated here before
 // the transport acts on it; a malformed message fails the path, never the
 // process. Integers are little-endian (the engines of one deployment share an
 // architecture; the magic and version catch a mismatch).
@@ -20,10 +22,9 @@ inline constexpr std::uint16_t kWireVersion = 1;
 
 // Active message ids (the transport owns its worker, so no one else uses them).
 enum class MessageKind : unsigned {
-  kQuery = 1,           // initiator → listener: hello / "send me your regions"
-  kAnswer = 2,          // listener → initiator: ack, with regions when asked
-  kRegionsRemoved = 3,  // listener → initiator: these region keys are gone
-  kNotify = 4,          // initiator → listener: a user's message (after a batch)
+  kQuery = 1,   // initiator → listener, once per lane: binds the lane (payload: the session token)
+  kAnswer = 2,  // listener → initiator: bound
+  // 3 and 4 (region removal, notifications) moved to the control socket.
   // Compressed slices, which RMA cannot carry (it moves exactly the bytes it
   // is given). header.seq is the initiator's slice id; the payload starts
   // with a SliceDescriptor.
@@ -49,8 +50,6 @@ inline constexpr std::size_t kSliceDescriptorBytes = 24;
 // anything far larger is not ours, and is refused before allocating.
 inline constexpr std::uint64_t kMaxCompressedSliceBytes = 64ULL << 20;
 
-inline constexpr std::uint16_t kFlagWithRegions = 1;
-
 struct MessageHeader {
   std::uint32_t magic = kWireMagic;
   std::uint16_t version = kWireVersion;
@@ -75,7 +74,6 @@ struct RegionDescriptor {
 // us allocate without limit.
 inline constexpr std::uint32_t kMaxRegions = 1 << 16;
 inline constexpr std::uint32_t kMaxRkeyBytes = 1 << 16;
-inline constexpr std::size_t kMaxAddressBytes = 1024;
 // Notifications go eager in one message (at most kMaxNotificationBytes);
 // the receiver keeps at most this many untaken, dropping the oldest.
 inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
@@ -94,8 +92,5 @@ inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
 [[nodiscard]] std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data);
 [[nodiscard]] Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::size_t& data_offset);
 
-// The query's payload is the initiator's own listen address ("host:port"),
-// for the listener's logs.
-[[nodiscard]] Result<std::string> decode_address(std::span<const std::uint8_t> bytes);
 
 }  // namespace baton::transport::ucx

@@ -1,0 +1,169 @@
+#include "transport/ucx/control_channel.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace baton::transport::ucx {
+namespace {
+
+constexpr std::size_t kReadChunk = 64U << 10;
+
+void set_nodelay(int fd) {
+  int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<ControlConnection>> ControlConnection::dial(const SocketAddress& to) {
+  UniqueFd fd(::socket(to.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return std::unexpected(Status::unavailable("control channel: socket: {}", std::strerror(errno)));
+  set_nodelay(fd.get());
+  const std::string remote = format_socket_address(to.get());
+  bool connecting = false;
+  if (::connect(fd.get(), to.get(), to.length) != 0) {
+    if (errno != EINPROGRESS) {
+      return std::unexpected(Status::unavailable("control channel: connect to {}: {}", remote, std::strerror(errno)));
+    }
+    connecting = true;
+  }
+  return std::make_unique<ControlConnection>(std::move(fd), remote, connecting);
+}
+
+ControlConnection::ControlConnection(UniqueFd fd, std::string remote, bool connecting)
+    : fd_(std::move(fd)), remote_(std::move(remote)), connecting_(connecting) {}
+
+Status ControlConnection::receive(std::size_t max_buffered) {
+  while (in_.size() < max_buffered) {
+    const std::size_t at = in_.size();
+    const std::size_t want = std::min(kReadChunk, max_buffered - at);
+    in_.resize(at + want);
+    const ssize_t n = ::recv(fd_.get(), in_.data() + at, want, 0);
+    in_.resize(at + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) continue;
+    if (n == 0) return Status::unavailable("control channel: {} closed the connection", remote_);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+    if (errno == EINTR) continue;
+    return Status::unavailable("control channel: reading from {}: {}", remote_, std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+Status ControlConnection::send(ControlKind kind, std::span<const std::uint8_t> body) {
+  if (out_.size() - out_at_ + kFrameHeaderBytes + body.size() > kMaxQueuedBytes) {
+    return Status::resource_exhausted("control channel: {} bytes wait for {}, which does not read", out_.size() - out_at_,
+                                      remote_);
+  }
+  const auto frame = encode_frame(kind, body);
+  out_.insert(out_.end(), frame.begin(), frame.end());
+  return Status::ok();
+}
+
+Status ControlConnection::flush() {
+  if (connecting_) {
+    int error = 0;
+    socklen_t length = sizeof error;
+    if (::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+    if (error == EINPROGRESS || error == EALREADY) return Status::ok();
+    if (error != 0) return Status::unavailable("control channel: connect to {}: {}", remote_, std::strerror(error));
+    connecting_ = false;
+  }
+  while (out_at_ < out_.size()) {
+    const ssize_t n = ::send(fd_.get(), out_.data() + out_at_, out_.size() - out_at_, MSG_NOSIGNAL);
+    if (n > 0) {
+      out_at_ += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n < 0 && errno == EINTR) continue;
+    return Status::unavailable("control channel: writing to {}: {}", remote_, std::strerror(errno));
+  }
+  if (out_at_ == out_.size()) {
+    out_.clear();
+    out_at_ = 0;
+  }
+  return Status::ok();
+}
+
+Result<ControlListener> ControlListener::open(const SocketAddress& at) {
+  ControlListener l;
+  l.fd_ = UniqueFd(::socket(at.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (l.fd_.get() < 0) return std::unexpected(Status::unavailable("control channel: socket: {}", std::strerror(errno)));
+  int one = 1;
+  (void)::setsockopt(l.fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const std::string where = format_socket_address(at.get());
+  if (::bind(l.fd_.get(), at.get(), at.length) != 0 || ::listen(l.fd_.get(), 256) != 0) {
+    return std::unexpected(Status::unavailable("cannot listen on {}: {}", where, std::strerror(errno)));
+  }
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  if (::getsockname(l.fd_.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    return std::unexpected(Status::unavailable("control channel: getsockname: {}", std::strerror(errno)));
+  }
+  l.address_ = format_socket_address(reinterpret_cast<const sockaddr*>(&bound));
+  return l;
+}
+
+std::unique_ptr<ControlConnection> ControlListener::accept() {
+  sockaddr_storage from{};
+  socklen_t length = sizeof from;
+  for (;;) {
+    const int fd = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      set_nodelay(fd);
+      return std::make_unique<ControlConnection>(UniqueFd(fd), format_socket_address(reinterpret_cast<sockaddr*>(&from)),
+                                                 false);
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      // Out of fds, for one: the connection waits in the backlog until some close.
+      spdlog::warn("control channel: accept on {}: {}", address_, std::strerror(errno));
+    }
+    return nullptr;
+  }
+}
+
+Result<Poller> Poller::create() {
+  Poller p;
+  p.fd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  if (p.fd_.get() < 0) return std::unexpected(Status::unavailable("epoll_create1: {}", std::strerror(errno)));
+  return p;
+}
+
+namespace {
+void epoll_apply(int epoll, int op, int fd, bool write) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | (write ? EPOLLOUT : 0U);
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll, op, fd, &ev) != 0 && op != EPOLL_CTL_DEL) {
+    spdlog::warn("control channel: epoll_ctl({}) on fd {}: {}", op, fd, std::strerror(errno));
+  }
+}
+}  // namespace
+
+void Poller::watch(int fd, bool write) { epoll_apply(fd_.get(), EPOLL_CTL_ADD, fd, write); }
+void Poller::change(int fd, bool write) { epoll_apply(fd_.get(), EPOLL_CTL_MOD, fd, write); }
+void Poller::forget(int fd) { epoll_apply(fd_.get(), EPOLL_CTL_DEL, fd, false); }
+
+}  // namespace baton::transport::ucx

@@ -1,0 +1,99 @@
+// Baton's own handshake socket: a nonblocking TCP listener and connections
+// that carry control frames (control_wire.h), driven by the transport's
+// poll() on the engine loop. No threads, no blocking calls. Private to
+// transport/ucx.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/status.h"
+#include "transport/ucx/control_wire.h"
+#include "transport/ucx/socket_address.h"
+
+namespace baton::transport::ucx {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  [[nodiscard]] int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// One TCP connection carrying frames each way. Sends are queued and written
+// as the socket takes them.
+class ControlConnection {
+ public:
+  // Starts a nonblocking connect; wants_write() until it finished.
+  [[nodiscard]] static Result<std::unique_ptr<ControlConnection>> dial(const SocketAddress& to);
+  ControlConnection(UniqueFd fd, std::string remote, bool connecting);
+
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  // The other end's address ("10.0.0.2:51234"), for logs.
+  [[nodiscard]] const std::string& remote() const { return remote_; }
+
+  // Reads what the socket holds, keeping at most `max_buffered` bytes
+  // unframed; unavailable when the peer closed or the socket failed.
+  Status receive(std::size_t max_buffered);
+  // The next whole frame received, if any (take_frame's errors).
+  [[nodiscard]] Result<std::optional<Frame>> next(std::uint32_t max_body) { return take_frame(in_, max_body); }
+  // Queues a frame; refused (resource_exhausted) when more than kMaxQueuedBytes
+  // wait for a peer that does not read.
+  Status send(ControlKind kind, std::span<const std::uint8_t> body);
+  // Finishes a connect and writes what is queued; unavailable on failure.
+  Status flush();
+  [[nodiscard]] bool wants_write() const { return connecting_ || !out_.empty(); }
+
+  static constexpr std::size_t kMaxQueuedBytes = 64U << 20;
+
+ private:
+  UniqueFd fd_;
+  std::string remote_;
+  bool connecting_ = false;
+  std::vector<std::uint8_t> in_;
+  std::vector<std::uint8_t> out_;
+  std::size_t out_at_ = 0;
+};
+
+class ControlListener {
+ public:
+  // Binds and listens (SO_REUSEADDR, so a restarted engine gets its port back).
+  [[nodiscard]] static Result<ControlListener> open(const SocketAddress& at);
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  // The bound address ("127.0.0.1:41234").
+  [[nodiscard]] const std::string& address() const { return address_; }
+  // A connection waiting to be accepted, or null when none is.
+  [[nodiscard]] std::unique_ptr<ControlConnection> accept();
+
+ private:
+  UniqueFd fd_;
+  std::string address_;
+};
+
+// The epoll set behind the transport's event_fd(): the UCP worker's fd and
+// every control socket, level-triggered.
+class Poller {
+ public:
+  [[nodiscard]] static Result<Poller> create();
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  void watch(int fd, bool write);
+  void change(int fd, bool write);
+  void forget(int fd);
+
+ private:
+  UniqueFd fd_;
+};
+
+}  // namespace baton::transport::ucx

@@ -1,0 +1,111 @@
+// The control channel's wire form: what engines say over Baton's own TCP
+// handshake socket (control_channel.h). Private to transport/ucx.
+//
+// A frame is a 4-byte little-endian body length, a 1-byte kind and the body.
+// The length is checked against a bound before anything is allocated; the
+// bound is small (kMaxHandshakeFrameBytes) until the peer proved the
+// deployment secret. Every decoder checks every length and count against
+// what is left, so a hostile or truncated body fails with a Status.
+//
+//   listener                              initiator
+//   kChallenge{server nonce}        →
+//                                   ←     kHello{client nonce, proof, name, lanes}
+//   kWelcome{proof, session token,  →     (or kRefusal{why}, then close)
+//            worker address, regions}
+//   -- the initiator creates UCP endpoints from the worker address and
+//      binds each lane with the session token (an active message, wire.h) --
+//   kRegions / kRevoke              →     ←  kRefresh / kRevokeAck / kNotify
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/status.h"
+#include "transport/ucx/wire.h"
+
+namespace baton::transport::ucx {
+
+inline constexpr std::uint16_t kControlVersion = 1;
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
+using Nonce = std::array<std::uint8_t, kNonceBytes>;
+using Proof = std::array<std::uint8_t, kProofBytes>;
+
+inline constexpr std::size_t kFrameHeaderBytes = 5;
+// Before the peer proved the secret: a hello is under 400 bytes.
+inline constexpr std::uint32_t kMaxHandshakeFrameBytes = 1024;
+// After: a region list (a packed rkey is tens of bytes on TCP, hundreds on RDMA).
+inline constexpr std::uint32_t kMaxFrameBytes = 16U << 20;
+inline constexpr std::size_t kMaxNameBytes = 256;
+inline constexpr std::size_t kMaxWorkerAddressBytes = 64U << 10;
+inline constexpr std::size_t kMaxReasonBytes = 1024;
+inline constexpr std::uint16_t kMaxLanes = 64;
+
+enum class ControlKind : std::uint8_t {
+  kChallenge = 1,  // listener → initiator
+  kHello = 2,      // initiator → listener
+  kWelcome = 3,    // listener → initiator: authenticated
+  kRefusal = 4,    // listener → initiator: why not, then close
+  kRegions = 5,    // listener → initiator: the regions exported to you now (all of them)
+  kRefresh = 6,    // initiator → listener: send kRegions with this seq
+  kRevoke = 7,     // listener → initiator: forget these regions, then acknowledge
+  kRevokeAck = 8,  // initiator → listener: nothing of mine can still touch them
+  kNotify = 9,     // initiator → listener: a user's message (after a batch)
+};
+
+struct Frame {
+  ControlKind kind = ControlKind::kChallenge;
+  std::vector<std::uint8_t> body;
+};
+
+struct Challenge {
+  Nonce nonce{};
+};
+struct Hello {
+  Nonce nonce{};
+  Proof proof{};
+  std::string name;  // the initiator's own listen address, for logs and exports
+  std::uint16_t lanes = 0;
+};
+struct Welcome {
+  Proof proof{};
+  std::uint64_t session = 0;  // binds the initiator's lanes (kQuery carries it)
+  std::vector<std::uint8_t> worker_address;
+  std::vector<RegionDescriptor> regions;
+};
+struct Regions {
+  std::uint64_t seq = 0;  // a kRefresh's, or 0 when the listener's exports changed
+  std::vector<RegionDescriptor> regions;
+};
+struct Revoke {
+  std::uint64_t seq = 0;
+  std::vector<std::uint32_t> keys;
+};
+
+[[nodiscard]] std::vector<std::uint8_t> encode_frame(ControlKind kind, std::span<const std::uint8_t> body);
+// Takes the first whole frame off the front of `buffer`: nullopt while it is
+// incomplete; invalid_argument for an unknown kind or a body over
+// `max_body` (known from the length alone, before the body arrived).
+[[nodiscard]] Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::uint32_t max_body);
+
+[[nodiscard]] std::vector<std::uint8_t> encode(const Challenge& m);
+[[nodiscard]] std::vector<std::uint8_t> encode(const Hello& m);
+[[nodiscard]] std::vector<std::uint8_t> encode(const Welcome& m);
+[[nodiscard]] std::vector<std::uint8_t> encode(const Regions& m);
+[[nodiscard]] std::vector<std::uint8_t> encode(const Revoke& m);
+[[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck
+[[nodiscard]] std::vector<std::uint8_t> encode_text(std::string_view text);     // kRefusal, kNotify
+
+[[nodiscard]] Result<Challenge> decode_challenge(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<Hello> decode_hello(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<Welcome> decode_welcome(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<Regions> decode_regions_update(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<Revoke> decode_revoke(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<std::uint64_t> decode_seq(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t max_bytes);
+
+}  // namespace baton::transport::ucx

@@ -1,0 +1,112 @@
+// The control channel's frames and messages: round trips, and every bound
+// checked before anything is allocated.
+#include "transport/ucx/control_wire.h"
+
+#include <gtest/gtest.h>
+
+#include "transport/ucx/auth.h"
+
+namespace baton::transport::ucx {
+namespace {
+
+TEST(ControlWire, FramesComeOffTheFrontOneAtATime) {
+  std::vector<std::uint8_t> buffer = encode_frame(ControlKind::kRefresh, encode_seq(7));
+  const auto second = encode_frame(ControlKind::kNotify, encode_text("hello"));
+  buffer.insert(buffer.end(), second.begin(), second.end());
+  buffer.pop_back();  // the second is incomplete
+  auto first = take_frame(buffer, 64);
+  ASSERT_TRUE(first.has_value() && first->has_value());
+  EXPECT_EQ((*first)->kind, ControlKind::kRefresh);
+  EXPECT_EQ(decode_seq((*first)->body).value(), 7u);
+  auto none = take_frame(buffer, 64);
+  ASSERT_TRUE(none.has_value());
+  EXPECT_FALSE(none->has_value());
+  buffer.push_back('o');
+  auto last = take_frame(buffer, 64);
+  ASSERT_TRUE(last.has_value() && last->has_value());
+  EXPECT_EQ(decode_text((*last)->body, 64).value(), "hello");
+  EXPECT_TRUE(buffer.empty());
+}
+
+TEST(ControlWire, AnOversizedOrUnknownFrameIsRefusedFromItsHeader) {
+  std::vector<std::uint8_t> huge = {0xff, 0xff, 0xff, 0xff, static_cast<std::uint8_t>(ControlKind::kHello)};
+  auto refused = take_frame(huge, kMaxHandshakeFrameBytes);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message().find("4294967295 bytes"), std::string::npos) << refused.error().message();
+  std::vector<std::uint8_t> unknown = {0, 0, 0, 0, 200};
+  EXPECT_FALSE(take_frame(unknown, 64).has_value());
+  std::vector<std::uint8_t> zero = {0, 0, 0, 0, 0};
+  EXPECT_FALSE(take_frame(zero, 64).has_value());
+}
+
+TEST(ControlWire, MessagesRoundTrip) {
+  Hello hello;
+  hello.nonce.fill(1);
+  hello.proof.fill(2);
+  hello.name = "10.0.0.2:7000";
+  hello.lanes = 4;
+  auto h = decode_hello(encode(hello));
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  EXPECT_EQ(h->name, hello.name);
+  EXPECT_EQ(h->lanes, 4);
+  EXPECT_EQ(h->proof, hello.proof);
+  Welcome welcome;
+  welcome.proof.fill(3);
+  welcome.session = 99;
+  welcome.worker_address = {1, 2, 3};
+  welcome.regions = {{5, 0x1000, 4096, {9, 9}}};
+  auto w = decode_welcome(encode(welcome));
+  ASSERT_TRUE(w.has_value()) << w.error().to_string();
+  EXPECT_EQ(w->session, 99u);
+  EXPECT_EQ(w->regions, welcome.regions);
+  auto r = decode_revoke(encode(Revoke{3, {5, 6}}));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->keys, (std::vector<std::uint32_t>{5, 6}));
+  auto g = decode_regions_update(encode(Regions{8, welcome.regions}));
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->seq, 8u);
+}
+
+TEST(ControlWire, MalformedMessagesAreRefused) {
+  Hello hello;
+  hello.name = "x";
+  hello.lanes = 1;
+  auto bytes = encode(hello);
+  bytes[0] ^= 0xff;  // magic
+  EXPECT_NE(decode_hello(bytes).error().message().find("not a Baton peer"), std::string::npos);
+  hello.lanes = 0;
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());
+  hello.lanes = kMaxLanes + 1;
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());
+  hello.lanes = 1;
+  hello.name = std::string(kMaxNameBytes + 1, 'n');
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());
+  hello.name = "x";
+  bytes = encode(hello);
+  bytes.pop_back();
+  EXPECT_FALSE(decode_hello(bytes).has_value());
+  bytes = encode(hello);
+  bytes.push_back(0);
+  EXPECT_FALSE(decode_hello(bytes).has_value());
+  Welcome welcome;  // no worker address
+  EXPECT_FALSE(decode_welcome(encode(welcome)).has_value());
+  EXPECT_FALSE(decode_seq(std::vector<std::uint8_t>(7)).has_value());
+  EXPECT_FALSE(decode_text(std::vector<std::uint8_t>(11), 10).has_value());
+  EXPECT_FALSE(decode_challenge(std::vector<std::uint8_t>(3)).has_value());
+}
+
+TEST(ControlAuth, ProofsBindTheSecretBothNoncesAndTheName) {
+  const Nonce a = random_nonce().value();
+  const Nonce b = random_nonce().value();
+  EXPECT_NE(a, b);
+  const Proof p = initiator_proof("secret-of-sixteen+", a, b, "n:1");
+  EXPECT_TRUE(same_proof(p, initiator_proof("secret-of-sixteen+", a, b, "n:1")));
+  EXPECT_FALSE(same_proof(p, initiator_proof("secret-of-sixteen-", a, b, "n:1")));
+  EXPECT_FALSE(same_proof(p, initiator_proof("secret-of-sixteen+", b, a, "n:1")));
+  EXPECT_FALSE(same_proof(p, initiator_proof("secret-of-sixteen+", a, b, "n:2")));
+  // The listener's proof is not the initiator's: one cannot be replayed as the other.
+  EXPECT_FALSE(same_proof(listener_proof("secret-of-sixteen+", a, b), initiator_proof("secret-of-sixteen+", a, b, "")));
+}
+
+}  // namespace
+}  // namespace baton::transport::ucx

@@ -1,0 +1,463 @@
+// The listener as an attacker and a careless user meet it: garbage, slow
+// clients, wrong secrets, an impostor listener, exports and revocation.
+// Real UcxTransports on loopback, polled by the test thread; the hostile
+// sides are raw sockets. Every wait is bounded.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "baton/transport/secret.h"
+#include "baton/transport/ucx_transport.h"
+#include "transport/ucx/control_wire.h"
+#include "transport/ucx/socket_address.h"
+
+namespace baton::transport {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr const char* kSecret = "correct horse battery staple";
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A blocking client socket to `address` ("127.0.0.1:port"), or -1.
+int dial(const std::string& address) {
+  auto to = ucx::parse_socket_address(address);
+  if (!to) return -1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::connect(fd, to->get(), to->length) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, std::span<const std::uint8_t> bytes) {
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the listener may close first: fine
+    at += static_cast<std::size_t>(n);
+  }
+}
+
+class UcxSecurityTest : public ::testing::Test {
+ protected:
+  static UcxConfig config(std::string secret = kSecret) {
+    UcxConfig c;
+    c.tls = "tcp";
+    c.lanes_per_peer = 2;
+    c.secret = std::move(secret);
+    return c;
+  }
+
+  std::unique_ptr<UcxTransport> make(UcxConfig c) {
+    auto t = UcxTransport::create(std::move(c));
+    EXPECT_TRUE(t.has_value()) << t.error().to_string();
+    return t ? std::move(*t) : nullptr;
+  }
+
+  void TearDown() override {
+    for (auto* t : {&a_, &b_, &c_}) {
+      if (*t) (*t)->shutdown();
+    }
+    wait_until([&] {
+      for (auto* t : {&a_, &b_, &c_}) {
+        if (*t && !(*t)->shutdown_complete()) return false;
+      }
+      return true;
+    }, 2s);
+  }
+
+  TimeNs now() const { return clock_.now_ns(); }
+
+  void poll_all() {
+    for (auto* t : {&a_, &b_, &c_}) {
+      if (*t) (*t)->poll(now(), done_);
+    }
+  }
+
+  bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 5s) {
+    const TimeNs deadline = now() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+    while (!done()) {
+      if (now() > deadline) return false;
+      poll_all();
+    }
+    return true;
+  }
+
+  // a_ (or `from`) connects to b_; the path's final state.
+  PathId connect(UcxTransport& from, UcxTransport& to) {
+    auto path = from.connect(to.address(), now());
+    EXPECT_TRUE(path.has_value()) << path.error().to_string();
+    if (!path) return 0;
+    EXPECT_TRUE(wait_until([&] { return from.path_state(*path) != PathState::kConnecting; }));
+    return *path;
+  }
+
+  // Writes then reads back `n` bytes a_ → b_'s exported region: byte-exact.
+  void expect_round_trip(std::size_t n) {
+    auto& remote = buffer(n);
+    auto region = b_->register_memory(remote.data(), n);
+    ASSERT_TRUE(region.has_value());
+    ASSERT_TRUE(b_->export_region(*region).is_ok());
+    const PathId path = connect(*a_, *b_);
+    ASSERT_EQ(a_->path_state(path), PathState::kReady) << a_->path_status(path).to_string();
+    auto& out = buffer(n);
+    auto& back = buffer(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(i * 7 + 3);
+    ASSERT_TRUE(a_->register_memory(out.data(), n).has_value());
+    ASSERT_TRUE(a_->register_memory(back.data(), n).has_value());
+    done_.clear();
+    const auto base = reinterpret_cast<std::uint64_t>(remote.data());
+    ASSERT_TRUE(a_->submit({1, path, 0, n, {Op::kWrite, out.data(), base, *region}}, now()).is_ok());
+    ASSERT_TRUE(wait_until([&] { return done_.size() == 1; }));
+    ASSERT_TRUE(done_[0].status.is_ok()) << done_[0].status.to_string();
+    ASSERT_TRUE(a_->submit({2, path, 1, n, {Op::kRead, back.data(), base, *region}}, now()).is_ok());
+    ASSERT_TRUE(wait_until([&] { return done_.size() == 2; }));
+    ASSERT_TRUE(done_[1].status.is_ok()) << done_[1].status.to_string();
+    EXPECT_EQ(back, out);
+    EXPECT_EQ(remote, out);
+  }
+
+  std::vector<std::uint8_t>& buffer(std::size_t n) { return buffers_.emplace_back(n, 0); }
+
+  SteadyClock clock_;
+  std::deque<std::vector<std::uint8_t>> buffers_;  // outlive the transports
+  std::unique_ptr<UcxTransport> a_, b_, c_;
+  std::vector<Completion> done_;
+};
+
+TEST_F(UcxSecurityTest, TenThousandGarbageConnectionsLeaveTheListenerServing) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  const std::size_t fds_before = open_fds();
+  std::mt19937 rng(7);
+  ucx::Hello wrong;
+  wrong.name = "impostor:1";
+  wrong.lanes = 2;
+  const std::vector<std::vector<std::uint8_t>> kinds = {
+      std::vector<std::uint8_t>(64, 0),                                                    // what aborted UCX 1.13
+      ucx::encode_frame(ucx::ControlKind::kHello, std::vector<std::uint8_t>(10, 0xab)),    // malformed hello
+      {0xff, 0xff, 0xff, 0xff, 2},                                                         // a 4 GiB length
+      {0x2c, 0x01, 0x00, 0x00, 2, 1, 2, 3},                                                // truncated: 300 announced
+      ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(wrong)),                     // a wrong proof
+      ucx::encode_frame(ucx::ControlKind::kNotify, std::vector<std::uint8_t>(8, 'x')),     // not before a hello
+      {},                                                                                  // random, below
+  };
+  constexpr int kConnections = 10'000;
+  constexpr int kBurst = 100;  // under the listen backlog
+  for (int i = 0; i < kConnections; i += kBurst) {
+    std::vector<int> fds;
+    for (int j = 0; j < kBurst; ++j) {
+      const int fd = dial(b_->address());
+      ASSERT_GE(fd, 0) << "connection " << i + j << ": " << std::strerror(errno);
+      auto bytes = kinds[static_cast<std::size_t>(i + j) % kinds.size()];
+      if (bytes.empty()) {
+        bytes.resize(1 + rng() % 512);
+        for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+      }
+      send_all(fd, bytes);
+      fds.push_back(fd);
+    }
+    for (int fd : fds) ::close(fd);
+    poll_all();
+  }
+  // Every one of them is closed on the listener's side too.
+  EXPECT_TRUE(wait_until([&] { return open_fds() <= fds_before; }, 10s))
+      << open_fds() << " fds open, " << fds_before << " before";
+  // And a real peer still gets full service.
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(4 << 20);
+}
+
+TEST_F(UcxSecurityTest, SilentClientsAreClosedAtTheDeadlineAndBoundedInNumber) {
+  UcxConfig c = config();
+  c.handshake_timeout_ms = 300;
+  c.max_unauthenticated = 4;
+  b_ = make(c);
+  ASSERT_TRUE(b_);
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) silent.push_back(dial(b_->address()));
+  ASSERT_TRUE(wait_until([&] { return b_->refused_connections() == 6; }, 2s)) << b_->refused_connections();
+  const TimeNs start = now();
+  // Each silent one gets a challenge and then EOF at the deadline.
+  for (int fd : silent) {
+    ASSERT_GE(fd, 0);
+    std::vector<std::uint8_t> got(4096);
+    std::size_t total = 0;
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      ASSERT_TRUE(wait_until([&] { return ::poll(&p, 1, 0) > 0; }, 3s));
+      const ssize_t n = ::recv(fd, got.data() + total, got.size() - total, 0);
+      if (n <= 0) break;
+      total += static_cast<std::size_t>(n);
+    }
+    EXPECT_TRUE(total == 0 || got[4] == static_cast<std::uint8_t>(ucx::ControlKind::kChallenge));
+    ::close(fd);
+  }
+  EXPECT_GE(now() - start, 200'000'000) << "closed before the handshake deadline";
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 20);
+}
+
+TEST_F(UcxSecurityTest, DifferentSecretsMeetNoRegionAndNoKey) {
+  b_ = make(config());
+  a_ = make(config("another secret of enough bytes"));
+  c_ = make(config(""));  // loopback, no secret
+  ASSERT_TRUE(a_ && b_ && c_);
+  auto& remote = buffer(4096);
+  auto region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(region.has_value());
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  for (UcxTransport* from : {a_.get(), c_.get()}) {
+    const PathId path = connect(*from, *b_);
+    EXPECT_EQ(from->path_state(path), PathState::kFailed);
+    const Status st = from->path_status(path);
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.to_string();
+    EXPECT_NE(st.message().find("authentication failed"), std::string::npos) << st.message();
+    EXPECT_TRUE(from->remote_regions(path)->empty());
+  }
+  // Nor does a listener without a secret accept an engine that has one.
+  const PathId reverse = connect(*b_, *c_);
+  EXPECT_EQ(b_->path_status(reverse).code(), StatusCode::kPermissionDenied);
+}
+
+TEST_F(UcxSecurityTest, AHelloWithAWrongProofGetsARefusalAndNothingElse) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  auto& remote = buffer(4096);
+  auto region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  const int fd = dial(b_->address());
+  ASSERT_GE(fd, 0);
+  ucx::Hello hello;
+  hello.name = "127.0.0.1:1";
+  hello.lanes = 1;
+  hello.proof.fill(0x5a);
+  send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(hello)));
+  std::vector<std::uint8_t> got;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_TRUE(wait_until([&] { return ::poll(&p, 1, 0) > 0; }, 3s));
+    std::uint8_t chunk[4096];
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) break;  // closed by the listener
+    got.insert(got.end(), chunk, chunk + n);
+  }
+  ::close(fd);
+  std::vector<ucx::ControlKind> kinds;
+  while (auto frame = ucx::take_frame(got, ucx::kMaxFrameBytes)) {
+    if (!*frame) break;
+    kinds.push_back((*frame)->kind);
+  }
+  EXPECT_TRUE(got.empty()) << got.size() << " bytes that are not a frame";
+  EXPECT_EQ(kinds, (std::vector<ucx::ControlKind>{ucx::ControlKind::kChallenge, ucx::ControlKind::kRefusal}));
+}
+
+TEST_F(UcxSecurityTest, AnImpostorListenerGetsNoEndpointsAndTheConnectFails) {
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  // A listener that does not know the secret: challenges, then welcomes
+  // with a made-up proof.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+  auto path = a_->connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), now());
+  ASSERT_TRUE(path.has_value());
+  int fd = -1;
+  ASSERT_TRUE(wait_until([&] {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) fd = ::accept(listener, nullptr, nullptr);
+    return fd >= 0;
+  }));
+  send_all(fd, ucx::encode_frame(ucx::ControlKind::kChallenge, ucx::encode(ucx::Challenge{})));
+  ucx::Welcome welcome;
+  welcome.session = 1;
+  welcome.worker_address = {1, 2, 3, 4};
+  send_all(fd, ucx::encode_frame(ucx::ControlKind::kWelcome, ucx::encode(welcome)));
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kFailed; }));
+  const Status st = a_->path_status(*path);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.to_string();
+  EXPECT_NE(st.message().find("does not hold our secret"), std::string::npos) << st.message();
+  ::close(fd);
+  ::close(listener);
+}
+
+TEST_F(UcxSecurityTest, WithoutASecretOnlyLoopbackListensUnlessAllowed) {
+  UcxConfig c = config("");
+  c.listen_address = "0.0.0.0:0";
+  auto refused = UcxTransport::create(c);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("without a secret"), std::string::npos) << refused.error().message();
+  c.allow_unauthenticated = true;
+  EXPECT_TRUE(UcxTransport::create(c).has_value());
+  c = config();
+  c.listen_address = "0.0.0.0:0";
+  EXPECT_TRUE(UcxTransport::create(c).has_value());
+  c.secret = "short";
+  EXPECT_EQ(UcxTransport::create(c).error().code(), StatusCode::kInvalidArgument);
+  c = config();
+  c.max_unauthenticated = 0;
+  EXPECT_EQ(UcxTransport::create(c).error().code(), StatusCode::kInvalidArgument);
+  c = config();
+  c.revoke_timeout_ms = 0;
+  EXPECT_EQ(UcxTransport::create(c).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(UcxSecurityTest, SecretFilesMustBePrivateAndLongEnough) {
+  const fs::path dir = fs::temp_directory_path() / ("baton-secret-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text, fs::perms mode) {
+    const fs::path p = dir / name;
+    std::ofstream(p) << text;
+    fs::permissions(p, mode);
+    return p.string();
+  };
+  const auto owner = fs::perms::owner_read | fs::perms::owner_write;
+  const std::string good = write("good", std::string(kSecret) + "\n", owner);
+  auto read = read_secret_file(good);
+  ASSERT_TRUE(read.has_value()) << read.error().to_string();
+  EXPECT_EQ(*read, kSecret);  // the trailing newline is not part of it
+  const auto open_to_all = write("open", kSecret, owner | fs::perms::others_read);
+  EXPECT_EQ(read_secret_file(open_to_all).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(read_secret_file(open_to_all).error().message().find("chmod 600"), std::string::npos);
+  EXPECT_EQ(read_secret_file(write("short", "tiny", owner)).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(read_secret_file(write("huge", std::string(8192, 'k'), owner)).error().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(read_secret_file((dir / "missing").string()).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(read_secret_file(dir.string()).error().code(), StatusCode::kInvalidArgument);
+
+  // The file named by BATON_TOKEN_FILE is the secret when none is said.
+  ::setenv("BATON_TOKEN_FILE", good.c_str(), 1);
+  b_ = make(config(""));
+  a_ = make(config(kSecret));
+  ::unsetenv("BATON_TOKEN_FILE");
+  ASSERT_TRUE(a_ && b_);
+  const PathId path = connect(*a_, *b_);
+  EXPECT_EQ(a_->path_state(path), PathState::kReady) << a_->path_status(path).to_string();
+  UcxConfig c = config("");
+  c.secret_file = open_to_all;
+  EXPECT_EQ(UcxTransport::create(c).error().code(), StatusCode::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
+TEST_F(UcxSecurityTest, RegionsAreSeenOnlyWhereExported) {
+  b_ = make(config());
+  a_ = make(config());
+  c_ = make(config());
+  ASSERT_TRUE(a_ && b_ && c_);
+  auto& mem = buffer(3 * 4096);
+  auto hidden = b_->register_memory(mem.data(), 4096);
+  auto for_a = b_->register_memory(mem.data() + 4096, 4096);
+  auto for_other = b_->register_memory(mem.data() + 8192, 4096);
+  ASSERT_TRUE(hidden && for_a && for_other);
+  ASSERT_TRUE(b_->export_region(*for_a, {a_->address()}).is_ok());
+  ASSERT_TRUE(b_->export_region(*for_other, {"10.9.9.9:7000"}).is_ok());
+  EXPECT_EQ(b_->export_region(999).code(), StatusCode::kNotFound);
+  EXPECT_EQ(b_->export_region(*hidden, {""}).code(), StatusCode::kInvalidArgument);
+  const PathId pa = connect(*a_, *b_);
+  const PathId pc = connect(*c_, *b_);
+  ASSERT_EQ(a_->path_state(pa), PathState::kReady);
+  ASSERT_EQ(c_->path_state(pc), PathState::kReady);
+  auto keys = [](UcxTransport& t, PathId p) {
+    std::vector<RegionHandle> out;
+    const auto regions = t.remote_regions(p);
+    for (const RemoteRegion& r : *regions) out.push_back(r.key);
+    return out;
+  };
+  EXPECT_EQ(keys(*a_, pa), (std::vector<RegionHandle>{*for_a}));
+  EXPECT_TRUE(keys(*c_, pc).empty());
+  // An export reaches connected peers without a refresh.
+  ASSERT_TRUE(b_->export_region(*hidden).is_ok());
+  EXPECT_TRUE(wait_until([&] { return keys(*a_, pa).size() == 2 && keys(*c_, pc).size() == 1; }));
+  EXPECT_EQ(keys(*c_, pc), (std::vector<RegionHandle>{*hidden}));
+}
+
+TEST_F(UcxSecurityTest, UnregisterWaitsUntilPeersFinishedAndAcknowledged) {
+  b_ = make(config());
+  a_ = make(config());
+  ASSERT_TRUE(a_ && b_);
+  constexpr std::size_t kBytes = 16 << 20;
+  auto& remote = buffer(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) remote[i] = static_cast<std::uint8_t>(i * 13);
+  auto region = b_->register_memory(remote.data(), kBytes);
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  const PathId path = connect(*a_, *b_);
+  ASSERT_EQ(a_->path_state(path), PathState::kReady);
+  auto& local = buffer(kBytes);
+  ASSERT_TRUE(a_->register_memory(local.data(), kBytes).has_value());
+  const auto base = reinterpret_cast<std::uint64_t>(remote.data());
+  ASSERT_TRUE(a_->submit({1, path, 0, kBytes, {Op::kRead, local.data(), base, *region}}, now()).is_ok());
+  ASSERT_TRUE(b_->unregister(*region).is_ok());
+  EXPECT_TRUE(b_->unregister_pending(*region));
+  EXPECT_EQ(b_->unregister(*region).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b_->export_region(*region).code(), StatusCode::kFailedPrecondition);
+  // The region stays until a_'s read finished and a_ acknowledged.
+  bool read_done_first = false;
+  ASSERT_TRUE(wait_until([&] {
+    if (!done_.empty() && b_->unregister_pending(*region)) read_done_first = true;
+    return !b_->unregister_pending(*region);
+  }));
+  ASSERT_EQ(done_.size(), 1u);
+  EXPECT_TRUE(done_[0].status.is_ok()) << done_[0].status.to_string();
+  EXPECT_TRUE(read_done_first) << "the region went before the read on it finished";
+  EXPECT_EQ(local, remote);
+  EXPECT_TRUE(a_->remote_regions(path)->empty());
+  EXPECT_EQ(a_->path_state(path), PathState::kReady);  // the path itself lives on
+  EXPECT_EQ(b_->unregister(*region).code(), StatusCode::kNotFound);
+}
+
+TEST_F(UcxSecurityTest, APeerThatDoesNotAcknowledgeIsDisconnected) {
+  UcxConfig c = config();
+  c.revoke_timeout_ms = 300;
+  b_ = make(c);
+  a_ = make(config());
+  ASSERT_TRUE(a_ && b_);
+  auto& remote = buffer(4096);
+  auto region = b_->register_memory(remote.data(), remote.size());
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  const PathId path = connect(*a_, *b_);
+  ASSERT_EQ(a_->path_state(path), PathState::kReady);
+  ASSERT_TRUE(b_->unregister(*region).is_ok());
+  const TimeNs start = now();
+  std::vector<Completion> ignored;
+  while (b_->unregister_pending(*region) && now() - start < 3'000'000'000) b_->poll(now(), ignored);  // a_ silent
+  EXPECT_FALSE(b_->unregister_pending(*region));
+  EXPECT_GE(now() - start, 250'000'000);
+  // a_ learns it was dismissed as soon as it runs again.
+  EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
+  EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace baton::transport
