@@ -554,5 +554,35 @@ TEST(BenchIdle, AConnectedIdleEngineSleepsInsteadOfPolling) {
   EXPECT_EQ(run_baton("bench idle --duration 0s").exit_code, 2);
 }
 
+// 30% of the packets each way dropped (nftables, scripts/netns-link loss)
+// under a running write: TCP retransmits, the transfer slows down, and every
+// byte still arrives and is verified; nothing hangs and nothing fails.
+TEST(ServeProcessLink, ThirtyPercentPacketLossSlowsTransfersAndLosesNoByte) {
+  const NetnsLock lock;
+  const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
+  if (std::system((link + " up >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
+  }
+  const std::string secret = secret_file();
+  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret},
+                                 BATON_BINARY, "baton-far");
+  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+  bool lossy = false;
+  std::thread loss([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // after the handshake
+    lossy = std::system((link + " loss 30").c_str()) == 0;
+  });
+  const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op write --block-size 256KiB "
+                                             "--batch-size 8 --duration 3s --token-file {}",
+                                             child->address(), secret),
+                                 "ip netns exec baton-near");
+  loss.join();
+  (void)child->stop();
+  (void)std::system((link + " down").c_str());
+  if (!lossy) GTEST_SKIP() << "nftables refused the loss rule here";
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("data verified"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace baton::cli

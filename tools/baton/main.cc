@@ -1,17 +1,9 @@
-#include <cstdlib>
-
 #include <fmt/core.h>
 
 #include "baton/common/log.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
-  // A `baton serve` restarted on its port must not wait out the dead
-  // process's TIME_WAIT connections (60 s): UCX's TCP connection manager
-  // binds without SO_REUSEADDR unless told, and only its environment can tell
-  // it (ucp_config_modify does not reach it in UCX 1.13). Set before any
-  // thread exists; a user's own setting wins.
-  ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
   app.require_subcommand(1);
   std::string log_level;
