@@ -332,6 +332,25 @@ TEST(ServeProcessFailure, APeerRestartedOnTheSameAddressIsReachedAfresh) {
   EXPECT_TRUE(second->stop().is_ok());
 }
 
+TEST(ServeCommand, ExportsItsBufferOnlyToTheNamedPeersAndOnlyToHoldersOfTheSecret) {
+  const std::string secret = secret_file();
+  ServeChild server = serve({"--buffer-size", "1MiB", "--token-file", secret, "--export-to", "127.0.0.1:1"});
+  transport::UcxConfig ucx;
+  ucx.secret_file = secret;
+  auto named = engine::Engine::create(engine::EngineConfig{.ucx = ucx});
+  ASSERT_TRUE(named.has_value());
+  auto peer = (*named)->connect(server.address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  EXPECT_TRUE((*named)->remote_regions(*peer)->empty());  // not 127.0.0.1:1
+  // Without the secret: no path at all.
+  auto stranger = engine::Engine::create(engine::EngineConfig{});
+  ASSERT_TRUE(stranger.has_value());
+  auto refused = (*stranger)->connect(server.address());
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kPermissionDenied) << refused.error().to_string();
+  EXPECT_TRUE(server.stop().is_ok());
+}
+
 TEST(ServeCommand, RefusesBadInput) {
   EXPECT_EQ(run_baton("serve --buffer-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("serve --buffer-size lots").exit_code, 2);
@@ -341,6 +360,19 @@ TEST(ServeCommand, RefusesBadInput) {
   const CommandRun r = run_baton("serve --listen nohost --buffer-size 1MiB");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("nohost"), std::string::npos) << r.err;
+  // Beyond loopback only with a secret, or when told; the secret file must be private.
+  const CommandRun open = run_baton("serve --listen 0.0.0.0:0 --buffer-size 1MiB");
+  EXPECT_EQ(open.exit_code, 1);
+  EXPECT_NE(open.err.find("without a secret"), std::string::npos) << open.err;
+  const CommandRun missing = run_baton("serve --buffer-size 1MiB --token-file /nonexistent/secret");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/secret"), std::string::npos) << missing.err;
+  const std::string shared = secret_file();
+  ::chmod(shared.c_str(), 0644);
+  const CommandRun readable = run_baton("serve --buffer-size 1MiB --token-file " + shared);
+  ::chmod(shared.c_str(), 0600);
+  EXPECT_EQ(readable.exit_code, 1);
+  EXPECT_NE(readable.err.find("chmod 600"), std::string::npos) << readable.err;
   // Larger than the machine: refused before anything is mapped, nothing left in /dev/shm.
   for (const char* size : {"1024TiB", "18446744073709551615B"}) {
     const CommandRun big = run_baton(std::string("serve --buffer-size ") + size);
