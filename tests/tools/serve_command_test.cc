@@ -109,31 +109,34 @@ INSTANTIATE_TEST_SUITE_P(Tls, ServeProcess, ::testing::Values(std::string(""), s
                          [](const auto& info) { return info.param.empty() ? std::string("Default") : info.param; });
 
 TEST(ServeProcessFailure, AKilledPeerEndsEveryRequestUnavailableAndOthersAreStillServed) {
-  ServeChild doomed = serve({"--buffer-size", "64MiB"});
   ServeChild survivor = serve({"--buffer-size", "1MiB"});
-  Initiator me(64 << 20);
-  auto dp = me.engine->connect(doomed.address());
-  auto sp = me.engine->connect(survivor.address());
-  ASSERT_TRUE(dp.has_value() && sp.has_value());
-  engine::Batch b;
-  for (int i = 0; i < 64; ++i) b.requests.push_back(me.request(engine::Op::kRead, *dp, i << 20, i << 20, 1 << 20));
-  auto h = me.engine->submit(b);
-  ASSERT_TRUE(h.has_value());
-  ::kill(doomed.pid(), SIGKILL);  // no goodbye: the socket just dies
-  ASSERT_TRUE(me.engine->wait(*h, 30 * kSecond).is_ok()) << "a request hung";
-  auto st = me.engine->poll(*h);
-  ASSERT_TRUE(st.has_value());
-  int failed = 0;
-  for (const auto& r : st->requests) {
-    ASSERT_TRUE(r.state == sched::RequestState::kCompleted || r.state == sched::RequestState::kFailed);
-    if (r.state == sched::RequestState::kFailed) {
-      EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
-      ++failed;
+  for (const engine::Op op : {engine::Op::kRead, engine::Op::kWrite}) {
+    SCOPED_TRACE(op == engine::Op::kRead ? "mid-read" : "mid-write");
+    ServeChild doomed = serve({"--buffer-size", "64MiB"});
+    Initiator me(64 << 20);
+    auto dp = me.engine->connect(doomed.address());
+    auto sp = me.engine->connect(survivor.address());
+    ASSERT_TRUE(dp.has_value() && sp.has_value());
+    engine::Batch b;
+    for (int i = 0; i < 64; ++i) b.requests.push_back(me.request(op, *dp, i << 20, i << 20, 1 << 20));
+    auto h = me.engine->submit(b);
+    ASSERT_TRUE(h.has_value());
+    ::kill(doomed.pid(), SIGKILL);  // no goodbye: the socket just dies
+    ASSERT_TRUE(me.engine->wait(*h, 30 * kSecond).is_ok()) << "a request hung";
+    auto st = me.engine->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    int failed = 0;
+    for (const auto& r : st->requests) {
+      ASSERT_TRUE(r.state == sched::RequestState::kCompleted || r.state == sched::RequestState::kFailed);
+      if (r.state == sched::RequestState::kFailed) {
+        EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
+        ++failed;
+      }
     }
+    EXPECT_GT(failed, 0);
+    ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *sp, 0, 0, 1 << 20)}, {}}).is_ok());
+    EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 20), kServeSalt).has_value());
   }
-  EXPECT_GT(failed, 0);
-  ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *sp, 0, 0, 1 << 20)}, {}}).is_ok());
-  EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 20), kServeSalt).has_value());
   EXPECT_TRUE(survivor.stop().is_ok());
 }
 

@@ -42,6 +42,11 @@ class Reader {
     at_ += n;
     return true;
   }
+  bool skip(std::size_t n) {
+    if (in_.size() - at_ < n) return false;
+    at_ += n;
+    return true;
+  }
   [[nodiscard]] std::span<const std::uint8_t> rest() const { return in_.subspan(at_); }
   [[nodiscard]] std::size_t offset() const { return at_; }
   [[nodiscard]] std::size_t left() const { return in_.size() - at_; }

@@ -38,8 +38,7 @@ template <std::size_t N>
 bool get_array(Reader& r, std::array<std::uint8_t, N>& out) {
   if (r.left() < N) return false;
   std::memcpy(out.data(), r.rest().data(), N);
-  std::vector<std::uint8_t> skip;
-  return r.bytes(N, skip);
+  return r.skip(N);
 }
 
 // A u32 length and that many bytes, at most `max`.

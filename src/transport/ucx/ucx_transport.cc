@@ -753,7 +753,7 @@ struct UcxTransport::State {
     auto it = sessions.find(id);
     if (it == sessions.end()) return;
     Session& session = it->second;
-    if (session.authenticated) {
+    if (session.authenticated && !shut_down) {
       spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
     } else {
       spdlog::debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
@@ -864,11 +864,22 @@ struct UcxTransport::State {
     }
   }
 
+  // Session ids now: handling a frame may close a session (telling a peer
+  // that does not read), so no loop walks the map itself while it acts.
+  std::vector<std::uint64_t> session_ids() const {
+    std::vector<std::uint64_t> ids;
+    ids.reserve(sessions.size());
+    for (const auto& [id, session] : sessions) ids.push_back(id);
+    return ids;
+  }
+
   void serve_sessions(TimeNs now_ns) {
-    std::vector<std::pair<std::uint64_t, std::string>> closing_sessions;
-    for (auto& [id, session] : sessions) {
-      Status status = session.conn->receive(session.authenticated ? ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes
-                                                                  : ucx::kMaxHandshakeFrameBytes);
+    for (std::uint64_t id : session_ids()) {
+      auto it = sessions.find(id);
+      if (it == sessions.end()) continue;
+      Session& session = it->second;
+      const std::uint32_t bound = session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes;
+      Status status = session.conn->receive(bound + ucx::kFrameHeaderBytes);
       // Frames that arrived before a close still count (a notification, an ack).
       for (;;) {
         auto frame = session.conn->next(session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes);
@@ -890,12 +901,35 @@ struct UcxTransport::State {
       }
       if (status.is_ok()) status = session.conn->flush();
       if (!status.is_ok()) {
-        closing_sessions.emplace_back(id, status.message());
+        close_session(id, status.message());
         continue;
       }
       watch(*session.conn, session.write_watched);
     }
-    for (auto& [id, why] : closing_sessions) close_session(id, why);
+  }
+
+  // Writes what control connections have queued since the last poll (a
+  // notification, a revocation) and watches for writability where the
+  // socket did not take it all, so a sleeping loop wakes to finish.
+  void flush_control() {
+    for (std::uint64_t id : session_ids()) {
+      Session& session = sessions.at(id);
+      if (!session.conn->wants_write()) continue;
+      if (Status st = session.conn->flush(); !st.is_ok()) {
+        close_session(id, st.message());
+        continue;
+      }
+      watch(*session.conn, session.write_watched);
+    }
+    for (PathId id = 0; id < peers.size(); ++id) {
+      Peer& peer = peers[id];
+      if (peer.state == PathState::kFailed || !peer.control || !peer.control->wants_write()) continue;
+      if (Status st = peer.control->flush(); !st.is_ok()) {
+        fail_path(id, Status::unavailable("path {} to {}: {}", id, peer.address, st.message()));
+        continue;
+      }
+      watch(*peer.control, peer.write_watched);
+    }
   }
 
   // --- the initiator's control connections ----------------------------------
@@ -1367,8 +1401,8 @@ Status UcxTransport::unregister(RegionHandle handle) {
   // posted there) before the memory goes; poll() unmaps it then.
   region.revoking = true;
   region.revoke_seq = s.next_revoke++;
-  for (auto& [id, session] : s.sessions) {
-    if (!session.sent.erase(handle)) continue;
+  for (std::uint64_t id : s.session_ids()) {
+    if (!s.sessions.at(id).sent.erase(handle)) continue;
     if (s.tell(id, ControlKind::kRevoke, ucx::encode(ucx::Revoke{region.revoke_seq, {handle}}))) {
       region.awaiting.insert(id);
     }
@@ -1574,8 +1608,9 @@ int UcxTransport::event_fd() const { return state_->poller->fd(); }
 bool UcxTransport::arm() {
   State& s = *state_;
   if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty()) return false;
-  // Queued control frames need the socket's writability, which the poller
-  // watches; revocations and handshakes have deadlines (next_event_ns).
+  // Revocations and handshakes have deadlines (next_event_ns); frames queued
+  // since the last poll go now, or the poller watches for writability.
+  s.flush_control();
   // UCX's rule for sleeping: progress until it reports nothing done, then
   // arm. Events it consumed but did not finish (a socket half read) would
   // not fire the fd again, and the loop would sleep on them.
