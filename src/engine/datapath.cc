@@ -1,5 +1,8 @@
 #include "engine/datapath.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,7 +20,13 @@ std::string_view op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
 
 Datapath::Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
                    MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id)
-    : ucx_(ucx), scheduler_(scheduler), admission_(admission), metrics_(metrics), next_id_(next_id) {
+    : ucx_(ucx),
+      scheduler_(scheduler),
+      admission_(admission),
+      metrics_(metrics),
+      next_id_(next_id),
+      ended_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (ended_fd_ < 0) spdlog::warn("engine: eventfd failed; batch_event_fd() will not wake anyone");
   (void)metrics_.declare_counter("baton_engine_requests_total", "Requests ended, per op and final state");
   (void)metrics_.declare_counter("baton_engine_bytes_total", "Bytes delivered, per op");
   (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
@@ -321,6 +330,14 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     ended_[id] = std::move(snapshot);
   }
   ended_cv_.notify_all();
+  if (ended_fd_ >= 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
+}
+
+Datapath::~Datapath() {
+  if (ended_fd_ >= 0) ::close(ended_fd_);
 }
 
 void Datapath::on_turn(TimeNs /*now_ns*/) {

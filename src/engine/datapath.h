@@ -27,6 +27,9 @@ class Datapath {
  public:
   Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
            MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id);
+  ~Datapath();
+  Datapath(const Datapath&) = delete;
+  Datapath& operator=(const Datapath&) = delete;
 
   // --- on the loop ---
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind, int device);
@@ -52,6 +55,8 @@ class Datapath {
   [[nodiscard]] bool shut_down() const { return shut_down_; }
 
   // --- any thread ---
+  // An eventfd counting batches that ended (see Engine::batch_event_fd).
+  [[nodiscard]] int ended_fd() const { return ended_fd_; }
   // Until batch `id` ended or `deadline` passed; true when it ended.
   [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
   // Whether `id` names a batch not yet released (running or ended).
@@ -120,6 +125,7 @@ class Datapath {
   std::vector<PendingRefresh> refreshes_;
   std::vector<PendingUnregister> unregisters_;
 
+  const int ended_fd_;
   std::mutex ended_mutex_;
   std::condition_variable ended_cv_;
   struct Ended {

@@ -56,6 +56,8 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   } while (false)
 
 std::string Engine::address() const { return state_->core->ucx->address(); }
+int Engine::batch_event_fd() const { return state_->datapath->ended_fd(); }
+
 std::string Engine::metrics_address() const { return state_->http ? state_->http->address() : std::string{}; }
 
 Result<Region> Engine::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {

@@ -182,6 +182,11 @@ class Engine {
   // Forgets an ended batch (its handle turns unknown), so a long-running
   // engine does not grow. invalid_argument while it runs.
   [[nodiscard]] Status release(BatchHandle batch);
+  // An eventfd that turns readable whenever a batch ends (read 8 bytes to
+  // reset it), so an event loop (asyncio, epoll) can wait for batches
+  // without a thread: on readable, poll() the batches it waits for. The fd
+  // belongs to the engine; -1 if the kernel refused one.
+  [[nodiscard]] int batch_event_fd() const;
   // Notifications peers sent us since the last call, in arrival order.
   [[nodiscard]] std::vector<transport::Notification> take_notifications();
 

@@ -1,0 +1,602 @@
+// The `baton._baton` extension: the Engine for Python (pybind11). The
+// package `baton` (python/baton/__init__.py) re-exports it and adds asyncio.
+//
+// Lifetimes: a Python Engine holds the C++ Engine through a shared pointer
+// that Peers and Batches share, so close() on one thread never frees the
+// engine under a call on another; close() shuts it down, and later calls
+// raise Unavailable. Registered buffers stay referenced by the engine (and
+// their buffer export held) until unregister() or close(): a peer may write
+// into them until then.
+//
+// Every call that can wait releases the GIL.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "baton/engine/engine.h"
+
+namespace py = pybind11;
+using baton::Status;
+using baton::StatusCode;
+namespace engine = baton::engine;
+
+namespace {
+
+// --- exceptions ---------------------------------------------------------------
+
+struct Exceptions {
+  PyObject* base = nullptr;
+  std::map<StatusCode, PyObject*> by_code;
+};
+Exceptions& exceptions() {
+  static Exceptions e;
+  return e;
+}
+
+PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObject* builtin, const char* doc) {
+  PyObject* bases = builtin == nullptr ? PyTuple_Pack(1, base) : PyTuple_Pack(2, base, builtin);
+  const std::string qualified = std::string("baton.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  Py_DECREF(bases);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(type));
+  return type;
+}
+
+void register_exceptions(py::module_& m) {
+  Exceptions& e = exceptions();
+  const std::string qualified = "baton.BatonError";
+  e.base = PyErr_NewExceptionWithDoc(qualified.c_str(), "A Baton call failed; the message says why.", PyExc_Exception,
+                                     nullptr);
+  m.add_object("BatonError", py::handle(e.base));
+  e.by_code[StatusCode::kInvalidArgument] =
+      make_exception(m, "InvalidArgument", e.base, PyExc_ValueError, "A value was refused.");
+  e.by_code[StatusCode::kNotFound] = make_exception(m, "NotFound", e.base, PyExc_LookupError, "No such thing.");
+  e.by_code[StatusCode::kOutOfRange] =
+      make_exception(m, "OutOfRange", e.base, PyExc_IndexError, "A range is outside its region.");
+  e.by_code[StatusCode::kUnavailable] =
+      make_exception(m, "Unavailable", e.base, PyExc_ConnectionError, "A peer or the engine is not there.");
+  e.by_code[StatusCode::kTimeout] = make_exception(m, "Timeout", e.base, PyExc_TimeoutError, "Time ran out.");
+  e.by_code[StatusCode::kCancelled] = make_exception(m, "Cancelled", e.base, nullptr, "Cancelled.");
+  e.by_code[StatusCode::kDeadlineInfeasible] =
+      make_exception(m, "DeadlineInfeasible", e.base, nullptr, "The deadline cannot be met; recompute locally.");
+  e.by_code[StatusCode::kPermissionDenied] =
+      make_exception(m, "PermissionDenied", e.base, PyExc_PermissionError, "The peer did not prove the secret.");
+  e.by_code[StatusCode::kFailedPrecondition] =
+      make_exception(m, "FailedPrecondition", e.base, nullptr, "Not now: the object's state forbids it.");
+  e.by_code[StatusCode::kResourceExhausted] =
+      make_exception(m, "ResourceExhausted", e.base, PyExc_MemoryError, "More than the machine can give.");
+  e.by_code[StatusCode::kAlreadyExists] = make_exception(m, "AlreadyExists", e.base, nullptr, "Already there.");
+}
+
+[[noreturn]] void raise(const Status& s) {
+  const auto it = exceptions().by_code.find(s.code());
+  PyErr_SetString(it == exceptions().by_code.end() ? exceptions().base : it->second, s.message().c_str());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void raise(StatusCode code, const std::string& message) { raise(Status(code, message)); }
+
+template <typename T>
+T value_or_raise(baton::Result<T> r) {
+  if (!r) raise(r.error());
+  return std::move(*r);
+}
+
+void ok_or_raise(const Status& s) {
+  if (!s.is_ok()) raise(s);
+}
+
+// --- the objects ----------------------------------------------------------------
+
+// A registered buffer: what keeps its memory alive.
+struct RegionState {
+  engine::Region region;
+  py::object owner;            // the object registered (or None for allocate())
+  std::optional<Py_buffer> view;  // held until unregister, so a bytearray cannot move
+  ~RegionState() {
+    if (view) {
+      py::gil_scoped_acquire gil;
+      PyBuffer_Release(&*view);
+    }
+  }
+};
+
+struct EngineState {
+  std::shared_ptr<engine::Engine> engine;  // null once closed
+  std::mutex mutex;                        // guards `engine` and `regions`
+  std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
+
+  std::shared_ptr<engine::Engine> get(const char* call) {
+    std::lock_guard lock(mutex);
+    if (!engine) raise(StatusCode::kUnavailable, std::string(call) + ": the engine is closed");
+    return engine;
+  }
+};
+
+struct PyRegion {
+  std::shared_ptr<RegionState> state;
+  bool allocated = false;
+};
+
+struct PyPeer {
+  std::shared_ptr<EngineState> engine;
+  std::string address;
+};
+
+struct PyRequest {
+  engine::Request request;
+  std::optional<double> deadline_ms;  // relative to submit
+};
+
+struct PyBatch {
+  std::shared_ptr<EngineState> engine;
+  engine::BatchHandle handle;
+  std::uint64_t bytes = 0;
+};
+
+engine::Op parse_op(const std::string& op) {
+  if (op == "read") return engine::Op::kRead;
+  if (op == "write") return engine::Op::kWrite;
+  raise(StatusCode::kInvalidArgument, "op \"" + op + "\": expected \"read\" or \"write\"");
+}
+
+baton::sched::QosClass parse_qos(const std::string& qos) {
+  auto q = baton::sched::parse_qos_class(qos);
+  if (!q) {
+    raise(StatusCode::kInvalidArgument,
+          "qos \"" + qos + "\": expected decode_critical, hot_kv, prefill_bulk or background");
+  }
+  return *q;
+}
+
+std::uint64_t non_negative(const char* what, long long v) {
+  if (v < 0) raise(StatusCode::kInvalidArgument, std::string(what) + " is " + std::to_string(v) + " (expected >= 0)");
+  return static_cast<std::uint64_t>(v);
+}
+
+baton::TimeNs milliseconds_ns(const char* what, std::optional<double> ms) {
+  if (!ms) return 0;
+  if (!(*ms >= 0) || *ms > 1e12) {
+    raise(StatusCode::kInvalidArgument, std::string(what) + " is " + std::to_string(*ms) + " ms (expected >= 0)");
+  }
+  return static_cast<baton::TimeNs>(*ms * 1e6);
+}
+
+baton::transport::RegionHandle remote_handle(const py::object& remote) {
+  if (py::isinstance<baton::transport::RemoteRegion>(remote)) {
+    return remote.cast<baton::transport::RemoteRegion>().key;
+  }
+  if (py::isinstance<py::int_>(remote)) {
+    const long long v = remote.cast<long long>();
+    if (v < 0 || v > 0xffffffffLL) raise(StatusCode::kInvalidArgument, "remote handle " + std::to_string(v));
+    return static_cast<baton::transport::RegionHandle>(v);
+  }
+  raise(StatusCode::kInvalidArgument, "remote: expected a region handle (int) or a peer's region");
+}
+
+std::string peer_address(const py::object& peer) {
+  if (py::isinstance<PyPeer>(peer)) return peer.cast<const PyPeer&>().address;
+  if (py::isinstance<py::str>(peer)) return peer.cast<std::string>();
+  raise(StatusCode::kInvalidArgument, "peer: expected a Peer (engine.connect()) or \"host:port\"");
+}
+
+PyRequest make_request(const std::string& op, const PyRegion& local, long long local_offset, const py::object& peer,
+                       const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+                       std::optional<double> deadline_ms, std::optional<double> timeout_ms) {
+  PyRequest r;
+  r.request.op = parse_op(op);
+  if (!local.state) raise(StatusCode::kInvalidArgument, "local: an unregistered region");
+  r.request.local_region = local.state->region.handle;
+  r.request.local_offset = non_negative("local_offset", local_offset);
+  r.request.peer = peer_address(peer);
+  r.request.remote_region = remote_handle(remote);
+  r.request.remote_offset = non_negative("remote_offset", remote_offset);
+  r.request.length = non_negative("length", length);
+  if (r.request.length == 0) raise(StatusCode::kInvalidArgument, "length is 0 (expected > 0)");
+  r.request.qos = parse_qos(qos);
+  milliseconds_ns("deadline_ms", deadline_ms);
+  r.deadline_ms = deadline_ms;
+  r.request.timeout_ns = milliseconds_ns("timeout_ms", timeout_ms);
+  return r;
+}
+
+// Requests with their deadlines made absolute on the engine's clock.
+engine::Batch to_batch(engine::Engine& e, const std::vector<PyRequest>& requests, std::string notification) {
+  engine::Batch b;
+  b.notification = std::move(notification);
+  b.requests.reserve(requests.size());
+  const baton::TimeNs now = e.now_ns();
+  for (const PyRequest& r : requests) {
+    b.requests.push_back(r.request);
+    if (r.deadline_ms) b.requests.back().deadline_ns = now + milliseconds_ns("deadline_ms", r.deadline_ms);
+  }
+  return b;
+}
+
+// Wait, then the batch's own failure as an exception; the batch stays known.
+void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> timeout_s) {
+  const baton::TimeNs limit = timeout_s ? static_cast<baton::TimeNs>(*timeout_s * 1e9) : 365LL * 24 * 3600 * 1'000'000'000;
+  if (timeout_s && !(*timeout_s >= 0)) raise(StatusCode::kInvalidArgument, "timeout is negative");
+  Status waited;
+  engine::BatchStatus st;
+  {
+    py::gil_scoped_release release;
+    waited = e.wait(h, limit);
+    if (waited.is_ok()) {
+      auto polled = e.poll(h);
+      if (polled) st = std::move(*polled);
+      else waited = polled.error();
+    }
+  }
+  ok_or_raise(waited);
+  ok_or_raise(st.status);
+}
+
+// One request, start to end: submit, wait, release.
+void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
+  auto e = es.get(r.request.op == engine::Op::kRead ? "read" : "write");
+  engine::BatchHandle h;
+  {
+    py::gil_scoped_release release;
+    auto submitted = e->submit(to_batch(*e, {r}, {}));
+    if (!submitted) {
+      py::gil_scoped_acquire gil;
+      raise(submitted.error());
+    }
+    h = *submitted;
+  }
+  try {
+    wait_batch(*e, h, timeout_s);
+  } catch (...) {
+    py::gil_scoped_release release;
+    if (!e->poll(h)->done) (void)e->cancel(h);
+    (void)e->wait(h, 60'000'000'000);
+    (void)e->release(h);
+    throw;
+  }
+  py::gil_scoped_release release;
+  (void)e->release(h);
+}
+
+// The buffer of `obj`, writable and contiguous: the buffer protocol (numpy,
+// bytearray, memoryview, …) or a CPU torch tensor (data_ptr()).
+std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::size_t& length) {
+  auto state = std::make_shared<RegionState>();
+  state->owner = obj;
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    Py_buffer view{};
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      raise(StatusCode::kInvalidArgument, "register: the buffer is read-only or not contiguous (a writable, "
+                                          "C-contiguous buffer is needed: peers write into it)");
+    }
+    ptr = view.buf;
+    length = static_cast<std::size_t>(view.len);
+    state->view = view;
+    return state;
+  }
+  if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size") && py::hasattr(obj, "numel")) {
+    if (py::hasattr(obj, "is_cuda") && obj.attr("is_cuda").cast<bool>()) {
+      raise(StatusCode::kInvalidArgument, "register: a CUDA tensor (this build registers CPU memory)");
+    }
+    if (py::hasattr(obj, "is_contiguous") && !obj.attr("is_contiguous")().cast<bool>()) {
+      raise(StatusCode::kInvalidArgument, "register: the tensor is not contiguous (.contiguous() it first)");
+    }
+    ptr = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<std::uintptr_t>());
+    length = obj.attr("numel")().cast<std::size_t>() * obj.attr("element_size")().cast<std::size_t>();
+    return state;
+  }
+  raise(StatusCode::kInvalidArgument, "register: expected an object with a writable buffer (numpy array, "
+                                      "bytearray, memoryview) or a CPU torch tensor");
+}
+
+py::object memory_view(const engine::Region& r) {
+  PyObject* view = PyMemoryView_FromMemory(reinterpret_cast<char*>(r.base), static_cast<Py_ssize_t>(r.length),
+                                           PyBUF_WRITE);
+  if (view == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(view);
+}
+
+std::string state_name(baton::sched::RequestState s) { return std::string(baton::sched::to_string(s)); }
+
+}  // namespace
+
+PYBIND11_MODULE(_baton, m) {
+  m.doc() = "Baton: a deadline-driven KV-cache transfer engine (the compiled part of the `baton` package)";
+  register_exceptions(m);
+
+  py::class_<baton::transport::RemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it")
+      .def_property_readonly("handle", [](const baton::transport::RemoteRegion& r) { return r.key; })
+      .def_readonly("base", &baton::transport::RemoteRegion::base)
+      .def_readonly("length", &baton::transport::RemoteRegion::length)
+      .def("__repr__", [](const baton::transport::RemoteRegion& r) {
+        return "RemoteRegion(handle=" + std::to_string(r.key) + ", length=" + std::to_string(r.length) + ")";
+      });
+
+  py::class_<PyRegion>(m, "Region", "Memory registered with an engine")
+      .def_property_readonly("handle", [](const PyRegion& r) { return r.state ? r.state->region.handle : 0; })
+      .def_property_readonly("length", [](const PyRegion& r) { return r.state ? r.state->region.length : 0; })
+      .def_property_readonly("address", [](const PyRegion& r) { return r.state ? r.state->region.base : 0; })
+      .def_property_readonly("buffer",
+                             [](const PyRegion& r) -> py::object {
+                               if (!r.state) raise(StatusCode::kFailedPrecondition, "buffer: unregistered");
+                               if (r.allocated) return memory_view(r.state->region);
+                               return r.state->owner;
+                             })
+      .def("__repr__", [](const PyRegion& r) {
+        return "Region(handle=" + std::to_string(r.state ? r.state->region.handle : 0) +
+               ", length=" + std::to_string(r.state ? r.state->region.length : 0) + ")";
+      });
+
+  py::class_<PyPeer>(m, "Peer", "Another engine, by its handshake address")
+      .def_readonly("address", &PyPeer::address)
+      .def_property_readonly("regions",
+                             [](const PyPeer& p) {
+                               auto e = p.engine->get("regions");
+                               py::gil_scoped_release release;
+                               auto r = e->remote_regions(engine::Peer{p.address});
+                               py::gil_scoped_acquire gil;
+                               return value_or_raise(std::move(r));
+                             })
+      .def("__repr__", [](const PyPeer& p) { return "Peer(\"" + p.address + "\")"; });
+
+  py::class_<PyRequest>(m, "Request", "One read or write between a local region and a peer's region")
+      .def(py::init(&make_request), py::kw_only(), py::arg("op"), py::arg("local"), py::arg("local_offset") = 0,
+           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"),
+           py::arg("qos") = "prefill_bulk", py::arg("deadline_ms") = py::none(), py::arg("timeout_ms") = py::none())
+      .def_property_readonly("op", [](const PyRequest& r) { return r.request.op == engine::Op::kRead ? "read" : "write"; })
+      .def_property_readonly("length", [](const PyRequest& r) { return r.request.length; })
+      .def_property_readonly("qos", [](const PyRequest& r) { return std::string(baton::sched::to_string(r.request.qos)); });
+
+  py::class_<PyBatch>(m, "Batch", "Requests submitted together")
+      .def_property_readonly("id", [](const PyBatch& b) { return b.handle.id; })
+      .def("wait", [](const PyBatch& b, std::optional<double> timeout) { wait_batch(*b.engine->get("wait"), b.handle, timeout); },
+           py::arg("timeout") = py::none(),
+           "Until every request ended; raises the batch's failure, or Timeout when `timeout` (s) passed first")
+      .def_property_readonly("done",
+                             [](const PyBatch& b) {
+                               auto e = b.engine->get("done");
+                               py::gil_scoped_release release;
+                               auto st = e->poll(b.handle);
+                               py::gil_scoped_acquire gil;
+                               return value_or_raise(std::move(st)).done;
+                             })
+      .def_property_readonly("status",
+                             [](const PyBatch& b) -> py::object {
+                               auto e = b.engine->get("status");
+                               auto st = value_or_raise(e->poll(b.handle));
+                               if (!st.done) return py::none();
+                               return py::str(st.status.is_ok() ? std::string("ok") : st.status.to_string());
+                             },
+                             "None while running, then \"ok\" or the failure")
+      .def_property_readonly("bytes", [](const PyBatch& b) { return b.bytes; })
+      .def_property_readonly("bytes_done",
+                             [](const PyBatch& b) { return value_or_raise(b.engine->get("bytes_done")->poll(b.handle)).bytes_done; })
+      .def_property_readonly("states",
+                             [](const PyBatch& b) {
+                               auto st = value_or_raise(b.engine->get("states")->poll(b.handle));
+                               std::vector<std::string> out;
+                               for (const auto& r : st.requests) out.push_back(state_name(r.state));
+                               return out;
+                             })
+      .def("_engine_fd", [](const PyBatch& b) { return b.engine->get("await")->batch_event_fd(); })
+      .def("cancel", [](const PyBatch& b) { ok_or_raise(b.engine->get("cancel")->cancel(b.handle)); })
+      .def("release", [](const PyBatch& b) { ok_or_raise(b.engine->get("release")->release(b.handle)); });
+
+  py::class_<EngineState, std::shared_ptr<EngineState>>(m, "Engine", "A Baton engine: registered memory, peers, batches")
+      .def(py::init([](const std::string& listen, std::optional<std::string> ucx_tls, std::optional<std::string> policy_file,
+                       std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
+                       std::optional<std::string> topology_model, bool peer_failure_detection) {
+             engine::EngineConfig c;
+             c.ucx.listen_address = listen;
+             if (ucx_tls) c.ucx.tls = *ucx_tls;
+             if (policy_file) c.policy_file = *policy_file;
+             if (metrics_address) c.metrics_address = *metrics_address;
+             if (secret_file) c.ucx.secret_file = *secret_file;
+             if (topology_model) c.topology_model = *topology_model;
+             c.ucx.lanes_per_peer = lanes;
+             c.ucx.peer_failure_detection = peer_failure_detection;
+             auto state = std::make_shared<EngineState>();
+             baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               made = engine::Engine::create(std::move(c));
+             }
+             state->engine = std::shared_ptr<engine::Engine>(value_or_raise(std::move(made)).release());
+             return state;
+           }),
+           py::kw_only(), py::arg("listen") = "127.0.0.1:0", py::arg("ucx_tls") = py::none(),
+           py::arg("policy_file") = py::none(), py::arg("metrics_address") = py::none(),
+           py::arg("secret_file") = py::none(), py::arg("lanes") = 2, py::arg("topology_model") = py::none(),
+           py::arg("peer_failure_detection") = true)
+      .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
+      .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
+      .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })
+      .def_property_readonly("closed", [](EngineState& s) {
+        std::lock_guard lock(s.mutex);
+        return s.engine == nullptr;
+      })
+      .def("close",
+           [](EngineState& s) {
+             std::shared_ptr<engine::Engine> e;
+             std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
+             {
+               std::lock_guard lock(s.mutex);
+               e = std::move(s.engine);
+               regions.swap(s.regions);
+             }
+             if (!e) return;
+             {
+               py::gil_scoped_release release;
+               e->shutdown();  // waiters wake; calls in flight finish on their own reference
+               e.reset();
+             }
+             regions.clear();  // the buffers go once no peer can reach them
+           },
+           "Shuts the engine down: running batches are cancelled, peers see it go; later calls raise Unavailable")
+      .def("__enter__", [](std::shared_ptr<EngineState> s) { return s; })
+      .def("__exit__", [](EngineState& s, py::args) {
+        std::shared_ptr<engine::Engine> e;
+        std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
+        {
+          std::lock_guard lock(s.mutex);
+          e = std::move(s.engine);
+          regions.swap(s.regions);
+        }
+        if (e) {
+          py::gil_scoped_release release;
+          e->shutdown();
+          e.reset();
+        }
+        regions.clear();
+        return false;
+      })
+      .def("register",
+           [](EngineState& s, const py::object& obj) {
+             auto e = s.get("register");
+             void* ptr = nullptr;
+             std::size_t length = 0;
+             auto state = buffer_of(obj, ptr, length);
+             if (length == 0) raise(StatusCode::kInvalidArgument, "register: the buffer is empty");
+             baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               r = e->register_memory(ptr, length);
+             }
+             state->region = value_or_raise(std::move(r));
+             std::lock_guard lock(s.mutex);
+             s.regions[state->region.handle] = state;
+             return PyRegion{state, false};
+           },
+           py::arg("buffer"), "Registers a writable buffer (numpy, bytearray, memoryview, CPU torch tensor)")
+      .def("allocate",
+           [](EngineState& s, long long nbytes) {
+             auto e = s.get("allocate");
+             const auto n = non_negative("nbytes", nbytes);
+             baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               r = e->allocate_memory(n);
+             }
+             auto state = std::make_shared<RegionState>();
+             state->region = value_or_raise(std::move(r));
+             state->owner = py::none();
+             std::lock_guard lock(s.mutex);
+             s.regions[state->region.handle] = state;
+             return PyRegion{state, true};
+           },
+           py::arg("nbytes"), "Memory the engine allocates and registers (Region.buffer is a writable memoryview)")
+      .def("export",
+           [](EngineState& s, const PyRegion& r, std::optional<std::vector<std::string>> peers) {
+             if (!r.state) raise(StatusCode::kInvalidArgument, "export: an unregistered region");
+             auto e = s.get("export");
+             py::gil_scoped_release release;
+             const Status st = e->export_region(r.state->region.handle, peers.value_or(std::vector<std::string>{}));
+             py::gil_scoped_acquire gil;
+             ok_or_raise(st);
+           },
+           py::arg("region"), py::arg("peers") = py::none(),
+           "Lets peers that proved the secret reach the region: all of them, or those named (\"host:port\")")
+      .def("unregister",
+           [](EngineState& s, PyRegion& r) {
+             if (!r.state) raise(StatusCode::kNotFound, "unregister: the region was already unregistered");
+             auto e = s.get("unregister");
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = e->unregister(r.state->region.handle);
+             }
+             ok_or_raise(st);
+             std::lock_guard lock(s.mutex);
+             s.regions.erase(r.state->region.handle);
+             r.state.reset();
+           },
+           py::arg("region"), "Revokes the region from peers and releases it")
+      .def("connect",
+           [](std::shared_ptr<EngineState> s, const std::string& address) {
+             auto e = s->get("connect");
+             baton::Result<engine::Peer> p = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               p = e->connect(address);
+             }
+             return PyPeer{s, value_or_raise(std::move(p)).address};
+           },
+           py::arg("address"), "Handshake with a peer (\"host:port\"); blocks until ready")
+      .def("refresh",
+           [](EngineState& s, const PyPeer& p, double timeout) {
+             auto e = s.get("refresh");
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = e->refresh(engine::Peer{p.address}, static_cast<baton::TimeNs>(timeout * 1e9));
+             }
+             ok_or_raise(st);
+           },
+           py::arg("peer"), py::arg("timeout") = 5.0)
+      .def("submit",
+           [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
+             auto e = s->get("submit");
+             std::string note = notification;
+             engine::Batch b = to_batch(*e, requests, std::move(note));
+             std::uint64_t bytes = 0;
+             for (const auto& r : b.requests) bytes += r.length;
+             baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               h = e->submit(b);
+             }
+             return PyBatch{s, value_or_raise(std::move(h)), bytes};
+           },
+           py::arg("requests"), py::arg("notification") = py::bytes(""))
+      .def("read",
+           [](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
+              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+              std::optional<double> deadline_ms, std::optional<double> timeout) {
+             run_one(s, make_request("read", local, local_offset, peer, remote, remote_offset, length, qos, deadline_ms,
+                                     std::nullopt),
+                     timeout);
+           },
+           py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"), py::arg("remote"),
+           py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
+           py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
+           "One read, synchronous: raises its failure")
+      .def("write",
+           [](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
+              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+              std::optional<double> deadline_ms, std::optional<double> timeout) {
+             run_one(s, make_request("write", local, local_offset, peer, remote, remote_offset, length, qos,
+                                     deadline_ms, std::nullopt),
+                     timeout);
+           },
+           py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"), py::arg("remote"),
+           py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
+           py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
+           "One write, synchronous: raises its failure")
+      .def("take_notifications",
+           [](EngineState& s) {
+             auto e = s.get("take_notifications");
+             std::vector<baton::transport::Notification> got;
+             {
+               py::gil_scoped_release release;
+               got = e->take_notifications();
+             }
+             py::list out;
+             for (auto& n : got) out.append(py::make_tuple(n.from, py::bytes(n.message)));
+             return out;
+           })
+      .def("metrics_text", [](EngineState& s) {
+        auto e = s.get("metrics_text");
+        py::gil_scoped_release release;
+        return e->metrics_text();
+      });
+}

@@ -1,0 +1,294 @@
+"""The `baton` Python module against a second process (holder.py): real UCX
+transfers over loopback, byte-exact, and every exception class."""
+import asyncio
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+baton = pytest.importorskip("baton", reason="the baton module is not built (ninja -C build baton_python)")
+
+HERE = pathlib.Path(__file__).resolve().parent
+SIZE = 4 << 20
+
+
+def pattern(n, seed):
+    return ((np.arange(n, dtype=np.uint64) * 131 + seed) & 0xFF).astype(np.uint8)
+
+
+class Holder:
+    """holder.py in a child process."""
+
+    def __init__(self, size=SIZE):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "holder.py"), str(size)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        words = self.proc.stdout.readline().split()
+        assert words and words[0] == "ready", f"holder did not start: {words}"
+        self.address, self.handle, self.length = words[1], int(words[2]), int(words[3])
+
+    def ask(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().split()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def holder():
+    h = Holder()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def engine():
+    with baton.Engine() as e:
+        yield e
+
+
+def test_numpy_both_directions_byte_exact(holder, engine):
+    peer = engine.connect(holder.address)
+    assert [r.handle for r in peer.regions] == [holder.handle]
+    assert peer.regions[0].length == SIZE
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    assert region.length == SIZE
+    engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    assert np.array_equal(local, pattern(SIZE, 7))
+    # Write a new pattern into the second half, then the holder's own bytes say it landed.
+    local[:] = pattern(SIZE, 99)
+    engine.write(local=region, local_offset=SIZE // 2, peer=peer, remote=peer.regions[0], remote_offset=SIZE // 2,
+                 length=SIZE // 2, qos="hot_kv", deadline_ms=2000)
+    expected = np.concatenate([pattern(SIZE, 7)[: SIZE // 2], pattern(SIZE, 99)[SIZE // 2:]])
+    assert holder.ask("sum") == ["sum", hashlib.sha256(expected.tobytes()).hexdigest()]
+
+
+def test_torch_tensors_and_engine_memory(holder, engine):
+    torch = pytest.importorskip("torch")
+    peer = engine.connect(holder.address)
+    t = torch.zeros(SIZE // 2, dtype=torch.float16)  # SIZE bytes
+    region = engine.register(t)
+    assert region.length == SIZE
+    engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE, qos="decode_critical", deadline_ms=5000)
+    assert torch.equal(t.view(torch.uint8), torch.from_numpy(pattern(SIZE, 7)))
+    block = engine.allocate(1 << 20)
+    view = block.buffer
+    assert isinstance(view, memoryview) and not view.readonly and len(view) == 1 << 20
+    engine.read(local=block, peer=peer, remote=holder.handle, remote_offset=4096, length=1 << 20)
+    assert bytes(view[:16]) == pattern(SIZE, 7)[4096:4096 + 16].tobytes()
+    engine.unregister(block)
+    with pytest.raises(baton.NotFound):
+        engine.unregister(block)
+
+
+def test_batches_report_bytes_and_states(holder, engine):
+    peer = engine.connect(holder.address)
+    local = bytearray(SIZE)
+    region = engine.register(local)
+    reqs = [baton.Request(op="read", local=region, local_offset=i << 18, peer=peer, remote=holder.handle,
+                          remote_offset=i << 18, length=1 << 18) for i in range(16)]
+    batch = engine.submit(reqs, notification=b"sixteen landed")
+    assert batch.bytes == 16 << 18
+    batch.wait(timeout=30)
+    assert batch.done and batch.status == "ok"
+    assert batch.bytes_done == 16 << 18
+    assert batch.states == ["completed"] * 16
+    assert bytes(local) == pattern(SIZE, 7).tobytes()
+    batch.release()
+    with pytest.raises(baton.NotFound):
+        batch.release()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        words = holder.ask("notes")
+        if words[1] != "0":
+            break
+        time.sleep(0.05)
+    assert words[1:] == ["1", "sixteen"]  # "sixteen landed", its first word
+
+
+def test_cancel_ends_the_batch(holder, engine):
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    reqs = [baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE, qos="background")
+            for _ in range(64)]
+    batch = engine.submit(reqs)
+    try:
+        batch.cancel()
+    except baton.InvalidArgument:
+        pass  # everything had ended already
+    try:
+        batch.wait(timeout=30)
+    except baton.Cancelled:
+        pass
+    assert batch.done
+    assert set(batch.states) <= {"completed", "cancelled"}
+
+
+def test_asyncio_awaits_batches_without_a_thread(holder, engine):
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+
+    async def main():
+        batches = [engine.submit([baton.Request(op="read", local=region, local_offset=i << 20, peer=peer,
+                                                remote=holder.handle, remote_offset=i << 20, length=1 << 20)])
+                   for i in range(4)]
+        threads_before = threading.active_count()
+        await asyncio.gather(*batches)
+        assert threading.active_count() == threads_before
+        return [b.status for b in batches]
+
+    assert asyncio.run(main()) == ["ok"] * 4
+    assert np.array_equal(local, pattern(SIZE, 7))
+
+
+def test_asyncio_raises_the_batch_failure(engine):
+    other = baton.Engine()
+    region = other.register(bytearray(4096))
+    other.export(region)
+    peer = engine.connect(other.address)
+    local = engine.register(bytearray(4096))
+    other.close()  # the peer goes away
+
+    async def main():
+        batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=region.handle, length=4096)])
+        await batch
+
+    with pytest.raises((baton.Unavailable, baton.BatonError)):
+        asyncio.run(main())
+
+
+def test_many_threads_share_one_engine(holder, engine):
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(25):
+                off = ((k * 25 + i) % 256) * 4096
+                engine.read(local=region, local_offset=off, peer=peer, remote=holder.handle, remote_offset=off,
+                            length=4096, qos="decode_critical", deadline_ms=1000)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert np.array_equal(local[: 256 * 4096], pattern(SIZE, 7)[: 256 * 4096])
+
+
+def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine):
+    peer = engine.connect(holder.address)
+    local = engine.register(bytearray(8192))
+    # Built requests refuse bad values at once, as ValueError.
+    for bad in [dict(op="move"), dict(qos="urgent"), dict(deadline_ms=-1), dict(length=-5), dict(length=0),
+                dict(local_offset=-1), dict(timeout_ms=-3)]:
+        kw = dict(op="read", local=local, peer=peer, remote=holder.handle, length=4096)
+        kw.update(bad)
+        with pytest.raises(ValueError):
+            baton.Request(**kw)
+        with pytest.raises(baton.InvalidArgument):
+            baton.Request(**kw)
+    # Unknown peer: LookupError.
+    with pytest.raises(LookupError):
+        engine.read(local=local, peer="127.0.0.1:1", remote=holder.handle, length=4096)
+    with pytest.raises(baton.NotFound):
+        engine.read(local=local, peer=peer, remote=12345, length=4096)
+    # Outside the regions: IndexError.
+    with pytest.raises(IndexError):
+        engine.read(local=local, local_offset=8000, peer=peer, remote=holder.handle, length=4096)
+    with pytest.raises(baton.OutOfRange):
+        engine.read(local=local, peer=peer, remote=holder.handle, remote_offset=SIZE - 100, length=4096)
+    # A read-only buffer cannot be registered: peers would write into it.
+    with pytest.raises(ValueError):
+        engine.register(b"read-only bytes")
+    with pytest.raises(baton.InvalidArgument):
+        engine.register(np.zeros(16, dtype=np.uint8)[::2])  # not contiguous
+    with pytest.raises(ValueError):
+        engine.register(object())
+    # Nobody listens: ConnectionError.
+    with pytest.raises(ConnectionError):
+        engine.connect("127.0.0.1:1")
+    with pytest.raises(baton.InvalidArgument):
+        engine.connect("not an address")
+    # A secret that differs: PermissionError.
+    with pytest.raises(ValueError):
+        baton.Engine(listen="0.0.0.0:0")  # beyond loopback without a secret
+    # A closed engine: ConnectionError (Unavailable) from every call.
+    closed = baton.Engine()
+    closed.close()
+    closed.close()  # twice is fine
+    assert closed.closed
+    for call in (lambda: closed.address, lambda: closed.connect(holder.address), lambda: closed.allocate(4096),
+                 lambda: closed.register(bytearray(16)), closed.take_notifications):
+        with pytest.raises(baton.Unavailable):
+            call()
+    assert issubclass(baton.Unavailable, ConnectionError) and issubclass(baton.Timeout, TimeoutError)
+    assert issubclass(baton.Cancelled, baton.BatonError) and issubclass(baton.DeadlineInfeasible, baton.BatonError)
+
+
+def test_engine_closed_while_a_batch_waits(holder):
+    engine = baton.Engine()
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    batch = engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE,
+                                         qos="background") for _ in range(256)])
+    outcome = []
+
+    def waiter():
+        try:
+            batch.wait(timeout=60)
+            outcome.append("ok")
+        except baton.BatonError as e:
+            outcome.append(type(e).__name__)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    engine.close()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the waiter hung after close()"
+    assert outcome and outcome[0] in {"ok", "Cancelled", "Unavailable"}
+    with pytest.raises(baton.Unavailable):
+        batch.wait()
+
+
+def test_timeout_waiting_and_metrics(holder, engine):
+    peer = engine.connect(holder.address)
+    local = engine.register(np.zeros(SIZE, dtype=np.uint8))
+    holder.ask  # the holder answers on its own loop; stop it so a read cannot finish
+    holder.proc.stdin.write("stop\n")
+    holder.proc.stdin.flush()
+    time.sleep(0.2)
+    try:
+        batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=SIZE)])
+        with pytest.raises(TimeoutError):
+            batch.wait(timeout=0.2)
+        assert not batch.done and batch.status is None
+    finally:
+        holder.proc.send_signal(18)  # SIGCONT
+    batch.wait(timeout=30)
+    assert "baton_engine_batches_total" in engine.metrics_text()
