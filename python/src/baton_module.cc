@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "baton/common/log.h"
 #include "baton/engine/engine.h"
 
 namespace py = pybind11;
@@ -313,6 +314,8 @@ std::string state_name(baton::sched::RequestState s) { return std::string(baton:
 PYBIND11_MODULE(_baton, m) {
   m.doc() = "Baton: a deadline-driven KV-cache transfer engine (the compiled part of the `baton` package)";
   register_exceptions(m);
+  // As the `baton` command: BATON_LOG_LEVEL, else warnings and worse, on stderr.
+  if (Status s = baton::init_logging(); !s.is_ok()) (void)baton::init_logging("warn");
 
   py::class_<baton::transport::RemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it")
       .def_property_readonly("handle", [](const baton::transport::RemoteRegion& r) { return r.key; })
@@ -342,10 +345,12 @@ PYBIND11_MODULE(_baton, m) {
       .def_property_readonly("regions",
                              [](const PyPeer& p) {
                                auto e = p.engine->get("regions");
-                               py::gil_scoped_release release;
-                               auto r = e->remote_regions(engine::Peer{p.address});
-                               py::gil_scoped_acquire gil;
-                               return value_or_raise(std::move(r));
+                               std::optional<baton::Result<std::vector<baton::transport::RemoteRegion>>> r;
+                               {
+                                 py::gil_scoped_release release;
+                                 r.emplace(e->remote_regions(engine::Peer{p.address}));
+                               }
+                               return value_or_raise(std::move(*r));
                              })
       .def("__repr__", [](const PyPeer& p) { return "Peer(\"" + p.address + "\")"; });
 
@@ -365,10 +370,12 @@ PYBIND11_MODULE(_baton, m) {
       .def_property_readonly("done",
                              [](const PyBatch& b) {
                                auto e = b.engine->get("done");
-                               py::gil_scoped_release release;
-                               auto st = e->poll(b.handle);
-                               py::gil_scoped_acquire gil;
-                               return value_or_raise(std::move(st)).done;
+                               std::optional<baton::Result<engine::BatchStatus>> st;
+                               {
+                                 py::gil_scoped_release release;
+                                 st.emplace(e->poll(b.handle));
+                               }
+                               return value_or_raise(std::move(*st)).done;
                              })
       .def_property_readonly("status",
                              [](const PyBatch& b) -> py::object {

@@ -119,7 +119,7 @@ def test_batches_report_bytes_and_states(holder, engine):
         if words[1] != "0":
             break
         time.sleep(0.05)
-    assert words[1:] == ["1", "sixteen"]  # "sixteen landed", its first word
+    assert words[1:] == ["1", "sixteen", "landed"]
 
 
 def test_cancel_ends_the_batch(holder, engine):
@@ -196,7 +196,8 @@ def test_many_threads_share_one_engine(holder, engine):
     for t in threads:
         t.join(timeout=60)
     assert not errors
-    assert np.array_equal(local[: 256 * 4096], pattern(SIZE, 7)[: 256 * 4096])
+    assert np.array_equal(local[: 200 * 4096], pattern(SIZE, 7)[: 200 * 4096])  # blocks 0..199, each once
+    assert not local[200 * 4096:].any()
 
 
 def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine):
