@@ -293,3 +293,13 @@ def test_timeout_waiting_and_metrics(holder, engine):
         holder.proc.send_signal(18)  # SIGCONT
     batch.wait(timeout=30)
     assert "baton_engine_batches_total" in engine.metrics_text()
+
+
+def test_importing_needs_no_gpu_library():
+    code = ("import baton, pathlib; maps = pathlib.Path('/proc/self/maps').read_text(); "
+            "bad = sorted({l.split()[-1] for l in maps.splitlines() if any(k in l for k in "
+            "('libcudart', 'libcuda.so', 'libnvidia', 'libnvrtc'))}); print(bad)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
