@@ -1,0 +1,211 @@
+/* Baton's C ABI: the Engine (include/baton/engine/engine.h) for C and for
+ * languages that bind C. Plain C99: no C++ type and no exception crosses it.
+ *
+ * Every function returns a status code (BATON_OK, or the failure); on a
+ * failure baton_last_error() holds its text. Output arguments are written
+ * only on BATON_OK, unless a function says otherwise. Engine handles are
+ * looked up, never dereferenced: a NULL, destroyed or made-up one answers
+ * BATON_MISUSE instead of crashing.
+ *
+ * Caller buffers: a function that writes text or an array into the caller's
+ * memory takes its capacity and reports the size it needs (text: bytes
+ * including the terminating NUL). A NULL buffer with capacity 0 asks for the
+ * size only (BATON_OK); a buffer too small answers BATON_OUT_OF_RANGE with the
+ * size reported and nothing written.
+ *
+ * Threads: any thread may call any function, as with the C++ Engine. */
+#ifndef BATON_C_BATON_H
+#define BATON_C_BATON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define BATON_C_API __attribute__((visibility("default")))
+#else
+#define BATON_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this ABI: the layout of its structs and the meaning of its
+ * functions. A change that breaks a caller compiled against an older
+ * baton.h raises it. */
+#define BATON_ABI_VERSION 1
+
+/* Status codes: baton::StatusCode in the same order, then BATON_MISUSE. */
+enum {
+  BATON_OK = 0,
+  BATON_INVALID_ARGUMENT,
+  BATON_NOT_FOUND,
+  BATON_ALREADY_EXISTS,
+  BATON_OUT_OF_RANGE,
+  BATON_TIMEOUT,
+  BATON_CANCELLED,
+  BATON_UNAVAILABLE,
+  BATON_DEADLINE_INFEASIBLE,
+  BATON_RESOURCE_EXHAUSTED,
+  BATON_FAILED_PRECONDITION,
+  BATON_PERMISSION_DENIED,
+  BATON_INTERNAL,
+  /* The C call itself was misused: a NULL pointer where one is required, an
+   * unknown engine handle, a capacity without a buffer, a bad struct size. */
+  BATON_MISUSE
+};
+
+/* Request::op: the order of baton::transport::Op. */
+enum { BATON_OP_WRITE = 0, BATON_OP_READ = 1 };
+
+/* Request::qos: the order of baton::sched::QosClass. */
+enum { BATON_QOS_DECODE_CRITICAL = 0, BATON_QOS_HOT_KV = 1, BATON_QOS_PREFILL_BULK = 2, BATON_QOS_BACKGROUND = 3 };
+
+/* Where a region's bytes live (baton::transport::MemoryKind). */
+enum { BATON_MEMORY_DRAM = 0, BATON_MEMORY_VRAM = 1 };
+
+/* --- Errors ---------------------------------------------------------------- */
+
+/* BATON_ABI_VERSION of the library loaded at run time. */
+BATON_C_API int baton_abi_version(void);
+/* "ok", "invalid_argument", ... "misuse"; "unknown" for another number. */
+BATON_C_API const char* baton_status_name(int status);
+/* The text of the last failure on this thread ("" before any); valid until
+ * the next failing call on this thread. */
+BATON_C_API const char* baton_last_error(void);
+
+/* --- The engine ------------------------------------------------------------ */
+
+typedef struct baton_engine baton_engine;
+
+/* Every string is optional: NULL (or "") keeps the default. */
+typedef struct baton_engine_config {
+  size_t size;                 /* sizeof(baton_engine_config): set by baton_engine_config_init() */
+  const char* listen_address;  /* "host:port" peers connect to; default "127.0.0.1:0" (a free port) */
+  const char* ucx_tls;         /* UCX_TLS for this engine ("tcp"); default: UCX's own */
+  const char* secret_file;     /* the deployment secret (chmod 600); default: $BATON_TOKEN_FILE, else loopback only */
+  const char* policy_file;     /* a YAML scheduling policy (configs/sched_policy.yaml); default: built in */
+  const char* metrics_address; /* "host:port" to serve GET /metrics on (port 0: a free one); default: none */
+} baton_engine_config;
+
+/* Sets `size` and every field to its default. */
+BATON_C_API void baton_engine_config_init(baton_engine_config* config);
+/* Starts an engine (its loop thread and listener) into *engine. `config`
+ * NULL: every default. Errors as Engine::create (the policy file's, UCX's). */
+BATON_C_API int baton_engine_create(const baton_engine_config* config, baton_engine** engine);
+/* Cancels what runs, closes every peer and the listener; later calls on the
+ * engine answer BATON_UNAVAILABLE. The handle stays valid until destroyed. */
+BATON_C_API int baton_engine_shutdown(baton_engine* engine);
+/* Shuts the engine down and frees it (and the memory it allocated); the
+ * handle turns unknown. NULL is ignored. */
+BATON_C_API void baton_engine_destroy(baton_engine* engine);
+/* The address peers connect to, "127.0.0.1:41234" (a caller buffer). */
+BATON_C_API int baton_engine_address(baton_engine* engine, char* address, size_t capacity, size_t* needed);
+/* Where GET /metrics is served, or "" (a caller buffer). */
+BATON_C_API int baton_engine_metrics_address(baton_engine* engine, char* address, size_t capacity, size_t* needed);
+
+/* --- Memory ---------------------------------------------------------------- */
+
+/* A registered local range; peers name `handle` as their remote_region. */
+typedef struct baton_region {
+  uint32_t handle;
+  void* base;
+  uint64_t length;
+} baton_region;
+
+/* Registers [ptr, ptr + length) for transfers (BATON_MEMORY_DRAM or _VRAM;
+ * device: GPU index or NUMA node, -1 unsaid). Peers see it once exported. */
+BATON_C_API int baton_register_memory(baton_engine* engine, void* ptr, size_t length, int kind, int device,
+                                      baton_region* region);
+/* Memory the engine allocates and registers (numa_node -1: any); freed by
+ * baton_unregister() or with the engine. Same-host peers reach it directly. */
+BATON_C_API int baton_allocate_memory(baton_engine* engine, size_t length, int numa_node, baton_region* region);
+/* Makes a region visible to the peers named (their listen addresses), or to
+ * every peer that proves the secret when peer_count is 0. */
+BATON_C_API int baton_export_region(baton_engine* engine, uint32_t region, const char* const* peers,
+                                    size_t peer_count);
+/* Revokes a region from every peer and unmaps it; once it returns BATON_OK
+ * the caller may free the memory. */
+BATON_C_API int baton_unregister(baton_engine* engine, uint32_t region);
+
+/* --- Peers ----------------------------------------------------------------- */
+
+/* A peer's region as the handshake made it known: `key` goes in
+ * baton_request.remote_region. */
+typedef struct baton_remote_region {
+  uint32_t key;
+  uint64_t base;
+  uint64_t length;
+} baton_remote_region;
+
+/* Handshakes with the engine listening at `address` ("host:port"), blocking
+ * until ready; its name for requests goes into `peer` (a caller buffer; a
+ * size query or a buffer too small still connects). Connecting again to a
+ * live peer returns at once. */
+BATON_C_API int baton_connect(baton_engine* engine, const char* address, char* peer, size_t capacity,
+                              size_t* needed);
+/* Waits up to timeout_ns (0: 5 s) for the peer's current list of regions. */
+BATON_C_API int baton_refresh(baton_engine* engine, const char* peer, int64_t timeout_ns);
+/* The peer's regions known here into `regions` (a caller array of
+ * `capacity`); *count is how many there are. */
+BATON_C_API int baton_remote_regions(baton_engine* engine, const char* peer, baton_remote_region* regions,
+                                     size_t capacity, size_t* count);
+
+/* --- Batches --------------------------------------------------------------- */
+
+/* One transfer between a local region range and a peer's region range: a read
+ * brings the peer's bytes here, a write sends ours there. */
+typedef struct baton_request {
+  int32_t op;              /* BATON_OP_READ or BATON_OP_WRITE */
+  int32_t qos;             /* BATON_QOS_* */
+  uint32_t local_region;   /* baton_region.handle */
+  uint32_t remote_region;  /* baton_remote_region.key */
+  uint64_t local_offset;
+  uint64_t remote_offset;
+  uint64_t length;
+  const char* peer;        /* the peer's name, as baton_connect() wrote it */
+  int64_t deadline_ns;     /* relative to the submit; 0: none */
+  int64_t timeout_ns;      /* relative to the submit; 0: the policy's (60 s by default) */
+} baton_request;
+
+/* A batch's state (Engine::poll). */
+typedef struct baton_batch_status {
+  int32_t done;        /* 1 once every request ended */
+  int32_t status;      /* once done: BATON_OK or the first failure (its text in baton_last_error()) */
+  uint64_t bytes;      /* of every request together */
+  uint64_t bytes_done;
+} baton_batch_status;
+
+/* Validates every request, then queues them all (or none) into *batch.
+ * `notification` (at most 4 KiB; NULL when notification_length is 0) goes
+ * to the peer once every request completed; it needs a single peer. */
+BATON_C_API int baton_submit(baton_engine* engine, const baton_request* requests, size_t count,
+                             const void* notification, size_t notification_length, uint64_t* batch);
+/* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */
+BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_status* status);
+/* Until the batch ended (BATON_OK; then poll it) or timeout_ns passed
+ * (BATON_TIMEOUT). */
+BATON_C_API int baton_wait(baton_engine* engine, uint64_t batch, int64_t timeout_ns);
+/* Cancels the batch's running requests and returns at once; wait() before
+ * reusing their memory. */
+BATON_C_API int baton_cancel(baton_engine* engine, uint64_t batch);
+/* Forgets an ended batch: its handle turns unknown. */
+BATON_C_API int baton_release(baton_engine* engine, uint64_t batch);
+/* An eventfd, owned by the engine, that turns readable whenever a batch ends
+ * (read 8 bytes to reset it; then poll the batches waited for). */
+BATON_C_API int baton_batch_event_fd(baton_engine* engine, int* fd);
+
+/* Takes the oldest notification peers sent this engine: the sender's name
+ * into `from` (a caller buffer, *from_needed) and its bytes into `message`
+ * (*message_length). *taken is 0 when none waits. `from` NULL with
+ * from_capacity 0 only reports the oldest one's sizes (nothing is taken);
+ * buffers too small: BATON_OUT_OF_RANGE with the sizes, nothing taken. */
+BATON_C_API int baton_take_notification(baton_engine* engine, char* from, size_t from_capacity,
+                                        size_t* from_needed, void* message, size_t message_capacity,
+                                        size_t* message_length, int* taken);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BATON_C_BATON_H */

@@ -1,0 +1,502 @@
+// The C ABI (include/baton/c/baton.h) over baton::engine::Engine. Every
+// entry point checks its arguments, maps a Status to its code and keeps the
+// message for baton_last_error(), and catches every exception.
+//
+// An engine handle is a number, never dereferenced: the registry maps it to
+// the engine, so a destroyed or made-up handle is refused (BATON_MISUSE)
+// instead of touched, and a call on another thread keeps the engine alive
+// (shared_ptr) until it returns, even across baton_engine_destroy().
+#include "baton/c/baton.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "baton/engine/engine.h"
+
+namespace {
+
+using baton::Status;
+using baton::StatusCode;
+using baton::TimeNs;
+namespace engine = baton::engine;
+
+static_assert(BATON_OK == static_cast<int>(StatusCode::kOk));
+static_assert(BATON_INVALID_ARGUMENT == static_cast<int>(StatusCode::kInvalidArgument));
+static_assert(BATON_NOT_FOUND == static_cast<int>(StatusCode::kNotFound));
+static_assert(BATON_ALREADY_EXISTS == static_cast<int>(StatusCode::kAlreadyExists));
+static_assert(BATON_OUT_OF_RANGE == static_cast<int>(StatusCode::kOutOfRange));
+static_assert(BATON_TIMEOUT == static_cast<int>(StatusCode::kTimeout));
+static_assert(BATON_CANCELLED == static_cast<int>(StatusCode::kCancelled));
+static_assert(BATON_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable));
+static_assert(BATON_DEADLINE_INFEASIBLE == static_cast<int>(StatusCode::kDeadlineInfeasible));
+static_assert(BATON_RESOURCE_EXHAUSTED == static_cast<int>(StatusCode::kResourceExhausted));
+static_assert(BATON_FAILED_PRECONDITION == static_cast<int>(StatusCode::kFailedPrecondition));
+static_assert(BATON_PERMISSION_DENIED == static_cast<int>(StatusCode::kPermissionDenied));
+static_assert(BATON_INTERNAL == static_cast<int>(StatusCode::kInternal));
+static_assert(BATON_MISUSE == BATON_INTERNAL + 1);
+static_assert(BATON_OP_WRITE == static_cast<int>(baton::transport::Op::kWrite));
+static_assert(BATON_OP_READ == static_cast<int>(baton::transport::Op::kRead));
+static_assert(BATON_QOS_DECODE_CRITICAL == static_cast<int>(baton::sched::QosClass::kDecodeCritical));
+static_assert(BATON_QOS_HOT_KV == static_cast<int>(baton::sched::QosClass::kHotKv));
+static_assert(BATON_QOS_PREFILL_BULK == static_cast<int>(baton::sched::QosClass::kPrefillBulk));
+static_assert(BATON_QOS_BACKGROUND == static_cast<int>(baton::sched::QosClass::kBackground));
+static_assert(BATON_QOS_BACKGROUND + 1 == baton::sched::kQosClassCount);
+static_assert(BATON_MEMORY_DRAM == static_cast<int>(baton::transport::MemoryKind::kDram));
+static_assert(BATON_MEMORY_VRAM == static_cast<int>(baton::transport::MemoryKind::kVram));
+
+// Relative times past this are clamped: steady_clock::now() plus them still
+// fits in 64 bits (about 146 years).
+constexpr TimeNs kMaxRelativeNs = std::numeric_limits<TimeNs>::max() / 2;
+constexpr TimeNs kDefaultRefreshNs = 5'000'000'000;
+
+thread_local std::string last_error;
+
+// Keeps `text` for baton_last_error() and returns `code`. Never throws: out
+// of memory, the text is dropped.
+int fail(int code, std::string_view text) noexcept {
+  try {
+    last_error.assign(text);
+  } catch (...) {
+    last_error.clear();
+  }
+  return code;
+}
+
+int fail(const Status& status) noexcept {
+  try {
+    return fail(static_cast<int>(status.code()), status.to_string());
+  } catch (...) {
+    return fail(static_cast<int>(status.code()), "");
+  }
+}
+
+template <typename... Args>
+int misuse(fmt::format_string<Args...> format, Args&&... args) {
+  return fail(BATON_MISUSE, "misuse: " + fmt::format(format, std::forward<Args>(args)...));
+}
+
+template <typename... Args>
+int invalid(fmt::format_string<Args...> format, Args&&... args) {
+  return fail(Status::invalid_argument(format, std::forward<Args>(args)...));
+}
+
+int check(const Status& status) { return status.is_ok() ? BATON_OK : fail(status); }
+
+// Runs one entry point's body: no exception leaves it.
+template <typename Body>
+int guarded(const char* call, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(BATON_RESOURCE_EXHAUSTED, std::string(call) + ": out of memory");
+  } catch (const std::exception& e) {
+    return fail(BATON_INTERNAL, std::string(call) + ": " + e.what());
+  } catch (...) {
+    return fail(BATON_INTERNAL, std::string(call) + ": unknown exception");
+  }
+}
+
+// One engine and the notifications taken from it that the caller has not
+// had yet (a buffer too small leaves one here).
+struct EngineBox {
+  std::unique_ptr<engine::Engine> engine;
+  std::mutex notifications_mutex;
+  std::deque<baton::transport::Notification> notifications;
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::uintptr_t next = 1;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<EngineBox>> engines;
+};
+
+// Never destroyed: an engine the caller did not destroy must not be torn
+// down during static destruction, after the logger it uses.
+Registry& registry() {
+  static auto* r = new Registry;
+  return *r;
+}
+
+std::uintptr_t id_of(baton_engine* handle) { return reinterpret_cast<std::uintptr_t>(handle); }
+
+std::shared_ptr<EngineBox> find(baton_engine* handle) {
+  if (handle == nullptr) return nullptr;
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.engines.find(id_of(handle));
+  return it == r.engines.end() ? nullptr : it->second;
+}
+
+// Runs body(EngineBox&) on a known engine; a NULL or unknown handle is BATON_MISUSE.
+template <typename Body>
+int with_engine(const char* call, baton_engine* handle, Body&& body) noexcept {
+  return guarded(call, [&]() -> int {
+    auto box = find(handle);
+    if (!box) {
+      return handle == nullptr ? misuse("{}: engine is NULL", call)
+                               : misuse("{}: unknown engine handle {} (destroyed, or never created)", call,
+                                        static_cast<const void*>(handle));
+    }
+    return body(*box);
+  });
+}
+
+// Writes `text` and its NUL into a caller buffer (see "Caller buffers").
+int write_text(const char* call, std::string_view text, char* buffer, std::size_t capacity, std::size_t* needed) {
+  if (buffer == nullptr && capacity != 0) return misuse("{}: buffer is NULL with capacity {}", call, capacity);
+  const std::size_t size = text.size() + 1;
+  if (needed != nullptr) *needed = size;
+  if (buffer == nullptr) return BATON_OK;
+  if (capacity < size) {
+    return fail(Status::out_of_range("{}: the buffer holds {} bytes, \"{}\" needs {}", call, capacity, text, size));
+  }
+  std::memcpy(buffer, text.data(), text.size());
+  buffer[text.size()] = '\0';
+  return BATON_OK;
+}
+
+// A relative time from the caller, validated and clamped.
+int relative_ns(const char* call, std::string_view what, std::int64_t ns, TimeNs& out) {
+  if (ns < 0) return invalid("{}: {} is {} (expected >= 0)", call, what, ns);
+  out = std::min<TimeNs>(ns, kMaxRelativeNs);
+  return BATON_OK;
+}
+
+// The config's string field at `offset`, or "" when it is NULL or the
+// caller's struct (from an older baton.h) ends before it.
+std::string field(const baton_engine_config& config, std::size_t offset) {
+  if (config.size < offset + sizeof(const char*)) return {};
+  const char* value = nullptr;
+  std::memcpy(&value, reinterpret_cast<const char*>(&config) + offset, sizeof value);
+  return value == nullptr ? std::string{} : std::string(value);
+}
+
+}  // namespace
+
+extern "C" {
+
+int baton_abi_version(void) { return BATON_ABI_VERSION; }
+
+const char* baton_status_name(int status) {
+  if (status == BATON_MISUSE) return "misuse";
+  if (status < BATON_OK || status > BATON_INTERNAL) return "unknown";
+  // to_string() returns views of string literals: NUL-terminated.
+  return baton::to_string(static_cast<StatusCode>(status)).data();
+}
+
+const char* baton_last_error(void) { return last_error.c_str(); }
+
+void baton_engine_config_init(baton_engine_config* config) {
+  if (config == nullptr) return;
+  *config = baton_engine_config{};
+  config->size = sizeof(baton_engine_config);
+}
+
+int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
+  return guarded("baton_engine_create", [&]() -> int {
+    if (out == nullptr) return misuse("baton_engine_create: engine is NULL");
+    engine::EngineConfig c;
+    if (config != nullptr) {
+      if (config->size < sizeof(std::size_t)) {
+        return misuse("baton_engine_create: config->size is {} (baton_engine_config_init() sets it)", config->size);
+      }
+      // A newer baton.h's struct: fields this library does not know must be
+      // unset (zero), else the caller asked for something it would ignore.
+      if (config->size > sizeof(baton_engine_config)) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(config);
+        if (std::any_of(bytes + sizeof(baton_engine_config), bytes + config->size,
+                        [](unsigned char b) { return b != 0; })) {
+          return invalid("baton_engine_create: config->size is {}: fields past this library's {} bytes are set",
+                         config->size, sizeof(baton_engine_config));
+        }
+      }
+      if (auto s = field(*config, offsetof(baton_engine_config, listen_address)); !s.empty()) {
+        c.ucx.listen_address = s;
+      }
+      c.ucx.tls = field(*config, offsetof(baton_engine_config, ucx_tls));
+      c.ucx.secret_file = field(*config, offsetof(baton_engine_config, secret_file));
+      c.policy_file = field(*config, offsetof(baton_engine_config, policy_file));
+      c.metrics_address = field(*config, offsetof(baton_engine_config, metrics_address));
+    }
+    auto created = engine::Engine::create(std::move(c));
+    if (!created) return fail(created.error());
+    auto box = std::make_shared<EngineBox>();
+    box->engine = std::move(*created);
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    const std::uintptr_t id = r.next++;
+    r.engines.emplace(id, std::move(box));
+    *out = reinterpret_cast<baton_engine*>(id);
+    return BATON_OK;
+  });
+}
+
+int baton_engine_shutdown(baton_engine* handle) {
+  return with_engine("baton_engine_shutdown", handle, [&](EngineBox& box) -> int {
+    box.engine->shutdown();
+    return BATON_OK;
+  });
+}
+
+void baton_engine_destroy(baton_engine* handle) {
+  (void)guarded("baton_engine_destroy", [&]() -> int {
+    if (handle == nullptr) return BATON_OK;
+    std::shared_ptr<EngineBox> box;
+    {
+      Registry& r = registry();
+      std::lock_guard lock(r.mutex);
+      auto it = r.engines.find(id_of(handle));
+      if (it == r.engines.end()) return BATON_OK;
+      box = std::move(it->second);
+      r.engines.erase(it);
+    }
+    // The engine goes when the last call still running on it returns
+    // (here, when none does).
+    box.reset();
+    return BATON_OK;
+  });
+}
+
+int baton_engine_address(baton_engine* handle, char* address, size_t capacity, size_t* needed) {
+  return with_engine("baton_engine_address", handle, [&](EngineBox& box) -> int {
+    return write_text("baton_engine_address", box.engine->address(), address, capacity, needed);
+  });
+}
+
+int baton_engine_metrics_address(baton_engine* handle, char* address, size_t capacity, size_t* needed) {
+  return with_engine("baton_engine_metrics_address", handle, [&](EngineBox& box) -> int {
+    return write_text("baton_engine_metrics_address", box.engine->metrics_address(), address, capacity, needed);
+  });
+}
+
+int baton_register_memory(baton_engine* handle, void* ptr, size_t length, int kind, int device,
+                          baton_region* region) {
+  return with_engine("baton_register_memory", handle, [&](EngineBox& box) -> int {
+    if (region == nullptr) return misuse("baton_register_memory: region is NULL");
+    if (kind != BATON_MEMORY_DRAM && kind != BATON_MEMORY_VRAM) {
+      return invalid("baton_register_memory: kind {} (expected BATON_MEMORY_DRAM or BATON_MEMORY_VRAM)", kind);
+    }
+    auto r = box.engine->register_memory(ptr, length, static_cast<engine::MemoryKind>(kind), device);
+    if (!r) return fail(r.error());
+    *region = baton_region{r->handle, reinterpret_cast<void*>(r->base), r->length};
+    return BATON_OK;
+  });
+}
+
+int baton_allocate_memory(baton_engine* handle, size_t length, int numa_node, baton_region* region) {
+  return with_engine("baton_allocate_memory", handle, [&](EngineBox& box) -> int {
+    if (region == nullptr) return misuse("baton_allocate_memory: region is NULL");
+    auto r = box.engine->allocate_memory(length, numa_node);
+    if (!r) return fail(r.error());
+    *region = baton_region{r->handle, reinterpret_cast<void*>(r->base), r->length};
+    return BATON_OK;
+  });
+}
+
+int baton_export_region(baton_engine* handle, uint32_t region, const char* const* peers, size_t peer_count) {
+  return with_engine("baton_export_region", handle, [&](EngineBox& box) -> int {
+    if (peers == nullptr && peer_count != 0) {
+      return misuse("baton_export_region: peers is NULL with peer_count {}", peer_count);
+    }
+    std::vector<std::string> names;
+    names.reserve(peer_count);
+    for (std::size_t i = 0; i < peer_count; ++i) {
+      if (peers[i] == nullptr) return misuse("baton_export_region: peers[{}] is NULL", i);
+      names.emplace_back(peers[i]);
+    }
+    return check(box.engine->export_region(region, names));
+  });
+}
+
+int baton_unregister(baton_engine* handle, uint32_t region) {
+  return with_engine("baton_unregister", handle,
+                     [&](EngineBox& box) -> int { return check(box.engine->unregister(region)); });
+}
+
+int baton_connect(baton_engine* handle, const char* address, char* peer, size_t capacity, size_t* needed) {
+  return with_engine("baton_connect", handle, [&](EngineBox& box) -> int {
+    if (address == nullptr) return misuse("baton_connect: address is NULL");
+    if (peer == nullptr && capacity != 0) return misuse("baton_connect: peer is NULL with capacity {}", capacity);
+    auto p = box.engine->connect(address);
+    if (!p) return fail(p.error());
+    return write_text("baton_connect", p->address, peer, capacity, needed);
+  });
+}
+
+int baton_refresh(baton_engine* handle, const char* peer, int64_t timeout_ns) {
+  return with_engine("baton_refresh", handle, [&](EngineBox& box) -> int {
+    if (peer == nullptr) return misuse("baton_refresh: peer is NULL");
+    TimeNs timeout = 0;
+    if (int rc = relative_ns("baton_refresh", "timeout_ns", timeout_ns, timeout); rc != BATON_OK) return rc;
+    return check(box.engine->refresh(engine::Peer{peer}, timeout == 0 ? kDefaultRefreshNs : timeout));
+  });
+}
+
+int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_region* regions, size_t capacity,
+                         size_t* count) {
+  return with_engine("baton_remote_regions", handle, [&](EngineBox& box) -> int {
+    if (peer == nullptr) return misuse("baton_remote_regions: peer is NULL");
+    if (count == nullptr) return misuse("baton_remote_regions: count is NULL");
+    if (regions == nullptr && capacity != 0) {
+      return misuse("baton_remote_regions: regions is NULL with capacity {}", capacity);
+    }
+    auto known = box.engine->remote_regions(engine::Peer{peer});
+    if (!known) return fail(known.error());
+    *count = known->size();
+    if (regions == nullptr) return BATON_OK;
+    if (capacity < known->size()) {
+      return fail(Status::out_of_range("baton_remote_regions: the array holds {} regions, peer {} has {}", capacity,
+                                       peer, known->size()));
+    }
+    for (std::size_t i = 0; i < known->size(); ++i) {
+      regions[i] = baton_remote_region{(*known)[i].key, (*known)[i].base, (*known)[i].length};
+    }
+    return BATON_OK;
+  });
+}
+
+int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
+                 size_t notification_length, uint64_t* batch) {
+  return with_engine("baton_submit", handle, [&](EngineBox& box) -> int {
+    if (batch == nullptr) return misuse("baton_submit: batch is NULL");
+    if (requests == nullptr && count != 0) return misuse("baton_submit: requests is NULL with count {}", count);
+    if (notification == nullptr && notification_length != 0) {
+      return misuse("baton_submit: notification is NULL with length {}", notification_length);
+    }
+    engine::Batch b;
+    if (notification_length != 0) {
+      b.notification.assign(static_cast<const char*>(notification), notification_length);
+    }
+    b.requests.reserve(count);
+    const TimeNs now = box.engine->now_ns();
+    for (std::size_t i = 0; i < count; ++i) {
+      const baton_request& in = requests[i];
+      if (in.peer == nullptr) return misuse("baton_submit: requests[{}].peer is NULL", i);
+      if (in.op != BATON_OP_READ && in.op != BATON_OP_WRITE) {
+        return invalid("baton_submit: requests[{}].op is {} (expected BATON_OP_READ or BATON_OP_WRITE)", i, in.op);
+      }
+      if (in.qos < 0 || in.qos >= baton::sched::kQosClassCount) {
+        return invalid("baton_submit: requests[{}].qos is {} (expected BATON_QOS_*, 0..{})", i, in.qos,
+                       baton::sched::kQosClassCount - 1);
+      }
+      engine::Request r;
+      r.op = static_cast<engine::Op>(in.op);
+      r.qos = static_cast<baton::sched::QosClass>(in.qos);
+      r.local_region = in.local_region;
+      r.local_offset = in.local_offset;
+      r.peer = in.peer;
+      r.remote_region = in.remote_region;
+      r.remote_offset = in.remote_offset;
+      r.length = in.length;
+      TimeNs deadline = 0;
+      const int deadline_rc =
+          relative_ns("baton_submit", fmt::format("requests[{}].deadline_ns", i), in.deadline_ns, deadline);
+      if (deadline_rc != BATON_OK) return deadline_rc;
+      r.deadline_ns = deadline == 0 ? 0 : now + deadline;
+      const int timeout_rc =
+          relative_ns("baton_submit", fmt::format("requests[{}].timeout_ns", i), in.timeout_ns, r.timeout_ns);
+      if (timeout_rc != BATON_OK) return timeout_rc;
+      b.requests.push_back(std::move(r));
+    }
+    auto h = box.engine->submit(b);
+    if (!h) return fail(h.error());
+    *batch = h->id;
+    return BATON_OK;
+  });
+}
+
+int baton_poll(baton_engine* handle, uint64_t batch, baton_batch_status* status) {
+  return with_engine("baton_poll", handle, [&](EngineBox& box) -> int {
+    if (status == nullptr) return misuse("baton_poll: status is NULL");
+    auto s = box.engine->poll(engine::BatchHandle{batch});
+    if (!s) return fail(s.error());
+    *status = baton_batch_status{s->done ? 1 : 0, static_cast<int32_t>(s->status.code()), s->bytes, s->bytes_done};
+    // The batch's failure, for the caller to read: the call itself succeeded.
+    if (!s->status.is_ok()) (void)fail(s->status);
+    return BATON_OK;
+  });
+}
+
+int baton_wait(baton_engine* handle, uint64_t batch, int64_t timeout_ns) {
+  return with_engine("baton_wait", handle, [&](EngineBox& box) -> int {
+    TimeNs timeout = 0;
+    if (int rc = relative_ns("baton_wait", "timeout_ns", timeout_ns, timeout); rc != BATON_OK) return rc;
+    return check(box.engine->wait(engine::BatchHandle{batch}, timeout));
+  });
+}
+
+int baton_cancel(baton_engine* handle, uint64_t batch) {
+  return with_engine("baton_cancel", handle,
+                     [&](EngineBox& box) -> int { return check(box.engine->cancel(engine::BatchHandle{batch})); });
+}
+
+int baton_release(baton_engine* handle, uint64_t batch) {
+  return with_engine("baton_release", handle,
+                     [&](EngineBox& box) -> int { return check(box.engine->release(engine::BatchHandle{batch})); });
+}
+
+int baton_batch_event_fd(baton_engine* handle, int* fd) {
+  return with_engine("baton_batch_event_fd", handle, [&](EngineBox& box) -> int {
+    if (fd == nullptr) return misuse("baton_batch_event_fd: fd is NULL");
+    const int event_fd = box.engine->batch_event_fd();
+    if (event_fd < 0) return fail(Status::unavailable("baton_batch_event_fd: the kernel refused an eventfd"));
+    *fd = event_fd;
+    return BATON_OK;
+  });
+}
+
+int baton_take_notification(baton_engine* handle, char* from, size_t from_capacity, size_t* from_needed,
+                            void* message, size_t message_capacity, size_t* message_length, int* taken) {
+  return with_engine("baton_take_notification", handle, [&](EngineBox& box) -> int {
+    if (from_needed == nullptr || message_length == nullptr || taken == nullptr) {
+      return misuse("baton_take_notification: from_needed, message_length and taken must not be NULL");
+    }
+    if (from == nullptr && from_capacity != 0) {
+      return misuse("baton_take_notification: from is NULL with capacity {}", from_capacity);
+    }
+    if (message == nullptr && message_capacity != 0) {
+      return misuse("baton_take_notification: message is NULL with capacity {}", message_capacity);
+    }
+    std::lock_guard lock(box.notifications_mutex);
+    if (box.notifications.empty()) {
+      for (auto& n : box.engine->take_notifications()) box.notifications.push_back(std::move(n));
+    }
+    *taken = 0;
+    if (box.notifications.empty()) {
+      *from_needed = 0;
+      *message_length = 0;
+      return BATON_OK;
+    }
+    const baton::transport::Notification& n = box.notifications.front();
+    *from_needed = n.from.size() + 1;
+    *message_length = n.message.size();
+    if (from == nullptr) return BATON_OK;  // sizes only
+    if (from_capacity < *from_needed || message_capacity < *message_length) {
+      return fail(Status::out_of_range(
+          "baton_take_notification: the buffers hold {} and {} bytes, the notification needs {} (from) and {} "
+          "(message)",
+          from_capacity, message_capacity, *from_needed, *message_length));
+    }
+    std::memcpy(from, n.from.data(), n.from.size());
+    from[n.from.size()] = '\0';
+    if (!n.message.empty()) std::memcpy(message, n.message.data(), n.message.size());
+    box.notifications.pop_front();
+    *taken = 1;
+    return BATON_OK;
+  });
+}
+
+}  // extern "C"

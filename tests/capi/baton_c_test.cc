@@ -1,0 +1,440 @@
+// The C ABI (baton/c/baton.h) through the shared libbaton: every bad input
+// answers a status code (never a crash), and two engines in one process move
+// bytes, a notification and an eventfd wake-up through it.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/c/baton.h"
+#include "baton/engine/pattern.h"  // the C++ API, from the same libbaton
+
+namespace {
+
+constexpr std::int64_t kSecond = 1'000'000'000;
+
+std::string last_error() { return baton_last_error(); }
+
+// An engine on 127.0.0.1 with every default, destroyed with the test.
+struct Engine {
+  baton_engine* handle = nullptr;
+  Engine() {
+    const int rc = baton_engine_create(nullptr, &handle);
+    EXPECT_EQ(rc, BATON_OK) << last_error();
+  }
+  ~Engine() { baton_engine_destroy(handle); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::string address() const {
+    char text[256];
+    EXPECT_EQ(baton_engine_address(handle, text, sizeof text, nullptr), BATON_OK) << last_error();
+    return text;
+  }
+};
+
+baton_request request(int op, std::uint32_t local_region, const char* peer, std::uint32_t remote_region,
+                      std::uint64_t length) {
+  baton_request r{};
+  r.op = op;
+  r.qos = BATON_QOS_HOT_KV;
+  r.local_region = local_region;
+  r.remote_region = remote_region;
+  r.length = length;
+  r.peer = peer;
+  return r;
+}
+
+TEST(CApi, StatusNamesFollowTheEnum) {
+  EXPECT_EQ(baton_abi_version(), BATON_ABI_VERSION);
+  EXPECT_STREQ(baton_status_name(BATON_OK), "ok");
+  EXPECT_STREQ(baton_status_name(BATON_NOT_FOUND), "not_found");
+  EXPECT_STREQ(baton_status_name(BATON_PERMISSION_DENIED), "permission_denied");
+  EXPECT_STREQ(baton_status_name(BATON_INTERNAL), "internal");
+  EXPECT_STREQ(baton_status_name(BATON_MISUSE), "misuse");
+  EXPECT_STREQ(baton_status_name(-1), "unknown");
+  EXPECT_STREQ(baton_status_name(BATON_MISUSE + 1), "unknown");
+}
+
+TEST(CApi, ANullEngineIsMisuseEverywhere) {
+  baton_engine* none = nullptr;
+  char text[64];
+  std::size_t size = 0;
+  int number = 0;
+  std::uint64_t batch = 0;
+  baton_region region{};
+  baton_batch_status status{};
+  EXPECT_EQ(baton_engine_shutdown(none), BATON_MISUSE);
+  EXPECT_EQ(baton_engine_address(none, text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_NE(last_error().find("baton_engine_address: engine is NULL"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_engine_metrics_address(none, text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_register_memory(none, text, sizeof text, BATON_MEMORY_DRAM, -1, &region), BATON_MISUSE);
+  EXPECT_EQ(baton_allocate_memory(none, 4096, -1, &region), BATON_MISUSE);
+  EXPECT_EQ(baton_export_region(none, 1, nullptr, 0), BATON_MISUSE);
+  EXPECT_EQ(baton_unregister(none, 1), BATON_MISUSE);
+  EXPECT_EQ(baton_connect(none, "127.0.0.1:1", text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_refresh(none, "127.0.0.1:1", 0), BATON_MISUSE);
+  EXPECT_EQ(baton_remote_regions(none, "127.0.0.1:1", nullptr, 0, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_submit(none, nullptr, 0, nullptr, 0, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_poll(none, 1, &status), BATON_MISUSE);
+  EXPECT_EQ(baton_wait(none, 1, 0), BATON_MISUSE);
+  EXPECT_EQ(baton_cancel(none, 1), BATON_MISUSE);
+  EXPECT_EQ(baton_release(none, 1), BATON_MISUSE);
+  EXPECT_EQ(baton_batch_event_fd(none, &number), BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(none, text, sizeof text, &size, text, sizeof text, &size, &number), BATON_MISUSE);
+  baton_engine_destroy(none);  // ignored
+  baton_engine_config_init(nullptr);  // ignored
+}
+
+TEST(CApi, AMadeUpOrDestroyedHandleIsMisuseNotACrash) {
+  // Never dereferenced: the library looks handles up.
+  auto* made_up = reinterpret_cast<baton_engine*>(std::uintptr_t{0xdeadbeef});
+  char text[64];
+  std::size_t size = 0;
+  EXPECT_EQ(baton_engine_address(made_up, text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_NE(last_error().find("unknown engine handle"), std::string::npos) << last_error();
+  baton_engine_destroy(made_up);  // ignored
+
+  baton_engine* e = nullptr;
+  ASSERT_EQ(baton_engine_create(nullptr, &e), BATON_OK) << last_error();
+  ASSERT_EQ(baton_engine_address(e, text, sizeof text, &size), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+  EXPECT_EQ(baton_engine_address(e, text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_allocate_memory(e, 4096, -1, nullptr), BATON_MISUSE);
+  baton_engine_destroy(e);  // a second destroy is ignored
+}
+
+TEST(CApi, CreateChecksItsArguments) {
+  EXPECT_EQ(baton_engine_create(nullptr, nullptr), BATON_MISUSE);
+
+  baton_engine_config config;
+  baton_engine_config_init(&config);
+  EXPECT_EQ(config.size, sizeof(baton_engine_config));
+  EXPECT_EQ(config.listen_address, nullptr);
+  baton_engine* e = nullptr;
+  config.size = 0;
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_MISUSE);
+  EXPECT_EQ(e, nullptr);
+
+  // A newer baton.h's struct: unknown fields left zero are fine, set ones are not.
+  struct Newer {
+    baton_engine_config known;
+    const char* unknown;
+  } newer{};
+  baton_engine_config_init(&newer.known);
+  newer.known.size = sizeof newer;
+  newer.unknown = "set";
+  EXPECT_EQ(baton_engine_create(&newer.known, &e), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("fields past"), std::string::npos) << last_error();
+  newer.unknown = nullptr;
+  ASSERT_EQ(baton_engine_create(&newer.known, &e), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+
+  // An older baton.h's struct that ends after listen_address: the rest are defaults.
+  baton_engine_config_init(&config);
+  config.size = offsetof(baton_engine_config, listen_address) + sizeof(const char*);
+  config.listen_address = "127.0.0.1:0";
+  config.policy_file = "/nonexistent/ignored.yaml";  // past the struct's size: not read
+  ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+
+  baton_engine_config_init(&config);
+  config.policy_file = "/nonexistent/policy.yaml";
+  EXPECT_NE(baton_engine_create(&config, &e), BATON_OK);
+  EXPECT_NE(last_error().find("/nonexistent/policy.yaml"), std::string::npos) << last_error();
+  config.policy_file = nullptr;
+  config.listen_address = "not an address";
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+
+  config.listen_address = "";  // "" keeps the default
+  config.metrics_address = "127.0.0.1:0";
+  ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
+  char text[64];
+  std::size_t needed = 0;
+  ASSERT_EQ(baton_engine_metrics_address(e, text, sizeof text, &needed), BATON_OK) << last_error();
+  EXPECT_EQ(std::string(text).rfind("127.0.0.1:", 0), 0u) << text;
+  EXPECT_EQ(needed, std::strlen(text) + 1);
+  baton_engine_destroy(e);
+}
+
+TEST(CApi, NullPointersAreMisuse) {
+  Engine e;
+  char text[64];
+  std::size_t size = 0;
+  int number = 0;
+  std::uint64_t batch = 0;
+  baton_remote_region remote[2];
+  EXPECT_EQ(baton_engine_address(e.handle, nullptr, 10, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_register_memory(e.handle, text, sizeof text, BATON_MEMORY_DRAM, -1, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_allocate_memory(e.handle, 4096, -1, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_export_region(e.handle, 1, nullptr, 1), BATON_MISUSE);
+  const char* peers[] = {"127.0.0.1:1", nullptr};
+  EXPECT_EQ(baton_export_region(e.handle, 1, peers, 2), BATON_MISUSE);
+  EXPECT_NE(last_error().find("peers[1] is NULL"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_connect(e.handle, nullptr, text, sizeof text, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_connect(e.handle, "127.0.0.1:1", nullptr, 5, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_refresh(e.handle, nullptr, 0), BATON_MISUSE);
+  EXPECT_EQ(baton_remote_regions(e.handle, nullptr, remote, 2, &size), BATON_MISUSE);
+  EXPECT_EQ(baton_remote_regions(e.handle, "127.0.0.1:1", remote, 2, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_remote_regions(e.handle, "127.0.0.1:1", nullptr, 2, &size), BATON_MISUSE);
+  baton_request r = request(BATON_OP_READ, 1, "127.0.0.1:1", 1, 8);
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_submit(e.handle, nullptr, 1, nullptr, 0, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 3, &batch), BATON_MISUSE);
+  r.peer = nullptr;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_MISUSE);
+  EXPECT_NE(last_error().find("requests[0].peer is NULL"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_poll(e.handle, 1, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_batch_event_fd(e.handle, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(e.handle, text, sizeof text, nullptr, text, sizeof text, &size, &number),
+            BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(e.handle, text, sizeof text, &size, text, sizeof text, nullptr, &number),
+            BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(e.handle, text, sizeof text, &size, text, sizeof text, &size, nullptr),
+            BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(e.handle, nullptr, 4, &size, text, sizeof text, &size, &number), BATON_MISUSE);
+  EXPECT_EQ(baton_take_notification(e.handle, text, sizeof text, &size, nullptr, 4, &size, &number), BATON_MISUSE);
+}
+
+TEST(CApi, BadValuesAreInvalidArgument) {
+  Engine e;
+  std::vector<std::byte> buffer(4096);
+  baton_region region{};
+  std::uint64_t batch = 0;
+  EXPECT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), 7, -1, &region), BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_register_memory(e.handle, nullptr, 4096, BATON_MEMORY_DRAM, -1, &region), BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_register_memory(e.handle, buffer.data(), 0, BATON_MEMORY_DRAM, -1, &region),
+            BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_allocate_memory(e.handle, 0, -1, &region), BATON_INVALID_ARGUMENT);
+  ASSERT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &region), BATON_OK)
+      << last_error();
+  EXPECT_EQ(baton_register_memory(e.handle, buffer.data() + 8, 8, BATON_MEMORY_DRAM, -1, &region),
+            BATON_INVALID_ARGUMENT);  // overlaps
+
+  const char* empty_name[] = {""};
+  EXPECT_EQ(baton_export_region(e.handle, region.handle, empty_name, 1), BATON_INVALID_ARGUMENT);
+
+  baton_request r = request(BATON_OP_READ, region.handle, "127.0.0.1:1", 1, 8);
+  r.op = 5;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  r.op = BATON_OP_READ;
+  r.qos = BATON_QOS_BACKGROUND + 1;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  r.qos = -1;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  r.qos = BATON_QOS_DECODE_CRITICAL;
+  r.deadline_ns = -1;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  r.deadline_ns = 0;
+  r.timeout_ns = -1;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("requests[0]"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_submit(e.handle, nullptr, 0, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);  // empty batch
+  EXPECT_EQ(baton_refresh(e.handle, "127.0.0.1:1", -1), BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_wait(e.handle, 1, -1), BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_connect(e.handle, "no port", nullptr, 0, nullptr), BATON_INVALID_ARGUMENT) << last_error();
+  EXPECT_EQ(baton_unregister(e.handle, region.handle), BATON_OK) << last_error();
+}
+
+TEST(CApi, UnknownRegionsBatchesAndPeersAreNotFound) {
+  Engine e;
+  std::size_t count = 0;
+  std::uint64_t batch = 0;
+  baton_batch_status status{};
+  EXPECT_EQ(baton_export_region(e.handle, 999, nullptr, 0), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_unregister(e.handle, 999), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_poll(e.handle, 12345, &status), BATON_NOT_FOUND);
+  EXPECT_NE(last_error().find("12345"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_wait(e.handle, 12345, kSecond / 100), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_cancel(e.handle, 12345), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_release(e.handle, 12345), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_remote_regions(e.handle, "127.0.0.1:1", nullptr, 0, &count), BATON_NOT_FOUND);
+  baton_region region{};
+  ASSERT_EQ(baton_allocate_memory(e.handle, 4096, -1, &region), BATON_OK) << last_error();
+  baton_request r = request(BATON_OP_WRITE, region.handle, "127.0.0.1:1", 1, 8);
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_NOT_FOUND);
+  EXPECT_NE(last_error().find("127.0.0.1:1"), std::string::npos) << last_error();
+}
+
+TEST(CApi, TooSmallBuffersReportTheSizeAndWriteNothing) {
+  Engine e;
+  const std::string address = e.address();
+  std::size_t needed = 0;
+  ASSERT_EQ(baton_engine_address(e.handle, nullptr, 0, &needed), BATON_OK);  // the size only
+  EXPECT_EQ(needed, address.size() + 1);
+  char small[4] = {'x', 'x', 'x', 'x'};
+  needed = 0;
+  EXPECT_EQ(baton_engine_address(e.handle, small, sizeof small, &needed), BATON_OUT_OF_RANGE);
+  EXPECT_EQ(needed, address.size() + 1);
+  EXPECT_EQ(std::string(small, sizeof small), "xxxx");
+  std::vector<char> exact(address.size() + 1);
+  ASSERT_EQ(baton_engine_address(e.handle, exact.data(), exact.size(), nullptr), BATON_OK);
+  EXPECT_EQ(std::string(exact.data()), address);
+  ASSERT_EQ(baton_engine_metrics_address(e.handle, small, sizeof small, &needed), BATON_OK);
+  EXPECT_EQ(needed, 1u);  // no metrics server: ""
+  EXPECT_EQ(small[0], '\0');
+
+  // No notification waits: nothing taken, sizes 0.
+  std::size_t from_needed = 9, message_length = 9;
+  int taken = 9;
+  char from[64];
+  ASSERT_EQ(baton_take_notification(e.handle, from, sizeof from, &from_needed, nullptr, 0, &message_length, &taken),
+            BATON_OK);
+  EXPECT_EQ(taken, 0);
+  EXPECT_EQ(from_needed, 0u);
+  EXPECT_EQ(message_length, 0u);
+}
+
+TEST(CApi, AShutDownEngineAnswersUnavailable) {
+  Engine e;
+  baton_region region{};
+  ASSERT_EQ(baton_allocate_memory(e.handle, 4096, -1, &region), BATON_OK) << last_error();
+  ASSERT_EQ(baton_engine_shutdown(e.handle), BATON_OK);
+  EXPECT_EQ(baton_engine_shutdown(e.handle), BATON_OK);  // again: nothing to do
+  std::vector<std::byte> buffer(4096);
+  baton_region other{};
+  EXPECT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &other),
+            BATON_UNAVAILABLE);
+  EXPECT_NE(last_error().find("shut down"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_allocate_memory(e.handle, 4096, -1, &other), BATON_UNAVAILABLE);
+  EXPECT_EQ(baton_export_region(e.handle, region.handle, nullptr, 0), BATON_UNAVAILABLE);
+  EXPECT_EQ(baton_unregister(e.handle, region.handle), BATON_UNAVAILABLE);
+  EXPECT_EQ(baton_connect(e.handle, "127.0.0.1:1", nullptr, 0, nullptr), BATON_UNAVAILABLE);
+  EXPECT_EQ(baton_refresh(e.handle, "127.0.0.1:1", 0), BATON_UNAVAILABLE);
+  std::size_t count = 0;
+  EXPECT_EQ(baton_remote_regions(e.handle, "127.0.0.1:1", nullptr, 0, &count), BATON_UNAVAILABLE);
+  baton_request r = request(BATON_OP_READ, region.handle, "127.0.0.1:1", 1, 8);
+  std::uint64_t batch = 0;
+  EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_UNAVAILABLE);
+  EXPECT_EQ(baton_cancel(e.handle, 1), BATON_UNAVAILABLE);
+}
+
+// Two engines in one process: a read and a write of 1 MiB through the C ABI,
+// the write carrying a notification, the reader woken by the eventfd.
+TEST(CApi, TwoEnginesMoveBytesAndANotification) {
+  constexpr std::size_t kBytes = 1 << 20;
+  Engine target;
+  Engine local;
+
+  baton_region served{};
+  ASSERT_EQ(baton_allocate_memory(target.handle, kBytes, -1, &served), BATON_OK) << last_error();
+  ASSERT_NE(served.base, nullptr);
+  ASSERT_EQ(served.length, kBytes);
+  auto served_bytes = std::span(static_cast<std::byte*>(served.base), kBytes);
+  baton::engine::fill_pattern(served_bytes, 3);
+  ASSERT_EQ(baton_export_region(target.handle, served.handle, nullptr, 0), BATON_OK) << last_error();
+
+  std::vector<std::byte> buffer(kBytes);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(local.handle, buffer.data(), kBytes, BATON_MEMORY_DRAM, -1, &mine), BATON_OK)
+      << last_error();
+  EXPECT_EQ(mine.base, buffer.data());
+
+  // Too small a buffer for the peer's name: the connection stands, the
+  // size comes back, and connecting again returns at once.
+  const std::string target_address = target.address();
+  char peer[64];
+  std::size_t needed = 0;
+  ASSERT_EQ(baton_connect(local.handle, target_address.c_str(), peer, 3, &needed), BATON_OUT_OF_RANGE)
+      << last_error();
+  ASSERT_EQ(needed, target_address.size() + 1);
+  ASSERT_EQ(baton_connect(local.handle, target_address.c_str(), peer, sizeof peer, &needed), BATON_OK)
+      << last_error();
+  EXPECT_EQ(std::string(peer), target_address);
+  ASSERT_EQ(baton_refresh(local.handle, peer, 0), BATON_OK) << last_error();
+
+  std::size_t count = 0;
+  ASSERT_EQ(baton_remote_regions(local.handle, peer, nullptr, 0, &count), BATON_OK) << last_error();
+  ASSERT_EQ(count, 1u);
+  baton_remote_region remote[2]{};
+  count = 0;
+  EXPECT_EQ(baton_remote_regions(local.handle, peer, remote, 0, &count), BATON_OUT_OF_RANGE);
+  EXPECT_EQ(count, 1u);
+  ASSERT_EQ(baton_remote_regions(local.handle, peer, remote, 2, &count), BATON_OK) << last_error();
+  EXPECT_EQ(remote[0].key, served.handle);
+  EXPECT_EQ(remote[0].base, reinterpret_cast<std::uint64_t>(served.base));
+  EXPECT_EQ(remote[0].length, kBytes);
+
+  int fd = -1;
+  ASSERT_EQ(baton_batch_event_fd(local.handle, &fd), BATON_OK) << last_error();
+  ASSERT_GE(fd, 0);
+
+  // A read of the whole region, in two requests.
+  baton_request reads[2] = {request(BATON_OP_READ, mine.handle, peer, remote[0].key, kBytes / 2),
+                            request(BATON_OP_READ, mine.handle, peer, remote[0].key, kBytes / 2)};
+  reads[1].local_offset = reads[1].remote_offset = kBytes / 2;
+  reads[1].deadline_ns = 10 * kSecond;
+  reads[1].timeout_ns = 20 * kSecond;
+  std::uint64_t batch = 0;
+  ASSERT_EQ(baton_submit(local.handle, reads, 2, nullptr, 0, &batch), BATON_OK) << last_error();
+  pollfd readable{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&readable, 1, 20'000), 1) << "the eventfd never turned readable";
+  ASSERT_EQ(baton_wait(local.handle, batch, 20 * kSecond), BATON_OK) << last_error();
+  baton_batch_status status{};
+  ASSERT_EQ(baton_poll(local.handle, batch, &status), BATON_OK) << last_error();
+  EXPECT_EQ(status.done, 1);
+  EXPECT_EQ(status.status, BATON_OK);
+  EXPECT_EQ(status.bytes, kBytes);
+  EXPECT_EQ(status.bytes_done, kBytes);
+  const auto bad = baton::engine::pattern_mismatch(buffer, 3);
+  EXPECT_FALSE(bad.has_value()) << "byte " << *bad;
+  EXPECT_EQ(baton_cancel(local.handle, batch), BATON_INVALID_ARGUMENT);  // it ended
+  ASSERT_EQ(baton_release(local.handle, batch), BATON_OK) << last_error();
+  EXPECT_EQ(baton_poll(local.handle, batch, &status), BATON_NOT_FOUND);
+
+  // A write of a fresh pattern, with a notification the target takes.
+  baton::engine::fill_pattern(buffer, 5);
+  baton_request write = request(BATON_OP_WRITE, mine.handle, peer, remote[0].key, kBytes);
+  const std::string note = "kv blocks 0..15 landed";
+  ASSERT_EQ(baton_submit(local.handle, &write, 1, note.data(), note.size(), &batch), BATON_OK) << last_error();
+  ASSERT_EQ(baton_wait(local.handle, batch, 20 * kSecond), BATON_OK) << last_error();
+  ASSERT_EQ(baton_poll(local.handle, batch, &status), BATON_OK) << last_error();
+  EXPECT_EQ(status.status, BATON_OK);
+  EXPECT_EQ(status.bytes_done, kBytes);
+  ASSERT_EQ(baton_release(local.handle, batch), BATON_OK) << last_error();
+  const auto bad_write = baton::engine::pattern_mismatch(served_bytes, 5);
+  EXPECT_FALSE(bad_write.has_value()) << "byte " << *bad_write;
+
+  // The notification follows the bytes; it may take a loop turn to arrive.
+  std::size_t from_needed = 0, message_length = 0;
+  int taken = 0;
+  for (int i = 0; i < 2000 && from_needed == 0; ++i) {
+    ASSERT_EQ(baton_take_notification(target.handle, nullptr, 0, &from_needed, nullptr, 0, &message_length, &taken),
+              BATON_OK)
+        << last_error();
+    if (from_needed == 0) ::usleep(1000);
+  }
+  ASSERT_EQ(taken, 0);  // sizes only
+  const std::string local_address = local.address();
+  ASSERT_EQ(from_needed, local_address.size() + 1);
+  ASSERT_EQ(message_length, note.size());
+  char from[64];
+  char message[64];
+  EXPECT_EQ(baton_take_notification(target.handle, from, sizeof from, &from_needed, message, 4, &message_length,
+                                    &taken),
+            BATON_OUT_OF_RANGE);
+  EXPECT_EQ(taken, 0);
+  EXPECT_EQ(message_length, note.size());
+  ASSERT_EQ(baton_take_notification(target.handle, from, sizeof from, &from_needed, message, sizeof message,
+                                    &message_length, &taken),
+            BATON_OK)
+      << last_error();
+  EXPECT_EQ(taken, 1);
+  EXPECT_EQ(std::string(from), local_address);
+  EXPECT_EQ(std::string(message, message_length), note);
+  ASSERT_EQ(baton_take_notification(target.handle, from, sizeof from, &from_needed, message, sizeof message,
+                                    &message_length, &taken),
+            BATON_OK);
+  EXPECT_EQ(taken, 0);
+
+  ASSERT_EQ(baton_unregister(local.handle, mine.handle), BATON_OK) << last_error();
+  EXPECT_EQ(baton_unregister(local.handle, mine.handle), BATON_NOT_FOUND);
+}
+
+}  // namespace
