@@ -87,11 +87,15 @@ def test_torch_tensors_and_engine_memory(holder, engine):
     assert region.length == SIZE
     engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE, qos="decode_critical", deadline_ms=5000)
     assert torch.equal(t.view(torch.uint8), torch.from_numpy(pattern(SIZE, 7)))
+    # And back: a tensor's bytes written into the holder's buffer.
+    out = torch.from_numpy(pattern(SIZE, 42).copy())
+    engine.write(local=engine.register(out), peer=peer, remote=holder.handle, length=SIZE)
+    assert holder.ask("sum") == ["sum", hashlib.sha256(pattern(SIZE, 42).tobytes()).hexdigest()]
     block = engine.allocate(1 << 20)
     view = block.buffer
     assert isinstance(view, memoryview) and not view.readonly and len(view) == 1 << 20
     engine.read(local=block, peer=peer, remote=holder.handle, remote_offset=4096, length=1 << 20)
-    assert bytes(view[:16]) == pattern(SIZE, 7)[4096:4096 + 16].tobytes()
+    assert bytes(view[:16]) == pattern(SIZE, 42)[4096:4096 + 16].tobytes()
     engine.unregister(block)
     with pytest.raises(baton.NotFound):
         engine.unregister(block)
