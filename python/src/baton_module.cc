@@ -307,6 +307,16 @@ py::object memory_view(const engine::Region& r) {
   return py::reinterpret_steal<py::object>(view);
 }
 
+// engine.read / engine.write: one request with Request's keywords.
+auto one_request(std::string op) {
+  return [op](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
+              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+              std::optional<double> deadline_ms, std::optional<double> timeout) {
+    run_one(s, make_request(op, local, local_offset, peer, remote, remote_offset, length, qos, deadline_ms, std::nullopt),
+            timeout);
+  };
+}
+
 std::string state_name(baton::sched::RequestState s) { return std::string(baton::sched::to_string(s)); }
 
 }  // namespace
@@ -565,29 +575,13 @@ PYBIND11_MODULE(_baton, m) {
              return PyBatch{s, value_or_raise(std::move(h)), bytes};
            },
            py::arg("requests"), py::arg("notification") = py::bytes(""))
-      .def("read",
-           [](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
-              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
-              std::optional<double> deadline_ms, std::optional<double> timeout) {
-             run_one(s, make_request("read", local, local_offset, peer, remote, remote_offset, length, qos, deadline_ms,
-                                     std::nullopt),
-                     timeout);
-           },
-           py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"), py::arg("remote"),
-           py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
+      .def("read", one_request("read"), py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"),
+           py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
            py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
            "One read, synchronous: raises its failure")
-      .def("write",
-           [](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
-              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
-              std::optional<double> deadline_ms, std::optional<double> timeout) {
-             run_one(s, make_request("write", local, local_offset, peer, remote, remote_offset, length, qos,
-                                     deadline_ms, std::nullopt),
-                     timeout);
-           },
-           py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"), py::arg("remote"),
-           py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
-           py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
+      .def("write", one_request("write"), py::kw_only(), py::arg("local"), py::arg("local_offset") = 0,
+           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"),
+           py::arg("qos") = "prefill_bulk", py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
            "One write, synchronous: raises its failure")
       .def("take_notifications",
            [](EngineState& s) {

@@ -531,30 +531,48 @@ TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse)
   EXPECT_GT(fp16["auto_gbps"].get<double>(), 0.8 * fp16["plain_gbps"].get<double>());
 }
 
+// A `baton serve` in namespace baton-far, behind the veth link of
+// scripts/netns-link (with a secret: it listens beyond loopback); the test
+// runs its initiator in baton-near. Skipped where namespaces cannot be made.
+class ServeProcessLink : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::system((link_ + " up >/dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
+    }
+    up_ = true;
+    auto started = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret_},
+                                     BATON_BINARY, "baton-far");
+    ASSERT_TRUE(started.has_value()) << started.error().to_string();
+    child_.emplace(std::move(*started));
+  }
+  void TearDown() override {
+    if (child_) (void)child_->stop();
+    if (up_) (void)std::system((link_ + " down").c_str());
+  }
+  // `bench throughput` from baton-near against the served buffer.
+  CommandRun bench(const std::string& options) {
+    return run_baton(fmt::format("bench throughput --target {} {} --token-file {}", child_->address(), options, secret_),
+                     "ip netns exec baton-near");
+  }
+
+  const NetnsLock lock_;
+  const std::string link_ = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
+  const std::string secret_ = secret_file();
+  bool up_ = false;
+  std::optional<ServeChild> child_;
+};
+
 // A link that goes down under a running transfer (between two network
 // namespaces): UCX reports nothing, so the stall timeout must fail the path,
 // and every request then ends unavailable instead of waiting forever.
-TEST(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
-  const NetnsLock lock;
-  const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
-  if (std::system((link + " up >/dev/null 2>&1").c_str()) != 0) {
-    GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
-  }
-  const std::string secret = secret_file();
-  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret},
-                                 BATON_BINARY, "baton-far");
-  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+TEST_F(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
   std::thread cut([] {
     std::this_thread::sleep_for(std::chrono::seconds(1));
     (void)std::system("ip netns exec baton-near ip link set baton-near0 down");
   });
-  const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op write --block-size 1MiB "
-                                             "--batch-size 16 --duration 4s --stall-timeout 1s --token-file {}",
-                                             child->address(), secret),
-                                 "ip netns exec baton-near");
+  const CommandRun r = bench("--op write --block-size 1MiB --batch-size 16 --duration 4s --stall-timeout 1s");
   cut.join();
-  (void)child->stop();
-  (void)std::system((link + " down").c_str());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;  // not a 60 s wait that timed out
   EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
@@ -592,28 +610,14 @@ TEST(BenchIdle, AConnectedIdleEngineSleepsInsteadOfPolling) {
 // 30% of the packets each way dropped (nftables, scripts/netns-link loss)
 // under a running write: TCP retransmits, the transfer slows down, and every
 // byte still arrives and is verified; nothing hangs and nothing fails.
-TEST(ServeProcessLink, ThirtyPercentPacketLossSlowsTransfersAndLosesNoByte) {
-  const NetnsLock lock;
-  const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
-  if (std::system((link + " up >/dev/null 2>&1").c_str()) != 0) {
-    GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
-  }
-  const std::string secret = secret_file();
-  auto child = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret},
-                                 BATON_BINARY, "baton-far");
-  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+TEST_F(ServeProcessLink, ThirtyPercentPacketLossSlowsTransfersAndLosesNoByte) {
   bool lossy = false;
   std::thread loss([&] {
     std::this_thread::sleep_for(std::chrono::seconds(1));  // after the handshake
-    lossy = std::system((link + " loss 30").c_str()) == 0;
+    lossy = std::system((link_ + " loss 30").c_str()) == 0;
   });
-  const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op write --block-size 256KiB "
-                                             "--batch-size 8 --duration 3s --token-file {}",
-                                             child->address(), secret),
-                                 "ip netns exec baton-near");
+  const CommandRun r = bench("--op write --block-size 256KiB --batch-size 8 --duration 3s");
   loss.join();
-  (void)child->stop();
-  (void)std::system((link + " down").c_str());
   if (!lossy) GTEST_SKIP() << "nftables refused the loss rule here";
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("data verified"), std::string::npos) << r.out;
