@@ -27,6 +27,7 @@ struct Flavor {
   std::string tls;
   bool peer_failure_detection = true;
   topology::PathType expected = topology::PathType::kTcp;
+  bool tcp_slices_as_messages = true;
 };
 
 // Test names and ctest entries show the flavour, not its bytes.
@@ -37,6 +38,8 @@ void PrintTo(const Flavor& flavor, std::ostream* os) { *os << flavor.name; }
 // runs with it off.
 const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp};
 const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm};
+// TCP with UCX's software RMA instead of Baton's messages.
+const Flavor kTcpRma{"tcp_rma", "tcp", true, topology::PathType::kTcp, false};
 
 std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
   std::vector<std::uint8_t> v(n);
@@ -59,6 +62,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     c.tls = GetParam().tls;
     c.peer_failure_detection = GetParam().peer_failure_detection;
     c.handshake_timeout_ms = handshake_timeout_ms;
+    c.tcp_slices_as_messages = GetParam().tcp_slices_as_messages;
     return c;
   }
 
@@ -568,7 +572,7 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   EXPECT_EQ(remote, local);
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm),
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
 
 }  // namespace

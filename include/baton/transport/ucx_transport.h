@@ -52,6 +52,11 @@ struct UcxConfig {
   // memory between processes of one host, but a peer that dies without
   // closing leaves slices in flight, and endpoints close by flushing.
   bool peer_failure_detection = true;
+  // On TCP paths, slices travel as Baton's active messages (the holder's
+  // engine copies them in or out and answers) instead of UCX's software
+  // RMA, which UCX 1.13 turns into an abort of the holder when an initiator
+  // dies mid-transfer. Off: UCX's RMA everywhere (slightly less copying).
+  bool tcp_slices_as_messages = true;
   // A connect whose handshake has not finished by then fails (unavailable);
   // a connection to our listener that has not proved the secret by then is closed.
   std::int64_t handshake_timeout_ms = 5000;

@@ -492,6 +492,16 @@ struct UcxTransport::State {
     return {WireCodec::kRaw, std::vector<std::uint8_t>(p, p + length)};
   }
 
+  // Whether region `key` is being revoked and session `id` has not
+  // acknowledged yet: what it posted before it learned of the revocation
+  // is still served (the memory stays mapped until it acknowledges).
+  bool revoking_for(std::uint32_t key, std::uint64_t id) const {
+    const auto base = region_base.find(key);
+    if (base == region_base.end()) return false;
+    const LocalRegion& r = regions.at(base->second);
+    return r.revoking && r.awaiting.contains(id);
+  }
+
   // The session whose lane `ep` is, or null for a lane never bound.
   Session* session_of(ucp_ep_h ep) {
     const auto it = ep == nullptr ? session_by_ep.end() : session_by_ep.find(ep);
@@ -512,7 +522,7 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> data;
     if (!d) {
       why = d.error();
-    } else if (!session->sent.contains(d->key)) {
+    } else if (!session->sent.contains(d->key) && !revoking_for(d->key, session_by_ep.at(in.reply_ep))) {
       reply = *d;
       why = Status::permission_denied("region {} is not exported to {}", d->key, session->name);
     } else {
@@ -1685,24 +1695,36 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   op->local = local;
   op->remote = remote_it->second;
   ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
-  if (compress) {
-    // A write goes compressed when the codec shrinks it (else as plain RMA
-    // below); a read asks the holder to compress, which it does if it shrinks.
-    SliceDescriptor d{m.remote_key, s.codec_id, 0, m.remote_addr, slice.bytes};
+  // Over TCP, slices travel as Baton's own active messages by default: UCX
+  // 1.13's software RMA aborts the target process when an initiator dies
+  // with puts or gets still in its socket (the completion it then cannot
+  // send is fatal inside UCX), and a holder must outlive its clients.
+  const bool as_messages = s.config.tcp_slices_as_messages && s.infos[slice.path].type == topology::PathType::kTcp &&
+                           slice.bytes <= ucx::kMaxCompressedSliceBytes;
+  if (compress || as_messages) {
+    // A write goes compressed when the codec shrinks it (else raw, as a
+    // message or as plain RMA below); a read asks the holder to compress,
+    // which it does if it shrinks.
+    SliceDescriptor d{m.remote_key, compress ? s.codec_id : WireCodec::kRaw, 0, m.remote_addr, slice.bytes};
     std::vector<std::uint8_t> payload;
+    const auto* bytes = static_cast<const std::byte*>(m.local);
     if (m.op == Op::kRead) {
       payload = ucx::encode_slice(d, {});
-    } else if (auto [id, packed] = s.pack(s.codec_id, s.codec.get(), static_cast<const std::byte*>(m.local), slice.bytes);
+    } else if (auto [id, packed] = compress ? s.pack(s.codec_id, s.codec.get(), bytes, slice.bytes)
+                                            : std::pair{WireCodec::kRaw, std::vector<std::uint8_t>{}};
                id != WireCodec::kRaw) {
       d.codec = id;
       payload = ucx::encode_slice(d, packed);
+    } else if (as_messages) {
+      d.codec = WireCodec::kRaw;
+      payload = ucx::encode_slice(d, std::span(reinterpret_cast<const std::uint8_t*>(bytes), slice.bytes));
     }
     if (!payload.empty()) {
       MessageHeader header;
       header.path = slice.path;
       header.lane = static_cast<std::uint32_t>(slice.lane);
       header.seq = slice.id;
-      op->compressed = true;
+      op->compressed = compress;
       op->awaiting_reply = true;
       op->wire_bytes = payload.size();
       const MessageKind kind = m.op == Op::kRead ? MessageKind::kReadAsk : MessageKind::kWriteData;
