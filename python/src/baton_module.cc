@@ -259,7 +259,7 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
     wait_batch(*e, h, timeout_s);
   } catch (...) {
     py::gil_scoped_release release;
-    if (!e->poll(h)->done) (void)e->cancel(h);
+    if (auto p = e->poll(h); p && !p->done) (void)e->cancel(h);
     (void)e->wait(h, 60'000'000'000);
     (void)e->release(h);
     throw;
