@@ -45,11 +45,13 @@ TEST(ControlWire, MessagesRoundTrip) {
   hello.proof.fill(2);
   hello.name = "10.0.0.2:7000";
   hello.lanes = 4;
+  hello.worker_address = {5, 6, 7};
   auto h = decode_hello(encode(hello));
   ASSERT_TRUE(h.has_value()) << h.error().to_string();
   EXPECT_EQ(h->name, hello.name);
   EXPECT_EQ(h->lanes, 4);
   EXPECT_EQ(h->proof, hello.proof);
+  EXPECT_EQ(h->worker_address, hello.worker_address);
   Welcome welcome;
   welcome.proof.fill(3);
   welcome.session = 99;
@@ -71,6 +73,7 @@ TEST(ControlWire, MalformedMessagesAreRefused) {
   Hello hello;
   hello.name = "x";
   hello.lanes = 1;
+  hello.worker_address = {1};
   auto bytes = encode(hello);
   bytes[0] ^= 0xff;  // magic
   EXPECT_NE(decode_hello(bytes).error().message().find("not a Baton peer"), std::string::npos);
@@ -82,6 +85,11 @@ TEST(ControlWire, MalformedMessagesAreRefused) {
   hello.name = std::string(kMaxNameBytes + 1, 'n');
   EXPECT_FALSE(decode_hello(encode(hello)).has_value());
   hello.name = "x";
+  hello.worker_address.clear();
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());  // no worker address
+  hello.worker_address = std::vector<std::uint8_t>(kMaxWorkerAddressBytes + 1, 1);
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());
+  hello.worker_address = {1};
   bytes = encode(hello);
   bytes.pop_back();
   EXPECT_FALSE(decode_hello(bytes).has_value());

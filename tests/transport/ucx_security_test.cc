@@ -157,6 +157,7 @@ TEST_F(UcxSecurityTest, TenThousandGarbageConnectionsLeaveTheListenerServing) {
   ucx::Hello wrong;
   wrong.name = "impostor:1";
   wrong.lanes = 2;
+  wrong.worker_address = {1, 2, 3};
   const std::vector<std::vector<std::uint8_t>> kinds = {
       std::vector<std::uint8_t>(64, 0),                                                    // what aborted UCX 1.13
       ucx::encode_frame(ucx::ControlKind::kHello, std::vector<std::uint8_t>(10, 0xab)),    // malformed hello
@@ -257,6 +258,7 @@ TEST_F(UcxSecurityTest, AHelloWithAWrongProofGetsARefusalAndNothingElse) {
   ucx::Hello hello;
   hello.name = "127.0.0.1:1";
   hello.lanes = 1;
+  hello.worker_address = {1, 2, 3};
   hello.proof.fill(0x5a);
   send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(hello)));
   std::vector<std::uint8_t> got;

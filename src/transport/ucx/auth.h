@@ -14,7 +14,8 @@ namespace baton::transport::ucx {
 [[nodiscard]] Result<Nonce> random_nonce();
 [[nodiscard]] Result<std::uint64_t> random_token();
 
-// The initiator's proof: over the listener's nonce, its own and its name.
+// The initiator's proof: over the listener's nonce, its own, and what it says
+// of itself (its name and worker address).
 [[nodiscard]] Proof initiator_proof(std::string_view secret, const Nonce& listener_nonce,
                                     const Nonce& initiator_nonce, std::string_view name);
 // The listener's proof, over the same nonces the other way round.

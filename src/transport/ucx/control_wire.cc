@@ -74,7 +74,7 @@ Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::
   r.get(length);
   r.get(kind);
   if (kind < static_cast<std::uint8_t>(ControlKind::kChallenge) ||
-      kind > static_cast<std::uint8_t>(ControlKind::kNotify)) {
+      kind > static_cast<std::uint8_t>(ControlKind::kReady)) {
     return bad("unknown frame kind {}", kind);
   }
   if (length > max_body) return bad("a frame of {} bytes (at most {} here)", length, max_body);
@@ -99,6 +99,7 @@ std::vector<std::uint8_t> encode(const Hello& m) {
   w.bytes(m.proof);
   w.put(m.lanes);
   put_blob(w, as_bytes(m.name));
+  put_blob(w, m.worker_address);
   return w.take();
 }
 
@@ -150,9 +151,11 @@ Result<Hello> decode_hello(std::span<const std::uint8_t> body) {
   Hello m;
   std::vector<std::uint8_t> name;
   if (!get_array(r, m.nonce) || !get_array(r, m.proof) || !r.get(m.lanes) || !get_blob(r, kMaxNameBytes, name) ||
-      r.left() != 0) {
-    return bad("malformed hello of {} bytes (a name is at most {} bytes)", body.size(), kMaxNameBytes);
+      !get_blob(r, kMaxWorkerAddressBytes, m.worker_address) || r.left() != 0) {
+    return bad("malformed hello of {} bytes (a name is at most {} bytes, a worker address {})", body.size(),
+               kMaxNameBytes, kMaxWorkerAddressBytes);
   }
+  if (m.worker_address.empty()) return bad("hello without a worker address");
   if (m.lanes == 0 || m.lanes > kMaxLanes) return bad("hello asks for {} lanes (expected 1..{})", m.lanes, kMaxLanes);
   m.name.assign(name.begin(), name.end());
   return m;

@@ -9,11 +9,13 @@
 //
 //   listener                              initiator
 //   kChallenge{server nonce}        →
-//                                   ←     kHello{client nonce, proof, name, lanes}
+//                                   ←     kHello{client nonce, proof, name, lanes, worker address}
 //   kWelcome{proof, session token,  →     (or kRefusal{why}, then close)
 //            worker address, regions}
-//   -- the initiator creates UCP endpoints from the worker address and
-//      binds each lane with the session token (an active message, wire.h) --
+//   -- each side creates UCP endpoints from the other's worker address (the
+//      listener answers slices on its own); the initiator binds each lane
+//      with the session token (an active message, wire.h) --
+//   kReady (every lane bound)       →
 //   kRegions / kRevoke              →     ←  kRefresh / kRevokeAck / kNotify
 #pragma once
 
@@ -36,12 +38,13 @@ using Nonce = std::array<std::uint8_t, kNonceBytes>;
 using Proof = std::array<std::uint8_t, kProofBytes>;
 
 inline constexpr std::size_t kFrameHeaderBytes = 5;
-// Before the peer proved the secret: a hello is under 400 bytes.
-inline constexpr std::uint32_t kMaxHandshakeFrameBytes = 1024;
+// Before the peer proved the secret: a hello with a worker address (200 bytes
+// for TCP and shared memory here; more with RDMA devices).
+inline constexpr std::uint32_t kMaxHandshakeFrameBytes = 8U << 10;
 // After: a region list (a packed rkey is tens of bytes on TCP, hundreds on RDMA).
 inline constexpr std::uint32_t kMaxFrameBytes = 16U << 20;
 inline constexpr std::size_t kMaxNameBytes = 256;
-inline constexpr std::size_t kMaxWorkerAddressBytes = 64U << 10;
+inline constexpr std::size_t kMaxWorkerAddressBytes = 7U << 10;
 inline constexpr std::size_t kMaxReasonBytes = 1024;
 inline constexpr std::uint16_t kMaxLanes = 64;
 
@@ -55,6 +58,7 @@ enum class ControlKind : std::uint8_t {
   kRevoke = 7,     // listener → initiator: forget these regions, then acknowledge
   kRevokeAck = 8,  // initiator → listener: nothing of mine can still touch them
   kNotify = 9,     // initiator → listener: a user's message (after a batch)
+  kReady = 10,     // listener → initiator: every lane is bound, slices may flow
 };
 
 struct Frame {
@@ -70,6 +74,7 @@ struct Hello {
   Proof proof{};
   std::string name;  // the initiator's own listen address, for logs and exports
   std::uint16_t lanes = 0;
+  std::vector<std::uint8_t> worker_address;  // the listener answers slices there
 };
 struct Welcome {
   Proof proof{};

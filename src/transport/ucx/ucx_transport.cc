@@ -109,7 +109,6 @@ struct UcxTransport::State {
     PathId path = 0;
     int index = 0;
     ucp_ep_h ep = nullptr;  // null once closed
-    bool answered = false;  // the peer answered this lane's hello
   };
 
   // Where an initiator's handshake stands.
@@ -131,9 +130,15 @@ struct UcxTransport::State {
     std::uint64_t hello_seq = 0;
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
     TimeNs deadline_ns = 0;         // handshake
-    int answered = 0;
     int inflight = 0;               // slices posted and not handed out
     TimeNs last_progress_ns = 0;    // the last completion, or the post that ended an idle stretch
+  };
+
+  // One of our endpoints to an initiator's worker.
+  struct BackLane {
+    State* state = nullptr;
+    std::uint64_t session = 0;
+    ucp_ep_h ep = nullptr;
   };
 
   // The listener's side of one initiator: its control connection, and once
@@ -147,7 +152,16 @@ struct UcxTransport::State {
     std::string name;             // what it calls itself (its listen address)
     std::uint64_t token = 0;      // binds its lanes
     std::set<RegionHandle> sent;  // regions it knows of, not revoked
-    std::vector<ucp_ep_h> lanes;  // reply endpoints its lanes bound
+    std::vector<std::uint8_t> worker_address;  // the initiator's: our answers go there
+    std::uint16_t lanes = 0;                   // it said it opens
+    // Our endpoints to its worker, which carry our answers to its slices:
+    // ours, so their failure is reported to us and we close them.
+    std::vector<std::unique_ptr<BackLane>> back;
+    // The endpoints its lanes arrive on here (UCX's, created by its
+    // connection): keys to tell which session a message is from, never
+    // used to send or closed by us.
+    std::set<ucp_ep_h> bound;
+    bool ready_sent = false;
   };
 
   struct SliceOp {
@@ -218,10 +232,16 @@ struct UcxTransport::State {
   std::vector<SliceOp*> finished;
   std::vector<Inbound> inbox;
   std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
+  std::vector<std::pair<std::uint64_t, ucs_status_t>> back_errors;  // session, why
 
   ~State() { teardown(); }
 
   // --- callbacks (record only) ----------------------------------------------
+
+  static void on_back_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* back = static_cast<BackLane*>(arg);
+    back->state->back_errors.emplace_back(back->session, status);
+  }
 
   static void on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* lane = static_cast<Lane*>(arg);
@@ -550,14 +570,15 @@ struct UcxTransport::State {
       data.assign(text.begin(), text.end());
     }
     const MessageKind kind = in.kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
-    if (Status s = send_message(in.reply_ep, kind, header, ucx::encode_slice(reply, data)); !s.is_ok()) {
+    ucp_ep_h back = session->back[header.lane % session->back.size()]->ep;
+    if (Status s = send_message(back, kind, header, ucx::encode_slice(reply, data)); !s.is_ok()) {
       spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
     }
   }
 
   // The initiator's side: the holder answered a compressed slice.
   void handle_slice_reply(const Inbound& in, const MessageHeader& header) {
-    Lane* lane = lane_of(in, header);
+    Lane* lane = lane_of(header);
     const auto it = slices.find(header.seq);
     if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path) {
       spdlog::warn("ucx: a reply for compressed slice {} that is not waiting for one; dropped", header.seq);
@@ -669,9 +690,10 @@ struct UcxTransport::State {
 
   // --- acting on what callbacks recorded ------------------------------------
 
-  // A lane's first message: the session token its welcome carried. Binds the
-  // lane's endpoint here (its reply_ep) to that authenticated session.
-  void handle_bind(const Inbound& in, const MessageHeader& header) {
+  // A lane's first message: the session token its welcome carried. Notes
+  // the endpoint it arrives on here as that session's; once every lane is
+  // bound, the control connection says the path is ready.
+  void handle_bind(const Inbound& in) {
     if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
       spdlog::warn("ucx: a lane binding without a reply endpoint or a token; dropped");
       return;
@@ -683,49 +705,40 @@ struct UcxTransport::State {
       spdlog::warn("ucx: a lane binding with an unknown session token; dropped");
       return;
     }
-    Session& session = sessions.at(it->second);
-    if (!session_by_ep.contains(in.reply_ep)) {
-      if (session.lanes.size() >= ucx::kMaxLanes) {
-        spdlog::warn("ucx: {} bound more than {} lanes; dropped", session.name, ucx::kMaxLanes);
-        return;
-      }
-      session.lanes.push_back(in.reply_ep);
-      session_by_ep.emplace(in.reply_ep, it->second);
+    const std::uint64_t id = it->second;
+    Session& session = sessions.at(id);
+    // UCX may have reused the address of a departed peer's endpoint.
+    if (auto old = session_by_ep.find(in.reply_ep); old != session_by_ep.end() && old->second != id) {
+      sessions.at(old->second).bound.erase(in.reply_ep);
     }
-    MessageHeader answer = header;
-    answer.flags = 0;
-    if (Status s = send_message(in.reply_ep, MessageKind::kAnswer, answer, {}); !s.is_ok()) {
-      spdlog::warn("ucx: cannot answer {}: {}", session.name, s.message());
+    if (!session.bound.contains(in.reply_ep) && session.bound.size() >= session.lanes) {
+      spdlog::warn("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes);
+      return;
+    }
+    session.bound.insert(in.reply_ep);
+    session_by_ep[in.reply_ep] = id;
+    if (session.bound.size() == session.lanes && !session.ready_sent) {
+      session.ready_sent = true;
+      tell(id, ControlKind::kReady, {});
     }
   }
 
   // The lane a listener's message is for, or null when it is stale or forged.
-  Lane* lane_of(const Inbound& in, const MessageHeader& header) {
+  Lane* lane_of(const MessageHeader& header) {
     if (header.path >= peers.size()) return nullptr;
     Peer& peer = peers[header.path];
     if (peer.state == PathState::kFailed || header.lane >= peer.lanes.size()) return nullptr;
     Lane* lane = peer.lanes[header.lane].get();
-    if (lane->ep == nullptr || (in.reply_ep != nullptr && in.reply_ep != lane->ep)) return nullptr;
-    return lane;
-  }
-
-  void handle_answer(const Inbound& in, const MessageHeader& header) {
-    Lane* lane = lane_of(in, header);
-    if (lane == nullptr) return;
-    Peer& peer = peers[lane->path];
-    if (peer.stage != Stage::kBinding || header.seq != peer.hello_seq || lane->answered) return;
-    lane->answered = true;
-    if (++peer.answered < static_cast<int>(peer.lanes.size())) return;
-    peer.stage = Stage::kDone;
-    peer.state = PathState::kReady;
-    set_path_type(lane->path, detect_path_type(peer.lanes[0]->ep));
-    spdlog::debug("ucx: path {} ready: {}", lane->path, infos[lane->path].name());
+    return lane->ep == nullptr ? nullptr : lane;
   }
 
   void handle_recorded() {
     // Acting may record more (a forced close completes requests at once), so
     // go round until nothing is left.
-    while (!lane_errors.empty() || !inbox.empty()) {
+    while (!lane_errors.empty() || !back_errors.empty() || !inbox.empty()) {
+      for (auto [id, status] : std::exchange(back_errors, {})) {
+        close_session(id, fmt::format("our endpoint to it failed: {}", ucs_status_string(status)));
+      }
       for (auto [lane, status] : std::exchange(lane_errors, {})) {
         if (lane->ep == nullptr) continue;
         fail_path(lane->path, Status::unavailable("path {} to {}: lane {} failed: {}", lane->path,
@@ -739,8 +752,7 @@ struct UcxTransport::State {
           continue;
         }
         switch (in.kind) {
-          case MessageKind::kQuery: handle_bind(in, *header); break;
-          case MessageKind::kAnswer: handle_answer(in, *header); break;
+          case MessageKind::kQuery: handle_bind(in); break;
           case MessageKind::kWriteData:
           case MessageKind::kReadAsk: handle_slice_request(in, *header); break;
           case MessageKind::kWriteDone:
@@ -769,11 +781,11 @@ struct UcxTransport::State {
       spdlog::debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
     }
     poller->forget(session.conn->fd());
-    // Its lanes' endpoints here go too: nothing of a departed or dismissed
-    // peer may still reach our memory.
-    for (ucp_ep_h ep : session.lanes) {
-      session_by_ep.erase(ep);
-      close_endpoint(ep);
+    // Our endpoints to it close; what still arrives on its lanes finds no
+    // session and is dropped.
+    for (auto& back : session.back) close_endpoint(back->ep);
+    for (ucp_ep_h ep : session.bound) {
+      if (auto it = session_by_ep.find(ep); it != session_by_ep.end() && it->second == id) session_by_ep.erase(it);
     }
     session_by_token.erase(session.token);
     for (auto& [base, r] : regions) r.awaiting.erase(id);
@@ -815,6 +827,37 @@ struct UcxTransport::State {
     }
   }
 
+  // What an initiator's proof covers beside the nonces: its name and its
+  // worker address, so neither can be swapped on the way.
+  static std::string self_description(const ucx::Hello& hello) {
+    return hello.name + std::string(hello.worker_address.begin(), hello.worker_address.end());
+  }
+
+  // Our endpoints to an authenticated initiator's worker: one per lane (at
+  // most 4), carrying our answers to its slices.
+  Status open_back_lanes(std::uint64_t id, const std::vector<std::uint8_t>& address) {
+    Session& session = sessions.at(id);
+    const int count = std::clamp<int>(session.lanes, 1, 4);
+    for (int i = 0; i < count; ++i) {
+      auto back = std::make_unique<BackLane>();
+      back->state = this;
+      back->session = id;
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      params.err_mode = config.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+      params.err_handler.cb = &State::on_back_error;
+      params.err_handler.arg = back.get();
+      if (!config.peer_failure_detection) params.field_mask &= ~UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      if (ucs_status_t st = ucp_ep_create(worker, &params, &back->ep); st != UCS_OK) {
+        return Status::unavailable("cannot reach the worker of {}: {}", session.name, ucs_status_string(st));
+      }
+      session.back.push_back(std::move(back));
+    }
+    return Status::ok();
+  }
+
   Status authenticate(std::uint64_t id, const Frame& frame) {
     Session& session = sessions.at(id);
     if (frame.kind != ControlKind::kHello) {
@@ -822,7 +865,8 @@ struct UcxTransport::State {
     }
     auto hello = ucx::decode_hello(frame.body);
     if (!hello) return hello.error();
-    if (!ucx::same_proof(hello->proof, ucx::initiator_proof(secret, session.nonce, hello->nonce, hello->name))) {
+    if (!ucx::same_proof(hello->proof,
+                         ucx::initiator_proof(secret, session.nonce, hello->nonce, self_description(*hello)))) {
       const std::string why = secret.empty() ? "authentication failed: this engine has no secret and the peer has one"
                                              : "authentication failed: the peer does not hold this engine's secret";
       (void)session.conn->send(ControlKind::kRefusal, ucx::encode_text(why));
@@ -834,7 +878,9 @@ struct UcxTransport::State {
     session.authenticated = true;
     session.name = hello->name;
     session.token = *token;
+    session.lanes = hello->lanes;
     session_by_token.emplace(session.token, id);
+    if (Status s = open_back_lanes(id, hello->worker_address); !s.is_ok()) return s;
     ucx::Welcome welcome{ucx::listener_proof(secret, session.nonce, hello->nonce), session.token, worker_address,
                          tell_regions(session)};
     spdlog::debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
@@ -944,6 +990,16 @@ struct UcxTransport::State {
 
   // --- the initiator's control connections ----------------------------------
 
+  static std::string_view stage_text(Stage stage) {
+    switch (stage) {
+      case Stage::kAwaitChallenge: return "waiting for the listener's challenge";
+      case Stage::kAwaitWelcome: return "waiting for the listener's welcome";
+      case Stage::kBinding: return "waiting for the listener to bind the lanes";
+      case Stage::kDone: return "done";
+    }
+    return "?";
+  }
+
   Status create_lanes(PathId id, const std::vector<std::uint8_t>& address) {
     Peer& peer = peers[id];
     for (auto& lane : peer.lanes) {
@@ -998,8 +1054,8 @@ struct UcxTransport::State {
         if (!nonce) return nonce.error();
         peer.nonce = *nonce;
         peer.challenge = challenge->nonce;
-        const ucx::Hello hello{peer.nonce, ucx::initiator_proof(secret, peer.challenge, peer.nonce, address), address,
-                               static_cast<std::uint16_t>(peer.lanes.size())};
+        ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), worker_address};
+        hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, self_description(hello));
         peer.stage = Stage::kAwaitWelcome;
         return peer.control->send(ControlKind::kHello, ucx::encode(hello));
       }
@@ -1019,6 +1075,14 @@ struct UcxTransport::State {
         return Status::ok();
       }
       case Stage::kBinding:
+        if (frame.kind == ControlKind::kReady) {
+          peer.stage = Stage::kDone;
+          peer.state = PathState::kReady;
+          set_path_type(id, detect_path_type(peer.lanes[0]->ep));
+          spdlog::debug("ucx: path {} ready: {}", id, infos[id].name());
+          return Status::ok();
+        }
+        break;
       case Stage::kDone:
         break;
     }
@@ -1096,10 +1160,8 @@ struct UcxTransport::State {
       }
       watch(*peer.control, peer.write_watched);
       if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
-        fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({} of {} lanes "
-                                          "answered)",
-                                          id, peer.address, config.handshake_timeout_ms, peer.answered,
-                                          peer.lanes.size()));
+        fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({})", id,
+                                          peer.address, config.handshake_timeout_ms, stage_text(peer.stage)));
       }
     }
   }
@@ -1321,7 +1383,6 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     return ucp_worker_set_am_recv_handler(state->worker, &p);
   };
   for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
-                          std::pair{MessageKind::kAnswer, &State::on_message<MessageKind::kAnswer>},
                           std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
                           std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
                           std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
@@ -1528,11 +1589,7 @@ Status UcxTransport::path_status(PathId path) const {
     case PathState::kReady: return Status::ok();
     case PathState::kConnecting:
       return Status::unavailable("path {} to {}: handshake not finished ({})", path, peer.address,
-                                 peer.stage == State::Stage::kBinding
-                                     ? fmt::format("{} of {} lanes answered", peer.answered, peer.lanes.size())
-                                     : std::string(peer.stage == State::Stage::kAwaitChallenge
-                                                       ? "waiting for the listener's challenge"
-                                                       : "waiting for the listener's welcome"));
+                                 State::stage_text(peer.stage));
     case PathState::kFailed: return peer.error;
   }
   return peer.error;

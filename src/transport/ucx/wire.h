@@ -22,9 +22,9 @@ inline constexpr std::uint16_t kWireVersion = 1;
 
 // Active message ids (the transport owns its worker, so no one else uses them).
 enum class MessageKind : unsigned {
-  kQuery = 1,   // initiator → listener, once per lane: binds the lane (payload: the session token)
-  kAnswer = 2,  // listener → initiator: bound
-  // 3 and 4 (region removal, notifications) moved to the control socket.
+  kQuery = 1,  // initiator → listener, once per lane: binds the lane (payload: the session token)
+  // 2–4 (bind answers, region removal, notifications) moved to the control
+  // socket (control_wire.h).
   // Compressed slices, which RMA cannot carry (it moves exactly the bytes it
   // is given). header.seq is the initiator's slice id; the payload starts
   // with a SliceDescriptor.
