@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -165,5 +166,14 @@ void epoll_apply(int epoll, int op, int fd, bool write) {
 void Poller::watch(int fd, bool write) { epoll_apply(fd_.get(), EPOLL_CTL_ADD, fd, write); }
 void Poller::change(int fd, bool write) { epoll_apply(fd_.get(), EPOLL_CTL_MOD, fd, write); }
 void Poller::forget(int fd) { epoll_apply(fd_.get(), EPOLL_CTL_DEL, fd, false); }
+
+bool Poller::ready(std::vector<int>& out) const {
+  std::array<epoll_event, 64> events{};
+  out.clear();
+  const int n = ::epoll_wait(fd_.get(), events.data(), static_cast<int>(events.size()), 0);
+  if (n < 0) return false;  // EINTR and the like: look at everything this time
+  for (int i = 0; i < n; ++i) out.push_back(events[static_cast<std::size_t>(i)].data.fd);
+  return n < static_cast<int>(events.size());
+}
 
 }  // namespace baton::transport::ucx

@@ -91,6 +91,9 @@ class Poller {
   void watch(int fd, bool write);
   void change(int fd, bool write);
   void forget(int fd);
+  // The fds ready now (no waiting), into `out`; false when there may be
+  // more than it holds (then treat every fd as ready).
+  bool ready(std::vector<int>& out) const;
 
  private:
   UniqueFd fd_;

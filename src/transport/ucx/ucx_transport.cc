@@ -217,6 +217,11 @@ struct UcxTransport::State {
   std::unordered_map<std::uint64_t, std::uint64_t> session_by_token;
   std::unordered_map<ucp_ep_h, std::uint64_t> session_by_ep;
   std::uint64_t refused_connections = 0;  // over max_unauthenticated
+  int unauthenticated = 0;                // sessions that have not proved the secret yet
+  // The control sockets with something to read or room to write, as the
+  // poller said at the start of this poll: only those are read.
+  std::vector<int> ready_fds;
+  bool all_ready = true;
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
   std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
@@ -775,6 +780,7 @@ struct UcxTransport::State {
     auto it = sessions.find(id);
     if (it == sessions.end()) return;
     Session& session = it->second;
+    if (!session.authenticated) --unauthenticated;
     if (session.authenticated && !shut_down) {
       spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
     } else {
@@ -804,9 +810,8 @@ struct UcxTransport::State {
 
   void accept_connections(TimeNs now_ns) {
     if (!listener) return;
+    if (!is_ready(listener->fd())) return;
     while (auto conn = listener->accept()) {
-      const auto unauthenticated = static_cast<int>(
-          std::count_if(sessions.begin(), sessions.end(), [](const auto& s) { return !s.second.authenticated; }));
       if (unauthenticated >= config.max_unauthenticated) {
         ++refused_connections;
         spdlog::debug("ucx: {} handshakes under way; connection from {} closed", unauthenticated, conn->remote());
@@ -818,6 +823,7 @@ struct UcxTransport::State {
         continue;
       }
       const std::uint64_t id = next_session++;
+      ++unauthenticated;
       Session& session = sessions[id];
       session.conn = std::move(conn);
       session.nonce = *nonce;
@@ -876,6 +882,7 @@ struct UcxTransport::State {
     auto token = ucx::random_token();
     if (!token) return token.error();
     session.authenticated = true;
+    --unauthenticated;
     session.name = hello->name;
     session.token = *token;
     session.lanes = hello->lanes;
@@ -934,6 +941,8 @@ struct UcxTransport::State {
       auto it = sessions.find(id);
       if (it == sessions.end()) continue;
       Session& session = it->second;
+      const bool expired = !session.authenticated && now_ns >= session.deadline_ns;
+      if (!is_ready(session.conn->fd()) && !session.conn->wants_write() && !expired) continue;
       const std::uint32_t bound = session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes;
       Status status = session.conn->receive(bound + ucx::kFrameHeaderBytes);
       // Frames that arrived before a close still count (a notification, an ack).
@@ -986,6 +995,12 @@ struct UcxTransport::State {
       }
       watch(*peer.control, peer.write_watched);
     }
+  }
+
+  void collect_ready() { all_ready = !poller->ready(ready_fds); }
+
+  bool is_ready(int fd) const {
+    return all_ready || std::find(ready_fds.begin(), ready_fds.end(), fd) != ready_fds.end();
   }
 
   // --- the initiator's control connections ----------------------------------
@@ -1136,6 +1151,8 @@ struct UcxTransport::State {
     for (PathId id = 0; id < peers.size(); ++id) {
       Peer& peer = peers[id];
       if (peer.state == PathState::kFailed || !peer.control) continue;
+      const bool expired = peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns;
+      if (!is_ready(peer.control->fd()) && !peer.control->wants_write() && peer.revokes.empty() && !expired) continue;
       Status status = peer.control->flush();
       if (status.is_ok()) status = peer.control->receive(ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes);
       for (;;) {
@@ -1856,6 +1873,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.progress();
   s.handle_recorded();
   s.reap_closing();
+  s.collect_ready();
   s.accept_connections(now_ns);
   s.serve_sessions(now_ns);
   s.drive_paths(now_ns);
