@@ -307,6 +307,23 @@ py::object memory_view(const engine::Region& r) {
   return py::reinterpret_steal<py::object>(view);
 }
 
+// close() and leaving a `with` block: once, from any thread.
+void close_engine(EngineState& s) {
+  std::shared_ptr<engine::Engine> e;
+  std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
+  {
+    std::lock_guard lock(s.mutex);
+    e = std::move(s.engine);
+    regions.swap(s.regions);
+  }
+  if (e) {
+    py::gil_scoped_release release;
+    e->shutdown();  // waiters wake; calls in flight finish on their own reference
+    e.reset();
+  }
+  regions.clear();  // the buffers go once no peer can reach them
+}
+
 // engine.read / engine.write: one request with Request's keywords.
 auto one_request(std::string op) {
   return [op](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
@@ -442,39 +459,11 @@ PYBIND11_MODULE(_baton, m) {
         std::lock_guard lock(s.mutex);
         return s.engine == nullptr;
       })
-      .def("close",
-           [](EngineState& s) {
-             std::shared_ptr<engine::Engine> e;
-             std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
-             {
-               std::lock_guard lock(s.mutex);
-               e = std::move(s.engine);
-               regions.swap(s.regions);
-             }
-             if (!e) return;
-             {
-               py::gil_scoped_release release;
-               e->shutdown();  // waiters wake; calls in flight finish on their own reference
-               e.reset();
-             }
-             regions.clear();  // the buffers go once no peer can reach them
-           },
+      .def("close", &close_engine,
            "Shuts the engine down: running batches are cancelled, peers see it go; later calls raise Unavailable")
       .def("__enter__", [](std::shared_ptr<EngineState> s) { return s; })
       .def("__exit__", [](EngineState& s, py::args) {
-        std::shared_ptr<engine::Engine> e;
-        std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
-        {
-          std::lock_guard lock(s.mutex);
-          e = std::move(s.engine);
-          regions.swap(s.regions);
-        }
-        if (e) {
-          py::gil_scoped_release release;
-          e->shutdown();
-          e.reset();
-        }
-        regions.clear();
+        close_engine(s);
         return false;
       })
       .def("register",
