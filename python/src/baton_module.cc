@@ -375,7 +375,7 @@ PYBIND11_MODULE(_baton, m) {
                                std::optional<baton::Result<std::vector<baton::transport::RemoteRegion>>> r;
                                {
                                  py::gil_scoped_release release;
-                                 r.emplace(e->remote_regions(engine::Peer{p.address}));
+                                 r.emplace(e->remote_regions(engine::Peer{p.address, {}}));
                                }
                                return value_or_raise(std::move(*r));
                              })
@@ -429,7 +429,8 @@ PYBIND11_MODULE(_baton, m) {
   py::class_<EngineState, std::shared_ptr<EngineState>>(m, "Engine", "A Baton engine: registered memory, peers, batches")
       .def(py::init([](const std::string& listen, std::optional<std::string> ucx_tls, std::optional<std::string> policy_file,
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
-                       std::optional<std::string> topology_model, bool peer_failure_detection) {
+                       std::optional<std::string> topology_model, bool peer_failure_detection,
+                       bool same_host_copy) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -439,6 +440,7 @@ PYBIND11_MODULE(_baton, m) {
              if (topology_model) c.topology_model = *topology_model;
              c.ucx.lanes_per_peer = lanes;
              c.ucx.peer_failure_detection = peer_failure_detection;
+             c.ucx.same_host_copy = same_host_copy;
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
@@ -451,7 +453,7 @@ PYBIND11_MODULE(_baton, m) {
            py::kw_only(), py::arg("listen") = "127.0.0.1:0", py::arg("ucx_tls") = py::none(),
            py::arg("policy_file") = py::none(), py::arg("metrics_address") = py::none(),
            py::arg("secret_file") = py::none(), py::arg("lanes") = 2, py::arg("topology_model") = py::none(),
-           py::arg("peer_failure_detection") = true)
+           py::arg("peer_failure_detection") = true, py::arg("same_host_copy") = true)
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })
@@ -544,7 +546,7 @@ PYBIND11_MODULE(_baton, m) {
              Status st;
              {
                py::gil_scoped_release release;
-               st = e->refresh(engine::Peer{p.address}, static_cast<baton::TimeNs>(timeout * 1e9));
+               st = e->refresh(engine::Peer{p.address, {}}, static_cast<baton::TimeNs>(timeout * 1e9));
              }
              ok_or_raise(st);
            },

@@ -281,10 +281,12 @@ def test_engine_closed_while_a_batch_waits(holder):
         batch.wait()
 
 
-def test_timeout_waiting_and_metrics(holder, engine):
+def test_timeout_waiting_and_metrics(holder):
+    # Over TCP the holder's loop answers reads; stopped, it cannot (a
+    # same-host copy would need no CPU of the holder).
+    engine = baton.Engine(same_host_copy=False)
     peer = engine.connect(holder.address)
     local = engine.register(np.zeros(SIZE, dtype=np.uint8))
-    holder.ask  # the holder answers on its own loop; stop it so a read cannot finish
     holder.proc.stdin.write("stop\n")
     holder.proc.stdin.flush()
     time.sleep(0.2)
@@ -297,6 +299,7 @@ def test_timeout_waiting_and_metrics(holder, engine):
         holder.proc.send_signal(18)  # SIGCONT
     batch.wait(timeout=30)
     assert "baton_engine_batches_total" in engine.metrics_text()
+    engine.close()
 
 
 def test_importing_needs_no_gpu_library():

@@ -341,7 +341,7 @@ int baton_refresh(baton_engine* handle, const char* peer, int64_t timeout_ns) {
     if (peer == nullptr) return misuse("baton_refresh: peer is NULL");
     TimeNs timeout = 0;
     if (int rc = relative_ns("baton_refresh", "timeout_ns", timeout_ns, timeout); rc != BATON_OK) return rc;
-    return check(box.engine->refresh(engine::Peer{peer}, timeout == 0 ? kDefaultRefreshNs : timeout));
+    return check(box.engine->refresh(engine::Peer{peer, {}}, timeout == 0 ? kDefaultRefreshNs : timeout));
   });
 }
 
@@ -353,7 +353,7 @@ int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_re
     if (regions == nullptr && capacity != 0) {
       return misuse("baton_remote_regions: regions is NULL with capacity {}", capacity);
     }
-    auto known = box.engine->remote_regions(engine::Peer{peer});
+    auto known = box.engine->remote_regions(engine::Peer{peer, {}});
     if (!known) return fail(known.error());
     *count = known->size();
     if (regions == nullptr) return BATON_OK;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "baton/topology/cost_model.h"
+
 namespace baton::engine {
 namespace {
 
@@ -347,9 +349,9 @@ void Datapath::on_turn(TimeNs /*now_ns*/) {
       switch (ucx_.path_state(c.path)) {
         case transport::PathState::kConnecting: return false;
         case transport::PathState::kReady: {
-          const std::string& address = ucx_.paths()[c.path].to;
-          peers_[address] = c.path;
-          c.done(Peer{address});
+          const transport::PathInfo& info = ucx_.paths()[c.path];
+          peers_[info.to] = c.path;
+          c.done(Peer{info.to, std::string(topology::to_string(info.type))});
           return true;
         }
         case transport::PathState::kFailed: c.done(std::unexpected(ucx_.path_status(c.path))); return true;

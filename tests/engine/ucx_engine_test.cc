@@ -22,9 +22,12 @@ constexpr TimeNs kSecond = 1'000'000'000;
 constexpr std::uint64_t kTargetSalt = 7;
 constexpr std::uint64_t kLocalSalt = 11;
 
+// A named transport list ("tcp") is what the test means to cross, so the
+// same-host copy (the default otherwise) is off then.
 EngineConfig ucx_config(std::string tls = "") {
   transport::UcxConfig ucx;
   ucx.tls = std::move(tls);
+  ucx.same_host_copy = ucx.tls.empty();
   return EngineConfig{.ucx = std::move(ucx)};
 }
 
@@ -295,8 +298,8 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.release(BatchHandle{12345}).code(), StatusCode::kNotFound);
   EXPECT_EQ(e.allocate_memory(0).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e.allocate_memory(std::size_t{1} << 50).error().code(), StatusCode::kResourceExhausted);  // 1 PiB
-  EXPECT_EQ(e.refresh(Peer{"127.0.0.1:1"}).code(), StatusCode::kNotFound);
-  EXPECT_EQ(e.remote_regions(Peer{"127.0.0.1:1"}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.refresh(Peer{"127.0.0.1:1", {}}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.remote_regions(Peer{"127.0.0.1:1", {}}).error().code(), StatusCode::kNotFound);
 
   e.shutdown();
   EXPECT_EQ(e.submit(Batch{{good}, {}}).error().code(), StatusCode::kUnavailable);
@@ -468,8 +471,8 @@ void fill_padded(std::span<std::byte> out, std::uint64_t salt) {
 
 TEST(UcxEngineCompression, CompressedWritesAndReadsLandByteExactWithFewerBytesOnTheWire) {
   constexpr std::size_t kBytes = 8 << 20;
-  Side target(kBytes, kTargetSalt);
-  Side local(kBytes, kLocalSalt);
+  Side target(kBytes, kTargetSalt, "tcp");  // compression is for a network path
+  Side local(kBytes, kLocalSalt, "tcp");
   // A profile that says compression pays on any path here, so the compress
   // band takes it; what the wire carries is what lz4 makes of the data.
   ASSERT_TRUE(local.engine->admission().set_codec(transport::make_lz4_codec(), {4.0, 1000.0, 1000.0}).is_ok());

@@ -28,6 +28,7 @@ struct Flavor {
   bool peer_failure_detection = true;
   topology::PathType expected = topology::PathType::kTcp;
   bool tcp_slices_as_messages = true;
+  bool same_host_copy = false;
 };
 
 // Test names and ctest entries show the flavour, not its bytes.
@@ -40,6 +41,8 @@ const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp};
 const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm};
 // TCP with UCX's software RMA instead of Baton's messages.
 const Flavor kTcpRma{"tcp_rma", "tcp", true, topology::PathType::kTcp, false};
+// The default: a peer of this host gets Baton's own copy (same_host.h).
+const Flavor kDirect{"direct", "", true, topology::PathType::kShm, true, true};
 
 std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
   std::vector<std::uint8_t> v(n);
@@ -63,6 +66,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     c.peer_failure_detection = GetParam().peer_failure_detection;
     c.handshake_timeout_ms = handshake_timeout_ms;
     c.tcp_slices_as_messages = GetParam().tcp_slices_as_messages;
+    c.same_host_copy = GetParam().same_host_copy;
     return c;
   }
 
@@ -494,12 +498,67 @@ TEST_P(UcxTransportTest, APeerThatGoesAwayFailsItsSlicesUnavailable) {
     EXPECT_TRUE(c.status.is_ok() || c.status.code() == StatusCode::kUnavailable) << c.status.to_string();
     if (c.status.code() == StatusCode::kUnavailable) ++unavailable;
   }
-  EXPECT_GT(unavailable, 0u);
+  // A same-host copy is done at submit: none was in flight to fail
+  // (tests/serve kills a real process under traffic).
+  if (GetParam().same_host_copy) {
+    EXPECT_EQ(unavailable, 0u);
+  } else {
+    EXPECT_GT(unavailable, 0u);
+  }
   EXPECT_EQ(a_->slices_in_flight(), 0u);
   EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
   EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable);
   EXPECT_EQ(a_->submit(slice(999, path, 0, Op::kWrite, local.data(), addr(remote.data()), *rr, 64), now()).code(),
             StatusCode::kUnavailable);
+}
+
+// A same-host copy is the initiator's alone: the holder, never polled after
+// the handshake, still serves reads and writes, through its memfd for
+// memory it allocated and through CMA for memory it registered.
+TEST_P(UcxTransportTest, SameHostCopiesNeedNoCpuOfThePeer) {
+  if (!GetParam().same_host_copy) GTEST_SKIP() << "flavour " << GetParam().name << " copies through UCX";
+  constexpr std::size_t kBytes = 1 << 20;
+  auto& registered = buffer(pattern(kBytes, 3));
+  auto reg = expose(registered.data(), registered.size());
+  ASSERT_TRUE(reg.has_value());
+  auto allocated = b_->allocate_memory(kBytes);
+  ASSERT_TRUE(allocated.has_value()) << allocated.error().to_string();
+  std::memcpy(allocated->address, pattern(kBytes, 4).data(), kBytes);
+  ASSERT_TRUE(b_->export_region(allocated->handle).is_ok());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(a_->paths()[path].type, topology::PathType::kShm);
+
+  auto& local = buffer(2 * kBytes);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  const std::uint64_t alloc_addr = addr(allocated->address);
+  ASSERT_TRUE(a_->submit(slice(1, path, 0, Op::kRead, local.data(), addr(registered.data()), *reg, kBytes), now())
+                  .is_ok());
+  ASSERT_TRUE(a_->submit(slice(2, path, 1, Op::kRead, local.data() + kBytes, alloc_addr, allocated->handle, kBytes),
+                         now())
+                  .is_ok());
+  std::vector<Completion> out;
+  a_->poll(now(), out);  // b_ is not polled from here on
+  ASSERT_EQ(out.size(), 2u);
+  for (const Completion& c : out) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 3).data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(local.data() + kBytes, pattern(kBytes, 4).data(), kBytes), 0);
+
+  const auto fresh = pattern(kBytes, 9);
+  std::memcpy(local.data(), fresh.data(), kBytes);
+  std::memcpy(local.data() + kBytes, fresh.data(), kBytes);
+  ASSERT_TRUE(a_->submit(slice(3, path, 0, Op::kWrite, local.data(), addr(registered.data()), *reg, kBytes), now())
+                  .is_ok());
+  ASSERT_TRUE(
+      a_->submit(slice(4, path, 1, Op::kWrite, local.data() + kBytes, alloc_addr, allocated->handle, kBytes), now())
+          .is_ok());
+  out.clear();
+  a_->poll(now(), out);
+  ASSERT_EQ(out.size(), 2u);
+  for (const Completion& c : out) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(std::memcmp(registered.data(), fresh.data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(allocated->address, fresh.data(), kBytes), 0);
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
 }
 
 // Returns whether `fd` became readable within `limit`, while `progress_other`
@@ -572,7 +631,7 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   EXPECT_EQ(remote, local);
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma),
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
 
 }  // namespace

@@ -58,6 +58,9 @@ int run(CompressOptions o) {
   std::optional<SpawnSecret> secret;
   std::string target = o.target;
   transport::UcxConfig ucx = o.ucx;
+  // Compression is for a network path; a peer of this host (or another
+  // namespace of it, standing for another host) would be copied directly.
+  ucx.same_host_copy = false;
   if (o.spawn) {
     // A peer beyond loopback needs a secret: one for this run, unless given.
     if (ucx.secret.empty() && ucx.secret_file.empty() && std::getenv("BATON_TOKEN_FILE") == nullptr) {

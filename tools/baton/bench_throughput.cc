@@ -4,6 +4,8 @@
 // checked against serve's pattern at the end, so a fast wrong answer fails.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <span>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -66,6 +68,27 @@ Result<Plan> check_options(const ThroughputOptions& o) {
   }
   p.span = static_cast<std::uint64_t>(o.threads) * static_cast<std::uint64_t>(o.batch_size) * p.block;
   return p;
+}
+
+// The ceiling of a same-host copy, from the same run: one thread memcpy'ing
+// the bench's working set (its own buffer, block by block, in order) into
+// a second buffer of the same size, for up to a second.
+double memcpy_reference(std::span<const std::byte> working_set, std::uint64_t block, TimeNs duration_ns) {
+  std::vector<std::byte> into(working_set.size());
+  std::memcpy(into.data(), working_set.data(), into.size());  // both touched before the clock starts
+  const auto budget = std::chrono::nanoseconds(std::min<TimeNs>(duration_ns, 1'000'000'000));
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t copied = 0;
+  std::chrono::steady_clock::duration took{};
+  do {
+    for (std::uint64_t off = 0; off < into.size(); off += block) {
+      const std::uint64_t n = std::min<std::uint64_t>(block, into.size() - off);
+      std::memcpy(into.data() + off, working_set.data() + off, n);
+      copied += n;
+    }
+    took = std::chrono::steady_clock::now() - start;
+  } while (took < budget);
+  return static_cast<double>(copied) / std::chrono::duration<double>(took).count() / 1e9;
 }
 
 // Reads `length` bytes of the peer's region at `offset` into `local` at
@@ -217,16 +240,20 @@ int run_throughput(const ThroughputOptions& o) {
     }
   }
 
+  const double memcpy_gbps = memcpy_reference(buffer, plan->block, plan->duration_ns);
   std::vector<double> all;
   for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
   const auto summary = summarize(all);
   const double p50 = summary ? summary->p50 : 0.0;
   const double p99 = summary ? summary->p99 : 0.0;
   const double gbps = static_cast<double>(bytes.load()) / seconds / 1e9;
-  fmt::print("op {} block {} batch {} threads {} tls {}: {} bytes in {:.2f} s, data verified\n", o.op, plan->block,
-             o.batch_size, o.threads, o.ucx.tls.empty() ? "default" : o.ucx.tls, bytes.load(), seconds);
+  const double requests_per_s = static_cast<double>(bytes.load() / plan->block) / seconds;
+  fmt::print("op {} block {} batch {} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n", o.op,
+             plan->block, o.batch_size, o.threads, peer->transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
+             bytes.load(), seconds);
   fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
-  fmt::print("throughput {:.3f} GB/s\n", gbps);
+  fmt::print("throughput {:.3f} GB/s, {:.0f} requests/s; memcpy of the same working set {:.3f} GB/s ({:.2f}x)\n", gbps,
+             requests_per_s, memcpy_gbps, memcpy_gbps > 0 ? gbps / memcpy_gbps : 0.0);
   nlohmann::json j{{"op", o.op},
                    {"block_size", plan->block},
                    {"batch_size", o.batch_size},
@@ -234,10 +261,14 @@ int run_throughput(const ThroughputOptions& o) {
                    {"duration_s", seconds},
                    {"bytes", bytes.load()},
                    {"throughput_gbps", gbps},
+                   {"requests_per_s", requests_per_s},
+                   {"memcpy_gbps", memcpy_gbps},
+                   {"transport", peer->transport},
                    {"p50_us", p50},
                    {"p99_us", p99},
                    {"ucx_tls", o.ucx.tls},
                    {"peer_failure_detection", o.ucx.peer_failure_detection},
+                   {"same_host_copy", o.ucx.same_host_copy},
                    {"verified", true}};
   return emit_json("bench throughput", j.dump(2), o.json);
 }

@@ -28,6 +28,9 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
   app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64));
   app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
                "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
+  app.add_flag("--same-host-copy,!--no-same-host-copy", ucx.same_host_copy,
+               "Copy to and from peers of this host directly (memfd mapping or CMA) instead of through UCX "
+               "(default on; off: the UCX transports carry same-host bytes too)");
   app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {
@@ -48,6 +51,7 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
                                 std::to_string(ucx.lanes_per_peer)};
   if (!ucx.tls.empty()) args.insert(args.end(), {"--ucx-tls", ucx.tls});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
+  if (!ucx.same_host_copy) args.emplace_back("--no-same-host-copy");
   args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
   if (!ucx.secret_file.empty()) args.insert(args.end(), {"--token-file", ucx.secret_file});
   if (ucx.allow_unauthenticated) args.emplace_back("--allow-unauthenticated");

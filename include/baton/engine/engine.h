@@ -65,6 +65,9 @@ struct Region {
 // Another engine, by its handshake address.
 struct Peer {
   std::string address;  // "127.0.0.1:41234"
+  // What carries its bytes: "shm" (a peer of this host, copied directly or
+  // by UCX's shared memory), "tcp", "rdma".
+  std::string transport;
 };
 
 // One transfer between a local region range and a peer's region range: a

@@ -52,6 +52,14 @@ struct UcxConfig {
   // memory between processes of one host, but a peer that dies without
   // closing leaves slices in flight, and endpoints close by flushing.
   bool peer_failure_detection = true;
+  // Peers on this host (proved by reading a cookie out of the peer's memory,
+  // which the OS allows a process of the same user) get Baton's own copy
+  // instead of UCX: memcpy through the peer's memfd for regions it allocated
+  // (allocate_memory), CMA (process_vm_readv/writev) for other DRAM regions.
+  // No copy needs the peer's CPU, none can stay in flight when it dies, and
+  // UCX keeps peer-failure detection for everything else. Off: UCX carries
+  // same-host slices too (TCP under peer_failure_detection).
+  bool same_host_copy = true;
   // On TCP paths, slices travel as Baton's active messages (the holder's
   // engine copies them in or out and answers) instead of UCX's software
   // RMA, which UCX 1.13 turns into an abort of the holder when an initiator

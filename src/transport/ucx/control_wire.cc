@@ -108,6 +108,9 @@ std::vector<std::uint8_t> encode(const Welcome& m) {
   w.bytes(m.proof);
   w.put(m.session);
   put_blob(w, m.worker_address);
+  w.put(m.pid);
+  w.put(m.cookie_address);
+  w.bytes(m.cookie);
   w.bytes(encode_regions(m.regions));
   return w.take();
 }
@@ -164,7 +167,8 @@ Result<Hello> decode_hello(std::span<const std::uint8_t> body) {
 Result<Welcome> decode_welcome(std::span<const std::uint8_t> body) {
   Reader r(body);
   Welcome m;
-  if (!get_array(r, m.proof) || !r.get(m.session) || !get_blob(r, kMaxWorkerAddressBytes, m.worker_address)) {
+  if (!get_array(r, m.proof) || !r.get(m.session) || !get_blob(r, kMaxWorkerAddressBytes, m.worker_address) ||
+      !r.get(m.pid) || !r.get(m.cookie_address) || !get_array(r, m.cookie)) {
     return bad("malformed welcome of {} bytes", body.size());
   }
   if (m.worker_address.empty()) return bad("welcome without a worker address");

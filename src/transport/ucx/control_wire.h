@@ -11,7 +11,8 @@
 //   kChallenge{server nonce}        →
 //                                   ←     kHello{client nonce, proof, name, lanes, worker address}
 //   kWelcome{proof, session token,  →     (or kRefusal{why}, then close)
-//            worker address, regions}
+//            worker address, pid and
+//            cookie, regions}
 //   -- each side creates UCP endpoints from the other's worker address (the
 //      listener answers slices on its own); the initiator binds each lane
 //      with the session token (an active message, wire.h) --
@@ -31,11 +32,13 @@
 
 namespace baton::transport::ucx {
 
-inline constexpr std::uint16_t kControlVersion = 1;
+inline constexpr std::uint16_t kControlVersion = 2;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
 using Proof = std::array<std::uint8_t, kProofBytes>;
+inline constexpr std::size_t kCookieBytes = 16;
+using Cookie = std::array<std::uint8_t, kCookieBytes>;  // same_host.h
 
 inline constexpr std::size_t kFrameHeaderBytes = 5;
 // Before the peer proved the secret: a hello with a worker address (200 bytes
@@ -80,6 +83,11 @@ struct Welcome {
   Proof proof{};
   std::uint64_t session = 0;  // binds the initiator's lanes (kQuery carries it)
   std::vector<std::uint8_t> worker_address;
+  // For a peer on this host: the listener's pid and where its cookie lies
+  // (same_host.h); the initiator reads it to know it can copy directly.
+  std::uint32_t pid = 0;
+  std::uint64_t cookie_address = 0;
+  Cookie cookie{};
   std::vector<RegionDescriptor> regions;
 };
 struct Regions {

@@ -19,6 +19,7 @@
 #include "baton/transport/ucx_transport.h"
 
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -39,6 +40,7 @@
 #include "transport/ucx/auth.h"
 #include "transport/ucx/control_channel.h"
 #include "transport/ucx/control_wire.h"
+#include "transport/ucx/same_host.h"
 #include "transport/ucx/socket_address.h"
 #include "transport/ucx/wire.h"
 
@@ -72,7 +74,10 @@ struct LocalRegion {
   RegionHandle handle = 0;
   std::uintptr_t base = 0;
   std::size_t length = 0;
+  MemoryKind kind = MemoryKind::kDram;
   ucp_mem_h memh = nullptr;
+  // allocate_memory's: a memfd that same-host peers map. Freed after ucp_mem_unmap.
+  std::optional<ucx::SharedAllocation> shared;
   std::vector<std::uint8_t> packed_rkey;
   std::uint64_t inflight = 0;  // slices whose local range is here
   // Who may see it: every authenticated peer, or the peers of these names.
@@ -91,6 +96,9 @@ struct LocalRegion {
 struct RemoteRegionKeys {
   RemoteRegion info;
   std::vector<ucp_rkey_h> rkeys;  // per lane
+  std::int32_t memfd = -1;        // as the peer described it
+  std::uint64_t memfd_inode = 0;
+  std::optional<ucx::PeerMapping> mapping;  // a same-host peer's memfd, mapped here
   RemoteRegionKeys() = default;
   RemoteRegionKeys(const RemoteRegionKeys&) = delete;
   RemoteRegionKeys& operator=(const RemoteRegionKeys&) = delete;
@@ -132,6 +140,9 @@ struct UcxTransport::State {
     TimeNs deadline_ns = 0;         // handshake
     int inflight = 0;               // slices posted and not handed out
     TimeNs last_progress_ns = 0;    // the last completion, or the post that ended an idle stretch
+    // A peer of this host (its cookie read back): slices are copied here
+    // (same_host.h), not posted to UCX. 0: another host, or not proved.
+    pid_t same_host_pid = 0;
   };
 
   // One of our endpoints to an initiator's worker.
@@ -201,6 +212,8 @@ struct UcxTransport::State {
   ucp_worker_h worker = nullptr;
   std::vector<std::uint8_t> worker_address;
   int worker_fd = -1;
+  // Read out of our memory by a same-host peer to prove where it is (Welcome).
+  ucx::Cookie cookie{};
   std::optional<ucx::ControlListener> listener;
   std::optional<ucx::Poller> poller;  // its fd is event_fd()
   bool shut_down = false;
@@ -356,7 +369,12 @@ struct UcxTransport::State {
     session.sent.clear();
     for (const auto& [base, r] : regions) {
       if (!visible(r, session)) continue;
-      out.push_back({r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkey});
+      RegionDescriptor d{r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkey};
+      if (r.shared) {
+        d.memfd = r.shared->fd();
+        d.memfd_inode = r.shared->inode();
+      }
+      out.push_back(std::move(d));
       session.sent.insert(r.handle);
     }
     return out;
@@ -368,16 +386,20 @@ struct UcxTransport::State {
     ucp_mem_map_params_t params{};
     params.field_mask =
         UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    const char* call = addr == nullptr ? "UcxTransport::allocate_memory" : "UcxTransport::register_memory";
+    // Allocated memory is a memfd, so that same-host peers can map it.
+    std::optional<ucx::SharedAllocation> shared;
+    if (addr == nullptr) {
+      auto created = ucx::SharedAllocation::create(length);
+      if (!created) return std::unexpected(Status::unavailable("{}: {}", call, created.error().message()));
+      shared = std::move(*created);
+      addr = shared->address();
+    }
     params.address = addr;
     params.length = length;
-    if (addr == nullptr) {
-      params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-      params.flags = UCP_MEM_MAP_ALLOCATE;
-    }
     // Said, not detected: a UCX without CUDA support must refuse VRAM rather
     // than map a device pointer as host memory.
     params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-    const char* call = addr == nullptr ? "UcxTransport::allocate_memory" : "UcxTransport::register_memory";
     ucp_mem_h memh = nullptr;
     if (ucs_status_t st = ucp_mem_map(context, &params, &memh); st != UCS_OK) {
       return std::unexpected(ucx_failure(call, kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
@@ -396,10 +418,11 @@ struct UcxTransport::State {
     }
     LocalRegion region;
     region.handle = next_region++;
-    // UCX may round an allocation up; the region is what was asked for.
-    region.base = reinterpret_cast<std::uintptr_t>(addr == nullptr ? attr.address : addr);
+    region.base = reinterpret_cast<std::uintptr_t>(addr);
     region.length = length;
+    region.kind = kind;
     region.memh = memh;
+    region.shared = std::move(shared);
     const auto* bytes = static_cast<const std::uint8_t*>(packed);
     region.packed_rkey.assign(bytes, bytes + packed_size);
     ucp_rkey_buffer_release(packed);
@@ -627,8 +650,8 @@ struct UcxTransport::State {
                                         d.key);
       }
       auto old = peer.regions.find(d.key);
-      if (old != peer.regions.end() && old->second->info.base == d.base &&
-          old->second->info.length == d.length) {
+      if (old != peer.regions.end() && old->second->info.base == d.base && old->second->info.length == d.length &&
+          old->second->memfd == d.memfd && old->second->memfd_inode == d.memfd_inode) {
         table.emplace(d.key, old->second);
         continue;
       }
@@ -640,6 +663,16 @@ struct UcxTransport::State {
         if (s != UCS_OK) {
           return Status::unavailable("ucx handshake: cannot unpack the rkey of region {} of peer {} on lane {}: {}",
                                      d.key, peer.address, i, ucs_status_string(s));
+        }
+      }
+      keys->memfd = d.memfd;
+      keys->memfd_inode = d.memfd_inode;
+      if (peer.same_host_pid != 0 && d.memfd >= 0) {
+        auto mapped = ucx::PeerMapping::map(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
+        if (mapped) {
+          keys->mapping = std::move(*mapped);
+        } else {
+          spdlog::debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
         }
       }
       table.emplace(d.key, std::move(keys));
@@ -888,8 +921,14 @@ struct UcxTransport::State {
     session.lanes = hello->lanes;
     session_by_token.emplace(session.token, id);
     if (Status s = open_back_lanes(id, hello->worker_address); !s.is_ok()) return s;
-    ucx::Welcome welcome{ucx::listener_proof(secret, session.nonce, hello->nonce), session.token, worker_address,
-                         tell_regions(session)};
+    ucx::Welcome welcome;
+    welcome.proof = ucx::listener_proof(secret, session.nonce, hello->nonce);
+    welcome.session = session.token;
+    welcome.worker_address = worker_address;
+    welcome.pid = static_cast<std::uint32_t>(getpid());
+    welcome.cookie_address = reinterpret_cast<std::uintptr_t>(cookie.data());
+    welcome.cookie = cookie;
+    welcome.regions = tell_regions(session);
     spdlog::debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
     tell(id, ControlKind::kWelcome, ucx::encode(welcome));
     return Status::ok();
@@ -1051,6 +1090,11 @@ struct UcxTransport::State {
       return Status::permission_denied("{} does not hold our secret (its proof is wrong)", peer.address);
     }
     if (Status s = create_lanes(id, w->worker_address); !s.is_ok()) return s;
+    const auto pid = static_cast<pid_t>(w->pid);
+    if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
+      peer.same_host_pid = pid;
+      spdlog::debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
+    }
     if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
     token = w->session;
     return Status::ok();
@@ -1093,7 +1137,7 @@ struct UcxTransport::State {
         if (frame.kind == ControlKind::kReady) {
           peer.stage = Stage::kDone;
           peer.state = PathState::kReady;
-          set_path_type(id, detect_path_type(peer.lanes[0]->ep));
+          set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
           spdlog::debug("ucx: path {} ready: {}", id, infos[id].name());
           return Status::ok();
         }
@@ -1408,6 +1452,10 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
       return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
     }
   }
+
+  auto cookie = ucx::random_nonce();
+  if (!cookie) return std::unexpected(cookie.error());
+  std::copy_n(cookie->begin(), ucx::kCookieBytes, state->cookie.begin());
 
   auto poller = ucx::Poller::create();
   if (!poller) return std::unexpected(poller.error());
@@ -1768,6 +1816,25 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   op->submit = slice;
   op->local = local;
   op->remote = remote_it->second;
+  if (peer.same_host_pid != 0 && !compress && local->kind == MemoryKind::kDram) {
+    // A peer of this host: the copy is ours, done now (same_host.h).
+    if (const auto& mapping = op->remote->mapping) {
+      std::byte* there = mapping->address() + (m.remote_addr - remote.base);
+      if (m.op == Op::kRead) {
+        std::memcpy(m.local, there, slice.bytes);
+      } else {
+        std::memcpy(there, m.local, slice.bytes);
+      }
+    } else if (Status st = ucx::cma_copy(peer.same_host_pid, m.op, m.local, m.remote_addr, slice.bytes);
+               !st.is_ok()) {
+      op->error = st.message();
+    }
+    ++local->inflight;
+    if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+    s.finished.push_back(op.get());
+    s.slices.emplace(slice.id, std::move(op));
+    return Status::ok();
+  }
   ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
   // Over TCP, slices travel as Baton's own active messages by default: UCX
   // 1.13's software RMA aborts the target process when an initiator dies

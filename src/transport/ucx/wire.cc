@@ -81,6 +81,8 @@ std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& re
     w.put(r.key);
     w.put(r.base);
     w.put(r.length);
+    w.put(r.memfd);
+    w.put(r.memfd_inode);
     w.put(static_cast<std::uint32_t>(r.packed_rkey.size()));
     w.bytes(r.packed_rkey);
   }
@@ -94,9 +96,9 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
     return std::unexpected(
         Status::invalid_argument("ucx handshake: region list of {} bytes has no count", bytes.size()));
   }
-  // Each entry takes at least 24 bytes, so a count the payload cannot hold is
+  // Each entry takes at least 36 bytes, so a count the payload cannot hold is
   // refused before anything is allocated.
-  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4;
+  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4 + 8 + 4;
   if (count > kMaxRegions || count > r.left() / kMinEntry) {
     return std::unexpected(Status::invalid_argument(
         "ucx handshake: region count {} does not fit {} payload bytes (at most {})", count,
@@ -106,7 +108,8 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
   for (std::uint32_t i = 0; i < count; ++i) {
     RegionDescriptor& d = out[i];
     std::uint32_t rkey_bytes = 0;
-    if (!r.get(d.key) || !r.get(d.base) || !r.get(d.length) || !r.get(rkey_bytes)) {
+    if (!r.get(d.key) || !r.get(d.base) || !r.get(d.length) || !r.get(d.memfd) || !r.get(d.memfd_inode) ||
+        !r.get(rkey_bytes)) {
       return std::unexpected(Status::invalid_argument(
           "ucx handshake: region {} of {} truncated at byte {}", i, count, r.offset()));
     }

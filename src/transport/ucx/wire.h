@@ -67,6 +67,10 @@ struct RegionDescriptor {
   std::uint64_t base = 0;
   std::uint64_t length = 0;
   std::vector<std::uint8_t> packed_rkey;
+  // Memory allocated by the owner lives in a memfd: its number in the owner
+  // and its inode, for a peer on the same host to map it (same_host.h). -1: none.
+  std::int32_t memfd = -1;
+  std::uint64_t memfd_inode = 0;
   friend bool operator==(const RegionDescriptor&, const RegionDescriptor&) = default;
 };
 

@@ -1,0 +1,117 @@
+#include "transport/ucx/same_host.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace baton::transport::ucx {
+
+bool cookie_matches(pid_t pid, std::uint64_t address, const Cookie& cookie) {
+  if (pid <= 0 || address == 0) return false;
+  Cookie seen{};
+  iovec local{seen.data(), seen.size()};
+  iovec remote{reinterpret_cast<void*>(address), seen.size()};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(seen.size()) && seen == cookie;
+}
+
+Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
+  SharedAllocation a;
+  a.fd_ = UniqueFd(memfd_create("baton-region", MFD_CLOEXEC));
+  if (a.fd_.get() < 0) return std::unexpected(Status::unavailable("memfd_create: {}", std::strerror(errno)));
+  if (ftruncate(a.fd_.get(), static_cast<off_t>(length)) != 0) {
+    return std::unexpected(Status::unavailable("ftruncate of a memfd to {} bytes: {}", length, std::strerror(errno)));
+  }
+  struct stat st{};
+  if (fstat(a.fd_.get(), &st) != 0) return std::unexpected(Status::unavailable("fstat: {}", std::strerror(errno)));
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd_.get(), 0);
+  if (p == MAP_FAILED) {
+    return std::unexpected(Status::unavailable("mmap of {} shared bytes: {}", length, std::strerror(errno)));
+  }
+  a.address_ = p;
+  a.length_ = length;
+  a.inode_ = st.st_ino;
+  return a;
+}
+
+SharedAllocation::SharedAllocation(SharedAllocation&& o) noexcept
+    : fd_(std::move(o.fd_)),
+      address_(std::exchange(o.address_, nullptr)),
+      length_(std::exchange(o.length_, 0)),
+      inode_(o.inode_) {}
+
+SharedAllocation& SharedAllocation::operator=(SharedAllocation&& o) noexcept {
+  if (this != &o) {
+    if (address_ != nullptr) munmap(address_, length_);
+    fd_ = std::move(o.fd_);
+    address_ = std::exchange(o.address_, nullptr);
+    length_ = std::exchange(o.length_, 0);
+    inode_ = o.inode_;
+  }
+  return *this;
+}
+
+SharedAllocation::~SharedAllocation() {
+  if (address_ != nullptr) munmap(address_, length_);
+}
+
+Result<PeerMapping> PeerMapping::map(pid_t pid, int fd, std::uint64_t inode, std::size_t length) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  UniqueFd opened(open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (opened.get() < 0) return std::unexpected(Status::unavailable("open {}: {}", path, std::strerror(errno)));
+  struct stat st{};
+  if (fstat(opened.get(), &st) != 0) return std::unexpected(Status::unavailable("fstat {}: {}", path, std::strerror(errno)));
+  if (st.st_ino != inode || static_cast<std::uint64_t>(st.st_size) < length) {
+    return std::unexpected(Status::unavailable("{} is inode {} of {} bytes (expected inode {}, at least {} bytes)",
+                                               path, st.st_ino, st.st_size, inode, length));
+  }
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, opened.get(), 0);
+  if (p == MAP_FAILED) return std::unexpected(Status::unavailable("mmap {}: {}", path, std::strerror(errno)));
+  PeerMapping m;
+  m.address_ = p;
+  m.length_ = length;
+  return m;
+}
+
+PeerMapping::PeerMapping(PeerMapping&& o) noexcept
+    : address_(std::exchange(o.address_, nullptr)), length_(std::exchange(o.length_, 0)) {}
+
+PeerMapping& PeerMapping::operator=(PeerMapping&& o) noexcept {
+  if (this != &o) {
+    if (address_ != nullptr) munmap(address_, length_);
+    address_ = std::exchange(o.address_, nullptr);
+    length_ = std::exchange(o.length_, 0);
+  }
+  return *this;
+}
+
+PeerMapping::~PeerMapping() {
+  if (address_ != nullptr) munmap(address_, length_);
+}
+
+Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::size_t bytes) {
+  auto* here = static_cast<std::uint8_t*>(local);
+  std::size_t done = 0;
+  while (done < bytes) {
+    iovec l{here + done, bytes - done};
+    iovec r{reinterpret_cast<void*>(remote_addr + done), bytes - done};
+    const ssize_t n = op == Op::kRead ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : EFAULT;
+      return Status::unavailable("{} of {} bytes at {:#x} in process {}: {}{}",
+                                 op == Op::kRead ? "process_vm_readv" : "process_vm_writev", bytes, remote_addr, pid,
+                                 std::strerror(e), e == ESRCH ? " (the peer is gone)" : "");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+}  // namespace baton::transport::ucx
