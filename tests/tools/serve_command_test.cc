@@ -472,8 +472,7 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
 TEST(BenchMluSweepUcx, AdmissionLearnsTheRealLinkMluIsFiniteAndFallsWithTheDeadline) {
   const CommandRun r =
       run_baton(
-      "bench mlu-sweep --transport ucx --spawn --no-same-host-copy --duration-ms 200 --deadlines-us 2000,100000000 "
-      "--json -");
+      "bench mlu-sweep --transport ucx --spawn --duration-ms 200 --deadlines-us 2000,100000000 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_of(r);
   EXPECT_EQ(j["workload"]["transport"], "ucx");

@@ -57,6 +57,10 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
   if (peer.real()) {
     if (!(o.load > 0) || !std::isfinite(o.load)) return fail(Status::invalid_argument("--load {} must be > 0", o.load));
     c.load = o.load;
+    // The sweep loads a network link to its MLU; a same-host copy has no
+    // link to load (arrivals at its ~30 GB/s outrun admission's per-request
+    // work), so the peer is reached over UCX's transports.
+    peer.ucx.same_host_copy = false;
   }
   auto child = resolve_peer(peer, c.request_bytes * static_cast<std::uint64_t>(c.batch));
   if (!child) return fail(child.error());
