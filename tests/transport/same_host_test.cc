@@ -39,26 +39,26 @@ TEST(SameHost, TheCookieProvesTheProcessAndNothingElseDoes) {
 TEST(SameHost, AnAllocationIsMappedByAPeerThroughItsMemfd) {
   auto a = SharedAllocation::create(1 << 20);
   ASSERT_TRUE(a.has_value()) << a.error().to_string();
-  std::memset(a->address(), 0x5a, 1 << 20);
-  auto m = PeerMapping::map(getpid(), a->fd(), a->inode(), 1 << 20);
+  std::memset(a->mapping.address(), 0x5a, 1 << 20);
+  auto m = map_peer_memfd(getpid(), a->fd.get(), a->inode, 1 << 20);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
-  EXPECT_NE(static_cast<void*>(m->address()), a->address());  // a second mapping of the same pages
+  EXPECT_NE(m->address(), a->mapping.address());  // a second mapping of the same pages
   EXPECT_EQ(m->address()[12345], std::byte{0x5a});
   m->address()[7] = std::byte{0x11};
-  EXPECT_EQ(static_cast<std::uint8_t*>(a->address())[7], 0x11);
+  EXPECT_EQ(a->mapping.address()[7], std::byte{0x11});
 }
 
 TEST(SameHost, AMappingOfTheWrongFileOrSizeOrPeerIsRefused) {
   auto a = SharedAllocation::create(4096);
   ASSERT_TRUE(a.has_value());
-  auto wrong_inode = PeerMapping::map(getpid(), a->fd(), a->inode() + 1, 4096);
+  auto wrong_inode = map_peer_memfd(getpid(), a->fd.get(), a->inode + 1, 4096);
   ASSERT_FALSE(wrong_inode.has_value());
   EXPECT_EQ(wrong_inode.error().code(), StatusCode::kUnavailable);
   EXPECT_NE(wrong_inode.error().message().find("expected inode"), std::string::npos) << wrong_inode.error().message();
-  EXPECT_FALSE(PeerMapping::map(getpid(), a->fd(), a->inode(), 8192).has_value());  // longer than the file
-  EXPECT_FALSE(PeerMapping::map(getpid(), 0, a->inode(), 4096).has_value());        // stdin is not it
-  EXPECT_FALSE(PeerMapping::map(getpid(), 99999, a->inode(), 4096).has_value());
-  EXPECT_FALSE(PeerMapping::map(reaped_pid(), a->fd(), a->inode(), 4096).has_value());
+  EXPECT_FALSE(map_peer_memfd(getpid(), a->fd.get(), a->inode, 8192).has_value());  // longer than the file
+  EXPECT_FALSE(map_peer_memfd(getpid(), 0, a->inode, 4096).has_value());        // stdin is not it
+  EXPECT_FALSE(map_peer_memfd(getpid(), 99999, a->inode, 4096).has_value());
+  EXPECT_FALSE(map_peer_memfd(reaped_pid(), a->fd.get(), a->inode, 4096).has_value());
 }
 
 TEST(SameHost, CmaCopiesBothWaysAndNamesAGonePeer) {

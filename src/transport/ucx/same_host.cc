@@ -21,47 +21,48 @@ bool cookie_matches(pid_t pid, std::uint64_t address, const Cookie& cookie) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(seen.size()) && seen == cookie;
 }
 
-Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
-  SharedAllocation a;
-  a.fd_ = UniqueFd(memfd_create("baton-region", MFD_CLOEXEC));
-  if (a.fd_.get() < 0) return std::unexpected(Status::unavailable("memfd_create: {}", std::strerror(errno)));
-  if (ftruncate(a.fd_.get(), static_cast<off_t>(length)) != 0) {
-    return std::unexpected(Status::unavailable("ftruncate of a memfd to {} bytes: {}", length, std::strerror(errno)));
-  }
-  struct stat st{};
-  if (fstat(a.fd_.get(), &st) != 0) return std::unexpected(Status::unavailable("fstat: {}", std::strerror(errno)));
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd_.get(), 0);
-  if (p == MAP_FAILED) {
-    return std::unexpected(Status::unavailable("mmap of {} shared bytes: {}", length, std::strerror(errno)));
-  }
-  a.address_ = p;
-  a.length_ = length;
-  a.inode_ = st.st_ino;
-  return a;
+Result<Mapping> Mapping::of(int fd, std::size_t length) {
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return std::unexpected(Status::unavailable("mmap of {} shared bytes: {}", length, std::strerror(errno)));
+  Mapping m;
+  m.address_ = p;
+  m.length_ = length;
+  return m;
 }
 
-SharedAllocation::SharedAllocation(SharedAllocation&& o) noexcept
-    : fd_(std::move(o.fd_)),
-      address_(std::exchange(o.address_, nullptr)),
-      length_(std::exchange(o.length_, 0)),
-      inode_(o.inode_) {}
+Mapping::Mapping(Mapping&& o) noexcept
+    : address_(std::exchange(o.address_, nullptr)), length_(std::exchange(o.length_, 0)) {}
 
-SharedAllocation& SharedAllocation::operator=(SharedAllocation&& o) noexcept {
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {
     if (address_ != nullptr) munmap(address_, length_);
-    fd_ = std::move(o.fd_);
     address_ = std::exchange(o.address_, nullptr);
     length_ = std::exchange(o.length_, 0);
-    inode_ = o.inode_;
   }
   return *this;
 }
 
-SharedAllocation::~SharedAllocation() {
+Mapping::~Mapping() {
   if (address_ != nullptr) munmap(address_, length_);
 }
 
-Result<PeerMapping> PeerMapping::map(pid_t pid, int fd, std::uint64_t inode, std::size_t length) {
+Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
+  SharedAllocation a;
+  a.fd = UniqueFd(memfd_create("baton-region", MFD_CLOEXEC));
+  if (a.fd.get() < 0) return std::unexpected(Status::unavailable("memfd_create: {}", std::strerror(errno)));
+  if (ftruncate(a.fd.get(), static_cast<off_t>(length)) != 0) {
+    return std::unexpected(Status::unavailable("ftruncate of a memfd to {} bytes: {}", length, std::strerror(errno)));
+  }
+  struct stat st{};
+  if (fstat(a.fd.get(), &st) != 0) return std::unexpected(Status::unavailable("fstat: {}", std::strerror(errno)));
+  a.inode = st.st_ino;
+  auto mapped = Mapping::of(a.fd.get(), length);
+  if (!mapped) return std::unexpected(mapped.error());
+  a.mapping = std::move(*mapped);
+  return a;
+}
+
+Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size_t length) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   UniqueFd opened(open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (opened.get() < 0) return std::unexpected(Status::unavailable("open {}: {}", path, std::strerror(errno)));
@@ -71,28 +72,9 @@ Result<PeerMapping> PeerMapping::map(pid_t pid, int fd, std::uint64_t inode, std
     return std::unexpected(Status::unavailable("{} is inode {} of {} bytes (expected inode {}, at least {} bytes)",
                                                path, st.st_ino, st.st_size, inode, length));
   }
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, opened.get(), 0);
-  if (p == MAP_FAILED) return std::unexpected(Status::unavailable("mmap {}: {}", path, std::strerror(errno)));
-  PeerMapping m;
-  m.address_ = p;
-  m.length_ = length;
-  return m;
-}
-
-PeerMapping::PeerMapping(PeerMapping&& o) noexcept
-    : address_(std::exchange(o.address_, nullptr)), length_(std::exchange(o.length_, 0)) {}
-
-PeerMapping& PeerMapping::operator=(PeerMapping&& o) noexcept {
-  if (this != &o) {
-    if (address_ != nullptr) munmap(address_, length_);
-    address_ = std::exchange(o.address_, nullptr);
-    length_ = std::exchange(o.length_, 0);
-  }
-  return *this;
-}
-
-PeerMapping::~PeerMapping() {
-  if (address_ != nullptr) munmap(address_, length_);
+  auto mapped = Mapping::of(opened.get(), length);
+  if (!mapped) return std::unexpected(Status::unavailable("{}: {}", path, mapped.error().message()));
+  return mapped;
 }
 
 Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::size_t bytes) {

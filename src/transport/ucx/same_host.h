@@ -25,43 +25,18 @@ namespace baton::transport::ucx {
 // this host's process `pid` and the OS lets us reach its memory.
 [[nodiscard]] bool cookie_matches(pid_t pid, std::uint64_t address, const Cookie& cookie);
 
-// Anonymous shared memory for a region: a memfd, mapped here. Peers on this
-// host map the same pages (map_peer_memfd).
-class SharedAllocation {
+// A shared mapping of a memfd; unmapped when destroyed.
+class Mapping {
  public:
-  // unavailable when the kernel refuses (memfd_create, ftruncate, mmap).
-  [[nodiscard]] static Result<SharedAllocation> create(std::size_t length);
-  SharedAllocation() = default;
-  SharedAllocation(SharedAllocation&& o) noexcept;
-  SharedAllocation& operator=(SharedAllocation&& o) noexcept;
-  SharedAllocation(const SharedAllocation&) = delete;
-  SharedAllocation& operator=(const SharedAllocation&) = delete;
-  ~SharedAllocation();
-
-  [[nodiscard]] void* address() const { return address_; }
-  [[nodiscard]] int fd() const { return fd_.get(); }
-  [[nodiscard]] std::uint64_t inode() const { return inode_; }
-
- private:
-  UniqueFd fd_;
-  void* address_ = nullptr;
-  std::size_t length_ = 0;
-  std::uint64_t inode_ = 0;
-};
-
-// A peer's memfd mapped here; unmapped when destroyed.
-class PeerMapping {
- public:
-  // Opens /proc/<pid>/fd/<fd>, checks it is the memfd named (inode) and
-  // holds `length` bytes, and maps it. unavailable saying why not (the
-  // caller then copies with CMA).
-  [[nodiscard]] static Result<PeerMapping> map(pid_t pid, int fd, std::uint64_t inode, std::size_t length);
-  PeerMapping() = default;
-  PeerMapping(PeerMapping&& o) noexcept;
-  PeerMapping& operator=(PeerMapping&& o) noexcept;
-  PeerMapping(const PeerMapping&) = delete;
-  PeerMapping& operator=(const PeerMapping&) = delete;
-  ~PeerMapping();
+  // mmap of the first `length` bytes of `fd`, read-write and shared.
+  // unavailable saying why not.
+  [[nodiscard]] static Result<Mapping> of(int fd, std::size_t length);
+  Mapping() = default;
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
 
   [[nodiscard]] std::byte* address() const { return static_cast<std::byte*>(address_); }
 
@@ -69,6 +44,22 @@ class PeerMapping {
   void* address_ = nullptr;
   std::size_t length_ = 0;
 };
+
+// Anonymous shared memory for a region: a memfd, mapped here. Peers on this
+// host map the same pages (map_peer_memfd).
+struct SharedAllocation {
+  // unavailable when the kernel refuses (memfd_create, ftruncate, mmap).
+  [[nodiscard]] static Result<SharedAllocation> create(std::size_t length);
+
+  UniqueFd fd;
+  std::uint64_t inode = 0;
+  Mapping mapping;
+};
+
+// A peer's memfd mapped here: opens /proc/<pid>/fd/<fd>, checks it is the
+// memfd named (inode) and holds `length` bytes, and maps it. unavailable
+// saying why not (the caller then copies with CMA).
+[[nodiscard]] Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size_t length);
 
 // `bytes` between our `local` and the peer's `remote_addr` with CMA, looping
 // over partial transfers. unavailable when the peer is gone (ESRCH) or the

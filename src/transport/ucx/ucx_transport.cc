@@ -98,7 +98,7 @@ struct RemoteRegionKeys {
   std::vector<ucp_rkey_h> rkeys;  // per lane
   std::int32_t memfd = -1;        // as the peer described it
   std::uint64_t memfd_inode = 0;
-  std::optional<ucx::PeerMapping> mapping;  // a same-host peer's memfd, mapped here
+  std::optional<ucx::Mapping> mapping;  // a same-host peer's memfd, mapped here
   RemoteRegionKeys() = default;
   RemoteRegionKeys(const RemoteRegionKeys&) = delete;
   RemoteRegionKeys& operator=(const RemoteRegionKeys&) = delete;
@@ -371,8 +371,8 @@ struct UcxTransport::State {
       if (!visible(r, session)) continue;
       RegionDescriptor d{r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkey};
       if (r.shared) {
-        d.memfd = r.shared->fd();
-        d.memfd_inode = r.shared->inode();
+        d.memfd = r.shared->fd.get();
+        d.memfd_inode = r.shared->inode;
       }
       out.push_back(std::move(d));
       session.sent.insert(r.handle);
@@ -393,7 +393,7 @@ struct UcxTransport::State {
       auto created = ucx::SharedAllocation::create(length);
       if (!created) return std::unexpected(Status::unavailable("{}: {}", call, created.error().message()));
       shared = std::move(*created);
-      addr = shared->address();
+      addr = shared->mapping.address();
     }
     params.address = addr;
     params.length = length;
@@ -668,7 +668,7 @@ struct UcxTransport::State {
       keys->memfd = d.memfd;
       keys->memfd_inode = d.memfd_inode;
       if (peer.same_host_pid != 0 && d.memfd >= 0) {
-        auto mapped = ucx::PeerMapping::map(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
+        auto mapped = ucx::map_peer_memfd(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
         if (mapped) {
           keys->mapping = std::move(*mapped);
         } else {
