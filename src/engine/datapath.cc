@@ -21,18 +21,21 @@ std::string_view op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
 }  // namespace
 
 Datapath::Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
-                   MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id)
+                   MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id, EngineLoop& loop)
     : ucx_(ucx),
       scheduler_(scheduler),
       admission_(admission),
       metrics_(metrics),
       next_id_(next_id),
+      loop_(loop),
       ended_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (ended_fd_ < 0) spdlog::warn("engine: eventfd failed; batch_event_fd() will not wake anyone");
   (void)metrics_.declare_counter("baton_engine_requests_total", "Requests ended, per op and final state");
   (void)metrics_.declare_counter("baton_engine_bytes_total", "Bytes delivered, per op");
   (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
   (void)metrics_.declare_counter("baton_engine_notifications_sent_total", "Batch notifications sent to peers");
+  (void)metrics_.declare_counter("baton_engine_direct_batches_total",
+                                 "Batches copied on the submitting thread (same-host, without the loop)");
 }
 
 Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
@@ -196,6 +199,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     t.remote_addr = checked[i].remote_addr;
     const sched::RequestId rid = next_id_.fetch_add(1);
     ++local.live_requests;
+    loop_requests_.fetch_add(1, std::memory_order_relaxed);
     ++record.open;
     record.requests.push_back(rid);
     record.local_regions.push_back(r.local_region);
@@ -205,6 +209,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
       // Checked above against the same tables, so this is a routing refusal
       // (no path to the peer): the requests already admitted go on alone.
       --local.live_requests;
+      loop_requests_.fetch_sub(1, std::memory_order_relaxed);
       --record.open;
       record.requests.pop_back();
       record.local_regions.pop_back();
@@ -224,6 +229,108 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   if (--record.open == 0) finished_batches_.push_back(id);
   metrics_.add("baton_engine_batches_total", {}, 1);
   return BatchHandle{id};
+}
+
+std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, TimeNs now_ns,
+                                                          std::uint64_t max_bytes) {
+  if (batch.requests.empty() || batch.notification.size() > transport::kMaxNotificationBytes) return std::nullopt;
+  if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
+  std::vector<transport::UcxTransport::DirectCopy> copies;
+  copies.reserve(batch.requests.size());
+  std::uint64_t bytes = 0;
+  for (const Request& r : batch.requests) {
+    if (r.length > max_bytes - bytes || r.timeout_ns < 0) return std::nullopt;
+    // A deadline closer than 1 ns per byte (1 GB/s, below any same-host
+    // copy measured) goes to admission, which may end it infeasible at once.
+    if (r.deadline_ns != 0 && (r.deadline_ns <= now_ns || static_cast<std::uint64_t>(r.deadline_ns - now_ns) < r.length)) {
+      return std::nullopt;
+    }
+    if (!batch.notification.empty() && r.peer != batch.requests[0].peer) return std::nullopt;
+    bytes += r.length;
+    copies.push_back({r.peer, r.op, r.local_region, r.local_offset, r.remote_region, r.remote_offset, r.length});
+  }
+  std::vector<Status> results(copies.size());
+  if (!ucx_.copy_direct(copies, results).is_ok()) return std::nullopt;
+  const TimeNs done_ns = clock_ ? clock_() : now_ns;
+
+  const std::uint64_t id = next_batch_.fetch_add(1);
+  Ended ended;
+  ended.clean = true;
+  ended.direct = true;
+  ended.status.done = true;
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const Request& r = batch.requests[i];
+    sched::RequestStatus s;
+    s.state = results[i].is_ok() ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
+    s.status = results[i];
+    s.qos = r.qos;
+    s.bytes = r.length;
+    s.bytes_done = results[i].is_ok() ? r.length : 0;
+    s.bytes_unsent = r.length - s.bytes_done;
+    s.deadline_ns = r.deadline_ns;
+    s.submitted_ns = now_ns;
+    s.completed_ns = done_ns;
+    ended.status.bytes += s.bytes;
+    ended.status.bytes_done += s.bytes_done;
+    if (ended.status.status.is_ok() && !results[i].is_ok()) ended.status.status = results[i];
+    ended.status.requests.push_back(std::move(s));
+  }
+  const bool notify = !batch.notification.empty() && ended.status.status.is_ok();
+  {
+    std::lock_guard lock(ended_mutex_);
+    ended_.emplace(id, std::move(ended));
+  }
+  ended_cv_.notify_all();
+  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
+    const std::uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
+  DirectCounts& n = direct_counts_;
+  n.batches.fetch_add(1, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const int op = batch.requests[i].op == Op::kRead ? 0 : 1;
+    if (results[i].is_ok()) {
+      n.completed[op].fetch_add(1, std::memory_order_relaxed);
+      n.bytes[op].fetch_add(batch.requests[i].length, std::memory_order_relaxed);
+    } else {
+      n.failed[op].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (notify) {
+    loop_.post([this, peer = batch.requests[0].peer, message = batch.notification](admission::AdmissionController&,
+                                                                                  TimeNs) {
+      notify_direct(peer, message);
+    });
+  }
+  return BatchHandle{id};
+}
+
+void Datapath::notify_direct(const std::string& peer, const std::string& notification) {
+  auto path = live_path(peer);
+  Status sent = path ? ucx_.notify(*path, notification) : path.error();
+  if (sent.is_ok()) {
+    metrics_.add("baton_engine_notifications_sent_total", {}, 1);
+  } else {
+    spdlog::warn("direct batch: notification not sent: {}", sent.message());
+  }
+}
+
+void Datapath::flush_direct_metrics() {
+  DirectCounts& n = direct_counts_;
+  if (n.batches.load(std::memory_order_relaxed) == 0) return;
+  const std::uint64_t batches = n.batches.exchange(0);
+  metrics_.add("baton_engine_batches_total", {}, static_cast<double>(batches));
+  metrics_.add("baton_engine_direct_batches_total", {}, static_cast<double>(batches));
+  for (int op = 0; op < 2; ++op) {
+    const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
+    if (const auto c = n.completed[op].exchange(0)) {
+      metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kCompleted))}}, static_cast<double>(c));
+    }
+    if (const auto f = n.failed[op].exchange(0)) {
+      metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kFailed))}}, static_cast<double>(f));
+    }
+    if (const auto b = n.bytes[op].exchange(0)) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
+  }
 }
 
 Result<BatchStatus> Datapath::poll(BatchHandle handle) const {
@@ -304,6 +411,7 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     auto s = admission_.status(b.requests[i]);
     RegionRecord& local = regions_.at(b.local_regions[i]);
     --local.live_requests;
+    loop_requests_.fetch_sub(1, std::memory_order_relaxed);
     if (!s) continue;
     const bool ok = s->state == sched::RequestState::kCompleted;
     all_ok = all_ok && ok;
@@ -332,7 +440,7 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     ended_[id] = std::move(snapshot);
   }
   ended_cv_.notify_all();
-  if (ended_fd_ >= 0) {
+  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
     const std::uint64_t one = 1;
     (void)!::write(ended_fd_, &one, sizeof one);
   }
@@ -343,6 +451,7 @@ Datapath::~Datapath() {
 }
 
 void Datapath::on_turn(TimeNs /*now_ns*/) {
+  flush_direct_metrics();
   for (std::uint64_t id : std::exchange(finished_batches_, {})) end_batch(id, batches_.at(id));
   if (!connects_.empty()) {
     std::erase_if(connects_, [this](PendingConnect& c) {
@@ -399,12 +508,18 @@ std::optional<BatchStatus> Datapath::ended_status(std::uint64_t id) {
   return it->second.status;
 }
 
-bool Datapath::take_ended_if_clean(std::uint64_t id) {
+Datapath::Taken Datapath::take_ended_if_clean(std::uint64_t id) {
   std::lock_guard lock(ended_mutex_);
   auto it = ended_.find(id);
-  if (it == ended_.end() || !it->second.clean) return false;
+  if (it == ended_.end() || !it->second.clean) return Taken::kNo;
+  const Taken taken = it->second.direct ? Taken::kDirect : Taken::kLoop;
   ended_.erase(it);
-  return true;
+  return taken;
+}
+
+bool Datapath::ended(std::uint64_t id) {
+  std::lock_guard lock(ended_mutex_);
+  return ended_.contains(id);
 }
 
 bool Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {

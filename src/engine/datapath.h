@@ -20,13 +20,14 @@
 #include "baton/engine/metrics.h"
 #include "baton/sched/scheduler.h"
 #include "baton/transport/ucx_transport.h"
+#include "engine/engine_loop.h"
 
 namespace baton::engine {
 
 class Datapath {
  public:
   Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
-           MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id);
+           MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id, EngineLoop& loop);
   ~Datapath();
   Datapath(const Datapath&) = delete;
   Datapath& operator=(const Datapath&) = delete;
@@ -50,23 +51,44 @@ class Datapath {
   void on_finish(sched::RequestId id);
   // End of each loop turn: resolves handshakes and refreshes, ends batches.
   void on_turn(TimeNs now_ns);
+  // Adds what direct batches counted since the last call to the metrics
+  // (each loop turn, and before a scrape).
+  void flush_direct_metrics();
   // Cancels every running batch and closes the transport.
   void shutdown(TimeNs now_ns);
   [[nodiscard]] bool shut_down() const { return shut_down_; }
 
+  // The clock submit_direct stamps completions with. Set before the loop starts.
+  void set_clock(std::function<TimeNs()> clock) { clock_ = std::move(clock); }
+
   // --- any thread ---
+  // The loop-free path: a batch whose every request goes to a same-host
+  // peer, of at most `max_bytes`, while the loop holds no request of its
+  // own, is copied here (UcxTransport::copy_direct) and ends at once; its
+  // notification is posted to the loop, its counts wait for
+  // flush_direct_metrics. nullopt: it takes the loop (which also reports
+  // every invalid request).
+  [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(const Batch& batch, TimeNs now_ns,
+                                                                 std::uint64_t max_bytes);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
-  [[nodiscard]] int ended_fd() const { return ended_fd_; }
+  [[nodiscard]] int ended_fd() const {
+    ended_fd_used_ = true;
+    return ended_fd_;
+  }
   // Until batch `id` ended or `deadline` passed; true when it ended.
   [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
+  // Whether batch `id` ended, without waiting (a waiter's spin: no syscall).
+  [[nodiscard]] bool ended(std::uint64_t id);
   // Whether `id` names a batch not yet released (running or ended).
   [[nodiscard]] bool known(std::uint64_t id);
   // The final status of an ended batch, without the loop; nullopt while it
   // runs (or when unknown).
   [[nodiscard]] std::optional<BatchStatus> ended_status(std::uint64_t id);
   // Drops an ended batch's final status when none of its slices is still on
-  // the wire, so the loop's release() cannot refuse; false otherwise.
-  [[nodiscard]] bool take_ended_if_clean(std::uint64_t id);
+  // the wire, so the loop's release() cannot refuse: kLoop when the loop
+  // still holds its record, kDirect when it never had one.
+  enum class Taken : std::uint8_t { kNo, kLoop, kDirect };
+  [[nodiscard]] Taken take_ended_if_clean(std::uint64_t id);
 
  private:
   struct RegionRecord {
@@ -107,19 +129,34 @@ class Datapath {
   void cancel_running(const BatchRecord& batch, TimeNs now_ns);
   [[nodiscard]] Result<transport::PathId> live_path(const std::string& peer) const;
   void end_batch(std::uint64_t id, BatchRecord& batch);
+  // On the loop: a direct batch's notification.
+  void notify_direct(const std::string& peer, const std::string& notification);
 
   transport::UcxTransport& ucx_;
   sched::Scheduler& scheduler_;
   admission::AdmissionController& admission_;
   MetricsRegistry& metrics_;
   std::atomic<sched::RequestId>& next_id_;
+  EngineLoop& loop_;
+  std::function<TimeNs()> clock_;
   bool shut_down_ = false;
 
   std::unordered_map<RegionHandle, RegionRecord> regions_;
   std::unordered_map<std::string, transport::PathId> peers_;  // address → latest path
   std::unordered_map<std::uint64_t, BatchRecord> batches_;
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
-  std::uint64_t next_batch_ = 1;
+  std::atomic<std::uint64_t> next_batch_{1};
+  std::atomic<std::uint64_t> loop_requests_{0};  // submitted through the loop, not yet ended
+  struct DirectCounts {  // per op (read, write), not yet in the metrics
+    std::atomic<std::uint64_t> batches{0};
+    std::atomic<std::uint64_t> completed[2]{};
+    std::atomic<std::uint64_t> failed[2]{};
+    std::atomic<std::uint64_t> bytes[2]{};
+  };
+  DirectCounts direct_counts_;
+  // Whether anyone asked for ended_fd(): else a batch's end writes nothing
+  // (a syscall per batch on the loop-free path).
+  mutable std::atomic<bool> ended_fd_used_{false};
   std::vector<std::uint64_t> finished_batches_;  // ended this turn, to close in on_turn
   std::vector<PendingConnect> connects_;
   std::vector<PendingRefresh> refreshes_;
@@ -130,7 +167,8 @@ class Datapath {
   std::condition_variable ended_cv_;
   struct Ended {
     BatchStatus status;
-    bool clean = false;  // no slice of it still on the wire
+    bool clean = false;   // no slice of it still on the wire
+    bool direct = false;  // copied by submit_direct: the loop has no record
   };
   std::unordered_map<std::uint64_t, Ended> ended_;  // guarded by ended_mutex_
   std::unordered_set<std::uint64_t> running_;        // guarded by ended_mutex_

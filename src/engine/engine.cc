@@ -18,6 +18,7 @@ struct Engine::State {
   std::unique_ptr<MetricsServer> http;  // set when metrics_address is configured
   std::atomic<bool> closed{false};      // shutdown() was called
   std::int64_t revoke_timeout_ms = 0;
+  std::uint64_t direct_copy_max_bytes = 0;
 };
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -29,6 +30,7 @@ Engine::~Engine() {
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   const std::int64_t revoke_timeout_ms = config.ucx.revoke_timeout_ms;
+  const std::uint64_t direct_copy_max_bytes = config.ucx.direct_copy_max_bytes;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),
                             std::move(config.topology_file), std::move(config.policy), std::move(config.policy_file),
                             {}});
@@ -36,8 +38,10 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   auto state = std::make_unique<State>();
   state->core = std::move(*core);
   state->revoke_timeout_ms = revoke_timeout_ms;
+  state->direct_copy_max_bytes = direct_copy_max_bytes;
   Core& c = *state->core;
-  state->datapath = std::make_unique<Datapath>(*c.ucx, *c.scheduler, *c.admission, c.metrics, c.next_id);
+  state->datapath = std::make_unique<Datapath>(*c.ucx, *c.scheduler, *c.admission, c.metrics, c.next_id, *c.loop);
+  state->datapath->set_clock([&c] { return c.now_ns(); });
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
   c.loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { d->on_turn(now_ns); });
   if (Status s = c.wall->start(); !s.is_ok()) return std::unexpected(s);
@@ -122,6 +126,11 @@ Result<std::vector<transport::RemoteRegion>> Engine::remote_regions(const Peer& 
 
 Result<BatchHandle> Engine::submit(const Batch& batch) {
   BATON_REQUIRE_OPEN("submit");
+  if (state_->direct_copy_max_bytes > 0) {
+    if (auto direct = state_->datapath->submit_direct(batch, state_->core->now_ns(), state_->direct_copy_max_bytes)) {
+      return std::move(*direct);
+    }
+  }
   return state_->core->on_loop([&] { return state_->datapath->submit(batch, state_->core->now_ns()); });
 }
 
@@ -132,7 +141,7 @@ Result<BatchStatus> Engine::poll(BatchHandle batch) {
 
 Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
-  auto ended_now = [&] { return state_->datapath->wait_ended(batch.id, {}); };
+  auto ended_now = [&] { return state_->datapath->ended(batch.id); };
   if (spin_until(ended_now, std::min(kBatchWaitSpin, std::chrono::duration_cast<std::chrono::microseconds>(
                                                            std::chrono::nanoseconds(timeout_ns))))) {
     return Status::ok();
@@ -144,11 +153,14 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
 
 Status Engine::cancel(BatchHandle batch) {
   if (state_->closed) return Status::unavailable("cancel: the engine shut down");
+  if (state_->datapath->ended_status(batch.id)) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
   return state_->core->on_loop([&] { return state_->datapath->cancel(batch, state_->core->now_ns()); });
 }
 
 Status Engine::release(BatchHandle batch) {
-  if (state_->datapath->take_ended_if_clean(batch.id)) {
+  const Datapath::Taken taken = state_->datapath->take_ended_if_clean(batch.id);
+  if (taken == Datapath::Taken::kDirect) return Status::ok();  // the loop never held it
+  if (taken == Datapath::Taken::kLoop) {
     // Ended with nothing on the wire: the loop cannot refuse, so it need
     // not be waited for. Later calls on the handle queue behind this one.
     state_->core->loop->post([this, batch](admission::AdmissionController&, TimeNs) {
@@ -182,7 +194,13 @@ void Engine::shutdown() {
 #undef BATON_REQUIRE_OPEN
 
 
-std::string Engine::metrics_text() { return state_->core->metrics_text(); }
+std::string Engine::metrics_text() {
+  state_->core->on_loop([this] {
+    state_->datapath->flush_direct_metrics();  // counted on submitting threads
+    return 0;
+  });
+  return state_->core->metrics_text();
+}
 sched::SchedStats Engine::stats() { return state_->core->stats(); }
 TimeNs Engine::now_ns() const { return state_->core->now_ns(); }
 std::uint64_t Engine::loop_turns() const { return state_->core->loop_turns(); }

@@ -18,6 +18,11 @@ void EngineLoop::post(Command command) {
   if (wake_) wake_();
 }
 
+void EngineLoop::post_quietly(Command command) {
+  std::lock_guard lock(mutex_);
+  commands_.push_back(std::move(command));
+}
+
 bool EngineLoop::has_commands() {
   std::lock_guard lock(mutex_);
   return !commands_.empty();

@@ -26,6 +26,10 @@ class EngineLoop {
 
   // Thread-safe. Wakes a sleeping wall-clock driver.
   void post(Command command);
+  // Thread-safe, without waking the loop: bookkeeping that may wait for its
+  // next turn (at the latest the idle sleep bound). Runs in order with the
+  // other commands, so a call posted after it sees its effect.
+  void post_quietly(Command command);
   // Called after each post (the wall-clock driver's wake-up).
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
   // Runs at the end of every turn, on the loop (the engine's datapath

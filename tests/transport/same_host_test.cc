@@ -39,13 +39,13 @@ TEST(SameHost, TheCookieProvesTheProcessAndNothingElseDoes) {
 TEST(SameHost, AnAllocationIsMappedByAPeerThroughItsMemfd) {
   auto a = SharedAllocation::create(1 << 20);
   ASSERT_TRUE(a.has_value()) << a.error().to_string();
-  std::memset(a->mapping.address(), 0x5a, 1 << 20);
+  std::memset(a->mapping->address(), 0x5a, 1 << 20);
   auto m = map_peer_memfd(getpid(), a->fd.get(), a->inode, 1 << 20);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
-  EXPECT_NE(m->address(), a->mapping.address());  // a second mapping of the same pages
+  EXPECT_NE(m->address(), a->mapping->address());  // a second mapping of the same pages
   EXPECT_EQ(m->address()[12345], std::byte{0x5a});
   m->address()[7] = std::byte{0x11};
-  EXPECT_EQ(a->mapping.address()[7], std::byte{0x11});
+  EXPECT_EQ(a->mapping->address()[7], std::byte{0x11});
 }
 
 TEST(SameHost, AMappingOfTheWrongFileOrSizeOrPeerIsRefused) {

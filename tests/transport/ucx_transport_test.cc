@@ -561,6 +561,61 @@ TEST_P(UcxTransportTest, SameHostCopiesNeedNoCpuOfThePeer) {
   EXPECT_EQ(a_->slices_in_flight(), 0u);
 }
 
+// copy_direct: a same-host path copies on the calling thread, all or
+// nothing; every other flavour refuses with nothing copied.
+TEST_P(UcxTransportTest, CopyDirectIsAllOrNothingAndOnlyForSameHostPeers) {
+  constexpr std::size_t kBytes = 64 << 10;
+  auto& registered = buffer(pattern(kBytes, 3));
+  auto reg = expose(registered.data(), registered.size());
+  ASSERT_TRUE(reg.has_value());
+  auto allocated = b_->allocate_memory(kBytes);
+  ASSERT_TRUE(allocated.has_value());
+  std::memcpy(allocated->address, pattern(kBytes, 4).data(), kBytes);
+  ASSERT_TRUE(b_->export_region(allocated->handle).is_ok());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& local = buffer(2 * kBytes);
+  auto mine = a_->register_memory(local.data(), local.size());
+  ASSERT_TRUE(mine.has_value());
+  std::vector<Completion> out;
+  a_->poll(now(), out);  // publishes the ready path to copy_direct's table
+  const std::string peer = a_->paths()[path].to;
+  using Copy = UcxTransport::DirectCopy;
+  const std::vector<Copy> reads{{peer, Op::kRead, *mine, 0, *reg, 0, kBytes},
+                                {peer, Op::kRead, *mine, kBytes, allocated->handle, 0, kBytes}};
+  std::vector<Status> results(2, Status::internal("untouched"));
+  if (!GetParam().same_host_copy) {
+    EXPECT_EQ(a_->copy_direct(reads, results).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(results[0].code(), StatusCode::kInternal);
+    return;
+  }
+  ASSERT_TRUE(a_->copy_direct(reads, results).is_ok());
+  for (const Status& r : results) EXPECT_TRUE(r.is_ok()) << r.to_string();
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 3).data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(local.data() + kBytes, pattern(kBytes, 4).data(), kBytes), 0);
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
+
+  // One bad copy refuses the lot: the good write before it does not happen.
+  const auto fresh = pattern(kBytes, 9);
+  std::memcpy(local.data(), fresh.data(), kBytes);
+  const Copy write{peer, Op::kWrite, *mine, 0, *reg, 0, kBytes};
+  const std::vector<std::vector<Copy>> bad{
+      {write, {peer, Op::kRead, *mine, 0, *reg, 1, kBytes}},                   // past the remote region
+      {write, {peer, Op::kRead, *mine, 2 * kBytes, *reg, 0, 1}},               // past the local region
+      {write, {peer, Op::kRead, *mine, 0, *reg, 0, 0}},                        // zero bytes
+      {write, {peer, Op::kRead, *mine + 100, 0, *reg, 0, 8}},                  // unknown local region
+      {write, {peer, Op::kRead, *mine, 0, 999, 0, 8}},                         // unknown remote region
+      {write, {"127.0.0.1:1", Op::kRead, *mine, 0, *reg, 0, 8}},               // not a peer
+      {write, {peer, static_cast<Op>(9), *mine, 0, *reg, 0, 8}}};              // unknown op
+  for (const auto& copies : bad) {
+    EXPECT_EQ(a_->copy_direct(copies, results).code(), StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(std::memcmp(registered.data(), pattern(kBytes, 3).data(), kBytes), 0);
+  EXPECT_EQ(a_->copy_direct(reads, std::span(results).first(1)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a_->copy_direct(std::span(&write, 1), std::span(results).first(1)).is_ok());
+  EXPECT_EQ(std::memcmp(registered.data(), fresh.data(), kBytes), 0);
+}
+
 // Returns whether `fd` became readable within `limit`, while `progress_other`
 // runs (the peer's side of the work) in between short waits.
 bool readable_within(int fd, const std::function<void()>& progress_other, std::chrono::milliseconds limit) {

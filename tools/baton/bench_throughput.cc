@@ -20,6 +20,7 @@
 #include "baton/engine/pattern.h"
 #include "commands.h"
 #include "json_output.h"
+#include "bench_peer.h"
 #include "serve_child.h"
 #include "ucx_options.h"
 
@@ -27,7 +28,6 @@ namespace baton::cli {
 namespace {
 
 constexpr std::uint64_t kWriteSalt = 1;  // what a write bench leaves in serve's buffer
-constexpr TimeNs kBatchTimeoutNs = 60'000'000'000;
 
 struct ThroughputOptions {
   std::string target;
@@ -63,9 +63,6 @@ Result<Plan> check_options(const ThroughputOptions& o) {
   if (!duration) return std::unexpected(Status::invalid_argument("--duration: {}", duration.error().message()));
   if (*duration <= 0) return std::unexpected(Status::invalid_argument("--duration must be > 0"));
   p.duration_ns = *duration;
-  if (o.spawn == !o.target.empty()) {
-    return std::unexpected(Status::invalid_argument("give exactly one of --target HOST:PORT and --spawn"));
-  }
   p.span = static_cast<std::uint64_t>(o.threads) * static_cast<std::uint64_t>(o.batch_size) * p.block;
   return p;
 }
@@ -91,76 +88,24 @@ double memcpy_reference(std::span<const std::byte> working_set, std::uint64_t bl
   return static_cast<double>(copied) / std::chrono::duration<double>(took).count() / 1e9;
 }
 
-// Reads `length` bytes of the peer's region at `offset` into `local` at
-// `local_offset`, waiting for it.
-Status read_back(engine::Engine& e, const engine::Region& local, const engine::Peer& peer,
-                 const transport::RemoteRegion& remote, std::uint64_t length) {
-  engine::Batch b;
-  engine::Request r;
-  r.op = engine::Op::kRead;
-  r.local_region = local.handle;
-  r.peer = peer.address;
-  r.remote_region = remote.key;
-  r.length = length;
-  b.requests.push_back(r);
-  auto h = e.submit(b);
-  if (!h) return h.error();
-  if (Status s = e.wait(*h, kBatchTimeoutNs); !s.is_ok()) return s;
-  auto st = e.poll(*h);
-  if (!st) return st.error();
-  (void)e.release(*h);
-  return st->status;
-}
-
 int run_throughput(const ThroughputOptions& o) {
   auto plan = check_options(o);
   if (!plan) {
     fmt::print(stderr, "baton bench throughput: {}\n", plan.error().message());
     return 2;
   }
-  std::optional<ServeChild> child;
-  std::string target = o.target;
-  if (o.spawn) {
-    auto started = ServeChild::start(serve_args(plan->span, o.ucx));
-    if (!started) {
-      fmt::print(stderr, "baton bench throughput: {}\n", started.error().message());
-      return 1;
-    }
-    child.emplace(std::move(*started));
-    target = child->address();
-  }
-
-  engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
-  config.policy_file = o.policy_file;  // create() loads it and reports its errors
   std::vector<std::byte> buffer(plan->span);
   if (plan->op == engine::Op::kWrite) {
     engine::fill_pattern(buffer, kWriteSalt);
   } else {
     std::ranges::fill(buffer, std::byte{0});
   }
-  auto created = engine::Engine::create(config);
-  if (!created) {
-    fmt::print(stderr, "baton bench throughput: {}\n", created.error().to_string());
-    return 1;
+  auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file}, buffer);
+  if (!opened) {
+    fmt::print(stderr, "baton bench throughput: {}\n", opened.error().to_string());
+    return opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  engine::Engine& e = **created;
-  auto local = e.register_memory(buffer.data(), buffer.size());
-  auto peer = local ? e.connect(target) : Result<engine::Peer>(std::unexpected(local.error()));
-  if (!peer) {
-    fmt::print(stderr, "baton bench throughput: {}\n", peer.error().to_string());
-    return 1;
-  }
-  auto regions = e.remote_regions(*peer);
-  if (!regions || regions->empty()) {
-    fmt::print(stderr, "baton bench throughput: peer {} registered no memory\n", peer->address);
-    return 1;
-  }
-  const transport::RemoteRegion remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
-  if (remote.length < plan->span) {
-    fmt::print(stderr, "baton bench throughput: the peer's region has {} bytes; threads × batch × block needs {}\n",
-               remote.length, plan->span);
-    return 1;
-  }
+  BenchPeer& bp = *opened;
 
   // Each thread owns blocks [t·batch, (t+1)·batch) at the same offsets on
   // both sides, and keeps one batch of them in flight.
@@ -175,26 +120,12 @@ int run_throughput(const ThroughputOptions& o) {
       engine::Batch batch;
       for (int i = 0; i < o.batch_size; ++i) {
         const std::uint64_t offset = (static_cast<std::uint64_t>(t) * o.batch_size + i) * plan->block;
-        engine::Request r;
-        r.op = plan->op;
-        r.local_region = local->handle;
-        r.local_offset = offset;
-        r.peer = peer->address;
-        r.remote_region = remote.key;
-        r.remote_offset = offset;
-        r.length = plan->block;
-        batch.requests.push_back(r);
+        batch.requests.push_back(bp.request(plan->op, offset, plan->block));
       }
       const std::uint64_t batch_bytes = static_cast<std::uint64_t>(o.batch_size) * plan->block;
       while (!stop.load(std::memory_order_relaxed)) {
         const auto t0 = std::chrono::steady_clock::now();
-        auto h = e.submit(batch);
-        Status s = h ? e.wait(*h, kBatchTimeoutNs) : h.error();
-        if (s.is_ok()) {
-          auto st = e.poll(*h);
-          s = st ? st->status : st.error();
-          (void)e.release(*h);
-        }
+        const Status s = bp.run(batch);
         if (!s.is_ok()) {
           errors[static_cast<std::size_t>(t)] = s;
           stop = true;
@@ -222,7 +153,7 @@ int run_throughput(const ThroughputOptions& o) {
   std::uint64_t salt = kServeSalt;
   if (plan->op == engine::Op::kWrite) {
     std::ranges::fill(buffer, std::byte{0});
-    if (Status s = read_back(e, *local, *peer, remote, plan->span); !s.is_ok()) {
+    if (Status s = bp.run({{bp.request(engine::Op::kRead, 0, plan->span)}, {}}); !s.is_ok()) {
       fmt::print(stderr, "baton bench throughput: reading back for the check failed: {}\n", s.to_string());
       return 1;
     }
@@ -232,12 +163,10 @@ int run_throughput(const ThroughputOptions& o) {
     fmt::print(stderr, "baton bench throughput: data check FAILED at byte {} of {}\n", *bad, buffer.size());
     return 1;
   }
-  e.shutdown();
-  if (child) {
-    if (Status s = child->stop(); !s.is_ok()) {
-      fmt::print(stderr, "baton bench throughput: {}\n", s.message());
-      return 1;
-    }
+  const std::string transport = bp.peer().transport;
+  if (Status s = bp.close(); !s.is_ok()) {
+    fmt::print(stderr, "baton bench throughput: {}\n", s.message());
+    return 1;
   }
 
   const double memcpy_gbps = memcpy_reference(buffer, plan->block, plan->duration_ns);
@@ -249,7 +178,7 @@ int run_throughput(const ThroughputOptions& o) {
   const double gbps = static_cast<double>(bytes.load()) / seconds / 1e9;
   const double requests_per_s = static_cast<double>(bytes.load() / plan->block) / seconds;
   fmt::print("op {} block {} batch {} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n", o.op,
-             plan->block, o.batch_size, o.threads, peer->transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
+             plan->block, o.batch_size, o.threads, transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
              bytes.load(), seconds);
   fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
   fmt::print("throughput {:.3f} GB/s, {:.0f} requests/s; memcpy of the same working set {:.3f} GB/s ({:.2f}x)\n", gbps,
@@ -263,7 +192,7 @@ int run_throughput(const ThroughputOptions& o) {
                    {"throughput_gbps", gbps},
                    {"requests_per_s", requests_per_s},
                    {"memcpy_gbps", memcpy_gbps},
-                   {"transport", peer->transport},
+                   {"transport", transport},
                    {"p50_us", p50},
                    {"p99_us", p99},
                    {"ucx_tls", o.ucx.tls},

@@ -31,5 +31,6 @@ Command add_bench_dualpath(CLI::App& bench);
 Command add_bench_fault(CLI::App& bench);
 Command add_bench_throughput(CLI::App& bench);
 Command add_bench_idle(CLI::App& bench);
+Command add_bench_latency(CLI::App& bench);
 
 }  // namespace baton::cli

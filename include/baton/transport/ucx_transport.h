@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,11 @@ struct UcxConfig {
   // UCX keeps peer-failure detection for everything else. Off: UCX carries
   // same-host slices too (TCP under peer_failure_detection).
   bool same_host_copy = true;
+  // The engine copies a batch whose every request goes to a same-host peer
+  // on the submitting thread, without a loop round trip, when it holds at
+  // most this many bytes and the loop has no request of its own in flight
+  // (so no scheduling decision is skipped). 0: every batch takes the loop.
+  std::uint64_t direct_copy_max_bytes = 16ULL << 20;
   // On TCP paths, slices travel as Baton's active messages (the holder's
   // engine copies them in or out and answers) instead of UCX's software
   // RMA, which UCX 1.13 turns into an abort of the holder when an initiator
@@ -212,6 +218,31 @@ class UcxTransport final : public Transport {
   // Notifications received since the last call, in arrival order. At most
   // 65536 wait here; beyond that the oldest are dropped (and logged).
   [[nodiscard]] std::vector<Notification> take_notifications();
+
+  // --- Copies without the loop (same-host peers) ----------------------------
+
+  // One request for copy_direct: `bytes` between our region `local` and the
+  // region `remote` of the peer that connect() named `peer`.
+  struct DirectCopy {
+    std::string_view peer;
+    Op op = Op::kRead;
+    RegionHandle local = 0;
+    std::uint64_t local_offset = 0;
+    RegionHandle remote = 0;
+    std::uint64_t remote_offset = 0;
+    std::uint64_t bytes = 0;
+  };
+  // Copies to and from peers of this host on the calling thread — any
+  // thread, while the loop runs — for the engine's loop-free path. All or
+  // nothing: failed_precondition, with nothing copied, unless every copy can
+  // go this way (a ready same-host path this side connected to its peer,
+  // DRAM ranges inside regions known here, same_host_copy on, no codec set);
+  // the caller then submits them as slices, which say what was wrong.
+  // Otherwise ok, and `results` (one per copy) holds each copy's status:
+  // unavailable when a CMA copy finds the peer gone. What it reads is a
+  // table the loop publishes; a revocation is acknowledged only after the
+  // copies that could still see the region finished.
+  [[nodiscard]] Status copy_direct(std::span<const DirectCopy> copies, std::span<Status> results) const;
 
   // --- Waiting without spinning ---------------------------------------------
 

@@ -58,7 +58,7 @@ Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
   a.inode = st.st_ino;
   auto mapped = Mapping::of(a.fd.get(), length);
   if (!mapped) return std::unexpected(mapped.error());
-  a.mapping = std::move(*mapped);
+  a.mapping = std::make_shared<const Mapping>(std::move(*mapped));
   return a;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "baton/common/status.h"
 #include "baton/transport/transport.h"
@@ -53,7 +54,8 @@ struct SharedAllocation {
 
   UniqueFd fd;
   std::uint64_t inode = 0;
-  Mapping mapping;
+  // Shared: a copy on another thread keeps it mapped (copy_direct).
+  std::shared_ptr<const Mapping> mapping;
 };
 
 // A peer's memfd mapped here: opens /proc/<pid>/fd/<fd>, checks it is the

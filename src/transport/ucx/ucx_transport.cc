@@ -30,6 +30,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -98,7 +99,8 @@ struct RemoteRegionKeys {
   std::vector<ucp_rkey_h> rkeys;  // per lane
   std::int32_t memfd = -1;        // as the peer described it
   std::uint64_t memfd_inode = 0;
-  std::optional<ucx::Mapping> mapping;  // a same-host peer's memfd, mapped here
+  // A same-host peer's memfd, mapped here; shared with copy_direct's table.
+  std::shared_ptr<const ucx::Mapping> mapping;
   RemoteRegionKeys() = default;
   RemoteRegionKeys(const RemoteRegionKeys&) = delete;
   RemoteRegionKeys& operator=(const RemoteRegionKeys&) = delete;
@@ -246,6 +248,34 @@ struct UcxTransport::State {
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
 
+  // What copy_direct reads on other threads: the local DRAM regions and the
+  // ready same-host paths this side connected, with their peers' regions.
+  // Rebuilt by the loop when any of it changed; the mappings are shared, so
+  // a copy under way keeps what it copies from mapped.
+  struct DirectTable {
+    struct Local {
+      std::byte* base = nullptr;
+      std::uint64_t length = 0;
+      std::shared_ptr<const ucx::Mapping> keep;  // allocate_memory's memfd
+    };
+    struct Remote {
+      std::uint64_t base = 0;
+      std::uint64_t length = 0;
+      std::shared_ptr<const ucx::Mapping> mapping;  // null: CMA
+    };
+    struct Peer {
+      pid_t pid = 0;
+      std::unordered_map<RegionHandle, Remote> regions;
+    };
+    std::unordered_map<RegionHandle, Local> locals;
+    std::map<std::string, Peer, std::less<>> peers;  // by the address connect() named
+  };
+  mutable std::mutex direct_mutex;
+  std::shared_ptr<const DirectTable> direct;  // guarded by direct_mutex; null: no direct copies
+  // Tables replaced while a copy may still hold them: revocations wait for these to go.
+  std::vector<std::weak_ptr<const DirectTable>> retired;
+  bool direct_dirty = true;
+
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
   std::vector<Inbound> inbox;
@@ -253,6 +283,42 @@ struct UcxTransport::State {
   std::vector<std::pair<std::uint64_t, ucs_status_t>> back_errors;  // session, why
 
   ~State() { teardown(); }
+
+  // --- the direct-copy table -------------------------------------------------
+
+  void publish_direct() {
+    direct_dirty = false;
+    std::shared_ptr<DirectTable> t;
+    if (config.same_host_copy && codec == nullptr && !shut_down) {
+      t = std::make_shared<DirectTable>();
+      for (const auto& [base, r] : regions) {
+        if (r.kind != MemoryKind::kDram || r.revoking) continue;
+        t->locals.emplace(r.handle, DirectTable::Local{reinterpret_cast<std::byte*>(r.base), r.length,
+                                                       r.shared ? r.shared->mapping : nullptr});
+      }
+      for (PathId id = 0; id < peers.size(); ++id) {  // a later connect to the same address wins
+        const Peer& peer = peers[id];
+        if (peer.state != PathState::kReady || peer.same_host_pid == 0) continue;
+        DirectTable::Peer& p = t->peers[infos[id].to];
+        p = DirectTable::Peer{peer.same_host_pid, {}};
+        for (const auto& [key, keys] : peer.regions) {
+          p.regions.emplace(key, DirectTable::Remote{keys->info.base, keys->info.length, keys->mapping});
+        }
+      }
+    }
+    std::shared_ptr<const DirectTable> old;
+    {
+      std::lock_guard lock(direct_mutex);
+      old = std::exchange(direct, std::move(t));
+    }
+    if (old) retired.push_back(old);
+  }
+
+  // Whether a copy may still read a table that is no longer published.
+  bool retired_in_use() {
+    std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
+    return !retired.empty();
+  }
 
   // --- callbacks (record only) ----------------------------------------------
 
@@ -393,7 +459,7 @@ struct UcxTransport::State {
       auto created = ucx::SharedAllocation::create(length);
       if (!created) return std::unexpected(Status::unavailable("{}: {}", call, created.error().message()));
       shared = std::move(*created);
-      addr = shared->mapping.address();
+      addr = shared->mapping->address();
     }
     params.address = addr;
     params.length = length;
@@ -429,6 +495,7 @@ struct UcxTransport::State {
     region_base.emplace(region.handle, region.base);
     const RegionHandle handle = region.handle;
     regions.emplace(region.base, std::move(region));
+    publish_direct();  // the next copy_direct may use it
     return handle;
   }
 
@@ -442,6 +509,7 @@ struct UcxTransport::State {
     }
     peer.state = PathState::kFailed;
     peer.error = std::move(reason);
+    direct_dirty = true;
     peer.refresh_seq = 0;
     peer.revokes.clear();
     if (peer.control) {
@@ -670,7 +738,7 @@ struct UcxTransport::State {
       if (peer.same_host_pid != 0 && d.memfd >= 0) {
         auto mapped = ucx::map_peer_memfd(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
         if (mapped) {
-          keys->mapping = std::move(*mapped);
+          keys->mapping = std::make_shared<const ucx::Mapping>(std::move(*mapped));
         } else {
           spdlog::debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
         }
@@ -678,6 +746,7 @@ struct UcxTransport::State {
       table.emplace(d.key, std::move(keys));
     }
     peer.regions = std::move(table);
+    direct_dirty = true;
     return Status::ok();
   }
 
@@ -1137,6 +1206,7 @@ struct UcxTransport::State {
         if (frame.kind == ControlKind::kReady) {
           peer.stage = Stage::kDone;
           peer.state = PathState::kReady;
+          direct_dirty = true;
           set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
           spdlog::debug("ucx: path {} ready: {}", id, infos[id].name());
           return Status::ok();
@@ -1156,6 +1226,7 @@ struct UcxTransport::State {
         auto revoke = ucx::decode_revoke(frame.body);
         if (!revoke) return revoke.error();
         for (std::uint32_t key : revoke->keys) peer.regions.erase(key);
+        direct_dirty = true;
         peer.revokes.push_back(std::move(*revoke));
         return Status::ok();
       }
@@ -1173,6 +1244,9 @@ struct UcxTransport::State {
   Status acknowledge_revokes(PathId id) {
     Peer& peer = peers[id];
     if (peer.revokes.empty()) return Status::ok();
+    // A copy on another thread may still use a revoked region through a table published before.
+    if (direct_dirty) publish_direct();
+    if (retired_in_use()) return Status::ok();
     std::set<std::uint32_t> busy;
     if (peer.inflight > 0) {
       for (const auto& [sid, op] : slices) {
@@ -1245,7 +1319,8 @@ struct UcxTransport::State {
                                         config.revoke_timeout_ms));
         }
       }
-      if (!r.awaiting.empty()) {
+      // A copy on another thread may still be in it (copy_direct).
+      if (!r.awaiting.empty() || retired_in_use()) {
         ++it;
         continue;
       }
@@ -1287,6 +1362,7 @@ struct UcxTransport::State {
       fail_path(id, Status::unavailable("path {} to {}: the transport shut down", id, peers[id].address));
     }
     while (!sessions.empty()) close_session(sessions.begin()->first, "the transport shut down");
+    publish_direct();
   }
 
   void teardown() {
@@ -1537,13 +1613,14 @@ Status UcxTransport::unregister(RegionHandle handle) {
   // posted there) before the memory goes; poll() unmaps it then.
   region.revoking = true;
   region.revoke_seq = s.next_revoke++;
+  s.publish_direct();  // no new copy_direct starts in it; poll() unmaps it once running ones ended
   for (std::uint64_t id : s.session_ids()) {
     if (!s.sessions.at(id).sent.erase(handle)) continue;
     if (s.tell(id, ControlKind::kRevoke, ucx::encode(ucx::Revoke{region.revoke_seq, {handle}}))) {
       region.awaiting.insert(id);
     }
   }
-  if (region.awaiting.empty()) {
+  if (region.awaiting.empty() && !s.retired_in_use()) {
     ucp_mem_unmap(s.context, region.memh);
     s.regions.erase(it->second);
     s.region_base.erase(it);
@@ -1932,6 +2009,7 @@ Status UcxTransport::set_codec(std::shared_ptr<const Codec> codec) {
   }
   state_->codec = std::move(codec);
   state_->codec_id = id;
+  state_->publish_direct();  // compressed slices need the loop
   return Status::ok();
 }
 
@@ -1948,6 +2026,59 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.handle_recorded();  // a failed handshake's forced close completes its requests
   s.fail_stalled(now_ns);
   s.hand_out(now_ns, out);
+  if (s.direct_dirty) s.publish_direct();
+}
+
+Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<Status> results) const {
+  if (results.size() != copies.size()) {
+    return Status::invalid_argument("copy_direct: {} results for {} copies", results.size(), copies.size());
+  }
+  std::shared_ptr<const State::DirectTable> table;
+  {
+    std::lock_guard lock(state_->direct_mutex);
+    table = state_->direct;
+  }
+  auto refuse = [](std::size_t i, std::string_view why) {
+    return Status::failed_precondition("copy_direct: copy {}: {}", i, why);
+  };
+  if (!table) return refuse(0, "no direct copies here (same_host_copy off, a codec set, or shut down)");
+  struct Resolved {
+    std::byte* local = nullptr;
+    const State::DirectTable::Remote* remote = nullptr;
+    pid_t pid = 0;
+  };
+  std::vector<Resolved> resolved(copies.size());
+  for (std::size_t i = 0; i < copies.size(); ++i) {  // everything checked before anything is copied
+    const DirectCopy& c = copies[i];
+    const auto peer = table->peers.find(c.peer);
+    if (peer == table->peers.end()) return refuse(i, "not a ready same-host peer");
+    const auto local = table->locals.find(c.local);
+    const auto remote = peer->second.regions.find(c.remote);
+    if (local == table->locals.end() || remote == peer->second.regions.end()) return refuse(i, "unknown region");
+    const std::uint64_t local_room = local->second.length, remote_room = remote->second.length;
+    if (c.bytes == 0 || c.local_offset > local_room || c.bytes > local_room - c.local_offset ||
+        c.remote_offset > remote_room || c.bytes > remote_room - c.remote_offset) {
+      return refuse(i, "a range outside its region");
+    }
+    if (c.op != Op::kRead && c.op != Op::kWrite) return refuse(i, "unknown op");
+    resolved[i] = {local->second.base + c.local_offset, &remote->second, peer->second.pid};
+  }
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const DirectCopy& c = copies[i];
+    const Resolved& r = resolved[i];
+    if (r.remote->mapping) {
+      std::byte* there = r.remote->mapping->address() + c.remote_offset;
+      if (c.op == Op::kRead) {
+        std::memcpy(r.local, there, c.bytes);
+      } else {
+        std::memcpy(there, r.local, c.bytes);
+      }
+      results[i] = Status::ok();
+    } else {
+      results[i] = ucx::cma_copy(r.pid, c.op, r.local, r.remote->base + c.remote_offset, c.bytes);
+    }
+  }
+  return Status::ok();
 }
 
 std::optional<TimeNs> UcxTransport::next_event_ns() const {

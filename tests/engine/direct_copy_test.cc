@@ -1,0 +1,245 @@
+// The engine's loop-free path: batches to a same-host peer copied on the
+// submitting thread (Datapath::submit_direct over UcxTransport::copy_direct),
+// between pairs of wall-clock engines in one process.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+
+namespace baton::engine {
+namespace {
+
+constexpr TimeNs kSecond = 1'000'000'000;
+
+std::unique_ptr<Engine> make_engine(std::uint64_t direct_copy_max_bytes = 16 << 20) {
+  EngineConfig config;
+  config.ucx.direct_copy_max_bytes = direct_copy_max_bytes;
+  auto e = Engine::create(config);
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return e ? std::move(*e) : nullptr;
+}
+
+// The value of a counter line `name{labels} value` in Prometheus text; 0 when absent.
+double counter(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  return at == std::string::npos ? 0.0 : std::stod(text.substr(at + series.size() + 2));
+}
+
+// A holder with one registered buffer (reached with CMA) and one region it
+// allocated (a memfd the initiator maps), both pattern-filled and exported;
+// and an initiator with a registered buffer, connected to it.
+struct Pair {
+  static constexpr std::size_t kBytes = 1 << 20;
+  std::vector<std::byte> held = std::vector<std::byte>(kBytes);
+  std::vector<std::byte> mine = std::vector<std::byte>(kBytes);
+  std::unique_ptr<Engine> holder = make_engine();
+  std::unique_ptr<Engine> initiator;
+  Region held_region, allocated, mine_region;
+  Peer peer;
+
+  explicit Pair(std::uint64_t direct_copy_max_bytes = 16 << 20) : initiator(make_engine(direct_copy_max_bytes)) {
+    fill_pattern(held, 1);
+    fill_pattern(mine, 2);
+    held_region = *holder->register_memory(held.data(), held.size());
+    allocated = *holder->allocate_memory(kBytes);
+    fill_pattern(std::span(reinterpret_cast<std::byte*>(allocated.base), kBytes), 3);
+    EXPECT_TRUE(holder->export_region(held_region.handle).is_ok());
+    EXPECT_TRUE(holder->export_region(allocated.handle).is_ok());
+    mine_region = *initiator->register_memory(mine.data(), mine.size());
+    auto p = initiator->connect(holder->address());
+    EXPECT_TRUE(p.has_value()) << p.error().to_string();
+    if (p) peer = *p;
+    EXPECT_EQ(peer.transport, "shm");
+  }
+  std::span<std::byte> allocated_bytes() const {
+    return {reinterpret_cast<std::byte*>(allocated.base), kBytes};
+  }
+  Request request(Op op, std::uint64_t local_offset, const Region& remote, std::uint64_t remote_offset,
+                  std::uint64_t length) const {
+    Request r;
+    r.op = op;
+    r.local_region = mine_region.handle;
+    r.local_offset = local_offset;
+    r.peer = peer.address;
+    r.remote_region = remote.handle;
+    r.remote_offset = remote_offset;
+    r.length = length;
+    return r;
+  }
+};
+
+TEST(DirectCopy, SameHostBatchesEndWhenSubmitReturnsByteExact) {
+  Pair p;
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 40; ++round) {
+    const Region& remote = round % 4 < 2 ? p.held_region : p.allocated;
+    std::span<std::byte> theirs = round % 4 < 2 ? std::span(p.held) : p.allocated_bytes();
+    const Op op = round % 2 == 0 ? Op::kRead : Op::kWrite;
+    const std::uint64_t length = 1 + rng() % (Pair::kBytes / 8);
+    const std::uint64_t local_offset = rng() % (Pair::kBytes - length + 1);
+    const std::uint64_t remote_offset = rng() % (Pair::kBytes - length + 1);
+    std::span<std::byte> source = op == Op::kRead ? theirs.subspan(remote_offset, length)
+                                                  : std::span(p.mine).subspan(local_offset, length);
+    fill_pattern(source, 100 + round);
+    auto h = p.initiator->submit(Batch{{p.request(op, local_offset, remote, remote_offset, length)}, {}});
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    auto st = p.initiator->poll(*h);  // no wait: it ended inside submit
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->done) << "round " << round;
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    EXPECT_EQ(st->bytes_done, length);
+    ASSERT_EQ(st->requests.size(), 1u);
+    EXPECT_EQ(st->requests[0].state, sched::RequestState::kCompleted);
+    std::span<std::byte> sink = op == Op::kRead ? std::span(p.mine).subspan(local_offset, length)
+                                                : theirs.subspan(remote_offset, length);
+    EXPECT_FALSE(pattern_mismatch(sink, 100 + round).has_value()) << "round " << round;
+    EXPECT_TRUE(p.initiator->wait(*h, kSecond).is_ok());
+    EXPECT_EQ(p.initiator->cancel(*h).code(), StatusCode::kInvalidArgument);  // already ended
+    EXPECT_TRUE(p.initiator->release(*h).is_ok());
+    EXPECT_EQ(p.initiator->poll(*h).error().code(), StatusCode::kNotFound);
+    EXPECT_EQ(p.initiator->wait(*h, kSecond).code(), StatusCode::kNotFound);
+  }
+  const std::string m = p.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 40);
+  EXPECT_EQ(counter(m, "baton_engine_batches_total"), 40);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"read\",state=\"completed\"}"), 20);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), 20);
+  EXPECT_EQ(p.initiator->stats().slices_posted, 0u);  // the scheduler never saw them
+}
+
+TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
+  Pair off(0);
+  EXPECT_TRUE(off.initiator->submit(Batch{{off.request(Op::kRead, 0, off.held_region, 0, 4096)}, {}}).has_value());
+  Pair small(4096);  // a batch over the bound goes through the scheduler
+  auto big = small.initiator->submit(Batch{{small.request(Op::kRead, 0, small.held_region, 0, 8192)}, {}});
+  ASSERT_TRUE(big.has_value());
+  ASSERT_TRUE(small.initiator->wait(*big, 10 * kSecond).is_ok());
+  EXPECT_FALSE(pattern_mismatch(std::span(small.mine).first(8192), 1).has_value());
+  for (Pair* p : {&off, &small}) {
+    const std::string m = p->initiator->metrics_text();
+    EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 0);
+    EXPECT_EQ(counter(m, "baton_engine_batches_total"), 1);
+    EXPECT_GT(p->initiator->stats().slices_posted, 0u);
+  }
+}
+
+TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {
+  Pair p;
+  const std::vector<std::byte> before(p.held.begin(), p.held.end());
+  const Request good = p.request(Op::kWrite, 0, p.held_region, 0, 4096);
+  auto refused = [&](Request bad) {
+    auto h = p.initiator->submit(Batch{{good, bad}, {}});
+    return h ? Status::ok() : h.error();
+  };
+  Request r = p.request(Op::kRead, 0, p.held_region, Pair::kBytes - 10, 11);
+  EXPECT_EQ(refused(r).code(), StatusCode::kOutOfRange);
+  r = p.request(Op::kRead, Pair::kBytes - 10, p.held_region, 0, 11);
+  EXPECT_EQ(refused(r).code(), StatusCode::kOutOfRange);
+  r = p.request(Op::kRead, 0, p.held_region, 0, 0);
+  EXPECT_EQ(refused(r).code(), StatusCode::kInvalidArgument);
+  r.length = 8;
+  r.remote_region = 999;
+  EXPECT_EQ(refused(r).code(), StatusCode::kNotFound);
+  r = p.request(Op::kRead, 0, p.held_region, 0, 8);
+  r.local_region = 999;
+  EXPECT_EQ(refused(r).code(), StatusCode::kNotFound);
+  r = p.request(Op::kRead, 0, p.held_region, 0, 8);
+  r.peer = "127.0.0.1:1";
+  EXPECT_EQ(refused(r).code(), StatusCode::kNotFound);
+  r = p.request(Op::kRead, 0, p.held_region, 0, 8);
+  r.op = static_cast<Op>(7);
+  EXPECT_EQ(refused(r).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.held, before);  // the good write of each refused batch did not happen
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_batches_total"), 0);
+}
+
+TEST(DirectCopy, ANotificationFollowsTheBytes) {
+  Pair p;
+  fill_pattern(std::span(p.mine).first(4096), 77);
+  auto h = p.initiator->submit(Batch{{p.request(Op::kWrite, 0, p.allocated, 0, 4096)}, "layer 3 landed"});
+  ASSERT_TRUE(h.has_value());
+  std::vector<transport::Notification> got;
+  for (int i = 0; i < 500 && got.empty(); ++i) {
+    got = p.holder->take_notifications();
+    if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "layer 3 landed");
+  EXPECT_FALSE(pattern_mismatch(p.allocated_bytes().first(4096), 77).has_value());
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_notifications_sent_total"), 1);
+}
+
+// Copies from several threads while the holder revokes the region they
+// copy from: unregister returns only once no copy can still touch it, and
+// every batch ends (completed before, not_found after); nothing crashes.
+TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) {
+  Pair p;
+  std::atomic<bool> stop{false};
+  std::atomic<int> completed{0}, refused{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      const std::uint64_t offset = static_cast<std::uint64_t>(t) * (64 << 10);
+      const Batch b{{p.request(t % 2 == 0 ? Op::kRead : Op::kWrite, offset, p.allocated, offset, 64 << 10)}, {}};
+      while (!stop) {
+        auto h = p.initiator->submit(b);
+        if (!h) {
+          (h.error().code() == StatusCode::kNotFound ? refused : other)++;
+          continue;
+        }
+        if (!p.initiator->wait(*h, 10 * kSecond).is_ok()) {
+          ++other;
+          continue;
+        }
+        auto st = p.initiator->poll(*h);
+        (st && st->status.is_ok() ? completed : other)++;
+        (void)p.initiator->release(*h);
+      }
+    });
+  }
+  while (completed < 200) std::this_thread::yield();
+  EXPECT_TRUE(p.holder->unregister(p.allocated.handle).is_ok());
+  const int at_unregister = refused.load();
+  while (refused < at_unregister + 50) std::this_thread::yield();
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_GE(completed.load(), 200);
+  EXPECT_EQ(other.load(), 0);
+}
+
+TEST(DirectCopy, ThreadsCopyingAtOnceEachGetTheirOwnBytes) {
+  Pair p;
+  constexpr int kThreads = 4;
+  constexpr std::uint64_t kSlot = Pair::kBytes / kThreads;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::uint64_t at = static_cast<std::uint64_t>(t) * kSlot;
+      for (int i = 0; i < 200; ++i) {
+        const std::uint64_t salt = 1000 + static_cast<std::uint64_t>(t) * 1000 + static_cast<std::uint64_t>(i);
+        fill_pattern(std::span(p.mine).subspan(at, kSlot), salt);
+        auto h = p.initiator->submit(Batch{{p.request(Op::kWrite, at, p.allocated, at, kSlot)}, {}});
+        if (!h || !p.initiator->wait(*h, 10 * kSecond).is_ok()) {
+          ++failures;
+          continue;
+        }
+        (void)p.initiator->release(*h);
+        if (pattern_mismatch(p.allocated_bytes().subspan(at, kSlot), salt)) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), kThreads * 200);
+}
+
+}  // namespace
+}  // namespace baton::engine

@@ -1,0 +1,129 @@
+// `baton bench latency`: one request at a time against a `baton serve` peer,
+// like `ucx_perftest -t ucp_get -O 1` (and ucp_put_lat): what a decode step
+// waiting for one small block sees. Each sample is submit → wait → poll of a
+// one-request batch; the release is outside the clock. The bytes are checked
+// at the end, as in `bench throughput`.
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "baton/common/stats.h"
+#include "baton/common/units.h"
+#include "baton/engine/pattern.h"
+#include "bench_peer.h"
+#include "commands.h"
+#include "json_output.h"
+#include "serve_child.h"
+#include "ucx_options.h"
+
+namespace baton::cli {
+namespace {
+
+constexpr std::uint64_t kWriteSalt = 1;
+
+struct LatencyOptions {
+  BenchPeerOptions peer;
+  std::string op = "read";
+  std::string block_size = "4KiB";
+  int iterations = 20'000;
+  int warmup = 1'000;
+  std::string json;
+};
+
+int run_latency(const LatencyOptions& o) {
+  auto fail = [](int code, const std::string& why) {
+    fmt::print(stderr, "baton bench latency: {}\n", why);
+    return code;
+  };
+  if (o.op != "read" && o.op != "write") return fail(2, fmt::format("--op \"{}\": expected read or write", o.op));
+  const engine::Op op = o.op == "read" ? engine::Op::kRead : engine::Op::kWrite;
+  auto block = parse_size(o.block_size);
+  if (!block) return fail(2, fmt::format("--block-size: {}", block.error().message()));
+  if (*block == 0 || *block > (std::uint64_t{1} << 30)) return fail(2, "--block-size must be in (0, 1 GiB]");
+
+  std::vector<std::byte> buffer(*block);
+  if (op == engine::Op::kWrite) {
+    engine::fill_pattern(buffer, kWriteSalt);
+  } else {
+    std::ranges::fill(buffer, std::byte{0});
+  }
+  auto opened = BenchPeer::open(o.peer, buffer);
+  if (!opened) return fail(opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1, opened.error().to_string());
+  BenchPeer& bp = *opened;
+  const engine::Batch batch{{bp.request(op, 0, *block)}, {}};
+
+  std::vector<double> us;
+  us.reserve(static_cast<std::size_t>(o.iterations));
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = bp.engine().submit(batch);
+    Status s = h ? bp.engine().wait(*h, 60'000'000'000) : h.error();
+    if (s.is_ok()) {
+      auto st = bp.engine().poll(*h);
+      s = st ? st->status : st.error();
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    if (h) (void)bp.engine().release(*h);
+    if (!s.is_ok()) return fail(1, fmt::format("request {} failed: {}", i, s.to_string()));
+    if (i >= o.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+
+  std::uint64_t salt = kServeSalt;
+  if (op == engine::Op::kWrite) {
+    std::ranges::fill(buffer, std::byte{0});
+    if (Status s = bp.run({{bp.request(engine::Op::kRead, 0, *block)}, {}}); !s.is_ok()) {
+      return fail(1, fmt::format("reading back for the check failed: {}", s.to_string()));
+    }
+    salt = kWriteSalt;
+  }
+  if (auto bad = engine::pattern_mismatch(buffer, salt); bad) {
+    return fail(1, fmt::format("data check FAILED at byte {} of {}", *bad, buffer.size()));
+  }
+  const std::string transport = bp.peer().transport;
+  if (Status s = bp.close(); !s.is_ok()) return fail(1, s.message());
+
+  auto p999 = percentile(us, 99.9);
+  auto summary = summarize(us);
+  if (!summary || !p999) return fail(1, "no samples");
+  fmt::print("op {} block {} over {} (tls {}): {} requests one at a time, data verified\n", o.op, *block, transport,
+             o.peer.ucx.tls.empty() ? "default" : o.peer.ucx.tls, us.size());
+  fmt::print("latency us: p50 {:.2f}, p99 {:.2f}, p99.9 {:.2f}, mean {:.2f}, min {:.2f}, max {:.2f}\n", summary->p50,
+             summary->p99, *p999, summary->mean, summary->min, summary->max);
+  nlohmann::json j{{"op", o.op},
+                   {"block_size", *block},
+                   {"requests", us.size()},
+                   {"warmup", o.warmup},
+                   {"p50_us", summary->p50},
+                   {"p99_us", summary->p99},
+                   {"p999_us", *p999},
+                   {"mean_us", summary->mean},
+                   {"min_us", summary->min},
+                   {"max_us", summary->max},
+                   {"transport", transport},
+                   {"ucx_tls", o.peer.ucx.tls},
+                   {"same_host_copy", o.peer.ucx.same_host_copy},
+                   {"verified", true}};
+  return emit_json("bench latency", j.dump(2), o.json);
+}
+
+}  // namespace
+
+Command add_bench_latency(CLI::App& bench) {
+  auto o = std::make_shared<LatencyOptions>();
+  CLI::App* app = bench.add_subcommand("latency", "One request at a time against a `baton serve` peer: p50/p99/p99.9");
+  app->add_option("--target", o->peer.target, "A running `baton serve` (host:port)");
+  app->add_flag("--spawn", o->peer.spawn, "Start a `baton serve` child on 127.0.0.1 and use it");
+  app->add_option("--op", o->op, "read or write");
+  app->add_option("--block-size", o->block_size, "Bytes per request (size)");
+  app->add_option("--iterations", o->iterations, "Requests measured")->check(CLI::Range(1, 10'000'000));
+  app->add_option("--warmup", o->warmup, "Requests run before the clock starts")->check(CLI::Range(0, 10'000'000));
+  add_ucx_options(*app, o->peer.ucx);
+  app->add_option("--policy-file", o->peer.policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)");
+  app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
+  return {app, [o] { return run_latency(*o); }};
+}
+
+}  // namespace baton::cli
