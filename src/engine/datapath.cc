@@ -275,16 +275,6 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     if (ended.status.status.is_ok() && !results[i].is_ok()) ended.status.status = results[i];
     ended.status.requests.push_back(std::move(s));
   }
-  const bool notify = !batch.notification.empty() && ended.status.status.is_ok();
-  {
-    std::lock_guard lock(ended_mutex_);
-    ended_.emplace(id, std::move(ended));
-  }
-  ended_cv_.notify_all();
-  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
-    const std::uint64_t one = 1;
-    (void)!::write(ended_fd_, &one, sizeof one);
-  }
   DirectCounts& n = direct_counts_;
   n.batches.fetch_add(1, std::memory_order_relaxed);
   for (std::size_t i = 0; i < copies.size(); ++i) {
@@ -296,13 +286,35 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
       n.failed[op].fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (notify) {
-    loop_.post([this, peer = batch.requests[0].peer, message = batch.notification](admission::AdmissionController&,
-                                                                                  TimeNs) {
-      notify_direct(peer, message);
-    });
+  if (batch.notification.empty() || !ended.status.status.is_ok()) {
+    publish_ended(id, std::move(ended));
+    return BatchHandle{id};
   }
+  // As on the loop's path, the batch ends once its notification is on its
+  // way: a caller that waits and then shuts down does not lose it.
+  {
+    std::lock_guard lock(ended_mutex_);
+    running_.insert(id);
+  }
+  loop_.post([this, id, ended = std::move(ended), peer = batch.requests[0].peer,
+              message = batch.notification](admission::AdmissionController&, TimeNs) mutable {
+    notify_direct(peer, message);
+    publish_ended(id, std::move(ended));
+  });
   return BatchHandle{id};
+}
+
+void Datapath::publish_ended(std::uint64_t id, Ended ended) {
+  {
+    std::lock_guard lock(ended_mutex_);
+    running_.erase(id);
+    ended_.emplace(id, std::move(ended));
+  }
+  ended_cv_.notify_all();
+  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
+    const std::uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
 }
 
 void Datapath::notify_direct(const std::string& peer, const std::string& notification) {
@@ -434,16 +446,7 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     if (p && !p->posted.empty()) snapshot.clean = false;
   }
   if (auto st = poll(BatchHandle{id})) snapshot.status = std::move(*st);
-  {
-    std::lock_guard lock(ended_mutex_);
-    running_.erase(id);
-    ended_[id] = std::move(snapshot);
-  }
-  ended_cv_.notify_all();
-  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
-    const std::uint64_t one = 1;
-    (void)!::write(ended_fd_, &one, sizeof one);
-  }
+  publish_ended(id, std::move(snapshot));
 }
 
 Datapath::~Datapath() {

@@ -170,6 +170,8 @@ class Datapath {
     bool clean = false;   // no slice of it still on the wire
     bool direct = false;  // copied by submit_direct: the loop has no record
   };
+  // Makes an ended batch's final status visible to waiting threads.
+  void publish_ended(std::uint64_t id, Ended ended);
   std::unordered_map<std::uint64_t, Ended> ended_;  // guarded by ended_mutex_
   std::unordered_set<std::uint64_t> running_;        // guarded by ended_mutex_
 };

@@ -153,8 +153,13 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
 
 Status Engine::cancel(BatchHandle batch) {
   if (state_->closed) return Status::unavailable("cancel: the engine shut down");
-  if (state_->datapath->ended_status(batch.id)) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
-  return state_->core->on_loop([&] { return state_->datapath->cancel(batch, state_->core->now_ns()); });
+  // A batch that ended on the loop-free path has no record on the loop.
+  auto ended = [&] { return state_->datapath->ended(batch.id); };
+  if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
+  return state_->core->on_loop([&] {
+    if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
+    return state_->datapath->cancel(batch, state_->core->now_ns());
+  });
 }
 
 Status Engine::release(BatchHandle batch) {

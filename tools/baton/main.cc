@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help is 0; every usage error is 2, as for values the commands refuse
+    // themselves (CLI11's own codes, 105 for a value out of range, say nothing more).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (auto s = baton::init_logging(log_level); !s.is_ok()) {
     fmt::print(stderr, "baton: {}\n", s.message());

@@ -32,6 +32,15 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
                "Copy to and from peers of this host directly (memfd mapping or CMA) instead of through UCX "
                "(default on; off: the UCX transports carry same-host bytes too)");
   app.add_option_function<std::string>(
+         "--direct-copy-max",
+         [&ucx](const std::string& text) {
+           auto bytes = parse_size(text);
+           if (!bytes) throw BadValue("--direct-copy-max: " + bytes.error().message());
+           ucx.direct_copy_max_bytes = *bytes;
+         },
+         "Copy same-host batches of at most this size on the submitting thread, without the loop, while the "
+         "loop holds no request (size; 0: always through the loop; default 16MiB)");
+  app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {
            auto ns = parse_duration(text);
