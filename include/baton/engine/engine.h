@@ -133,8 +133,8 @@ class Engine {
                                                int device = -1);
   // Memory the engine allocates and registers (freed by unregister()). On
   // one host a peer then reads and writes it through shared memory
-  // directly, without this engine's CPU (UCX maps the segment); a caller's
-  // buffer from register_memory() goes through the CPU of its owner.
+  // directly, without this engine's CPU (it maps the region's memfd); a
+  // caller's buffer from register_memory() is reached with CMA.
   // invalid_argument for zero length.
   [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node = -1);
   // Makes a region visible to peers that proved the deployment secret: all
@@ -167,7 +167,9 @@ class Engine {
   // an oversized or multi-peer notification; not_found for an unknown peer,
   // local region or remote region (refresh() may help); out_of_range for a
   // range outside its region; unavailable for a failed peer. Then admits the
-  // requests.
+  // requests. A same-host batch (UcxConfig::direct_copy_max_bytes) is copied
+  // here, on the calling thread, while the loop holds no request: it has
+  // ended when submit returns (docs/engine.md, "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
   // A snapshot of every request's state and bytes. not_found for an unknown
   // or released handle.
@@ -197,7 +199,8 @@ class Engine {
   // op, admitted / compressed / dropped / infeasible / signalled), the
   // scheduler's counters and the engine's own (requests, bytes, batches).
   [[nodiscard]] std::string metrics_text();
-  // The scheduler's counters (a copy, taken on the loop).
+  // The scheduler's counters (a copy, taken on the loop); batches of the
+  // loop-free path never reach the scheduler and are not in them.
   [[nodiscard]] sched::SchedStats stats();
   // The engine's clock (steady), on which Request::deadline_ns is absolute.
   [[nodiscard]] TimeNs now_ns() const;

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -275,6 +276,7 @@ struct UcxTransport::State {
   // Tables replaced while a copy may still hold them: revocations wait for these to go.
   std::vector<std::weak_ptr<const DirectTable>> retired;
   bool direct_dirty = true;
+  std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
 
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
@@ -289,7 +291,7 @@ struct UcxTransport::State {
   void publish_direct() {
     direct_dirty = false;
     std::shared_ptr<DirectTable> t;
-    if (config.same_host_copy && codec == nullptr && !shut_down) {
+    if (config.same_host_copy && !shut_down) {
       t = std::make_shared<DirectTable>();
       for (const auto& [base, r] : regions) {
         if (r.kind != MemoryKind::kDram || r.revoking) continue;
@@ -2009,7 +2011,7 @@ Status UcxTransport::set_codec(std::shared_ptr<const Codec> codec) {
   }
   state_->codec = std::move(codec);
   state_->codec_id = id;
-  state_->publish_direct();  // compressed slices need the loop
+  state_->codec_set = true;  // compressed slices need the loop: copy_direct refuses from now on
   return Status::ok();
 }
 
@@ -2041,7 +2043,9 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<S
   auto refuse = [](std::size_t i, std::string_view why) {
     return Status::failed_precondition("copy_direct: copy {}: {}", i, why);
   };
-  if (!table) return refuse(0, "no direct copies here (same_host_copy off, a codec set, or shut down)");
+  if (!table || state_->codec_set) {
+    return refuse(0, "no direct copies here (same_host_copy off, a codec set, or shut down)");
+  }
   struct Resolved {
     std::byte* local = nullptr;
     const State::DirectTable::Remote* remote = nullptr;
