@@ -41,10 +41,12 @@ struct EngineConfig {
   // A YAML policy file (configs/sched_policy.yaml); when set it replaces
   // `policy`. Its errors (with line numbers) come back from create().
   std::string policy_file{};
-  // The local topology, for the scheduler's view of this host's devices: a
-  // synthetic model name, else a saved `nvidia-smi topo -m` file, else this
-  // machine's probe. Peers route on the transport's own paths to them.
-  std::string topology_model = "nvswitch8";
+  // The local topology (Engine::topology(): what a transfer plan stripes
+  // over, the scheduler's view of this host's devices): a synthetic model
+  // name, else a saved `nvidia-smi topo -m` file, else — the default — this
+  // machine's probe (hwloc, sysfs, NVML). Peers route on the transport's own
+  // paths to them.
+  std::string topology_model{};
   std::string topology_file{};
 };
 
