@@ -275,16 +275,23 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     if (ended.status.status.is_ok() && !results[i].is_ok()) ended.status.status = results[i];
     ended.status.requests.push_back(std::move(s));
   }
-  DirectCounts& n = direct_counts_;
-  n.batches.fetch_add(1, std::memory_order_relaxed);
+  // Summed here, added once per batch: a locked add per request was a third of this function (perf).
+  std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
   for (std::size_t i = 0; i < copies.size(); ++i) {
     const int op = batch.requests[i].op == Op::kRead ? 0 : 1;
     if (results[i].is_ok()) {
-      n.completed[op].fetch_add(1, std::memory_order_relaxed);
-      n.bytes[op].fetch_add(batch.requests[i].length, std::memory_order_relaxed);
+      ++completed[op];
+      bytes_done[op] += batch.requests[i].length;
     } else {
-      n.failed[op].fetch_add(1, std::memory_order_relaxed);
+      ++failed[op];
     }
+  }
+  DirectCounts& n = direct_counts_;
+  n.batches.fetch_add(1, std::memory_order_relaxed);
+  for (int op = 0; op < 2; ++op) {
+    if (completed[op] != 0) n.completed[op].fetch_add(completed[op], std::memory_order_relaxed);
+    if (failed[op] != 0) n.failed[op].fetch_add(failed[op], std::memory_order_relaxed);
+    if (bytes_done[op] != 0) n.bytes[op].fetch_add(bytes_done[op], std::memory_order_relaxed);
   }
   if (batch.notification.empty() || !ended.status.status.is_ok()) {
     publish_ended(id, std::move(ended));
