@@ -126,6 +126,24 @@ def test_batches_report_bytes_and_states(holder, engine):
     assert words[1:] == ["1", "sixteen", "landed"]
 
 
+def test_a_same_host_batch_has_ended_when_submit_returns(holder):
+    """The loop-free path: same-host batches are copied inside submit(); off, the scheduler carries them."""
+    for limit, direct in ((16 << 20, 1), (0, 0)):
+        with baton.Engine(direct_copy_max_bytes=limit) as e:
+            peer = e.connect(holder.address)
+            local = np.zeros(SIZE, dtype=np.uint8)
+            region = e.register(local)
+            batch = e.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE)])
+            if direct:
+                assert batch.done and batch.status == "ok"  # no wait needed
+            batch.wait(timeout=30)
+            assert np.array_equal(local, pattern(SIZE, 7))
+            batch.release()
+            assert ("baton_engine_direct_batches_total 1" in e.metrics_text()) == bool(direct)
+    with pytest.raises(TypeError):
+        baton.Engine(direct_copy_max_bytes=-1)
+
+
 def test_cancel_ends_the_batch(holder, engine):
     peer = engine.connect(holder.address)
     local = np.zeros(SIZE, dtype=np.uint8)

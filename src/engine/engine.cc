@@ -136,7 +136,11 @@ Result<BatchHandle> Engine::submit(const Batch& batch) {
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {
   if (auto ended = state_->datapath->ended_status(batch.id)) return std::move(*ended);
-  return state_->core->on_loop([&] { return state_->datapath->poll(batch); });
+  return state_->core->on_loop([&]() -> Result<BatchStatus> {
+    // A direct batch with a notification ends on the loop, maybe just now.
+    if (auto ended = state_->datapath->ended_status(batch.id)) return std::move(*ended);
+    return state_->datapath->poll(batch);
+  });
 }
 
 Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
@@ -173,7 +177,11 @@ Status Engine::release(BatchHandle batch) {
     });
     return Status::ok();
   }
-  return state_->core->on_loop([&] { return state_->datapath->release(batch); });
+  return state_->core->on_loop([&] {
+    // A direct batch with a notification ends on the loop, maybe just now.
+    if (state_->datapath->take_ended_if_clean(batch.id) == Datapath::Taken::kDirect) return Status::ok();
+    return state_->datapath->release(batch);
+  });
 }
 
 std::vector<transport::Notification> Engine::take_notifications() {

@@ -176,6 +176,26 @@ TEST(DirectCopy, ANotificationFollowsTheBytes) {
   EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_notifications_sent_total"), 1);
 }
 
+// A direct batch with a notification ends on the loop once the notification
+// is sent: poll and release right after submit see it running or ended,
+// never unknown.
+TEST(DirectCopy, ABatchWaitingForItsNotificationIsNeverUnknown) {
+  Pair p;
+  for (int i = 0; i < 50; ++i) {
+    auto h = p.initiator->submit(Batch{{p.request(Op::kWrite, 0, p.allocated, 0, 4096)}, "n"});
+    ASSERT_TRUE(h.has_value());
+    auto st = p.initiator->poll(*h);
+    ASSERT_TRUE(st.has_value()) << st.error().to_string();
+    Status released = p.initiator->release(*h);
+    if (!released.is_ok()) {
+      EXPECT_EQ(released.code(), StatusCode::kInvalidArgument) << released.to_string();  // still running
+      ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
+      EXPECT_TRUE(p.initiator->release(*h).is_ok());
+    }
+    EXPECT_EQ(p.initiator->poll(*h).error().code(), StatusCode::kNotFound);
+  }
+}
+
 // Copies from several threads while the holder revokes the region they
 // copy from: unregister returns only once no copy can still touch it, and
 // every batch ends (completed before, not_found after); nothing crashes.
