@@ -1,5 +1,7 @@
 #include "baton/admission/admission.h"
 
+#include "baton/common/ordered_sums.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -60,6 +62,14 @@ struct AdmissionController::State {
 
   std::unordered_map<RequestId, Owner> owners;  // waiting or admitted, not ended
   std::map<WaitKey, RequestId> waiting;
+  // The bytes of waiting owners per path (their route at submit), by arrival
+  // and, for those with a deadline, by (deadline, arrival): bytes_ahead's
+  // sums in O(log n).
+  struct WaitingSums {
+    OrderedSums<std::uint64_t> by_seq;
+    OrderedSums<std::pair<TimeNs, std::uint64_t>> by_deadline;
+  };
+  std::unordered_map<transport::PathId, WaitingSums> waiting_sums;
   std::unordered_map<RequestId, RequestStatus> ended;  // ended here, never admitted
   std::function<void(RequestId)> end_hook;
   std::set<std::pair<TimeNs, RequestId>> timers;       // re-evaluation of running owners
@@ -76,6 +86,22 @@ struct AdmissionController::State {
       return {o.request.deadline_ns != 0 ? o.request.deadline_ns : std::numeric_limits<TimeNs>::max(), o.seq};
     }
     return {0, o.seq};
+  }
+
+  void wait(const Owner& o) {
+    waiting[wait_key(o)] = o.id;
+    WaitingSums& sums = waiting_sums[o.path];
+    sums.by_seq.set(o.seq, o.request.bytes);
+    if (o.request.deadline_ns != 0) sums.by_deadline.set({o.request.deadline_ns, o.seq}, o.request.bytes);
+  }
+
+  void unwait(const Owner& o) {
+    if (waiting.erase(wait_key(o)) == 0) return;
+    const auto it = waiting_sums.find(o.path);
+    if (it == waiting_sums.end()) return;
+    it->second.by_seq.erase(o.seq);
+    if (o.request.deadline_ns != 0) it->second.by_deadline.erase({o.request.deadline_ns, o.seq});
+    if (it->second.by_seq.size() == 0) waiting_sums.erase(it);
   }
 
   [[nodiscard]] Band band_of(double mlu) const {
@@ -117,15 +143,14 @@ struct AdmissionController::State {
       // Its own posted bytes are in its remainder already.
       ahead -= std::min(ahead, remaining(me->second) - unsent(me->second));
     }
-    for (const auto& [id, o] : owners) {
-      if (id == self || o.path != path) continue;
-      if (fifo && o.admitted) continue;  // already in queued_bytes
-      const bool before = fifo ? o.seq < self_seq
-                               : (o.request.deadline_ns != 0 &&
-                                  (o.request.deadline_ns < request.deadline_ns ||
-                                   (o.request.deadline_ns == request.deadline_ns && o.seq < self_seq)));
-      if (before) ahead += unsent(o);
+    // Waiting owners on the path that go first (their whole size), then,
+    // unless FIFO counted every queued byte already, the admitted ones'
+    // unsent bytes due earlier. Each a sum over a tree: O(log n).
+    if (const auto w = waiting_sums.find(path); w != waiting_sums.end()) {
+      ahead += fifo ? w->second.by_seq.sum_below(self_seq)
+                    : w->second.by_deadline.sum_below({request.deadline_ns, self_seq});
     }
+    if (!fifo) ahead += scheduler.unsent_due_before(path, request.deadline_ns, self);
     return ahead;
   }
 
@@ -158,7 +183,7 @@ struct AdmissionController::State {
     s.submitted_ns = o.submitted_ns;
     s.completed_ns = now_ns;
     ended[o.id] = std::move(s);
-    waiting.erase(wait_key(o));
+    unwait(o);
     expiries.erase({o.expires_ns, o.id});
     const RequestId id = o.id;
     owners.erase(id);
@@ -208,7 +233,7 @@ struct AdmissionController::State {
   }
 
   void admit(Owner& o, TimeNs now_ns) {
-    waiting.erase(wait_key(o));
+    unwait(o);
     if (Status s = scheduler.submit(o.id, o.request, now_ns); !s.is_ok()) {
       end_here(o, RequestState::kFailed, std::move(s), now_ns);
       return;
@@ -381,7 +406,7 @@ Status AdmissionController::submit(RequestId id, const TransferRequest& request,
       return Status::ok();  // the status says deadline_infeasible; the callback has fired
     }
   }
-  st.waiting[st.wait_key(o)] = id;
+  st.wait(o);
   st.admit_waiting(now_ns);
   return Status::ok();
 }

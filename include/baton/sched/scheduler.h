@@ -185,6 +185,11 @@ class Scheduler {
   [[nodiscard]] const SchedStats& stats() const;
   // Valid until the transport offers more paths (the table then grows).
   [[nodiscard]] const PathLoad& load(transport::PathId path) const;
+  // Unsent bytes of the requests queued on `path` whose deadline comes
+  // before `deadline_ns` (equal deadlines: submitted before `self`, all of
+  // them when `self` is not one of ours). Requests without a deadline never
+  // count. O(log n): admission asks it for every feasibility check.
+  [[nodiscard]] std::uint64_t unsent_due_before(transport::PathId path, TimeNs deadline_ns, RequestId self) const;
   [[nodiscard]] std::size_t queued_requests() const;  // not yet ended
   [[nodiscard]] const SchedPolicy& policy() const;
 
