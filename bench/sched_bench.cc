@@ -36,18 +36,33 @@ class RecordingTransport final : public transport::Transport {
   transport::SliceSubmit last_;
 };
 
+// The pcie4 model's links as paths both ways, one slice of credit on each.
+struct Rig {
+  topology::TopologyGraph graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  RecordingTransport transport{paths_of(graph)};
+  sched::SchedPolicy policy = one_slice_each();
+  std::unique_ptr<sched::Scheduler> scheduler = sched::Scheduler::create(graph, policy, transport).value();
+
+  static std::vector<transport::PathInfo> paths_of(const topology::TopologyGraph& g) {
+    std::vector<transport::PathInfo> paths;
+    for (const topology::Link& l : g.links()) {
+      paths.push_back({l.from, l.to, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
+      paths.push_back({l.to, l.from, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
+    }
+    return paths;
+  }
+  static sched::SchedPolicy one_slice_each() {
+    sched::SchedPolicy policy = sched::SchedPolicy::defaults();
+    for (sched::PathCredits& c : policy.credits) c = {1, 1, 1 << 20};
+    return policy;
+  }
+};
+
 void BM_DispatchPerSlice(benchmark::State& state) {
   const auto queued = static_cast<int>(state.range(0));
-  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
-  std::vector<transport::PathInfo> paths;
-  for (const topology::Link& l : graph.links()) {
-    paths.push_back({l.from, l.to, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
-    paths.push_back({l.to, l.from, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
-  }
-  RecordingTransport transport(paths);
-  sched::SchedPolicy policy = sched::SchedPolicy::defaults();
-  for (sched::PathCredits& c : policy.credits) c = {1, 1, 1 << 20};  // one slice in flight
-  auto scheduler = sched::Scheduler::create(graph, policy, transport).value();
+  Rig rig;
+  RecordingTransport& transport = rig.transport;
+  sched::Scheduler* scheduler = rig.scheduler.get();
 
   std::mt19937_64 rng(1);
   std::uniform_int_distribution<int> qos(0, sched::kQosClassCount - 1);
@@ -81,17 +96,10 @@ BENCHMARK(BM_DispatchPerSlice)->Arg(1'000)->Arg(10'000)->Arg(100'000);
 // against the requests live on its path (all with deadlines).
 void BM_AdmitPerRequest(benchmark::State& state) {
   const auto live = static_cast<int>(state.range(0));
-  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
-  std::vector<transport::PathInfo> paths;
-  for (const topology::Link& l : graph.links()) {
-    paths.push_back({l.from, l.to, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
-    paths.push_back({l.to, l.from, l.path, 1, l.cost.bandwidth_gbps, l.cost.latency_us});
-  }
-  RecordingTransport transport(paths);
-  sched::SchedPolicy policy = sched::SchedPolicy::defaults();
-  for (sched::PathCredits& c : policy.credits) c = {1, 1, 1 << 20};
-  auto scheduler = sched::Scheduler::create(graph, policy, transport).value();
-  auto admission = admission::AdmissionController::create(policy, *scheduler, transport).value();
+  Rig rig;
+  RecordingTransport& transport = rig.transport;
+  sched::Scheduler* scheduler = rig.scheduler.get();
+  auto admission = admission::AdmissionController::create(rig.policy, *scheduler, transport).value();
   std::vector<sched::RequestId> finished;
   scheduler->set_finish_hook([&](sched::RequestId id) {
     admission->on_finish(id);

@@ -4,9 +4,10 @@
 
 namespace baton::workloads {
 
-engine::Request UcxRig::read(std::uint64_t length, std::uint64_t local_offset, std::uint64_t remote_offset) const {
+engine::Request UcxRig::request(transport::Op op, std::uint64_t length, std::uint64_t local_offset,
+                                std::uint64_t remote_offset) const {
   engine::Request r;
-  r.op = transport::Op::kRead;
+  r.op = op;
   r.local_region = local.handle;
   r.local_offset = local_offset;
   r.peer = peer.address;

@@ -25,9 +25,13 @@ struct UcxRig {
   engine::Peer peer;
   transport::RemoteRegion remote;
 
-  // A read of `length` bytes into the buffer from the peer's region.
+  // `length` bytes between the buffer and the peer's region.
+  [[nodiscard]] engine::Request request(transport::Op op, std::uint64_t length, std::uint64_t local_offset = 0,
+                                        std::uint64_t remote_offset = 0) const;
   [[nodiscard]] engine::Request read(std::uint64_t length, std::uint64_t local_offset = 0,
-                                     std::uint64_t remote_offset = 0) const;
+                                     std::uint64_t remote_offset = 0) const {
+    return request(transport::Op::kRead, length, local_offset, remote_offset);
+  }
 };
 
 // `prepare` runs on the new engine before any traffic (admission callbacks

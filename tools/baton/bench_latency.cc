@@ -44,15 +44,15 @@ int run_latency(const LatencyOptions& o) {
   if (!block) return fail(2, fmt::format("--block-size: {}", block.error().message()));
   if (*block == 0 || *block > (std::uint64_t{1} << 30)) return fail(2, "--block-size must be in (0, 1 GiB]");
 
-  std::vector<std::byte> buffer(*block);
+  auto opened = BenchPeer::open(o.peer, *block);
+  if (!opened) return fail(opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1, opened.error().to_string());
+  BenchPeer& bp = *opened;
+  std::span<std::byte> buffer = bp.buffer();
   if (op == engine::Op::kWrite) {
     engine::fill_pattern(buffer, kWriteSalt);
   } else {
     std::ranges::fill(buffer, std::byte{0});
   }
-  auto opened = BenchPeer::open(o.peer, buffer);
-  if (!opened) return fail(opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1, opened.error().to_string());
-  BenchPeer& bp = *opened;
   const engine::Batch batch{{bp.request(op, 0, *block)}, {}};
 
   std::vector<double> us;

@@ -1,6 +1,7 @@
-// What the real-transfer benches (throughput, latency) stand on: an engine
-// with the bench's buffer registered, connected to a `baton serve` (given,
-// or spawned on loopback), and the peer's largest region.
+// What the real-transfer benches (throughput, latency) stand on: a
+// `baton serve` (given, or spawned on loopback) and a workload rig connected
+// to it (workloads/ucx_rig.h: an engine, its buffer registered, the peer's
+// largest region).
 #pragma once
 
 #include <memory>
@@ -11,29 +12,31 @@
 #include "baton/common/status.h"
 #include "baton/engine/engine.h"
 #include "serve_child.h"
+#include "workloads/ucx_rig.h"
 
 namespace baton::cli {
 
 struct BenchPeerOptions {
   std::string target;  // a running `baton serve`, or
-  bool spawn = false;  // one started here with a buffer of the bench's span
+  bool spawn = false;  // one started here with a buffer of the bench's size
   transport::UcxConfig ucx;
   std::string policy_file;
 };
 
 class BenchPeer {
  public:
-  // `buffer` is registered; the peer's largest region must hold its size.
-  // invalid_argument unless exactly one of target and spawn is given.
-  [[nodiscard]] static Result<BenchPeer> open(const BenchPeerOptions& o, std::span<std::byte> buffer);
+  // A buffer of `buffer_bytes`, registered; the peer's largest region must
+  // hold as many. invalid_argument unless exactly one of target and spawn is
+  // given, or for a bad policy file.
+  [[nodiscard]] static Result<BenchPeer> open(const BenchPeerOptions& o, std::uint64_t buffer_bytes);
 
-  [[nodiscard]] engine::Engine& engine() { return *engine_; }
-  [[nodiscard]] const engine::Region& local() const { return local_; }
-  [[nodiscard]] const engine::Peer& peer() const { return peer_; }
-  [[nodiscard]] const transport::RemoteRegion& remote() const { return remote_; }
-
+  [[nodiscard]] std::span<std::byte> buffer() { return rig_->buffer; }
+  [[nodiscard]] engine::Engine& engine() { return *rig_->engine; }
+  [[nodiscard]] const engine::Peer& peer() const { return rig_->peer; }
   // One request of `length` bytes at the same offset on both sides.
-  [[nodiscard]] engine::Request request(engine::Op op, std::uint64_t offset, std::uint64_t length) const;
+  [[nodiscard]] engine::Request request(engine::Op op, std::uint64_t offset, std::uint64_t length) const {
+    return rig_->request(op, length, offset, offset);
+  }
   // Submits `batch`, waits for it, releases it: its final status.
   [[nodiscard]] Status run(const engine::Batch& batch);
   // Shuts the engine down and stops a spawned serve (its exit checked).
@@ -41,11 +44,8 @@ class BenchPeer {
 
  private:
   BenchPeer() = default;
-  std::optional<ServeChild> child_;
-  std::unique_ptr<engine::Engine> engine_;
-  engine::Region local_;
-  engine::Peer peer_;
-  transport::RemoteRegion remote_;
+  std::optional<ServeChild> child_;          // declared first: it outlives the engine
+  std::unique_ptr<workloads::UcxRig> rig_;
 };
 
 }  // namespace baton::cli

@@ -94,18 +94,18 @@ int run_throughput(const ThroughputOptions& o) {
     fmt::print(stderr, "baton bench throughput: {}\n", plan.error().message());
     return 2;
   }
-  std::vector<std::byte> buffer(plan->span);
-  if (plan->op == engine::Op::kWrite) {
-    engine::fill_pattern(buffer, kWriteSalt);
-  } else {
-    std::ranges::fill(buffer, std::byte{0});
-  }
-  auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file}, buffer);
+  auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file}, plan->span);
   if (!opened) {
     fmt::print(stderr, "baton bench throughput: {}\n", opened.error().to_string());
     return opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   BenchPeer& bp = *opened;
+  std::span<std::byte> buffer = bp.buffer();
+  if (plan->op == engine::Op::kWrite) {
+    engine::fill_pattern(buffer, kWriteSalt);
+  } else {
+    std::ranges::fill(buffer, std::byte{0});
+  }
 
   // Each thread owns blocks [t·batch, (t+1)·batch) at the same offsets on
   // both sides, and keeps one batch of them in flight.
