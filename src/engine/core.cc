@@ -84,6 +84,7 @@ Core::~Core() {
 
 std::string Core::metrics_text() {
   return on_loop([this] {
+    if (before_metrics) before_metrics();
     MetricsRegistry& m = metrics;
     const admission::AdmissionStats& a = admission->stats();
     admission::AdmissionStats& ea = exported_admission;

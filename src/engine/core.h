@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -99,6 +100,9 @@ struct Core {
   std::atomic<sched::RequestId> next_id{1};
   MetricsRegistry metrics;
   // What metrics_text() last exported, so counters grow by the difference.
+  // Runs on the loop at the start of every metrics_text(): a facade adds
+  // what it counted off the loop (the engine's loop-free batches).
+  std::function<void()> before_metrics;
   admission::AdmissionStats exported_admission;
   sched::SchedStats exported_sched;
 };

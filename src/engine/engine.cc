@@ -42,6 +42,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   Core& c = *state->core;
   state->datapath = std::make_unique<Datapath>(*c.ucx, *c.scheduler, *c.admission, c.metrics, c.next_id, *c.loop);
   state->datapath->set_clock([&c] { return c.now_ns(); });
+  c.before_metrics = [d = state->datapath.get()] { d->flush_direct_metrics(); };  // counted on submitting threads
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
   c.loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { d->on_turn(now_ns); });
   if (Status s = c.wall->start(); !s.is_ok()) return std::unexpected(s);
@@ -207,13 +208,7 @@ void Engine::shutdown() {
 #undef BATON_REQUIRE_OPEN
 
 
-std::string Engine::metrics_text() {
-  state_->core->on_loop([this] {
-    state_->datapath->flush_direct_metrics();  // counted on submitting threads
-    return 0;
-  });
-  return state_->core->metrics_text();
-}
+std::string Engine::metrics_text() { return state_->core->metrics_text(); }
 sched::SchedStats Engine::stats() { return state_->core->stats(); }
 TimeNs Engine::now_ns() const { return state_->core->now_ns(); }
 std::uint64_t Engine::loop_turns() const { return state_->core->loop_turns(); }

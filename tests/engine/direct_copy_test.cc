@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -224,12 +226,20 @@ TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) {
       }
     });
   }
-  while (completed < 200) std::this_thread::yield();
+  // Bounded: a copier that stopped making progress fails the test, not the suite's clock.
+  auto until = [](const std::function<bool()>& done) {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < limit) std::this_thread::yield();
+    return done();
+  };
+  const bool copied = until([&] { return completed >= 200; });
+  EXPECT_TRUE(copied);
   EXPECT_TRUE(p.holder->unregister(p.allocated.handle).is_ok());
   const int at_unregister = refused.load();
-  while (refused < at_unregister + 50) std::this_thread::yield();
+  const bool refusing = until([&] { return refused >= at_unregister + 50; });
   stop = true;
   for (auto& t : threads) t.join();
+  EXPECT_TRUE(refusing);
   EXPECT_GE(completed.load(), 200);
   EXPECT_EQ(other.load(), 0);
 }

@@ -313,7 +313,12 @@ struct UcxTransport::State {
       std::lock_guard lock(direct_mutex);
       old = std::exchange(direct, std::move(t));
     }
-    if (old) retired.push_back(old);
+    // Pruned here too: an engine whose regions are never revoked must not
+    // keep one entry per table it ever published.
+    if (old) {
+      std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
+      retired.push_back(old);
+    }
   }
 
   // Whether a copy may still read a table that is no longer published.
