@@ -14,10 +14,15 @@ constexpr std::string_view kDroppedName = "baton_metrics_dropped_total";
 constexpr std::string_view kDroppedHelp =
     "Metric updates ignored: undeclared family, wrong type or bad labels.";
 
-enum class FamilyType : std::uint8_t { kCounter, kHistogram };
+enum class FamilyType : std::uint8_t { kCounter, kGauge, kHistogram };
 
 std::string_view type_name(FamilyType type) {
-  return type == FamilyType::kCounter ? "counter" : "histogram";
+  switch (type) {
+    case FamilyType::kCounter: return "counter";
+    case FamilyType::kGauge: return "gauge";
+    case FamilyType::kHistogram: break;
+  }
+  return "histogram";
 }
 
 // A letter or the underscore: what may start a label name.
@@ -111,7 +116,7 @@ struct MetricsRegistry::Family {
   FamilyType type;
   std::string help;
   std::vector<double> buckets;  // histograms only; +Inf implicit
-  std::map<Labels, std::uint64_t> counters;
+  std::map<Labels, std::uint64_t> counters;  // counters' and gauges' values
   std::map<Labels, Histogram> histograms;
 };
 
@@ -129,25 +134,33 @@ bool labels_ok(const Labels& labels, FamilyType type) {
 }  // namespace
 
 Status MetricsRegistry::declare_counter(std::string_view name, std::string_view help) {
+  return declare_scalar(name, help, /*gauge=*/false);
+}
+
+Status MetricsRegistry::declare_gauge(std::string_view name, std::string_view help) {
+  return declare_scalar(name, help, /*gauge=*/true);
+}
+
+Status MetricsRegistry::declare_scalar(std::string_view name, std::string_view help, bool gauge) {
+  const FamilyType type = gauge ? FamilyType::kGauge : FamilyType::kCounter;
+  const std::string_view call = gauge ? "declare_gauge" : "declare_counter";
   if (!is_metric_name(name)) {
-    return Status::invalid_argument(
-        "declare_counter: \"{}\" is not a metric name (expected [a-zA-Z_:][a-zA-Z0-9_:]*)",
-        name);
+    return Status::invalid_argument("{}: \"{}\" is not a metric name (expected [a-zA-Z_:][a-zA-Z0-9_:]*)", call,
+                                    name);
   }
   if (name == kDroppedName) {
-    return Status::already_exists("declare_counter: \"{}\" is built in", name);
+    return Status::already_exists("{}: \"{}\" is built in", call, name);
   }
   std::lock_guard lock(mutex_);
   if (auto it = families_.find(name); it != families_.end()) {
-    if (it->second->type != FamilyType::kCounter) {
-      return Status::already_exists(
-          "declare_counter: \"{}\" is already declared as a {}", name,
-          type_name(it->second->type));
+    if (it->second->type != type) {
+      return Status::already_exists("{}: \"{}\" is already declared as a {}", call, name,
+                                    type_name(it->second->type));
     }
     return Status::ok();  // the same declaration again: the first help stays
   }
   auto family = std::make_shared<Family>();
-  family->type = FamilyType::kCounter;
+  family->type = type;
   family->help = std::string(help);
   families_.emplace(std::string(name), std::move(family));
   return Status::ok();
@@ -203,21 +216,33 @@ Status MetricsRegistry::declare_histogram(std::string_view name, std::string_vie
 void MetricsRegistry::add(std::string_view name, const Labels& labels,
                           std::uint64_t delta) {
   std::lock_guard lock(mutex_);
+  if (auto* value = scalar(name, labels, /*gauge=*/false)) *value += delta;
+}
+
+void MetricsRegistry::set(std::string_view name, const Labels& labels, std::uint64_t value) {
+  std::lock_guard lock(mutex_);
+  if (auto* series = scalar(name, labels, /*gauge=*/true)) *series = value;
+}
+
+// The value of a counter's or gauge's series (created on first use); null,
+// counted as dropped, for an undeclared family, another type or bad labels.
+// Holds mutex_.
+std::uint64_t* MetricsRegistry::scalar(std::string_view name, const Labels& labels, bool gauge) {
   auto it = families_.find(name);
-  if (it == families_.end() || it->second->type != FamilyType::kCounter) {
+  if (it == families_.end() || it->second->type != (gauge ? FamilyType::kGauge : FamilyType::kCounter)) {
     ++dropped_;
-    return;
+    return nullptr;
   }
   auto& series = it->second->counters;
   auto s = series.find(labels);
   if (s == series.end()) {
     if (!labels_ok(labels, FamilyType::kCounter)) {
       ++dropped_;
-      return;
+      return nullptr;
     }
     s = series.emplace(labels, 0).first;
   }
-  s->second += delta;
+  return &s->second;
 }
 
 void MetricsRegistry::observe(std::string_view name, const Labels& labels, double value) {
@@ -278,7 +303,7 @@ std::string MetricsRegistry::text() const {
   for (const auto& [name, family] : families_) {
     if (!dropped_written && kDroppedName < name) write_dropped();
     append_header(out, name, family->help, family->type);
-    if (family->type == FamilyType::kCounter) {
+    if (family->type != FamilyType::kHistogram) {
       for (const auto& [labels, value] : family->counters) {
         out += name;
         append_labels(out, labels);

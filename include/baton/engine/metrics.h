@@ -25,6 +25,8 @@ class MetricsRegistry {
   // declaration with a different type or buckets; invalid_argument for a
   // name that is not a Prometheus metric name or unsorted buckets.
   Status declare_counter(std::string_view name, std::string_view help);
+  // A value that goes up and down (pages in use, tickets by state).
+  Status declare_gauge(std::string_view name, std::string_view help);
   Status declare_histogram(std::string_view name, std::string_view help, std::vector<double> buckets);
 
   // Adds to a counter / observes a value; the series is created on first use.
@@ -32,8 +34,10 @@ class MetricsRegistry {
   // baton_metrics_dropped_total (a metric bug must not break a transfer).
   void add(std::string_view name, const Labels& labels = {}, std::uint64_t delta = 1);
   void observe(std::string_view name, const Labels& labels, double value);
+  // Sets a gauge's series.
+  void set(std::string_view name, const Labels& labels, std::uint64_t value);
 
-  // Current value, for tests; 0 for an unknown series.
+  // Current value (a counter's or a gauge's), for tests; 0 for an unknown series.
   [[nodiscard]] std::uint64_t counter(std::string_view name, const Labels& labels = {}) const;
   [[nodiscard]] std::uint64_t histogram_count(std::string_view name, const Labels& labels = {}) const;
 
@@ -43,6 +47,8 @@ class MetricsRegistry {
 
  private:
   struct Family;
+  Status declare_scalar(std::string_view name, std::string_view help, bool gauge);
+  std::uint64_t* scalar(std::string_view name, const Labels& labels, bool gauge);
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Family>, std::less<>> families_;
   std::uint64_t dropped_ = 0;

@@ -1,0 +1,152 @@
+// The ranks of a serving stage as the handoff sees them: a producer rank
+// hands out source pages it generates KV into; a consumer rank hands out
+// destination pages and loads (pulls) a row of a request into them.
+// The orchestrator talks to ranks through these interfaces only, so a rank
+// may live in this process (ProducerWorker, ConsumerWorker over an Engine)
+// or behind any RPC a serving framework already has.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "baton/engine/engine.h"
+#include "baton/handoff/layout.h"
+#include "baton/handoff/page_pool.h"
+
+namespace baton::handoff {
+
+using TicketId = std::uint64_t;
+
+// One producer rank's pages of one row: where a consumer reads them.
+struct SourcePages {
+  std::string address;  // the rank's engine (Engine::address())
+  engine::RegionHandle region = 0;
+  std::vector<std::uint32_t> pages;  // pages of layout.page_bytes() each
+};
+
+// Load row `row` of ticket `ticket` into consumer rank `rank`'s `pages`
+// from the producer ranks' pages (`sources`, indexed by producer rank).
+struct LoadOrder {
+  TicketId ticket = 0;
+  std::uint32_t row = 0;
+  std::uint32_t tokens = 0;
+  KvLayout producer;
+  KvLayout consumer;
+  std::uint32_t rank = 0;
+  std::vector<SourcePages> sources;
+  std::vector<std::uint32_t> pages;
+  TimeNs timeout_ns = 0;  // each transfer's (Request::timeout_ns)
+};
+
+struct LoadCompletion {
+  TicketId ticket = 0;
+  std::uint32_t row = 0;
+  std::uint32_t rank = 0;
+  Status status;
+};
+
+class ProducerRank {
+ public:
+  virtual ~ProducerRank() = default;
+  [[nodiscard]] virtual std::string address() const = 0;
+  [[nodiscard]] virtual engine::RegionHandle region() const = 0;
+  [[nodiscard]] virtual Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) = 0;
+  [[nodiscard]] virtual Status free(std::span<const std::uint32_t> pages) = 0;
+};
+
+class ConsumerRank {
+ public:
+  virtual ~ConsumerRank() = default;
+  // The size of its pool, in pages (what allocate() answers is checked
+  // against it).
+  [[nodiscard]] virtual std::uint32_t pool_pages() const = 0;
+  [[nodiscard]] virtual Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) = 0;
+  [[nodiscard]] virtual Status free(std::span<const std::uint32_t> pages) = 0;
+  // Starts the load and returns; its end comes from take_completions().
+  // An error here means nothing was started.
+  [[nodiscard]] virtual Status load(const LoadOrder& order) = 0;
+  [[nodiscard]] virtual std::vector<LoadCompletion> take_completions() = 0;
+};
+
+// A producer rank over an Engine: a pool of `pages` pages of `page_bytes`
+// in memory the engine allocates (a memfd same-host peers map) and exports
+// to every peer.
+class ProducerWorker final : public ProducerRank {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<ProducerWorker>> create(engine::Engine& engine,
+                                                                      std::uint64_t page_bytes,
+                                                                      std::uint32_t pages);
+  ~ProducerWorker() override;
+
+  [[nodiscard]] std::string address() const override { return engine_.address(); }
+  [[nodiscard]] engine::RegionHandle region() const override { return region_.handle; }
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
+  // The bytes of page `page` (where generation writes); empty outside the pool.
+  [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
+  [[nodiscard]] const PagePool& pool() const { return pool_; }
+
+ private:
+  ProducerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages)
+      : engine_(engine), region_(region), pool_(page_bytes, pages) {}
+  engine::Engine& engine_;
+  engine::Region region_;
+  PagePool pool_;
+};
+
+// A consumer rank over an Engine: its pool as ProducerWorker's, and loads as
+// engine batches of reads from the producer ranks, one per row, built from
+// the layout pair's reshape plan (computed once, PlanCache) with
+// neighbouring ranges merged into one request.
+class ConsumerWorker final : public ConsumerRank {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<ConsumerWorker>> create(engine::Engine& engine,
+                                                                      std::uint64_t page_bytes,
+                                                                      std::uint32_t pages);
+  ~ConsumerWorker() override;
+
+  [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
+  // invalid_argument for an order that does not fit the layouts (rank out
+  // of range, a source or page count off, page bytes not the pool's);
+  // out_of_range / failed_precondition for destination pages outside the
+  // pool or not allocated. Transfer errors (an unreachable producer) come
+  // as the completion's status.
+  [[nodiscard]] Status load(const LoadOrder& order) override;
+  [[nodiscard]] std::vector<LoadCompletion> take_completions() override;
+
+  // The engine batch a load submits (for a plain-batch baseline of the same
+  // bytes); the same errors as load().
+  [[nodiscard]] Result<engine::Batch> batch_for(const LoadOrder& order);
+  [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
+  [[nodiscard]] const PagePool& pool() const { return pool_; }
+  [[nodiscard]] const PlanCache& plans() const { return plans_; }
+
+ private:
+  struct Pending {
+    engine::BatchHandle batch;
+    LoadCompletion completion;
+  };
+  ConsumerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages)
+      : engine_(engine), region_(region), pool_(page_bytes, pages) {}
+  Result<engine::Peer> peer(const std::string& address);
+
+  engine::Engine& engine_;
+  engine::Region region_;
+  PagePool pool_;
+  PlanCache plans_;
+  std::mutex mutex_;  // guards the two below
+  std::map<std::string, engine::Peer> peers_;
+  std::vector<Pending> pending_;
+  std::vector<LoadCompletion> ended_;  // loads that failed before submit
+};
+
+}  // namespace baton::handoff

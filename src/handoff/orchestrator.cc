@@ -1,0 +1,601 @@
+#include "baton/handoff/orchestrator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+namespace baton::handoff {
+
+std::string_view to_string(TicketState state) {
+  switch (state) {
+    case TicketState::kCreated: return "created";
+    case TicketState::kBound: return "bound";
+    case TicketState::kGenerated: return "generated";
+    case TicketState::kLoading: return "loading";
+    case TicketState::kCompleted: return "completed";
+    case TicketState::kTimedOut: return "timed_out";
+    case TicketState::kCancelled: return "cancelled";
+    case TicketState::kFailed: return "failed";
+    case TicketState::kReleased: return "released";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr TicketState kAllStates[] = {TicketState::kCreated,   TicketState::kBound,     TicketState::kGenerated,
+                                      TicketState::kLoading,   TicketState::kCompleted, TicketState::kTimedOut,
+                                      TicketState::kCancelled, TicketState::kFailed,    TicketState::kReleased};
+
+bool ended_for_caller(TicketState s) {
+  return s == TicketState::kTimedOut || s == TicketState::kCancelled || s == TicketState::kFailed;
+}
+
+// Which PageCounts field a ticket's destination pages count in.
+enum class Owner : std::uint8_t { kNone, kReserved, kInUse, kRetained };
+
+std::vector<double> latency_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+}  // namespace
+
+struct ProducerReplica {
+  KvLayout layout;
+  std::vector<ProducerRank*> ranks;
+  Status failed;
+};
+
+struct ConsumerReplica {
+  KvLayout layout;
+  std::vector<ConsumerRank*> ranks;
+  Status stopped;
+  PageCounts pages;
+};
+
+struct Entry {
+  Ticket t;
+  std::vector<std::vector<bool>> loaded;  // [row][rank]
+  std::uint64_t dest_pages = 0;
+  bool sources_held = false;  // source pages allocated and not yet freed
+  bool receiving = false;
+  bool cancel_queued = false;
+  TimeNs dispatched_ns = 0;
+};
+
+struct Orchestrator::State {
+  HandoffConfig config;
+  SteadyClock steady;
+  const Clock* clock = nullptr;
+  mutable std::mutex mutex;
+  std::condition_variable cv;
+  std::map<std::string, ProducerReplica, std::less<>> producers;
+  std::map<std::string, ConsumerReplica, std::less<>> consumers;
+  std::map<TicketId, Entry> tickets;
+  std::map<TicketState, std::uint64_t> by_state;
+  std::uint64_t loading = 0;  // tickets with loads pending: progress() polls only then
+  TicketId next = 1;
+  PlanCache plans;
+
+  TimeNs now() const { return clock->now_ns(); }
+
+  static Owner owner(const Entry& e, TicketState s) {
+    if (e.dest_pages == 0) return Owner::kNone;
+    if (s == TicketState::kLoading) return Owner::kReserved;
+    if (s == TicketState::kCompleted) return Owner::kInUse;
+    if (ended_for_caller(s)) return Owner::kRetained;
+    return Owner::kNone;
+  }
+
+  static std::uint64_t* field(PageCounts& c, Owner o) {
+    switch (o) {
+      case Owner::kReserved: return &c.reserved;
+      case Owner::kInUse: return &c.in_use;
+      case Owner::kRetained: return &c.retained;
+      case Owner::kNone: break;
+    }
+    return nullptr;
+  }
+
+  void publish(const std::string& consumer) {
+    if (config.metrics == nullptr) return;
+    const PageCounts& c = consumers.at(consumer).pages;
+    config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "reserved"}}, c.reserved);
+    config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "in_use"}}, c.in_use);
+    config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "retained"}}, c.retained);
+    for (TicketState s : kAllStates) {
+      config.metrics->set("baton_handoff_tickets", {{"state", std::string(to_string(s))}}, by_state[s]);
+    }
+  }
+
+  // Moves a ticket and its destination pages' owner together.
+  void set_state(Entry& e, TicketState s) {
+    ConsumerReplica& c = consumers.at(e.t.consumer);
+    if (auto* from = field(c.pages, owner(e, e.t.state))) *from -= e.dest_pages;
+    if (s == TicketState::kReleased) e.dest_pages = 0;
+    if (auto* to = field(c.pages, owner(e, s))) *to += e.dest_pages;
+    --by_state[e.t.state];
+    ++by_state[s];
+    e.t.state = s;
+    publish(e.t.consumer);
+    cv.notify_all();
+  }
+
+  void stop(ConsumerReplica& c, Status why) {
+    if (c.stopped.is_ok()) c.stopped = std::move(why);
+    cv.notify_all();
+  }
+
+  // failed_precondition when the ticket's consumer stopped.
+  Status usable(const Entry& e) {
+    const Status& s = consumers.at(e.t.consumer).stopped;
+    if (s.is_ok()) return s;
+    return Status::failed_precondition("ticket {}: consumer {} stopped: {}", e.t.id, e.t.consumer, s.to_string());
+  }
+
+  Result<Entry*> find(TicketId id, const char* call) {
+    auto it = tickets.find(id);
+    if (it == tickets.end()) return std::unexpected(Status::not_found("{}: no ticket {}", call, id));
+    if (auto s = usable(it->second); !s.is_ok()) return std::unexpected(s);
+    return &it->second;
+  }
+
+  void free_sources(Entry& e) {
+    if (!e.sources_held) return;
+    e.sources_held = false;
+    auto p = producers.find(e.t.producer);
+    if (p == producers.end() || !p->second.failed.is_ok()) return;  // died with its process
+    for (auto& row : e.t.sources) {
+      for (std::size_t r = 0; r < row.size(); ++r) {
+        if (auto s = p->second.ranks[r]->free(row[r].pages); !s.is_ok() && p->second.failed.is_ok()) {
+          p->second.failed = Status::internal("producer {} rank {} refused its pages back: {}", e.t.producer, r,
+                                              s.to_string());
+        }
+      }
+    }
+  }
+
+  // Returns every destination page; a refusal stops the replica (a page we
+  // cannot account for must never be handed out again).
+  bool free_destination(Entry& e) {
+    ConsumerReplica& c = consumers.at(e.t.consumer);
+    for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+      std::vector<std::uint32_t> pages;
+      for (const auto& row : e.t.destination) pages.insert(pages.end(), row[r].begin(), row[r].end());
+      if (pages.empty()) continue;
+      if (auto s = c.ranks[r]->free(pages); !s.is_ok()) {
+        stop(c, Status::internal("ticket {}: rank {} refused {} pages back: {}", e.t.id, r, pages.size(),
+                                 s.to_string()));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Once no load is pending: a loading ticket completed (its source pages
+  // go back), an ended one returns every page.
+  void settle(Entry& e) {
+    if (e.t.loads_pending != 0) return;
+    if (e.t.state == TicketState::kLoading) {
+      free_sources(e);
+      set_state(e, TicketState::kCompleted);
+      return;
+    }
+    if (!ended_for_caller(e.t.state)) return;
+    if (!free_destination(e)) return;
+    free_sources(e);
+    set_state(e, TicketState::kReleased);
+  }
+
+  void end(Entry& e, TicketState s, Status why) {
+    e.t.status = std::move(why);
+    set_state(e, s);
+    settle(e);
+  }
+
+  void complete(Entry& e, std::uint32_t row, std::uint32_t rank, const Status& status) {
+    e.loaded[row][rank] = true;
+    --e.t.loads_pending;
+    if (e.t.loads_pending == 0) --loading;
+    if (config.metrics != nullptr) {
+      config.metrics->observe("baton_handoff_rank_load_seconds",
+                              {{"consumer", e.t.consumer}, {"rank", std::to_string(rank)}},
+                              static_cast<double>(now() - e.dispatched_ns) / 1e9);
+    }
+    if (!status.is_ok() && e.t.state == TicketState::kLoading) {
+      e.t.status = Status(status.code(), fmt::format("ticket {} row {} consumer rank {}: {}", e.t.id, row, rank,
+                                                     status.message()));
+      set_state(e, TicketState::kFailed);
+    }
+    settle(e);
+    cv.notify_all();
+  }
+
+  void progress() {
+    if (loading == 0) return;  // late completions are polled only while some are owed
+    for (auto& [name, c] : consumers) {
+      if (!c.stopped.is_ok()) continue;
+      for (std::uint32_t r = 0; r < c.ranks.size() && c.stopped.is_ok(); ++r) {
+        for (const LoadCompletion& done : c.ranks[r]->take_completions()) {
+          auto it = tickets.find(done.ticket);
+          const bool expected = it != tickets.end() && it->second.t.consumer == name && done.rank == r &&
+                                done.row < it->second.loaded.size() && !it->second.loaded[done.row][r] &&
+                                it->second.t.loads_pending > 0;
+          if (!expected) {
+            stop(c, Status::internal("consumer {} rank {} reported a load it was not given or twice (ticket {} row "
+                                     "{} rank {})",
+                                     name, r, done.ticket, done.row, done.rank));
+            break;
+          }
+          complete(it->second, done.row, r, done.status);
+        }
+      }
+    }
+  }
+
+  Status start(Entry& e) {
+    ConsumerReplica& c = consumers.at(e.t.consumer);
+    const KvLayout& cl = c.layout;
+    const std::uint32_t total = cl.pages_for(e.t.tokens);
+    std::vector<std::vector<std::uint32_t>> got(c.ranks.size());
+    for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+      const std::uint32_t want = cl.cfg * cl.rank_pages(r, total);
+      auto pages = want == 0 ? Result<std::vector<std::uint32_t>>{} : c.ranks[r]->allocate(want);
+      if (pages) {
+        std::set<std::uint32_t> distinct(pages->begin(), pages->end());
+        if (pages->size() != want || distinct.size() != want ||
+            (!distinct.empty() && *distinct.rbegin() >= c.ranks[r]->pool_pages())) {
+          const Status why = Status::internal(
+              "ticket {}: consumer {} rank {} answered {} pages ({} distinct, highest {}) for {} from a pool of {}",
+              e.t.id, e.t.consumer, r, pages->size(), distinct.size(), distinct.empty() ? 0 : *distinct.rbegin(),
+              want, c.ranks[r]->pool_pages());
+          stop(c, why);
+          return Status::failed_precondition("{}", why.to_string());
+        }
+        got[r] = std::move(*pages);
+        continue;
+      }
+      // Roll back the ranks that allocated, before any load is dispatched.
+      for (std::uint32_t k = 0; k < r; ++k) {
+        if (got[k].empty()) continue;
+        if (auto s = c.ranks[k]->free(got[k]); !s.is_ok()) {
+          stop(c, Status::internal("ticket {}: rolling back rank {}'s pages failed: {} (after rank {}: {})", e.t.id,
+                                   k, s.to_string(), r, pages.error().to_string()));
+          return Status::failed_precondition("ticket {}: consumer {} stopped: {}", e.t.id, e.t.consumer,
+                                             c.stopped.to_string());
+        }
+      }
+      return Status(pages.error().code(),
+                    fmt::format("start ticket {}: consumer {} rank {}: {} (rolled back; nothing dispatched)", e.t.id,
+                                e.t.consumer, r, pages.error().message()));
+    }
+    e.t.destination.assign(cl.cfg, std::vector<std::vector<std::uint32_t>>(c.ranks.size()));
+    e.dest_pages = 0;
+    for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+      const std::size_t per_row = got[r].size() / cl.cfg;
+      for (std::uint32_t w = 0; w < cl.cfg; ++w) {
+        e.t.destination[w][r].assign(got[r].begin() + w * per_row, got[r].begin() + (w + 1) * per_row);
+      }
+      e.dest_pages += got[r].size();
+    }
+    e.loaded.assign(cl.cfg, std::vector<bool>(c.ranks.size(), false));
+    e.t.loads_pending = cl.cfg * static_cast<std::uint32_t>(c.ranks.size());
+    ++loading;
+    e.dispatched_ns = now();
+    set_state(e, TicketState::kLoading);
+    for (std::uint32_t w = 0; w < cl.cfg; ++w) {
+      for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+        LoadOrder order{e.t.id, w, e.t.tokens, e.t.producer_layout, cl, r, e.t.sources[w], e.t.destination[w][r],
+                        config.transfer_timeout_ns};
+        if (auto s = c.ranks[r]->load(order); !s.is_ok()) complete(e, w, r, s);
+      }
+    }
+    return Status::ok();
+  }
+};
+
+Orchestrator::Orchestrator(HandoffConfig config) : state_(std::make_unique<State>()) {
+  state_->config = config;
+  state_->clock = config.clock != nullptr ? config.clock : &state_->steady;
+  if (auto* m = config.metrics) {
+    (void)m->declare_gauge("baton_handoff_pages",
+                           "Destination pages of a consumer replica by owner: reserved (loading), in_use (completed, "
+                           "until finish), retained (ended while loads were in flight).");
+    (void)m->declare_gauge("baton_handoff_tickets", "Handoff tickets by state.");
+    (void)m->declare_histogram("baton_handoff_rank_load_seconds",
+                               "From dispatch to a consumer rank's completion of one row.", latency_buckets());
+  }
+}
+
+Orchestrator::~Orchestrator() = default;
+
+Status Orchestrator::add_producer(std::string name, const KvLayout& layout, std::vector<ProducerRank*> ranks) {
+  if (auto s = layout.validate(); !s.is_ok()) return Status::invalid_argument("add_producer {}: {}", name, s.message());
+  if (ranks.size() != layout.ranks() || std::ranges::count(ranks, nullptr) > 0) {
+    return Status::invalid_argument("add_producer {}: {} ranks given (some null?), the layout has tp {} × sp {}", name,
+                                    ranks.size(), layout.tp, layout.sp);
+  }
+  std::lock_guard lock(state_->mutex);
+  if (state_->producers.contains(name)) return Status::already_exists("add_producer: {} exists", name);
+  state_->producers.emplace(std::move(name), ProducerReplica{layout, std::move(ranks), {}});
+  return Status::ok();
+}
+
+Status Orchestrator::add_consumer(std::string name, const KvLayout& layout, std::vector<ConsumerRank*> ranks) {
+  if (auto s = layout.validate(); !s.is_ok()) return Status::invalid_argument("add_consumer {}: {}", name, s.message());
+  if (ranks.size() != layout.ranks() || std::ranges::count(ranks, nullptr) > 0) {
+    return Status::invalid_argument("add_consumer {}: {} ranks given (some null?), the layout has tp {} × sp {}", name,
+                                    ranks.size(), layout.tp, layout.sp);
+  }
+  std::lock_guard lock(state_->mutex);
+  if (state_->consumers.contains(name)) return Status::already_exists("add_consumer: {} exists", name);
+  auto& c = state_->consumers.emplace(name, ConsumerReplica{layout, std::move(ranks), {}, {}}).first->second;
+  (void)c;
+  state_->publish(name);
+  return Status::ok();
+}
+
+Result<TicketId> Orchestrator::create_ticket(const TicketSpec& spec) {
+  if (spec.tokens == 0 || spec.request.empty()) {
+    return std::unexpected(Status::invalid_argument("create_ticket: request \"{}\" with {} tokens (expected a name "
+                                                    "and at least one token)",
+                                                    spec.request, spec.tokens));
+  }
+  std::lock_guard lock(state_->mutex);
+  auto c = state_->consumers.find(spec.consumer);
+  if (c == state_->consumers.end()) {
+    return std::unexpected(Status::not_found("create_ticket: no consumer replica \"{}\"", spec.consumer));
+  }
+  if (!c->second.stopped.is_ok()) {
+    return std::unexpected(Status::failed_precondition("create_ticket: consumer {} stopped: {}", spec.consumer,
+                                                       c->second.stopped.to_string()));
+  }
+  Entry e;
+  e.t.id = state_->next++;
+  e.t.request = spec.request;
+  e.t.consumer = spec.consumer;
+  e.t.tokens = spec.tokens;
+  e.t.consumer_layout = c->second.layout;
+  ++state_->by_state[TicketState::kCreated];
+  const TicketId id = e.t.id;
+  state_->tickets.emplace(id, std::move(e));
+  state_->publish(spec.consumer);
+  return id;
+}
+
+Status Orchestrator::bind(TicketId ticket, std::string_view producer) {
+  std::lock_guard lock(state_->mutex);
+  auto e = state_->find(ticket, "bind");
+  if (!e) return e.error();
+  Entry& entry = **e;
+  if (entry.t.state != TicketState::kCreated) {
+    return Status::failed_precondition("bind: ticket {} is {}", ticket, to_string(entry.t.state));
+  }
+  auto p = state_->producers.find(producer);
+  if (p == state_->producers.end()) return Status::not_found("bind: no producer replica \"{}\"", producer);
+  if (!p->second.failed.is_ok()) {
+    return Status::unavailable("bind: producer {} failed: {}", producer, p->second.failed.to_string());
+  }
+  const KvLayout& pl = p->second.layout;
+  if (auto plan = state_->plans.get(pl, entry.t.consumer_layout); !plan) {
+    return Status::invalid_argument("bind ticket {} to {}: {}", ticket, producer, plan.error().message());
+  }
+  const std::uint32_t total = pl.pages_for(entry.t.tokens);
+  std::vector<std::vector<std::uint32_t>> got(p->second.ranks.size());
+  for (std::uint32_t r = 0; r < p->second.ranks.size(); ++r) {
+    const std::uint32_t want = pl.cfg * pl.rank_pages(r, total);
+    if (want == 0) continue;
+    auto pages = p->second.ranks[r]->allocate(want);
+    if (pages && pages->size() == want) {
+      got[r] = std::move(*pages);
+      continue;
+    }
+    const Status why = pages ? Status::internal("producer rank answered {} pages for {}", pages->size(), want)
+                             : pages.error();
+    for (std::uint32_t k = 0; k < r; ++k) {
+      if (!got[k].empty()) (void)p->second.ranks[k]->free(got[k]);
+    }
+    return Status(why.code(), fmt::format("bind ticket {}: producer {} rank {}: {} (rolled back)", ticket, producer, r,
+                                          why.message()));
+  }
+  entry.t.producer = std::string(producer);
+  entry.t.producer_layout = pl;
+  entry.t.sources.assign(pl.cfg, std::vector<SourcePages>(p->second.ranks.size()));
+  for (std::uint32_t r = 0; r < p->second.ranks.size(); ++r) {
+    const std::size_t per_row = got[r].size() / pl.cfg;
+    for (std::uint32_t w = 0; w < pl.cfg; ++w) {
+      entry.t.sources[w][r].region = p->second.ranks[r]->region();
+      entry.t.sources[w][r].pages.assign(got[r].begin() + w * per_row, got[r].begin() + (w + 1) * per_row);
+    }
+  }
+  entry.sources_held = true;
+  state_->set_state(entry, TicketState::kBound);
+  return Status::ok();
+}
+
+Status Orchestrator::generated(TicketId ticket) {
+  std::lock_guard lock(state_->mutex);
+  auto e = state_->find(ticket, "generated");
+  if (!e) return e.error();
+  Entry& entry = **e;
+  if (entry.t.state != TicketState::kBound) {
+    return Status::failed_precondition("generated: ticket {} is {}", ticket, to_string(entry.t.state));
+  }
+  const ProducerReplica& p = state_->producers.at(entry.t.producer);
+  if (!p.failed.is_ok()) return Status::unavailable("generated: producer {} failed", entry.t.producer);
+  for (auto& row : entry.t.sources) {
+    for (std::size_t r = 0; r < row.size(); ++r) row[r].address = p.ranks[r]->address();
+  }
+  state_->set_state(entry, TicketState::kGenerated);
+  return Status::ok();
+}
+
+Status Orchestrator::start(TicketId ticket) {
+  std::lock_guard lock(state_->mutex);
+  auto e = state_->find(ticket, "start");
+  if (!e) return e.error();
+  if ((*e)->t.state != TicketState::kGenerated) {
+    return Status::failed_precondition("start: ticket {} is {}", ticket, to_string((*e)->t.state));
+  }
+  return state_->start(**e);
+}
+
+Status Orchestrator::receive(TicketId ticket, TimeNs timeout_ns) {
+  if (timeout_ns < 0) return Status::invalid_argument("receive: timeout {} ns is negative", timeout_ns);
+  std::unique_lock lock(state_->mutex);
+  auto found = state_->find(ticket, "receive");
+  if (!found) return found.error();
+  Entry& e = **found;
+  const TicketState s0 = e.t.state;
+  if (s0 == TicketState::kCreated || s0 == TicketState::kBound || s0 == TicketState::kGenerated) {
+    return Status::failed_precondition("receive: ticket {} is {} (not started)", ticket, to_string(s0));
+  }
+  if (e.receiving) return Status::failed_precondition("receive: ticket {} is being received already", ticket);
+  const TimeNs wait_ns = timeout_ns == 0 ? state_->config.transfer_timeout_ns : timeout_ns;
+  const TimeNs deadline = state_->now() + wait_ns;
+  e.receiving = true;
+  while (e.t.state == TicketState::kLoading) {
+    state_->progress();
+    if (e.t.state != TicketState::kLoading || !state_->usable(e).is_ok()) break;
+    const TimeNs left = deadline - state_->now();
+    if (left <= 0) {
+      state_->end(e, TicketState::kTimedOut,
+                  Status::timeout("receive: ticket {} not loaded on every rank after {} ms ({} loads pending; their "
+                                  "pages stay retained until they complete)",
+                                  ticket, wait_ns / 1'000'000, e.t.loads_pending));
+      break;
+    }
+    // Completions are polled: wake often enough not to add latency, rarely
+    // enough not to take a core from the ranks.
+    state_->cv.wait_for(lock, std::chrono::nanoseconds(std::min<TimeNs>(left, 50'000)));
+  }
+  e.receiving = false;
+  if (auto s = state_->usable(e); !s.is_ok()) return s;
+  if (e.cancel_queued) {
+    e.cancel_queued = false;
+    if (e.t.state == TicketState::kCompleted) {
+      // The KV arrived; the caller no longer wants it.
+      e.t.status = Status::cancelled("ticket {} cancelled during its receive (the KV had arrived; its pages are "
+                                     "released)",
+                                     ticket);
+      if (!state_->free_destination(e)) return state_->usable(e);
+      state_->set_state(e, TicketState::kCancelled);
+      state_->set_state(e, TicketState::kReleased);
+      return e.t.status;
+    }
+  }
+  return e.t.state == TicketState::kCompleted ? Status::ok() : e.t.status;
+}
+
+Status Orchestrator::cancel(TicketId ticket) {
+  std::lock_guard lock(state_->mutex);
+  auto found = state_->find(ticket, "cancel");
+  if (!found) return found.error();
+  Entry& e = **found;
+  if (e.receiving) {
+    e.cancel_queued = true;  // runs when that receive returns; the loads go on
+    return Status::ok();
+  }
+  switch (e.t.state) {
+    case TicketState::kCreated:
+    case TicketState::kBound:
+    case TicketState::kGenerated:
+    case TicketState::kLoading:
+      state_->end(e, TicketState::kCancelled, Status::cancelled("ticket {} cancelled", ticket));
+      return Status::ok();
+    default:
+      return Status::invalid_argument("cancel: ticket {} ended already ({})", ticket, to_string(e.t.state));
+  }
+}
+
+Status Orchestrator::finish(TicketId ticket) {
+  std::lock_guard lock(state_->mutex);
+  auto found = state_->find(ticket, "finish");
+  if (!found) return found.error();
+  Entry& e = **found;
+  if (e.t.state != TicketState::kCompleted) {
+    return Status::failed_precondition("finish: ticket {} is {} (expected completed)", ticket, to_string(e.t.state));
+  }
+  if (!state_->free_destination(e)) return state_->usable(e);
+  state_->set_state(e, TicketState::kReleased);
+  return Status::ok();
+}
+
+void Orchestrator::progress() {
+  std::lock_guard lock(state_->mutex);
+  state_->progress();
+}
+
+Status Orchestrator::producer_failed(std::string_view producer, const Status& why) {
+  std::lock_guard lock(state_->mutex);
+  auto p = state_->producers.find(producer);
+  if (p == state_->producers.end()) return Status::not_found("producer_failed: no producer replica \"{}\"", producer);
+  if (p->second.failed.is_ok()) p->second.failed = why.is_ok() ? Status::unavailable("failed") : why;
+  for (auto& [id, e] : state_->tickets) {
+    if (e.t.producer != producer || !state_->usable(e).is_ok()) continue;
+    if (e.t.state == TicketState::kBound || e.t.state == TicketState::kGenerated) {
+      state_->end(e, TicketState::kFailed,
+                  Status::unavailable("ticket {}: producer {} failed before the load: {}", id, producer,
+                                      p->second.failed.to_string()));
+    }
+  }
+  return Status::ok();
+}
+
+Status Orchestrator::consumer_rank_failed(std::string_view consumer, std::uint32_t rank, const Status& why) {
+  std::lock_guard lock(state_->mutex);
+  auto c = state_->consumers.find(consumer);
+  if (c == state_->consumers.end()) return Status::not_found("consumer_rank_failed: no consumer \"{}\"", consumer);
+  if (rank >= c->second.ranks.size()) {
+    return Status::out_of_range("consumer_rank_failed: rank {} of consumer {} with {} ranks", rank, consumer,
+                                c->second.ranks.size());
+  }
+  state_->stop(c->second, Status::unavailable("rank {} failed: {}", rank, why.to_string()));
+  return Status::ok();
+}
+
+Status Orchestrator::consumer_status(std::string_view consumer) const {
+  std::lock_guard lock(state_->mutex);
+  auto c = state_->consumers.find(consumer);
+  if (c == state_->consumers.end()) return Status::not_found("consumer_status: no consumer \"{}\"", consumer);
+  return c->second.stopped;
+}
+
+Result<Ticket> Orchestrator::ticket(TicketId ticket) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->tickets.find(ticket);
+  if (it == state_->tickets.end()) return std::unexpected(Status::not_found("ticket: no ticket {}", ticket));
+  return it->second.t;
+}
+
+Result<PageCounts> Orchestrator::pages(std::string_view consumer) const {
+  std::lock_guard lock(state_->mutex);
+  auto c = state_->consumers.find(consumer);
+  if (c == state_->consumers.end()) return std::unexpected(Status::not_found("pages: no consumer \"{}\"", consumer));
+  return c->second.pages;
+}
+
+std::uint64_t Orchestrator::tickets_in(TicketState state) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->by_state.find(state);
+  return it == state_->by_state.end() ? 0 : it->second;
+}
+
+void Orchestrator::forget_released() {
+  std::lock_guard lock(state_->mutex);
+  std::erase_if(state_->tickets, [&](const auto& kv) {
+    if (kv.second.t.state != TicketState::kReleased) return false;
+    --state_->by_state[TicketState::kReleased];
+    return true;
+  });
+}
+
+Status Orchestrator::shutdown() {
+  std::lock_guard lock(state_->mutex);
+  for (const auto& [name, c] : state_->consumers) {
+    if (!c.stopped.is_ok()) return Status::failed_precondition("consumer {} stopped: {}", name, c.stopped.to_string());
+  }
+  return Status::ok();
+}
+
+}  // namespace baton::handoff

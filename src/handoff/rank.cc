@@ -1,0 +1,173 @@
+#include "baton/handoff/rank.h"
+
+#include <utility>
+
+namespace baton::handoff {
+namespace {
+
+Result<engine::Region> allocate_exported(engine::Engine& engine, std::uint64_t page_bytes, std::uint32_t pages,
+                                         const char* call) {
+  if (page_bytes == 0 || pages == 0) {
+    return std::unexpected(Status::invalid_argument("{}: {} pages of {} bytes", call, pages, page_bytes));
+  }
+  auto region = engine.allocate_memory(page_bytes * pages);
+  if (!region) return region;
+  if (auto s = engine.export_region(region->handle); !s.is_ok()) {
+    (void)engine.unregister(region->handle);
+    return std::unexpected(s);
+  }
+  return region;
+}
+
+std::span<std::byte> page_span(const engine::Region& region, const PagePool& pool, std::uint32_t page) {
+  if (page >= pool.pages()) return {};
+  return {reinterpret_cast<std::byte*>(region.base) + page * pool.page_bytes(), pool.page_bytes()};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ProducerWorker>> ProducerWorker::create(engine::Engine& engine, std::uint64_t page_bytes,
+                                                               std::uint32_t pages) {
+  auto region = allocate_exported(engine, page_bytes, pages, "ProducerWorker::create");
+  if (!region) return std::unexpected(region.error());
+  return std::unique_ptr<ProducerWorker>(new ProducerWorker(engine, *region, page_bytes, pages));
+}
+
+ProducerWorker::~ProducerWorker() { (void)engine_.unregister(region_.handle); }
+
+std::span<std::byte> ProducerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }
+
+Result<std::unique_ptr<ConsumerWorker>> ConsumerWorker::create(engine::Engine& engine, std::uint64_t page_bytes,
+                                                               std::uint32_t pages) {
+  auto region = allocate_exported(engine, page_bytes, pages, "ConsumerWorker::create");
+  if (!region) return std::unexpected(region.error());
+  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *region, page_bytes, pages));
+}
+
+ConsumerWorker::~ConsumerWorker() {
+  // Loads still running land in the region: let them end before it goes.
+  std::lock_guard lock(mutex_);
+  for (auto& p : pending_) {
+    (void)engine_.cancel(p.batch);
+    (void)engine_.wait(p.batch, 10'000'000'000);
+    (void)engine_.release(p.batch);
+  }
+  (void)engine_.unregister(region_.handle);
+}
+
+std::span<std::byte> ConsumerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }
+
+Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
+  if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+  auto p = engine_.connect(address);
+  if (p) peers_.emplace(address, *p);
+  return p;
+}
+
+Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
+  auto plan = plans_.get(o.producer, o.consumer);
+  if (!plan) return std::unexpected(plan.error());
+  const KvLayout& pl = o.producer;
+  const KvLayout& cl = o.consumer;
+  if (o.rank >= cl.ranks() || o.row >= cl.cfg || o.tokens == 0) {
+    return std::unexpected(Status::invalid_argument("load: rank {} of {}, row {} of {}, {} tokens", o.rank,
+                                                    cl.ranks(), o.row, cl.cfg, o.tokens));
+  }
+  if (cl.page_bytes() != pool_.page_bytes()) {
+    return std::unexpected(Status::invalid_argument("load: the consumer layout's pages are {} bytes, the pool's {}",
+                                                    cl.page_bytes(), pool_.page_bytes()));
+  }
+  const std::uint32_t total = cl.pages_for(o.tokens);
+  if (o.sources.size() != pl.ranks()) {
+    return std::unexpected(
+        Status::invalid_argument("load: {} producer ranks named, the layout has {}", o.sources.size(), pl.ranks()));
+  }
+  for (std::uint32_t r = 0; r < pl.ranks(); ++r) {
+    if (o.sources[r].pages.size() != pl.rank_pages(r, total)) {
+      return std::unexpected(Status::invalid_argument("load: producer rank {} names {} pages (expected {})", r,
+                                                      o.sources[r].pages.size(), pl.rank_pages(r, total)));
+    }
+  }
+  if (o.pages.size() != cl.rank_pages(o.rank, total)) {
+    return std::unexpected(Status::invalid_argument("load: {} destination pages for rank {} (expected {})",
+                                                    o.pages.size(), o.rank, cl.rank_pages(o.rank, total)));
+  }
+  if (auto s = pool_.check(o.pages); !s.is_ok()) return std::unexpected(s);
+
+  engine::Batch batch;
+  const std::uint32_t ct = o.rank % cl.tp;
+  const std::uint32_t first = cl.first_page(o.rank / cl.tp, total);
+  for (std::uint32_t i = 0; i < o.pages.size(); ++i) {
+    const std::uint32_t page = first + i;
+    std::uint32_t ps = 0;  // the producer's sp group holding `page`
+    while (pl.first_page(ps + 1, total) <= page) ++ps;
+    const std::uint32_t local = page - pl.first_page(ps, total);
+    for (const PageRun& run : (*plan)->runs(ct)) {
+      const SourcePages& src = o.sources[ps * pl.tp + run.producer_tp];
+      const std::uint64_t remote = src.pages[local] * pl.page_bytes() + run.src_offset;
+      const std::uint64_t mine = o.pages[i] * pool_.page_bytes() + run.dst_offset;
+      if (!batch.requests.empty()) {
+        engine::Request& last = batch.requests.back();
+        if (last.peer == src.address && last.remote_region == src.region &&
+            last.remote_offset + last.length == remote && last.local_offset + last.length == mine) {
+          last.length += run.length;
+          continue;
+        }
+      }
+      engine::Request r;
+      r.op = engine::Op::kRead;
+      r.local_region = region_.handle;
+      r.local_offset = mine;
+      r.peer = src.address;
+      r.remote_region = src.region;
+      r.remote_offset = remote;
+      r.length = run.length;
+      r.timeout_ns = o.timeout_ns;
+      batch.requests.push_back(std::move(r));
+    }
+  }
+  return batch;
+}
+
+Status ConsumerWorker::load(const LoadOrder& order) {
+  auto batch = batch_for(order);
+  if (!batch) return batch.error();
+  std::lock_guard lock(mutex_);
+  LoadCompletion completion{order.ticket, order.row, order.rank, {}};
+  for (const SourcePages& src : order.sources) {
+    if (auto p = peer(src.address); !p) {
+      completion.status = p.error();
+      ended_.push_back(std::move(completion));
+      return Status::ok();
+    }
+  }
+  auto handle = engine_.submit(*batch);
+  if (!handle && handle.error().code() == StatusCode::kNotFound) {
+    // A region exported after we connected: learn the peers' lists once.
+    for (const auto& [address, p] : peers_) (void)engine_.refresh(p);
+    handle = engine_.submit(*batch);
+  }
+  if (!handle) {
+    completion.status = handle.error();
+    ended_.push_back(std::move(completion));
+    return Status::ok();
+  }
+  pending_.push_back({*handle, std::move(completion)});
+  return Status::ok();
+}
+
+std::vector<LoadCompletion> ConsumerWorker::take_completions() {
+  std::lock_guard lock(mutex_);
+  std::vector<LoadCompletion> out = std::exchange(ended_, {});
+  std::erase_if(pending_, [&](Pending& p) {
+    auto st = engine_.poll(p.batch);
+    if (st && !st->done) return false;
+    p.completion.status = st ? st->status : st.error();
+    (void)engine_.release(p.batch);
+    out.push_back(std::move(p.completion));
+    return true;
+  });
+  return out;
+}
+
+}  // namespace baton::handoff
