@@ -588,12 +588,17 @@ void Orchestrator::forget_released() {
     --state_->by_state[TicketState::kReleased];
     return true;
   });
+  if (auto* m = state_->config.metrics) {
+    m->set("baton_handoff_tickets", {{"state", "released"}}, state_->by_state[TicketState::kReleased]);
+  }
 }
 
 Status Orchestrator::shutdown() {
   std::lock_guard lock(state_->mutex);
   for (const auto& [name, c] : state_->consumers) {
-    if (!c.stopped.is_ok()) return Status::failed_precondition("consumer {} stopped: {}", name, c.stopped.to_string());
+    if (!c.stopped.is_ok()) {
+      return Status(c.stopped.code(), fmt::format("consumer {} stopped: {}", name, c.stopped.message()));
+    }
   }
   return Status::ok();
 }

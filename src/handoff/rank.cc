@@ -64,7 +64,7 @@ Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
   return p;
 }
 
-Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
+Result<engine::Batch> ConsumerWorker::build(const LoadOrder& o) {
   auto plan = plans_.get(o.producer, o.consumer);
   if (!plan) return std::unexpected(plan.error());
   const KvLayout& pl = o.producer;
@@ -129,24 +129,34 @@ Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
   return batch;
 }
 
-Status ConsumerWorker::load(const LoadOrder& order) {
-  auto batch = batch_for(order);
-  if (!batch) return batch.error();
+Status ConsumerWorker::connect(const LoadOrder& order) {
   std::lock_guard lock(mutex_);
-  LoadCompletion completion{order.ticket, order.row, order.rank, {}};
   for (const SourcePages& src : order.sources) {
-    if (auto p = peer(src.address); !p) {
-      completion.status = p.error();
-      ended_.push_back(std::move(completion));
-      return Status::ok();
-    }
+    if (auto p = peer(src.address); !p) return p.error();
   }
-  auto handle = engine_.submit(*batch);
+  return Status::ok();
+}
+
+Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& order) {
+  auto batch = build(order);
+  if (!batch) return batch;
+  if (auto s = connect(order); !s.is_ok()) return std::unexpected(s);
+  return batch;
+}
+
+Status ConsumerWorker::load(const LoadOrder& order) {
+  auto batch = build(order);
+  if (!batch) return batch.error();
+  // From here on a failure is the load's (an unreachable producer), not the order's.
+  Status status = connect(order);
+  std::lock_guard lock(mutex_);
+  auto handle = status.is_ok() ? engine_.submit(*batch) : std::unexpected(status);
   if (!handle && handle.error().code() == StatusCode::kNotFound) {
     // A region exported after we connected: learn the peers' lists once.
-    for (const auto& [address, p] : peers_) (void)engine_.refresh(p);
+    for (const SourcePages& src : order.sources) (void)engine_.refresh(peers_.at(src.address));
     handle = engine_.submit(*batch);
   }
+  LoadCompletion completion{order.ticket, order.row, order.rank, {}};
   if (!handle) {
     completion.status = handle.error();
     ended_.push_back(std::move(completion));

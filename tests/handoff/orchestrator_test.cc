@@ -1,1 +1,1186 @@
+// The handoff orchestrator: tickets carried over real engines in one process
+// (a tp=2 producer replica into consumer replicas of other layouts, every
+// byte checked against the KV pattern), and its failure semantics over fake
+// ranks that record their load orders and complete only when the test says.
+#include "baton/handoff/orchestrator.h"
+
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/metrics.h"
+#include "baton/handoff/kv_pattern.h"
+#include "baton/handoff/rank.h"
+
+namespace baton {
+// gtest prints a StatusCode by name (internal linkage: this file's only).
+[[maybe_unused]] static void PrintTo(StatusCode code, std::ostream* os) { *os << to_string(code); }
+}  // namespace baton
+
+namespace baton::handoff {
+namespace {
+
+constexpr TimeNs kMs = 1'000'000;
+constexpr TimeNs kSecond = 1'000 * kMs;
+
+// Polls `done` until it holds or `limit` passed: every wait is bounded.
+template <typename F>
+bool eventually(F&& done, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+
+// reserved, in_use, retained (gtest prints a tuple).
+using Counts = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;
+Counts counts(const Orchestrator& o, std::string_view consumer = "decode") {
+  auto c = o.pages(consumer);
+  EXPECT_TRUE(c.has_value());
+  return c ? Counts{c->reserved, c->in_use, c->retained} : Counts{};
+}
+
+// ---------------------------------------------------------------------------
+// Real engines.
+
+// A small vLLM-like layout: 4 layers, 4 kv heads of 64 bytes, 16-token pages.
+KvLayout vllm(std::uint32_t tp, std::uint32_t sp = 1, KvOrder order = KvOrder::kHnd, std::uint32_t cfg = 1) {
+  return KvLayout{.layers = 4, .kv_heads = 4, .head_bytes = 64, .page_tokens = 16, .order = order, .tp = tp,
+                  .sp = sp, .cfg = cfg};
+}
+
+std::unique_ptr<engine::Engine> make_engine() {
+  auto e = engine::Engine::create(engine::EngineConfig{});
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return e ? std::move(*e) : nullptr;
+}
+
+// One engine and one worker per rank of a layout. Workers go before their
+// engines (members are destroyed in reverse).
+template <typename Worker>
+struct Replica {
+  static constexpr std::uint32_t kPool = 32;
+  KvLayout layout;
+  std::vector<std::unique_ptr<engine::Engine>> engines;
+  std::vector<std::unique_ptr<Worker>> workers;
+
+  explicit Replica(const KvLayout& l) : layout(l) {
+    for (std::uint32_t r = 0; r < l.ranks(); ++r) {
+      engines.push_back(make_engine());
+      if (engines.back() == nullptr) return;
+      auto w = Worker::create(*engines.back(), l.page_bytes(), kPool);
+      EXPECT_TRUE(w.has_value()) << w.error().to_string();
+      if (w) workers.push_back(std::move(*w));
+    }
+  }
+  template <typename Rank>
+  std::vector<Rank*> ranks() const {
+    std::vector<Rank*> out;
+    for (const auto& w : workers) out.push_back(w.get());
+    return out;
+  }
+  std::vector<std::span<std::byte>> spans(std::uint32_t rank, const std::vector<std::uint32_t>& pages) const {
+    std::vector<std::span<std::byte>> out;
+    for (std::uint32_t p : pages) out.push_back(workers[rank]->page(p));
+    return out;
+  }
+  std::vector<std::uint32_t> free_pages() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& w : workers) out.push_back(w->pool().free_pages());
+    return out;
+  }
+};
+
+using Producers = Replica<ProducerWorker>;
+using Consumers = Replica<ConsumerWorker>;
+
+// What generation writes: the pattern of `salt` into every source page of
+// every row. Answers the bytes written.
+Result<std::uint64_t> fill(const Producers& p, const Ticket& t, std::uint64_t salt) {
+  std::uint64_t bytes = 0;
+  for (std::uint32_t w = 0; w < t.sources.size(); ++w) {
+    for (std::uint32_t r = 0; r < t.sources[w].size(); ++r) {
+      auto spans = p.spans(r, t.sources[w][r].pages);
+      if (auto s = fill_kv(RankPages{t.producer_layout, r, t.tokens, w, spans}, salt); !s.is_ok()) {
+        return std::unexpected(s);
+      }
+      for (auto s : spans) bytes += s.size();
+    }
+  }
+  return bytes;
+}
+
+// Checks every destination page of every row and rank; answers the bytes
+// checked.
+Result<std::uint64_t> check(const Consumers& c, const Ticket& t, std::uint64_t salt) {
+  std::uint64_t bytes = 0;
+  for (std::uint32_t w = 0; w < t.destination.size(); ++w) {
+    for (std::uint32_t r = 0; r < t.destination[w].size(); ++r) {
+      auto spans = c.spans(r, t.destination[w][r]);
+      if (auto s = check_kv(RankPages{t.consumer_layout, r, t.tokens, w, spans}, salt); !s.is_ok()) {
+        return std::unexpected(s);
+      }
+      for (auto s : spans) bytes += s.size();
+    }
+  }
+  return bytes;
+}
+
+// A request's whole KV, every page of every row (padding included): what
+// each side must have written and checked.
+std::uint64_t kv_bytes(const KvLayout& l, std::uint32_t tokens) {
+  return std::uint64_t{l.cfg} * l.pages_for(tokens) * l.layers * 2 * l.kv_heads * l.page_tokens * l.head_bytes;
+}
+
+// Pages a layout's rank holds over a set of requests (every row).
+std::uint32_t rank_pages(const KvLayout& l, std::uint32_t rank, const std::vector<std::uint32_t>& tokens) {
+  std::uint32_t n = 0;
+  for (std::uint32_t t : tokens) n += l.cfg * l.rank_pages(rank, l.pages_for(t));
+  return n;
+}
+
+struct RealCase {
+  const char* name;
+  KvLayout producer;
+  KvLayout consumer;
+  // 16 tokens is one page: with sp = 2 the first sp group holds none of it.
+  std::vector<std::uint32_t> tokens;
+};
+
+void PrintTo(const RealCase& c, std::ostream* os) { *os << c.name; }
+
+class RealHandoff : public ::testing::TestWithParam<RealCase> {};
+
+TEST_P(RealHandoff, EveryByteArrivesAndEveryPageComesBack) {
+  const RealCase& c = GetParam();
+  engine::MetricsRegistry metrics;
+  Orchestrator o(HandoffConfig{.transfer_timeout_ns = 10 * kSecond, .metrics = &metrics});
+  Producers prod(c.producer);
+  Consumers cons(c.consumer);
+  ASSERT_EQ(prod.workers.size(), c.producer.ranks());
+  ASSERT_EQ(cons.workers.size(), c.consumer.ranks());
+  ASSERT_TRUE(o.add_producer("prefill", c.producer, prod.ranks<ProducerRank>()).is_ok());
+  ASSERT_TRUE(o.add_consumer("decode", c.consumer, cons.ranks<ConsumerRank>()).is_ok());
+  const std::uint64_t n = c.tokens.size();
+  const std::uint32_t kPool = Producers::kPool;
+  const std::uint64_t loads_per_ticket = std::uint64_t{c.consumer.cfg} * c.consumer.ranks();
+  std::uint64_t all_dest = 0;
+  for (std::uint32_t r = 0; r < c.consumer.ranks(); ++r) all_dest += rank_pages(c.consumer, r, c.tokens);
+  auto gauge = [&](const char* owner) {
+    return metrics.counter("baton_handoff_pages", {{"consumer", "decode"}, {"owner", owner}});
+  };
+
+  // Two rounds over the same pools: pages finished in the first are reused
+  // (with another salt) by the second.
+  for (std::uint64_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<TicketId> ids;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto id = o.create_ticket({"req-" + std::to_string(round) + "-" + std::to_string(i), "decode", c.tokens[i]});
+      ASSERT_TRUE(id.has_value()) << id.error().to_string();
+      ids.push_back(*id);
+    }
+    EXPECT_EQ(o.tickets_in(TicketState::kCreated), n);
+    auto salt = [&](std::size_t i) { return 0x5eed0000 + round * 100 + i; };
+
+    for (TicketId id : ids) ASSERT_TRUE(o.bind(id, "prefill").is_ok());
+    EXPECT_EQ(o.tickets_in(TicketState::kCreated), 0u);
+    EXPECT_EQ(o.tickets_in(TicketState::kBound), n);
+    for (std::uint32_t r = 0; r < c.producer.ranks(); ++r) {
+      EXPECT_EQ(prod.workers[r]->pool().free_pages(), kPool - rank_pages(c.producer, r, c.tokens)) << "rank " << r;
+    }
+    EXPECT_EQ(cons.free_pages(), std::vector<std::uint32_t>(c.consumer.ranks(), kPool))
+        << "destination pages are taken only at start";
+
+    for (std::size_t i = 0; i < n; ++i) {
+      auto t = o.ticket(ids[i]);
+      ASSERT_TRUE(t.has_value());
+      auto bytes = fill(prod, *t, salt(i));
+      ASSERT_TRUE(bytes.has_value()) << bytes.error().to_string();
+      EXPECT_EQ(*bytes, kv_bytes(c.producer, c.tokens[i]));
+      ASSERT_TRUE(o.generated(ids[i]).is_ok());
+    }
+    EXPECT_EQ(o.tickets_in(TicketState::kGenerated), n);
+    for (TicketId id : ids) {
+      auto t = o.ticket(id);
+      ASSERT_TRUE(t.has_value());
+      for (const auto& row : t->sources) {
+        for (std::uint32_t r = 0; r < row.size(); ++r) EXPECT_EQ(row[r].address, prod.engines[r]->address());
+      }
+    }
+
+    for (TicketId id : ids) ASSERT_TRUE(o.start(id).is_ok());
+    // Completions are taken only by receive()/progress(): until then every
+    // destination page counts as reserved, whatever the engines did.
+    EXPECT_EQ(o.tickets_in(TicketState::kLoading), n);
+    auto pc = o.pages("decode");
+    ASSERT_TRUE(pc.has_value());
+    EXPECT_EQ(pc->reserved, all_dest);
+    EXPECT_EQ(pc->in_use, 0u);
+    EXPECT_EQ(pc->retained, 0u);
+    EXPECT_EQ(gauge("reserved"), all_dest);
+    for (std::uint32_t r = 0; r < c.consumer.ranks(); ++r) {
+      EXPECT_EQ(cons.workers[r]->pool().free_pages(), kPool - rank_pages(c.consumer, r, c.tokens)) << "rank " << r;
+    }
+    EXPECT_EQ(o.ticket(ids[0])->loads_pending, loads_per_ticket);
+
+    for (TicketId id : ids) {
+      auto s = o.receive(id, 5 * kSecond);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+    }
+    EXPECT_EQ(o.tickets_in(TicketState::kCompleted), n);
+    EXPECT_EQ(o.tickets_in(TicketState::kLoading), 0u);
+    pc = o.pages("decode");
+    EXPECT_EQ(pc->reserved, 0u);
+    EXPECT_EQ(pc->in_use, all_dest);
+    EXPECT_EQ(gauge("in_use"), all_dest);
+    EXPECT_EQ(prod.free_pages(), std::vector<std::uint32_t>(c.producer.ranks(), kPool))
+        << "a completed ticket's source pages go back";
+
+    std::uint64_t in_use = all_dest;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto t = o.ticket(ids[i]);
+      ASSERT_TRUE(t.has_value());
+      EXPECT_EQ(t->loads_pending, 0u);
+      auto bytes = check(cons, *t, salt(i));
+      ASSERT_TRUE(bytes.has_value()) << "request " << i << ": " << bytes.error().to_string();
+      EXPECT_EQ(*bytes, kv_bytes(c.consumer, c.tokens[i])) << "every byte of request " << i << " was checked";
+      std::uint64_t mine = 0;
+      for (const auto& row : t->destination) {
+        for (const auto& pages : row) mine += pages.size();
+      }
+      ASSERT_TRUE(o.finish(ids[i]).is_ok());
+      in_use -= mine;
+      EXPECT_EQ(o.pages("decode")->in_use, in_use);
+    }
+    EXPECT_EQ(o.tickets_in(TicketState::kReleased), n);
+    EXPECT_EQ(counts(o), Counts(0, 0, 0));
+    EXPECT_EQ(cons.free_pages(), std::vector<std::uint32_t>(c.consumer.ranks(), kPool));
+    EXPECT_EQ(prod.free_pages(), std::vector<std::uint32_t>(c.producer.ranks(), kPool));
+    EXPECT_EQ(gauge("reserved") + gauge("in_use") + gauge("retained"), 0u);
+    EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "released"}}), n);
+    EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "completed"}}), 0u);
+
+    std::uint64_t observed = 0;
+    for (std::uint32_t r = 0; r < c.consumer.ranks(); ++r) {
+      observed += metrics.histogram_count("baton_handoff_rank_load_seconds",
+                                          {{"consumer", "decode"}, {"rank", std::to_string(r)}});
+    }
+    EXPECT_EQ(observed, (round + 1) * n * loads_per_ticket) << "one observation per row and rank";
+
+    o.forget_released();
+    EXPECT_EQ(o.tickets_in(TicketState::kReleased), 0u);
+    EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "released"}}), 0u) << "the gauge follows";
+    EXPECT_EQ(o.ticket(ids[0]).error().code(), StatusCode::kNotFound);
+  }
+  const std::string text = metrics.text();
+  EXPECT_TRUE(contains(text, "# TYPE baton_handoff_pages gauge")) << text;
+  EXPECT_TRUE(contains(text, "# TYPE baton_handoff_tickets gauge")) << text;
+  EXPECT_TRUE(contains(text, "# TYPE baton_handoff_rank_load_seconds histogram")) << text;
+  EXPECT_TRUE(o.shutdown().is_ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RealHandoff,
+    ::testing::Values(
+        RealCase{"tp2_to_tp2", vllm(2), vllm(2), {100, 37, 16}},
+        RealCase{"tp2_to_tp1_heads_merged", vllm(2), vllm(1), {100, 37, 16}},
+        RealCase{"tp2_to_tp1_sp2_token_split", vllm(2), vllm(1, 2), {100, 37, 16}},
+        RealCase{"cfg2_tp2_to_tp2", vllm(2, 1, KvOrder::kHnd, 2), vllm(2, 1, KvOrder::kHnd, 2), {100, 37, 16}},
+        RealCase{"cfg2_tp2_to_tp1_sp2", vllm(2, 1, KvOrder::kHnd, 2), vllm(1, 2, KvOrder::kHnd, 2), {100, 16}},
+        RealCase{"nhd_tp2_to_hnd_tp1", vllm(2, 1, KvOrder::kNhd), vllm(1), {100, 37}},
+        RealCase{"hnd_tp2_to_nhd_tp2", vllm(2), vllm(2, 1, KvOrder::kNhd), {100, 37}}),
+    [](const ::testing::TestParamInfo<RealCase>& info) { return std::string(info.param.name); });
+
+// The real worker refuses orders that do not fit its layouts or pool before
+// it starts anything.
+TEST(ConsumerWorkerLoad, RefusesOrdersThatDoNotFitAndStartsNothing) {
+  auto e = make_engine();
+  ASSERT_NE(e, nullptr);
+  const KvLayout l = vllm(2);
+  auto w = ConsumerWorker::create(*e, l.page_bytes(), 16);
+  ASSERT_TRUE(w.has_value()) << w.error().to_string();
+  ConsumerWorker& worker = **w;
+  auto mine = worker.allocate(7);  // 100 tokens: 7 pages on each tp rank
+  ASSERT_TRUE(mine.has_value());
+  std::vector<std::uint32_t> seven = {0, 1, 2, 3, 4, 5, 6};
+  const LoadOrder good{.ticket = 1, .row = 0, .tokens = 100, .producer = l, .consumer = l, .rank = 0,
+                       .sources = {SourcePages{"127.0.0.1:1", 7, seven}, SourcePages{"127.0.0.1:1", 8, seven}},
+                       .pages = *mine, .timeout_ns = kSecond};
+  // Same layouts: one run per page, and neighbouring pages merge.
+  auto batch = worker.batch_for(good);
+  ASSERT_TRUE(batch.has_value()) << batch.error().to_string();
+  ASSERT_EQ(batch->requests.size(), 1u);
+  EXPECT_EQ(batch->requests[0].length, 7 * l.page_bytes());
+
+  auto code = [&](auto edit) {
+    LoadOrder o = good;
+    edit(o);
+    return worker.load(o).code();
+  };
+  EXPECT_EQ(code([](LoadOrder& o) { o.rank = 2; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.row = 1; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.sources.pop_back(); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.sources[1].pages.pop_back(); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.pages.pop_back(); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.consumer = vllm(1); }), StatusCode::kInvalidArgument)
+      << "a tp=1 page is twice the pool's";
+  EXPECT_EQ(code([](LoadOrder& o) { o.producer.layers = 3; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](LoadOrder& o) { o.pages.back() = 16; }), StatusCode::kOutOfRange);
+  EXPECT_EQ(code([](LoadOrder& o) { o.pages.back() = 9; }), StatusCode::kFailedPrecondition) << "not allocated";
+  EXPECT_TRUE(worker.take_completions().empty()) << "a refused order started nothing";
+  EXPECT_EQ(worker.pool().free_pages(), 9u);
+
+  // With sp = 2 a one-page request leaves sp group 0 nothing to load: its
+  // order completes at once, ok, without reaching the producer.
+  LoadOrder none = good;
+  none.tokens = 16;
+  none.consumer = vllm(2, 2);
+  none.sources = {SourcePages{"127.0.0.1:1", 7, {0}}, SourcePages{"127.0.0.1:1", 8, {0}}};
+  none.pages.clear();
+  ASSERT_TRUE(worker.load(none).is_ok());
+  auto done = worker.take_completions();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.is_ok()) << done[0].status.to_string();
+  EXPECT_EQ(done[0].ticket, 1u);
+}
+
+// ---------------------------------------------------------------------------
+// Fake ranks.
+
+// 1 layer, 2 kv heads of 4 bytes, 4-token pages: 8 tokens are 2 pages per
+// rank and row.
+KvLayout tiny(std::uint32_t tp = 2, std::uint32_t cfg = 1) {
+  return KvLayout{.layers = 1, .kv_heads = 2, .head_bytes = 4, .page_tokens = 4, .tp = tp, .cfg = cfg};
+}
+constexpr std::uint32_t kTokens = 8;
+constexpr std::uint32_t kConsumerPool = 16;
+constexpr std::uint32_t kProducerPool = 32;
+
+class FakeProducer final : public ProducerRank {
+ public:
+  explicit FakeProducer(std::uint32_t index) : index_(index), pool_(64, kProducerPool) {}
+  std::string address() const override { return "fake-producer-" + std::to_string(index_); }
+  engine::RegionHandle region() const override { return 100 + index_; }
+  Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
+    std::lock_guard lock(mutex_);
+    if (allocate_error_) return std::unexpected(*allocate_error_);
+    return pool_.allocate(pages);
+  }
+  Status free(std::span<const std::uint32_t> pages) override {
+    std::lock_guard lock(mutex_);
+    ++free_calls_;
+    return pool_.free(pages);
+  }
+
+  void fail_allocate(std::optional<Status> s) {
+    std::lock_guard lock(mutex_);
+    allocate_error_ = std::move(s);
+  }
+  int free_calls() const {
+    std::lock_guard lock(mutex_);
+    return free_calls_;
+  }
+  std::uint32_t free_pages() const { return pool_.free_pages(); }
+
+ private:
+  const std::uint32_t index_;
+  PagePool pool_;
+  mutable std::mutex mutex_;
+  std::optional<Status> allocate_error_;
+  int free_calls_ = 0;
+};
+
+// Records every order; completes one only when the test says (complete()),
+// or reports anything the test wants (report()).
+class FakeConsumer final : public ConsumerRank {
+ public:
+  FakeConsumer() : pool_(64, kConsumerPool) {}
+  std::uint32_t pool_pages() const override { return pool_.pages(); }
+  Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
+    std::lock_guard lock(mutex_);
+    if (allocate_error_) return std::unexpected(*allocate_error_);
+    if (allocate_answer_) return *allocate_answer_;  // bypasses the pool
+    return pool_.allocate(pages);
+  }
+  Status free(std::span<const std::uint32_t> pages) override {
+    std::lock_guard lock(mutex_);
+    ++free_calls_;
+    if (free_error_) return *free_error_;
+    return pool_.free(pages);
+  }
+  Status load(const LoadOrder& order) override {
+    std::lock_guard lock(mutex_);
+    if (load_error_) return *load_error_;
+    orders_.push_back(order);
+    return Status::ok();
+  }
+  std::vector<LoadCompletion> take_completions() override {
+    std::lock_guard lock(mutex_);
+    ++take_calls_;
+    return std::exchange(ready_, {});
+  }
+
+  // The completion of the load of (ticket, row), for the next take.
+  void complete(TicketId ticket, std::uint32_t row, Status status = {}) {
+    std::lock_guard lock(mutex_);
+    for (const LoadOrder& o : orders_) {
+      if (o.ticket == ticket && o.row == row) {
+        ready_.push_back({ticket, row, o.rank, std::move(status)});
+        return;
+      }
+    }
+    ADD_FAILURE() << "no load of ticket " << ticket << " row " << row << " was given";
+  }
+  // Every row of the ticket given.
+  void complete_all(TicketId ticket, Status status = {}) {
+    std::vector<std::uint32_t> rows;
+    {
+      std::lock_guard lock(mutex_);
+      for (const LoadOrder& o : orders_) {
+        if (o.ticket == ticket) rows.push_back(o.row);
+      }
+    }
+    for (std::uint32_t row : rows) complete(ticket, row, status);
+  }
+  void report(LoadCompletion c) {
+    std::lock_guard lock(mutex_);
+    ready_.push_back(std::move(c));
+  }
+
+  void fail_allocate(std::optional<Status> s) {
+    std::lock_guard lock(mutex_);
+    allocate_error_ = std::move(s);
+  }
+  void answer_allocate(std::optional<std::vector<std::uint32_t>> pages) {
+    std::lock_guard lock(mutex_);
+    allocate_answer_ = std::move(pages);
+  }
+  void fail_free(std::optional<Status> s) {
+    std::lock_guard lock(mutex_);
+    free_error_ = std::move(s);
+  }
+  void fail_load(std::optional<Status> s) {
+    std::lock_guard lock(mutex_);
+    load_error_ = std::move(s);
+  }
+  std::vector<LoadOrder> orders() const {
+    std::lock_guard lock(mutex_);
+    return orders_;
+  }
+  std::size_t order_count() const { return orders().size(); }
+  int take_calls() const {
+    std::lock_guard lock(mutex_);
+    return take_calls_;
+  }
+  int free_calls() const {
+    std::lock_guard lock(mutex_);
+    return free_calls_;
+  }
+  std::uint32_t free_pages() const { return pool_.free_pages(); }
+
+ private:
+  PagePool pool_;
+  mutable std::mutex mutex_;
+  std::vector<LoadOrder> orders_;
+  std::vector<LoadCompletion> ready_;
+  std::optional<Status> allocate_error_, free_error_, load_error_;
+  std::optional<std::vector<std::uint32_t>> allocate_answer_;
+  int take_calls_ = 0;
+  int free_calls_ = 0;
+};
+
+// A producer replica "prefill" and a consumer replica "decode" of fake ranks
+// over one layout, registered with an orchestrator.
+struct Fakes {
+  KvLayout layout;
+  std::vector<std::unique_ptr<FakeProducer>> producers;
+  std::vector<std::unique_ptr<FakeConsumer>> consumers;
+
+  explicit Fakes(KvLayout l) : layout(l) {
+    for (std::uint32_t r = 0; r < l.ranks(); ++r) {
+      producers.push_back(std::make_unique<FakeProducer>(r));
+      consumers.push_back(std::make_unique<FakeConsumer>());
+    }
+  }
+  std::vector<ProducerRank*> producer_ranks() const {
+    std::vector<ProducerRank*> out;
+    for (const auto& p : producers) out.push_back(p.get());
+    return out;
+  }
+  std::vector<ConsumerRank*> consumer_ranks() const {
+    std::vector<ConsumerRank*> out;
+    for (const auto& c : consumers) out.push_back(c.get());
+    return out;
+  }
+  Status add_to(Orchestrator& o, const std::string& consumer = "decode") const {
+    if (auto s = o.add_producer("prefill", layout, producer_ranks()); !s.is_ok()) return s;
+    return o.add_consumer(consumer, layout, consumer_ranks());
+  }
+  FakeConsumer& rank(std::uint32_t r) { return *consumers[r]; }
+  void complete_all(TicketId id, Status s = {}) {
+    for (auto& c : consumers) c->complete_all(id, s);
+  }
+  std::vector<std::uint32_t> consumer_free() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& c : consumers) out.push_back(c->free_pages());
+    return out;
+  }
+  std::vector<std::uint32_t> producer_free() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& p : producers) out.push_back(p->free_pages());
+    return out;
+  }
+  std::vector<std::uint32_t> full_consumers() const {
+    return std::vector<std::uint32_t>(consumers.size(), kConsumerPool);
+  }
+  std::vector<std::uint32_t> full_producers() const {
+    return std::vector<std::uint32_t>(producers.size(), kProducerPool);
+  }
+  std::size_t orders() const {
+    std::size_t n = 0;
+    for (const auto& c : consumers) n += c->order_count();
+    return n;
+  }
+  int consumer_frees() const {
+    int n = 0;
+    for (const auto& c : consumers) n += c->free_calls();
+    return n;
+  }
+};
+
+// A ticket created, bound and generated (ready to start).
+TicketId generated_ticket(Orchestrator& o, const std::string& request, const std::string& consumer = "decode",
+                          std::uint32_t tokens = kTokens) {
+  auto id = o.create_ticket({request, consumer, tokens});
+  EXPECT_TRUE(id.has_value()) << id.error().to_string();
+  if (!id) return 0;
+  auto b = o.bind(*id, "prefill");
+  EXPECT_TRUE(b.is_ok()) << b.to_string();
+  auto g = o.generated(*id);
+  EXPECT_TRUE(g.is_ok()) << g.to_string();
+  return *id;
+}
+
+TicketState state(const Orchestrator& o, TicketId id) {
+  auto t = o.ticket(id);
+  EXPECT_TRUE(t.has_value());
+  return t ? t->state : TicketState::kReleased;
+}
+
+// 1. All or none across consumer ranks, and nothing dispatched before it is
+// all.
+TEST(HandoffFailure, AnAllocateFailureOnOneRankIsRolledBackOnTheOthersBeforeAnyLoad) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  f.rank(1).fail_allocate(Status::resource_exhausted("rank 1 is full"));
+  auto s = o.start(id);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "rank 1 is full")) << s.message();
+  EXPECT_EQ(f.orders(), 0u) << "nothing dispatched";
+  EXPECT_EQ(f.consumer_free(), f.full_consumers()) << "rank 0's pages were rolled back";
+  EXPECT_EQ(f.rank(0).free_calls(), 1);
+  EXPECT_EQ(state(o, id), TicketState::kGenerated);
+  EXPECT_EQ(o.tickets_in(TicketState::kGenerated), 1u);
+  EXPECT_EQ(counts(o), Counts(0, 0, 0));
+  EXPECT_TRUE(o.consumer_status("decode").is_ok()) << "a full rank does not stop the replica";
+
+  // Room again: the same ticket starts and completes.
+  f.rank(1).fail_allocate(std::nullopt);
+  ASSERT_TRUE(o.start(id).is_ok());
+  EXPECT_EQ(f.orders(), 2u);
+  EXPECT_EQ(o.pages("decode")->reserved, 4u);
+  f.complete_all(id);
+  ASSERT_TRUE(o.receive(id, kSecond).is_ok());
+  ASSERT_TRUE(o.finish(id).is_ok());
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+// The same all-or-none on the producer side: the ticket stays created.
+TEST(HandoffFailure, AProducerRankWithTooFewPagesLeavesTheTicketCreated) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  auto id = o.create_ticket({"r", "decode", kTokens});
+  ASSERT_TRUE(id.has_value());
+  f.producers[1]->fail_allocate(Status::resource_exhausted("no room"));
+  EXPECT_EQ(o.bind(*id, "prefill").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(f.producer_free(), f.full_producers()) << "rank 0's source pages were rolled back";
+  EXPECT_EQ(state(o, *id), TicketState::kCreated);
+  f.producers[1]->fail_allocate(std::nullopt);
+  EXPECT_TRUE(o.bind(*id, "prefill").is_ok());
+  EXPECT_EQ(f.producer_free(), std::vector<std::uint32_t>(2, kProducerPool - 2));
+}
+
+// 2. A receive that gives up ends the ticket for the caller only: the pages
+// stay out of the pools until the loads that may still write them settle.
+TEST(HandoffFailure, AReceiveTimeoutRetainsThePagesUntilTheLateCompletionsArrive) {
+  Fakes f(tiny());
+  Orchestrator o(HandoffConfig{.transfer_timeout_ns = 20 * kMs});
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  f.rank(0).complete(id, 0);  // one rank in time, the other late
+
+  auto s = o.receive(id);  // the configured timeout
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.to_string();
+  auto t = o.ticket(id);
+  EXPECT_EQ(t->state, TicketState::kTimedOut);
+  EXPECT_EQ(t->status.code(), StatusCode::kTimeout);
+  EXPECT_EQ(t->loads_pending, 1u);
+  EXPECT_EQ(counts(o), Counts(0, 0, 4));
+  EXPECT_EQ(f.consumer_free(), std::vector<std::uint32_t>(2, kConsumerPool - 2)) << "retained, not freed";
+  EXPECT_EQ(f.consumer_frees(), 0);
+  EXPECT_EQ(f.producer_free(), std::vector<std::uint32_t>(2, kProducerPool - 2)) << "a late load still reads them";
+  EXPECT_EQ(o.receive(id).code(), StatusCode::kTimeout) << "an ended ticket answers why";
+  EXPECT_EQ(o.tickets_in(TicketState::kTimedOut), 1u);
+
+  const int polls = f.rank(1).take_calls();
+  o.progress();
+  EXPECT_EQ(f.rank(1).take_calls(), polls + 1) << "a retained ticket's completions are still owed";
+  EXPECT_EQ(state(o, id), TicketState::kTimedOut);
+
+  f.rank(1).complete(id, 0);
+  o.progress();
+  t = o.ticket(id);
+  EXPECT_EQ(t->state, TicketState::kReleased);
+  EXPECT_EQ(t->status.code(), StatusCode::kTimeout) << "it still says why it ended";
+  EXPECT_EQ(counts(o), Counts(0, 0, 0));
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+  EXPECT_EQ(o.tickets_in(TicketState::kTimedOut), 0u);
+  EXPECT_EQ(o.tickets_in(TicketState::kReleased), 1u);
+}
+
+TEST(HandoffFailure, ProgressPollsTheRanksOnlyWhileLoadsAreOwed) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  auto polls = [&] { return f.rank(0).take_calls() + f.rank(1).take_calls(); };
+  o.progress();
+  EXPECT_EQ(polls(), 0) << "no ticket";
+  const TicketId id = generated_ticket(o, "r");
+  o.progress();
+  EXPECT_EQ(polls(), 0) << "a generated ticket owes no completion";
+  ASSERT_TRUE(o.start(id).is_ok());
+  o.progress();
+  EXPECT_EQ(polls(), 2) << "one take per rank while loads are pending";
+  f.complete_all(id);
+  o.progress();
+  EXPECT_EQ(polls(), 4);
+  EXPECT_EQ(state(o, id), TicketState::kCompleted);
+  o.progress();
+  o.progress();
+  EXPECT_EQ(polls(), 4) << "a completed ticket owes nothing";
+  ASSERT_TRUE(o.finish(id).is_ok());
+  o.progress();
+  EXPECT_EQ(polls(), 4);
+}
+
+// 3. Cancel does not interrupt loads: the pages stay retained until every
+// row on every rank settled.
+TEST(HandoffFailure, CancelOfALoadingTicketRetainsItsPagesUntilEveryRowOnEveryRankCompleted) {
+  Fakes f(tiny(2, /*cfg=*/2));
+  engine::MetricsRegistry metrics;
+  Orchestrator o(HandoffConfig{.metrics = &metrics});
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  ASSERT_EQ(f.orders(), 4u) << "2 rows × 2 ranks";
+  EXPECT_EQ(o.pages("decode")->reserved, 8u);
+
+  auto s = o.cancel(id);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(state(o, id), TicketState::kCancelled);
+  EXPECT_EQ(o.receive(id).code(), StatusCode::kCancelled);
+  EXPECT_EQ(o.cancel(id).code(), StatusCode::kInvalidArgument) << "it ended already";
+  EXPECT_EQ(metrics.counter("baton_handoff_pages", {{"consumer", "decode"}, {"owner", "retained"}}), 8u);
+
+  const std::pair<std::uint32_t, std::uint32_t> order[] = {{1, 1}, {0, 0}, {0, 1}, {1, 0}};  // (rank, row)
+  for (std::size_t i = 0; i < 4; ++i) {
+    f.rank(order[i].first).complete(id, order[i].second);
+    o.progress();
+    auto t = o.ticket(id);
+    if (i < 3) {
+      EXPECT_EQ(t->state, TicketState::kCancelled) << i;
+      EXPECT_EQ(t->loads_pending, 3 - i);
+      EXPECT_EQ(counts(o), Counts(0, 0, 8)) << i;
+      EXPECT_EQ(f.consumer_free(), std::vector<std::uint32_t>(2, kConsumerPool - 4)) << i;
+      EXPECT_EQ(f.producer_free(), std::vector<std::uint32_t>(2, kProducerPool - 4)) << i;
+      EXPECT_EQ(f.consumer_frees(), 0);
+    } else {
+      EXPECT_EQ(t->state, TicketState::kReleased);
+      EXPECT_EQ(t->status.code(), StatusCode::kCancelled);
+    }
+  }
+  EXPECT_EQ(counts(o), Counts(0, 0, 0));
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+  EXPECT_EQ(o.tickets_in(TicketState::kCancelled), 0u);
+  EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "released"}}), 1u);
+  EXPECT_EQ(metrics.counter("baton_handoff_pages", {{"consumer", "decode"}, {"owner", "retained"}}), 0u);
+}
+
+// Cancel before loading returns the source pages at once.
+TEST(HandoffFailure, CancelBeforeStartReturnsTheSourcePagesAtOnce) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  EXPECT_EQ(f.producer_free(), std::vector<std::uint32_t>(2, kProducerPool - 2));
+  ASSERT_TRUE(o.cancel(id).is_ok());
+  EXPECT_EQ(state(o, id), TicketState::kReleased) << "nothing in flight, nothing to retain";
+  EXPECT_EQ(o.ticket(id)->status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+  EXPECT_EQ(o.start(id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.orders(), 0u);
+}
+
+// A load that fails ends the ticket failed with its error; the other ranks'
+// loads keep the pages retained until they settle.
+TEST(HandoffFailure, AFailedLoadFailsTheTicketAndItsPagesWaitForTheOtherLoads) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId a = generated_ticket(o, "a");
+  ASSERT_TRUE(o.start(a).is_ok());
+  f.rank(1).complete(a, 0, Status::unavailable("producer unreachable"));
+  auto s = o.receive(a, kSecond);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "producer unreachable")) << s.message();
+  EXPECT_EQ(state(o, a), TicketState::kFailed);
+  EXPECT_EQ(counts(o), Counts(0, 0, 4));
+  f.rank(0).complete(a, 0);
+  o.progress();
+  EXPECT_EQ(state(o, a), TicketState::kReleased);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+
+  // A rank refusing the order at dispatch (nothing started there) is the
+  // same failure, reported by start's ticket rather than start itself.
+  const TicketId b = generated_ticket(o, "b");
+  f.rank(0).fail_load(Status::invalid_argument("bad order"));
+  ASSERT_TRUE(o.start(b).is_ok());
+  EXPECT_EQ(state(o, b), TicketState::kFailed);
+  EXPECT_EQ(o.ticket(b)->loads_pending, 1u);
+  EXPECT_EQ(o.receive(b).code(), StatusCode::kInvalidArgument);
+  f.rank(1).complete(b, 0);
+  o.progress();
+  EXPECT_EQ(state(o, b), TicketState::kReleased);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+// 4. A rank that never completes pins only its ticket's pages.
+TEST(HandoffFailure, AStuckRankHoldsOnlyItsTicketsPagesAndOthersUseTheRest) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId stuck = generated_ticket(o, "stuck");
+  ASSERT_TRUE(o.start(stuck).is_ok());
+  f.rank(1).complete(stuck, 0);  // rank 0 never will
+
+  const TicketId fine = generated_ticket(o, "fine");
+  ASSERT_TRUE(o.start(fine).is_ok());
+  f.complete_all(fine);
+  ASSERT_TRUE(o.receive(fine, kSecond).is_ok());
+  EXPECT_EQ(counts(o), Counts(4, 4, 0));
+  ASSERT_TRUE(o.finish(fine).is_ok());
+  EXPECT_EQ(counts(o), Counts(4, 0, 0));
+  EXPECT_EQ(state(o, stuck), TicketState::kLoading);
+
+  EXPECT_EQ(o.receive(stuck, 10 * kMs).code(), StatusCode::kTimeout);
+  EXPECT_EQ(counts(o), Counts(0, 0, 4));
+
+  // The rest of each 16-page pool: 7 more tickets of 2 pages a rank.
+  std::vector<TicketId> more;
+  for (int i = 0; i < 7; ++i) {
+    more.push_back(generated_ticket(o, "more-" + std::to_string(i)));
+    ASSERT_TRUE(o.start(more.back()).is_ok()) << i;
+  }
+  EXPECT_EQ(f.consumer_free(), std::vector<std::uint32_t>(2, 0u));
+  const std::size_t orders = f.orders();
+  const TicketId over = generated_ticket(o, "over");
+  EXPECT_EQ(o.start(over).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(f.orders(), orders) << "nothing dispatched";
+  EXPECT_EQ(state(o, over), TicketState::kGenerated);
+  EXPECT_EQ(counts(o), Counts(28, 0, 4));
+  EXPECT_TRUE(o.consumer_status("decode").is_ok());
+
+  // The stuck load settles at last: everything comes back.
+  f.rank(0).complete(stuck, 0);
+  for (TicketId id : more) f.complete_all(id);
+  o.progress();
+  EXPECT_EQ(state(o, stuck), TicketState::kReleased);
+  ASSERT_TRUE(o.start(over).is_ok()) << "room again";
+  f.complete_all(over);
+  for (TicketId id : more) ASSERT_TRUE(o.finish(id).is_ok());
+  ASSERT_TRUE(o.receive(over, kSecond).is_ok());
+  ASSERT_TRUE(o.finish(over).is_ok());
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+  EXPECT_EQ(counts(o), Counts(0, 0, 0));
+}
+
+// 5. A rank that answers pages we cannot account for stops its replica.
+struct BadAnswer {
+  const char* name;
+  std::vector<std::uint32_t> pages;  // rank 1's answer to allocate(2)
+};
+
+void PrintTo(const BadAnswer& a, std::ostream* os) { *os << a.name; }
+
+class BadPages : public ::testing::TestWithParam<BadAnswer> {};
+
+// Everything after the stop on that replica answers failed_precondition,
+// with the reason.
+void expect_stopped(Orchestrator& o, TicketId ticket, std::string_view reason) {
+  auto why = o.consumer_status("decode");
+  EXPECT_FALSE(why.is_ok());
+  EXPECT_TRUE(contains(why.message(), reason)) << why.to_string();
+  auto created = o.create_ticket({"later", "decode", kTokens});
+  ASSERT_FALSE(created.has_value());
+  EXPECT_EQ(created.error().code(), StatusCode::kFailedPrecondition);
+  for (Status s : {o.start(ticket), o.receive(ticket, 10 * kMs), o.cancel(ticket), o.finish(ticket),
+                   o.bind(ticket, "prefill"), o.generated(ticket)}) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+    EXPECT_TRUE(contains(s.message(), reason)) << s.to_string();
+  }
+  auto down = o.shutdown();
+  EXPECT_EQ(down.code(), why.code()) << down.to_string();
+  EXPECT_TRUE(contains(down.message(), why.message())) << down.to_string();
+}
+
+TEST_P(BadPages, StopTheReplicaAndFreeNothing) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  const TicketId other = generated_ticket(o, "other");
+  f.rank(1).answer_allocate(GetParam().pages);
+  auto s = o.start(id);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+  EXPECT_EQ(o.consumer_status("decode").code(), StatusCode::kInternal);
+  EXPECT_EQ(f.orders(), 0u);
+  EXPECT_EQ(f.consumer_frees(), 0) << "no page is freed on a replica we cannot account for";
+  EXPECT_EQ(f.rank(0).free_pages(), kConsumerPool - 2) << "rank 0's pages are left as they are";
+  EXPECT_EQ(state(o, id), TicketState::kGenerated);
+  expect_stopped(o, other, "rank 1 answered");
+  expect_stopped(o, id, "rank 1 answered");
+  o.progress();
+  EXPECT_EQ(f.rank(0).take_calls() + f.rank(1).take_calls(), 0);
+  EXPECT_EQ(f.consumer_frees(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Answers, BadPages,
+                         ::testing::Values(BadAnswer{"beyond_the_pool", {3, kConsumerPool}},
+                                           BadAnswer{"duplicate", {3, 3}}, BadAnswer{"too_few", {3}},
+                                           BadAnswer{"too_many", {3, 4, 5}}),
+                         [](const ::testing::TestParamInfo<BadAnswer>& info) { return std::string(info.param.name); });
+
+TEST(HandoffFailure, AFailedConsumerRankStopsItsReplicaOnly) {
+  Fakes f(tiny()), g(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  ASSERT_TRUE(o.add_consumer("other", g.layout, g.consumer_ranks()).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  EXPECT_EQ(o.consumer_rank_failed("decode", 2, Status::unavailable("x")).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(o.consumer_rank_failed("nope", 0, Status::unavailable("x")).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(o.consumer_rank_failed("decode", 1, Status::unavailable("worker 1 died")).is_ok());
+  EXPECT_EQ(o.consumer_status("decode").code(), StatusCode::kUnavailable);
+
+  // Its completions are no longer taken: a remote may still write the pages.
+  f.complete_all(id);
+  const int polls = f.rank(0).take_calls() + f.rank(1).take_calls();
+  o.progress();
+  EXPECT_EQ(f.rank(0).take_calls() + f.rank(1).take_calls(), polls);
+  EXPECT_EQ(state(o, id), TicketState::kLoading);
+  EXPECT_EQ(o.pages("decode")->reserved, 4u);
+  EXPECT_EQ(f.consumer_frees(), 0);
+  expect_stopped(o, id, "worker 1 died");
+
+  // The other replica goes on.
+  const TicketId fine = generated_ticket(o, "fine", "other");
+  ASSERT_TRUE(o.start(fine).is_ok());
+  g.complete_all(fine);
+  ASSERT_TRUE(o.receive(fine, kSecond).is_ok());
+  ASSERT_TRUE(o.finish(fine).is_ok());
+  EXPECT_EQ(g.consumer_free(), g.full_consumers());
+  EXPECT_TRUE(o.consumer_status("other").is_ok());
+}
+
+struct BogusCompletion {
+  const char* name;
+  // Given the started ticket: what rank 0 reports (twice for "twice").
+  LoadCompletion (*make)(TicketId);
+  int times;
+};
+
+void PrintTo(const BogusCompletion& b, std::ostream* os) { *os << b.name; }
+
+class NeverGiven : public ::testing::TestWithParam<BogusCompletion> {};
+
+TEST_P(NeverGiven, ACompletionForALoadNeverGivenStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  for (int i = 0; i < GetParam().times; ++i) f.rank(0).report(GetParam().make(id));
+  o.progress();
+  auto why = o.consumer_status("decode");
+  EXPECT_EQ(why.code(), StatusCode::kInternal) << why.to_string();
+  EXPECT_EQ(f.consumer_frees(), 0);
+  EXPECT_EQ(f.consumer_free(), std::vector<std::uint32_t>(2, kConsumerPool - 2));
+  EXPECT_EQ(state(o, id), TicketState::kLoading);
+  expect_stopped(o, id, "was not given");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Completions, NeverGiven,
+    ::testing::Values(
+        BogusCompletion{"unknown_ticket", [](TicketId id) { return LoadCompletion{id + 100, 0, 0, {}}; }, 1},
+        BogusCompletion{"unknown_row", [](TicketId id) { return LoadCompletion{id, 1, 0, {}}; }, 1},
+        BogusCompletion{"another_ranks", [](TicketId id) { return LoadCompletion{id, 0, 1, {}}; }, 1},
+        BogusCompletion{"twice", [](TicketId id) { return LoadCompletion{id, 0, 0, {}}; }, 2}),
+    [](const ::testing::TestParamInfo<BogusCompletion>& info) { return std::string(info.param.name); });
+
+TEST(HandoffFailure, ARollbackWhoseFreeFailsStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  f.rank(1).fail_allocate(Status::resource_exhausted("full"));
+  f.rank(0).fail_free(Status::internal("free refused"));
+  auto s = o.start(id);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+  EXPECT_EQ(f.orders(), 0u);
+  EXPECT_EQ(f.rank(0).free_pages(), kConsumerPool - 2) << "the refused pages stay out";
+  expect_stopped(o, id, "free refused");
+}
+
+TEST(HandoffFailure, AFinishWhoseFreeFailsStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  f.complete_all(id);
+  ASSERT_TRUE(o.receive(id, kSecond).is_ok());
+  f.rank(1).fail_free(Status::internal("free refused"));
+  EXPECT_EQ(o.finish(id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(o.consumer_status("decode").code(), StatusCode::kInternal);
+  EXPECT_EQ(state(o, id), TicketState::kCompleted);
+  expect_stopped(o, id, "free refused");
+}
+
+// 6. cancel() while receive() blocks is queued, not a second waiter.
+struct ReceiveInFlight {
+  std::future<Status> done;
+  // Starts receive() on another thread and returns once it is polling.
+  ReceiveInFlight(Orchestrator& o, FakeConsumer& rank, TicketId id, TimeNs timeout) {
+    const int before = rank.take_calls();
+    done = std::async(std::launch::async, [&o, id, timeout] { return o.receive(id, timeout); });
+    EXPECT_TRUE(eventually([&] { return rank.take_calls() > before; })) << "receive never polled";
+  }
+  bool returned() { return done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  Status get() {
+    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << "receive did not return";
+      return Status::internal("receive did not return");
+    }
+    return done.get();
+  }
+};
+
+TEST(HandoffCancelDuringReceive, WhenTheLoadCompletesReceiveAnswersCancelledAndThePagesGoBack) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  ReceiveInFlight rx(o, f.rank(0), id, 5 * kSecond);
+  EXPECT_EQ(o.receive(id, 10 * kMs).code(), StatusCode::kFailedPrecondition) << "one receive at a time";
+
+  auto s = o.cancel(id);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_FALSE(rx.returned()) << "cancel did not interrupt the receive";
+  EXPECT_EQ(state(o, id), TicketState::kLoading) << "queued until the receive returns";
+  EXPECT_EQ(f.orders(), 2u);
+  EXPECT_EQ(f.consumer_frees(), 0);
+
+  f.complete_all(id);
+  s = rx.get();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.to_string();
+  auto t = o.ticket(id);
+  EXPECT_EQ(t->state, TicketState::kReleased);
+  EXPECT_EQ(t->status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(counts(o), Counts(0, 0, 0));
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+  EXPECT_EQ(o.tickets_in(TicketState::kReleased), 1u);
+  EXPECT_EQ(o.tickets_in(TicketState::kCancelled), 0u);
+  EXPECT_EQ(o.tickets_in(TicketState::kCompleted), 0u);
+}
+
+TEST(HandoffCancelDuringReceive, WhenTheReceiveTimesOutTheTicketStaysTimedOut) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  ReceiveInFlight rx(o, f.rank(0), id, 300 * kMs);
+  auto s = o.cancel(id);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  s = rx.get();
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.to_string();
+  EXPECT_EQ(state(o, id), TicketState::kTimedOut);
+  EXPECT_EQ(counts(o), Counts(0, 0, 4));
+  EXPECT_EQ(f.consumer_frees(), 0);
+  EXPECT_EQ(o.cancel(id).code(), StatusCode::kInvalidArgument) << "it ended already";
+
+  f.complete_all(id);
+  o.progress();
+  EXPECT_EQ(state(o, id), TicketState::kReleased);
+  EXPECT_EQ(o.ticket(id)->status.code(), StatusCode::kTimeout);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+// 7. Bad input.
+TEST(HandoffBadInput, UnknownNamesAndShapesAreRefused) {
+  Fakes f(tiny());
+  Orchestrator o;
+  auto ranks = f.consumer_ranks();
+  EXPECT_EQ(o.add_consumer("c", tiny(), {ranks[0]}).code(), StatusCode::kInvalidArgument) << "a missing rank";
+  EXPECT_EQ(o.add_consumer("c", tiny(), {ranks[0], nullptr}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.add_consumer("c", tiny(3), ranks).code(), StatusCode::kInvalidArgument) << "tp 3 of 2 heads";
+  EXPECT_EQ(o.add_producer("p", tiny(), {f.producer_ranks()[0]}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.add_producer("p", tiny(), {nullptr, nullptr}).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  EXPECT_EQ(o.add_consumer("decode", tiny(), ranks).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(o.add_producer("prefill", tiny(), f.producer_ranks()).code(), StatusCode::kAlreadyExists);
+  // Same ranks, other KV: 2 layers where the consumer has 1.
+  KvLayout deeper = tiny();
+  deeper.layers = 2;
+  ASSERT_TRUE(o.add_producer("deeper", deeper, f.producer_ranks()).is_ok());
+
+  EXPECT_EQ(o.create_ticket({"r", "nope", kTokens}).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.create_ticket({"r", "decode", 0}).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.create_ticket({"", "decode", kTokens}).error().code(), StatusCode::kInvalidArgument);
+  auto id = o.create_ticket({"r", "decode", kTokens});
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(o.bind(*id, "nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.bind(*id, "deeper").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.producer_free(), f.full_producers()) << "a refused bind allocates nothing";
+  EXPECT_EQ(state(o, *id), TicketState::kCreated);
+
+  const TicketId unknown = 9999;
+  EXPECT_EQ(o.bind(unknown, "prefill").code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.generated(unknown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.start(unknown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.receive(unknown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.cancel(unknown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.finish(unknown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.ticket(unknown).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.pages("nope").error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.consumer_status("nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ(o.producer_failed("nope", Status::unavailable("x")).code(), StatusCode::kNotFound);
+  EXPECT_EQ(f.orders(), 0u);
+}
+
+TEST(HandoffBadInput, CallsOutOfOrderAreRefusedAndChangeNothing) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  auto id = o.create_ticket({"r", "decode", kTokens});
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(o.receive(*id).code(), StatusCode::kFailedPrecondition) << "created";
+  EXPECT_EQ(o.generated(*id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(o.start(*id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(o.finish(*id).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(o.bind(*id, "prefill").is_ok());
+  EXPECT_EQ(o.bind(*id, "prefill").code(), StatusCode::kFailedPrecondition) << "bound twice";
+  EXPECT_EQ(o.receive(*id).code(), StatusCode::kFailedPrecondition) << "bound";
+  EXPECT_EQ(o.start(*id).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(o.generated(*id).is_ok());
+  EXPECT_EQ(o.receive(*id).code(), StatusCode::kFailedPrecondition) << "generated";
+  EXPECT_EQ(o.receive(*id, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.orders(), 0u);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+
+  ASSERT_TRUE(o.start(*id).is_ok());
+  EXPECT_EQ(o.start(*id).code(), StatusCode::kFailedPrecondition) << "started twice";
+  EXPECT_EQ(o.finish(*id).code(), StatusCode::kFailedPrecondition) << "loading";
+  EXPECT_EQ(f.orders(), 2u);
+  f.complete_all(*id);
+  ASSERT_TRUE(o.receive(*id, kSecond).is_ok());
+  EXPECT_TRUE(o.receive(*id, kSecond).is_ok()) << "a completed ticket answers ok again";
+  EXPECT_EQ(o.cancel(*id).code(), StatusCode::kInvalidArgument) << "completed: finish it";
+  ASSERT_TRUE(o.finish(*id).is_ok());
+  EXPECT_EQ(o.finish(*id).code(), StatusCode::kFailedPrecondition) << "finished twice";
+  EXPECT_EQ(o.cancel(*id).code(), StatusCode::kInvalidArgument) << "released";
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+TEST(HandoffBadInput, AFailedProducerFailsItsBoundTicketsAndRefusesLaterBinds) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  auto bound = o.create_ticket({"bound", "decode", kTokens});
+  ASSERT_TRUE(bound.has_value());
+  ASSERT_TRUE(o.bind(*bound, "prefill").is_ok());
+  const TicketId generated = generated_ticket(o, "generated");
+  const TicketId loading = generated_ticket(o, "loading");
+  ASSERT_TRUE(o.start(loading).is_ok());
+  auto later = o.create_ticket({"later", "decode", kTokens});
+  ASSERT_TRUE(later.has_value());
+
+  ASSERT_TRUE(o.producer_failed("prefill", Status::unavailable("node lost")).is_ok());
+  for (TicketId id : {*bound, generated}) {
+    auto t = o.ticket(id);
+    EXPECT_EQ(t->status.code(), StatusCode::kUnavailable) << t->status.to_string();
+    EXPECT_TRUE(contains(t->status.message(), "node lost")) << t->status.to_string();
+    // Nothing was in flight: failed and released at once.
+    EXPECT_EQ(t->state, TicketState::kReleased);
+    EXPECT_EQ(o.receive(id).code(), StatusCode::kUnavailable);
+  }
+  auto s = o.bind(*later, "prefill");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_EQ(state(o, *later), TicketState::kCreated);
+
+  // A ticket loading already goes on; its source pages died with the
+  // producer and are never freed through it.
+  EXPECT_EQ(state(o, loading), TicketState::kLoading);
+  f.complete_all(loading);
+  ASSERT_TRUE(o.receive(loading, kSecond).is_ok());
+  ASSERT_TRUE(o.finish(loading).is_ok());
+  EXPECT_EQ(f.producers[0]->free_calls() + f.producers[1]->free_calls(), 0);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_TRUE(o.shutdown().is_ok()) << "a producer's death does not stop a consumer";
+}
+
+}  // namespace
+}  // namespace baton::handoff

@@ -18,6 +18,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   modes.push_back(add_bench_throughput(*bench));
   modes.push_back(add_bench_idle(*bench));
   modes.push_back(add_bench_latency(*bench));
+  modes.push_back(add_bench_handoff(*bench));
   return modes;
 }
 

@@ -18,6 +18,8 @@ struct Command {
 Command add_topo_command(CLI::App& parent);
 Command add_serve_command(CLI::App& parent);
 Command add_demo_command(CLI::App& parent);
+// Internal: one rank process of `baton bench handoff`.
+Command add_handoff_worker_command(CLI::App& parent);
 
 // `baton bench <mode>`: one file per mode, each adding itself under `bench`.
 std::vector<Command> add_bench_commands(CLI::App& parent);
@@ -32,5 +34,6 @@ Command add_bench_fault(CLI::App& bench);
 Command add_bench_throughput(CLI::App& bench);
 Command add_bench_idle(CLI::App& bench);
 Command add_bench_latency(CLI::App& bench);
+Command add_bench_handoff(CLI::App& bench);
 
 }  // namespace baton::cli

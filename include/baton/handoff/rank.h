@@ -123,8 +123,9 @@ class ConsumerWorker final : public ConsumerRank {
   [[nodiscard]] Status load(const LoadOrder& order) override;
   [[nodiscard]] std::vector<LoadCompletion> take_completions() override;
 
-  // The engine batch a load submits (for a plain-batch baseline of the same
-  // bytes); the same errors as load().
+  // The engine batch a load submits, its producer ranks connected (for a
+  // plain-batch baseline of the same bytes): load()'s errors, and the
+  // engine's connect() errors.
   [[nodiscard]] Result<engine::Batch> batch_for(const LoadOrder& order);
   [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
   [[nodiscard]] const PagePool& pool() const { return pool_; }
@@ -137,7 +138,9 @@ class ConsumerWorker final : public ConsumerRank {
   };
   ConsumerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages)
       : engine_(engine), region_(region), pool_(page_bytes, pages) {}
-  Result<engine::Peer> peer(const std::string& address);
+  Result<engine::Batch> build(const LoadOrder& order);
+  Status connect(const LoadOrder& order);
+  Result<engine::Peer> peer(const std::string& address);  // holds mutex_
 
   engine::Engine& engine_;
   engine::Region region_;

@@ -1,0 +1,512 @@
+// `baton bench handoff --spawn`: KV handed from producer replicas to
+// consumer replicas, one process per rank (`baton handoff-worker`), through
+// the handoff orchestrator, every byte checked; next to the same bytes moved
+// by plain engine batches (the same reads, from the same source pages,
+// without tickets, pools or completions) in the same run.
+//
+// Requests go in waves of --window: the producers generate a wave's KV
+// (untimed: that is prefill's work), then the wave is moved twice — plain
+// batches into scratch pages, and handoffs — in alternating order, each
+// timed from its first message to its last answer.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "baton/common/stats.h"
+#include "baton/common/units.h"
+#include "baton/engine/metrics.h"
+#include "baton/handoff/orchestrator.h"
+#include "commands.h"
+#include "handoff_remote.h"
+#include "handoff_wire.h"
+#include "json_output.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct HandoffOptions {
+  bool spawn = false;
+  std::uint32_t producers = 2, producer_tp = 2, producer_sp = 1;
+  std::uint32_t consumers = 2, consumer_tp = 2, consumer_sp = 1;
+  std::uint32_t cfg = 1;
+  std::uint32_t requests = 200, tokens = 256, window = 16;
+  std::uint32_t layers = 32, kv_heads = 8, head_dim = 128, dtype_bytes = 2, page_tokens = 16;
+  std::string order = "hnd";
+  std::string timeout = "60s";
+  std::int64_t kill_producer_at = -1;
+  std::int64_t stall_consumer_rank = -1;
+  std::uint32_t cancel_every = 0;
+  std::string json;
+};
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Replica {
+  std::string name;
+  handoff::KvLayout layout;
+  std::vector<std::unique_ptr<WorkerProcess>> processes;
+  std::vector<std::unique_ptr<handoff::ProducerRank>> producer_ranks;
+  std::vector<std::unique_ptr<handoff::ConsumerRank>> consumer_ranks;
+  std::vector<std::vector<std::uint32_t>> scratch;  // consumer: raw baseline pages per rank
+  bool failed = false;
+};
+
+struct Request {
+  handoff::TicketId ticket = 0;
+  std::uint32_t consumer = 0;
+  bool generated = false;
+  bool started = false;
+  std::optional<Status> final;  // every request ends with one
+  Clock::time_point start_at;
+  double ms = 0;
+  bool verified = false;
+};
+
+class Bench {
+ public:
+  explicit Bench(const HandoffOptions& o) : o_(o) {}
+  int run();
+
+ private:
+  int fail(int code, const std::string& why) {
+    fmt::print(stderr, "baton bench handoff: {}\n", why);
+    return code;
+  }
+  Status spawn();
+  Status generate(Request& r, std::uint32_t index);
+  Clock::duration raw_pass(const std::vector<std::uint32_t>& wave, std::uint64_t* bytes);
+  Clock::duration handoff_pass(const std::vector<std::uint32_t>& wave);
+  std::pair<Clock::duration, Clock::duration> run_wave(const std::vector<std::uint32_t>& wave, std::uint32_t wave_no,
+                                                       std::uint64_t* raw_bytes);
+  void verify(Request& r, std::uint32_t index);
+  void notice_deaths();
+  std::uint64_t retained();
+  std::uint64_t row_bytes() const { return std::uint64_t{pl_.pages_for(o_.tokens)} * pl_.page_bytes() * pl_.tp; }
+
+  const HandoffOptions& o_;
+  handoff::KvLayout pl_, cl_;
+  TimeNs timeout_ns_ = 0;
+  engine::MetricsRegistry metrics_;
+  std::unique_ptr<handoff::Orchestrator> orch_;
+  std::vector<Replica> producers_, consumers_;
+  std::vector<Request> requests_;
+  std::uint32_t next_producer_ = 0;
+  std::uint64_t retained_peak_ = 0;
+  std::uint64_t bytes_done_ = 0;
+};
+
+Status Bench::spawn() {
+  const std::uint32_t total = pl_.pages_for(o_.tokens);
+  std::uint32_t per_producer_rank = 0, per_consumer_rank = 0;
+  for (std::uint32_t r = 0; r < pl_.ranks(); ++r) per_producer_rank = std::max(per_producer_rank, pl_.rank_pages(r, total));
+  for (std::uint32_t r = 0; r < cl_.ranks(); ++r) per_consumer_rank = std::max(per_consumer_rank, cl_.rank_pages(r, total));
+  // A producer may carry a whole wave when the other died; a consumer holds
+  // a wave of handoffs and a wave of scratch pages for the baseline.
+  const std::uint32_t producer_pages = o_.window * o_.cfg * per_producer_rank;
+  const std::uint32_t consumer_pages = 2 * o_.window * o_.cfg * per_consumer_rank;
+  for (std::uint32_t p = 0; p < o_.producers; ++p) {
+    Replica rep{fmt::format("p{}", p), pl_, {}, {}, {}, {}, false};
+    std::vector<handoff::ProducerRank*> ranks;
+    for (std::uint32_t r = 0; r < pl_.ranks(); ++r) {
+      auto w = WorkerProcess::start("producer", pl_.page_bytes(), producer_pages);
+      if (!w) return w.error();
+      rep.producer_ranks.push_back(std::make_unique<RemoteProducerRank>(**w));
+      ranks.push_back(rep.producer_ranks.back().get());
+      rep.processes.push_back(std::move(*w));
+    }
+    if (auto s = orch_->add_producer(rep.name, pl_, ranks); !s.is_ok()) return s;
+    producers_.push_back(std::move(rep));
+  }
+  for (std::uint32_t c = 0; c < o_.consumers; ++c) {
+    Replica rep{fmt::format("c{}", c), cl_, {}, {}, {}, {}, false};
+    std::vector<handoff::ConsumerRank*> ranks;
+    for (std::uint32_t r = 0; r < cl_.ranks(); ++r) {
+      auto w = WorkerProcess::start("consumer", cl_.page_bytes(), consumer_pages);
+      if (!w) return w.error();
+      rep.consumer_ranks.push_back(std::make_unique<RemoteConsumerRank>(**w, consumer_pages));
+      ranks.push_back(rep.consumer_ranks.back().get());
+      auto scratch = rep.consumer_ranks.back()->allocate(o_.window * o_.cfg * per_consumer_rank);
+      if (!scratch) return scratch.error();
+      rep.scratch.push_back(std::move(*scratch));
+      rep.processes.push_back(std::move(*w));
+    }
+    if (auto s = orch_->add_consumer(rep.name, cl_, ranks); !s.is_ok()) return s;
+    consumers_.push_back(std::move(rep));
+  }
+  return Status::ok();
+}
+
+void Bench::notice_deaths() {
+  for (auto& p : producers_) {
+    if (p.failed) continue;
+    for (std::size_t r = 0; r < p.processes.size(); ++r) {
+      if (p.processes[r]->alive()) continue;
+      p.failed = true;
+      (void)orch_->producer_failed(p.name, Status::unavailable("rank {} (pid {}) exited", r, p.processes[r]->pid()));
+      break;
+    }
+  }
+}
+
+std::uint64_t Bench::retained() {
+  std::uint64_t n = 0;
+  for (auto& c : consumers_) {
+    if (auto pages = orch_->pages(c.name)) n += pages->retained;
+  }
+  retained_peak_ = std::max(retained_peak_, n);
+  return n;
+}
+
+// Binds a ticket to the next live producer and writes its KV there (every
+// rank and row at once).
+Status Bench::generate(Request& r, std::uint32_t index) {
+  notice_deaths();
+  Replica* producer = nullptr;
+  for (std::uint32_t k = 0; k < producers_.size() && producer == nullptr; ++k) {
+    Replica& p = producers_[(next_producer_ + k) % producers_.size()];
+    if (!p.failed) producer = &p;
+  }
+  if (producer == nullptr) return Status::unavailable("every producer replica failed");
+  ++next_producer_;
+  if (auto s = orch_->bind(r.ticket, producer->name); !s.is_ok()) return s;
+  auto t = orch_->ticket(r.ticket);
+  if (!t) return t.error();
+  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
+  for (std::uint32_t w = 0; w < pl_.cfg; ++w) {
+    for (std::uint32_t k = 0; k < pl_.ranks(); ++k) {
+      auto id = producer->processes[k]->send({{"op", "fill"},
+                                              {"layout", to_json(pl_)},
+                                              {"rank", k},
+                                              {"tokens", o_.tokens},
+                                              {"row", w},
+                                              {"salt", index + 1},
+                                              {"pages", t->sources[w][k].pages}});
+      if (!id) return id.error();
+      calls.emplace_back(producer->processes[k].get(), *id);
+    }
+  }
+  Status status;
+  for (auto [p, id] : calls) {
+    if (auto s = p->wait(id, nullptr, 60'000); !s.is_ok() && status.is_ok()) status = s;
+  }
+  if (!status.is_ok()) return status;
+  return orch_->generated(r.ticket);
+}
+
+Clock::duration Bench::raw_pass(const std::vector<std::uint32_t>& wave, std::uint64_t* bytes) {
+  // Per consumer rank, the same orders a handoff gives it, into scratch pages.
+  std::map<std::pair<std::uint32_t, std::uint32_t>, json> orders;
+  std::vector<std::uint32_t> slot(consumers_.size(), 0);
+  const std::uint32_t total = cl_.pages_for(o_.tokens);
+  for (std::uint32_t i : wave) {
+    Request& r = requests_[i];
+    if (!r.generated) continue;
+    auto t = orch_->ticket(r.ticket);
+    if (!t) continue;
+    const std::uint32_t s = slot[r.consumer]++;
+    Replica& c = consumers_[r.consumer];
+    for (std::uint32_t w = 0; w < cl_.cfg; ++w) {
+      for (std::uint32_t k = 0; k < cl_.ranks(); ++k) {
+        const std::uint32_t n = cl_.rank_pages(k, total);
+        const auto first = c.scratch[k].begin() + (s * cl_.cfg + w) * n;
+        handoff::LoadOrder order{r.ticket, w, o_.tokens, pl_, cl_, k, t->sources[w], {first, first + n}, 0};
+        orders[{r.consumer, k}].push_back(to_json(order));
+      }
+      *bytes += row_bytes();
+    }
+  }
+  const auto start = Clock::now();
+  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
+  for (auto& [key, list] : orders) {
+    WorkerProcess* p = consumers_[key.first].processes[key.second].get();
+    if (auto id = p->send({{"op", "raw"}, {"orders", list}})) calls.emplace_back(p, *id);
+  }
+  for (auto [p, id] : calls) {
+    if (auto s = p->wait(id, nullptr, 600'000); !s.is_ok()) fmt::print(stderr, "baseline batch: {}\n", s.to_string());
+  }
+  return Clock::now() - start;
+}
+
+Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
+  const auto start = Clock::now();
+  for (std::uint32_t i : wave) {
+    Request& r = requests_[i];
+    if (r.final || !r.generated) continue;
+    r.start_at = Clock::now();
+    if (auto s = orch_->start(r.ticket); !s.is_ok()) {
+      r.final = s;  // nothing dispatched: rolled back
+      (void)orch_->cancel(r.ticket);
+      continue;
+    }
+    r.started = true;
+    if (i < o_.requests && o_.kill_producer_at == static_cast<std::int64_t>(i)) {
+      auto t = orch_->ticket(r.ticket);
+      for (auto& p : producers_) {
+        if (t && p.name == t->producer) p.processes[0]->kill();
+      }
+    }
+    if (i < o_.requests && o_.cancel_every > 0 && (i + 1) % o_.cancel_every == 0) {
+      auto s = orch_->cancel(r.ticket);
+      r.final = s.is_ok() ? Status::cancelled("cancelled by the bench") : s;
+    }
+  }
+  for (std::uint32_t i : wave) {
+    Request& r = requests_[i];
+    if (!r.started || r.final) continue;
+    Status s = orch_->receive(r.ticket);
+    r.ms = std::chrono::duration<double, std::milli>(Clock::now() - r.start_at).count();
+    r.final = s;
+    if (s.is_ok() && i < o_.requests) bytes_done_ += row_bytes() * cl_.cfg;
+    retained();
+  }
+  return Clock::now() - start;
+}
+
+void Bench::verify(Request& r, std::uint32_t index) {
+  auto t = orch_->ticket(r.ticket);
+  if (!t) return;
+  Replica& c = consumers_[r.consumer];
+  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
+  bool sent = true;
+  for (std::uint32_t w = 0; w < cl_.cfg; ++w) {
+    for (std::uint32_t k = 0; k < cl_.ranks(); ++k) {
+      auto id = c.processes[k]->send({{"op", "check"},
+                                      {"layout", to_json(cl_)},
+                                      {"rank", k},
+                                      {"tokens", o_.tokens},
+                                      {"row", w},
+                                      {"salt", index + 1},
+                                      {"pages", t->destination[w][k]}});
+      if (!id) {
+        sent = false;
+        break;
+      }
+      calls.emplace_back(c.processes[k].get(), *id);
+    }
+  }
+  bool ok = sent;
+  for (auto [p, id] : calls) {
+    if (auto s = p->wait(id, nullptr, 60'000); !s.is_ok()) {
+      ok = false;
+      fmt::print(stderr, "request {}: data check FAILED: {}\n", index, s.to_string());
+    }
+  }
+  r.verified = ok;
+}
+
+// Generates a wave, moves it both ways (alternating which goes first),
+// checks and finishes what completed: the two passes' times.
+std::pair<Clock::duration, Clock::duration> Bench::run_wave(const std::vector<std::uint32_t>& wave,
+                                                          std::uint32_t wave_no, std::uint64_t* raw_bytes) {
+  for (std::uint32_t i : wave) {
+    Request& r = requests_[i];
+    r.consumer = i % o_.consumers;
+    auto ticket = orch_->create_ticket({fmt::format("req-{}", i), consumers_[r.consumer].name, o_.tokens});
+    if (!ticket) {
+      r.final = ticket.error();
+      continue;
+    }
+    r.ticket = *ticket;
+    if (auto s = generate(r, i); !s.is_ok()) {
+      r.final = s;
+      (void)orch_->cancel(r.ticket);
+      continue;
+    }
+    r.generated = true;
+  }
+  Clock::duration raw{}, handoff{};
+  if (wave_no % 2 == 0) {
+    raw = raw_pass(wave, raw_bytes);
+    handoff = handoff_pass(wave);
+  } else {
+    handoff = handoff_pass(wave);
+    raw = raw_pass(wave, raw_bytes);
+  }
+  for (std::uint32_t i : wave) {
+    Request& r = requests_[i];
+    if (r.final && r.final->is_ok()) {
+      verify(r, i);
+      if (auto s = orch_->finish(r.ticket); !s.is_ok()) fmt::print(stderr, "finish {}: {}\n", i, s.to_string());
+    }
+  }
+  notice_deaths();
+  orch_->progress();
+  orch_->forget_released();
+  return {raw, handoff};
+}
+
+int Bench::run() {
+  if (!o_.spawn) return fail(2, "--spawn is required: the bench starts one process per rank itself");
+  if (o_.order != "hnd" && o_.order != "nhd") return fail(2, fmt::format("--order \"{}\": expected hnd or nhd", o_.order));
+  auto timeout = parse_duration(o_.timeout);
+  if (!timeout || *timeout <= 0) return fail(2, fmt::format("--timeout \"{}\": expected a positive duration", o_.timeout));
+  timeout_ns_ = *timeout;
+  const handoff::KvOrder order = o_.order == "hnd" ? handoff::KvOrder::kHnd : handoff::KvOrder::kNhd;
+  pl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.producer_tp, o_.producer_sp,
+         o_.cfg};
+  cl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.consumer_tp, o_.consumer_sp,
+         o_.cfg};
+  if (auto plan = handoff::ReshapePlan::compute(pl_, cl_); !plan) return fail(2, plan.error().message());
+  if (o_.stall_consumer_rank >= static_cast<std::int64_t>(cl_.ranks())) {
+    return fail(2, fmt::format("--stall-consumer-rank {}: a consumer replica has ranks 0..{}", o_.stall_consumer_rank,
+                               cl_.ranks() - 1));
+  }
+  if (o_.kill_producer_at >= static_cast<std::int64_t>(o_.requests)) {
+    return fail(2, fmt::format("--kill-producer-at {}: there are {} requests", o_.kill_producer_at, o_.requests));
+  }
+  const std::uint64_t wave_bytes = std::uint64_t{o_.window} * o_.cfg * row_bytes();
+  // Sources, destinations and scratch: three waves in memfd pages (RAM).
+  if (3 * wave_bytes > (std::uint64_t{6} << 30)) {
+    return fail(2, fmt::format("a wave of {} requests holds {} MiB three times over (sources, destinations, "
+                               "baseline); lower --window or --tokens to stay under 6 GiB",
+                               o_.window, wave_bytes >> 20));
+  }
+  orch_ = std::make_unique<handoff::Orchestrator>(handoff::HandoffConfig{timeout_ns_, &metrics_, nullptr});
+  if (auto s = spawn(); !s.is_ok()) return fail(1, s.to_string());
+  if (o_.stall_consumer_rank >= 0) {
+    if (auto s = consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", true}}); !s.is_ok()) {
+      return fail(1, s.to_string());
+    }
+  }
+
+  // One untimed wave first (indices after the counted ones): it faults in
+  // every page both passes touch, so neither pays for it in the figures.
+  requests_.resize(o_.requests + o_.window);
+  std::vector<std::uint32_t> warmup;
+  for (std::uint32_t i = o_.requests; i < o_.requests + o_.window; ++i) warmup.push_back(i);
+  std::uint64_t ignored = 0;
+  (void)run_wave(warmup, 0, &ignored);
+  Clock::duration raw_time{}, handoff_time{};
+  std::uint64_t raw_bytes = 0;
+  for (std::uint32_t first = 0, wave_no = 0; first < o_.requests; first += o_.window, ++wave_no) {
+    std::vector<std::uint32_t> wave;
+    for (std::uint32_t i = first; i < std::min(o_.requests, first + o_.window); ++i) wave.push_back(i);
+    const auto [raw, handoff] = run_wave(wave, wave_no, &raw_bytes);
+    raw_time += raw;
+    handoff_time += handoff;
+  }
+
+  // The stalled rank's late completions arrive; every retained page returns.
+  if (o_.stall_consumer_rank >= 0) {
+    (void)consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", false}});
+  }
+  const auto settle_by = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < settle_by &&
+         (orch_->tickets_in(handoff::TicketState::kTimedOut) + orch_->tickets_in(handoff::TicketState::kCancelled) +
+              orch_->tickets_in(handoff::TicketState::kFailed) + orch_->tickets_in(handoff::TicketState::kLoading) >
+          0)) {
+    orch_->progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const std::uint64_t retained_at_end = retained();
+  const Status stopped = orch_->shutdown();
+
+  // Pages neither in use nor free: every ticket ended, so each pool should
+  // be whole once the baseline's scratch pages are back.
+  std::uint64_t leaked = 0;
+  for (auto& c : consumers_) {
+    for (std::size_t k = 0; k < c.processes.size(); ++k) {
+      (void)c.consumer_ranks[k]->free(c.scratch[k]);
+      json a;
+      if (c.processes[k]->call({{"op", "stats"}}, &a).is_ok()) {
+        leaked += a["pages"].get<std::uint64_t>() - a["free"].get<std::uint64_t>();
+      }
+    }
+  }
+  for (auto& p : producers_) {
+    for (auto& process : p.processes) {
+      json a;
+      if (process->alive() && process->call({{"op", "stats"}}, &a).is_ok()) {
+        leaked += a["pages"].get<std::uint64_t>() - a["free"].get<std::uint64_t>();
+      }
+    }
+  }
+
+  std::map<std::string, std::uint64_t> statuses;
+  std::vector<double> ms;
+  std::uint64_t completed = 0, verified = 0;
+  for (std::uint32_t i = 0; i < o_.requests; ++i) {
+    const Request& r = requests_[i];
+    const Status s = r.final.value_or(Status::internal("no final status"));
+    ++statuses[std::string(to_string(s.code()))];
+    if (s.is_ok()) {
+      ++completed;
+      ms.push_back(r.ms);
+      verified += r.verified ? 1 : 0;
+    }
+  }
+  const double handoff_gbps = seconds(handoff_time) > 0 ? bytes_done_ / seconds(handoff_time) / 1e9 : 0;
+  const double raw_gbps = seconds(raw_time) > 0 ? raw_bytes / seconds(raw_time) / 1e9 : 0;
+  auto summary = summarize(ms);
+  json statuses_json = json::object();
+  for (const auto& [k, v] : statuses) statuses_json[k] = v;
+  json j{{"requests", o_.requests},
+         {"completed", completed},
+         {"verified", verified},
+         {"handoff_gbps", handoff_gbps},
+         {"raw_gbps", raw_gbps},
+         {"overhead_ratio", raw_gbps > 0 ? 1.0 - handoff_gbps / raw_gbps : 1.0},
+         {"pages_leaked", leaked},
+         {"p50_ms", summary ? summary->p50 : 0.0},
+         {"p99_ms", summary ? summary->p99 : 0.0},
+         {"statuses", statuses_json},
+         {"pages_retained_peak", retained_peak_},
+         {"pages_retained_at_end", retained_at_end},
+         {"replica_stopped", stopped.is_ok() ? "" : stopped.to_string()},
+         {"bytes_per_request", row_bytes() * o_.cfg},
+         {"producer_layout", to_json(pl_)},
+         {"consumer_layout", to_json(cl_)},
+         {"window", o_.window},
+         {"warmup_requests", o_.window}};
+  fmt::print("{} requests, {} completed, {} verified; handoff {:.2f} GB/s vs plain batches {:.2f} GB/s "
+             "(overhead {:.4f}); p50 {:.2f} ms p99 {:.2f} ms; {} pages leaked\n",
+             o_.requests, completed, verified, handoff_gbps, raw_gbps, j["overhead_ratio"].get<double>(),
+             j["p50_ms"].get<double>(), j["p99_ms"].get<double>(), leaked);
+  producers_.clear();
+  consumers_.clear();
+  return emit_json("bench handoff", j.dump(2), o_.json);
+}
+
+}  // namespace
+
+Command add_bench_handoff(CLI::App& bench) {
+  auto o = std::make_shared<HandoffOptions>();
+  CLI::App* app = bench.add_subcommand("handoff",
+                                       "KV handoff from producer to consumer replicas, one process per rank, every "
+                                       "byte checked, against plain engine batches of the same bytes");
+  app->add_flag("--spawn", o->spawn, "Start the rank processes here (required)");
+  app->add_option("--producers", o->producers, "Producer replicas")->check(CLI::Range(1, 16));
+  app->add_option("--producer-tp", o->producer_tp, "Producer tensor parallelism")->check(CLI::Range(1, 16));
+  app->add_option("--producer-sp", o->producer_sp, "Producer sequence parallelism")->check(CLI::Range(1, 16));
+  app->add_option("--consumers", o->consumers, "Consumer replicas")->check(CLI::Range(1, 16));
+  app->add_option("--consumer-tp", o->consumer_tp, "Consumer tensor parallelism")->check(CLI::Range(1, 16));
+  app->add_option("--consumer-sp", o->consumer_sp, "Consumer sequence parallelism (token split)")->check(CLI::Range(1, 16));
+  app->add_option("--cfg", o->cfg, "Classifier-free guidance rows per request")->check(CLI::Range(1, 8));
+  app->add_option("--requests", o->requests, "Requests handed off")->check(CLI::Range(1, 1'000'000));
+  app->add_option("--tokens", o->tokens, "Tokens per request")->check(CLI::Range(1, 1'000'000));
+  app->add_option("--window", o->window, "Requests in flight per wave")->check(CLI::Range(1, 1024));
+  app->add_option("--layers", o->layers, "Model layers (vLLM shape; default Llama-3-8B)")->check(CLI::Range(1, 1024));
+  app->add_option("--kv-heads", o->kv_heads, "KV heads")->check(CLI::Range(1, 1024));
+  app->add_option("--head-dim", o->head_dim, "Head dimension")->check(CLI::Range(1, 4096));
+  app->add_option("--dtype-bytes", o->dtype_bytes, "Bytes per element")->check(CLI::Range(1, 8));
+  app->add_option("--page-tokens", o->page_tokens, "Tokens per page (vLLM block size)")->check(CLI::Range(1, 4096));
+  app->add_option("--order", o->order, "Page layout: hnd or nhd");
+  app->add_option("--timeout", o->timeout, "transfer_timeout: how long a receive waits (duration)");
+  app->add_option("--kill-producer-at", o->kill_producer_at, "SIGKILL rank 0 of request N's producer once it started");
+  app->add_option("--stall-consumer-rank", o->stall_consumer_rank,
+                  "Rank R of consumer replica c0 withholds its completions until the end");
+  app->add_option("--cancel-every", o->cancel_every, "Cancel every Nth request once it started");
+  app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
+  return {app, [o] { Bench b(*o); return b.run(); }};
+}
+
+}  // namespace baton::cli

@@ -1,0 +1,199 @@
+#include "handoff_remote.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <string>
+
+#include "handoff_wire.h"
+
+namespace baton::cli {
+
+using nlohmann::json;
+
+Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& role, std::uint64_t page_bytes,
+                                                            std::uint32_t pages) {
+  int to_child[2], from_child[2];
+  if (::pipe2(to_child, O_CLOEXEC) != 0) return std::unexpected(Status::unavailable("handoff-worker: pipe failed"));
+  if (::pipe2(from_child, O_CLOEXEC) != 0) {
+    ::close(to_child[0]);
+    ::close(to_child[1]);
+    return std::unexpected(Status::unavailable("handoff-worker: pipe failed"));
+  }
+  std::vector<std::string> storage{"baton",         "handoff-worker", "--role", role, "--page-bytes",
+                                   std::to_string(page_bytes), "--pages", std::to_string(pages)};
+  std::vector<char*> argv;
+  for (std::string& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return std::unexpected(Status::unavailable("handoff-worker: fork failed"));
+  if (pid == 0) {
+    ::dup2(to_child[0], STDIN_FILENO);
+    ::dup2(from_child[1], STDOUT_FILENO);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  std::unique_ptr<WorkerProcess> p(new WorkerProcess());
+  p->pid_ = pid;
+  p->in_ = to_child[1];
+  p->out_ = from_child[0];
+  // The hello line, within a bound, before the reader thread takes over.
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  char c = 0;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd fd{p->out_, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0 || ::read(p->out_, &c, 1) != 1) {
+      return std::unexpected(Status::unavailable("handoff-worker ({}, pid {}) said nothing within 20 s", role, pid));
+    }
+    if (c == '\n') break;
+    line += c;
+  }
+  json hello = json::parse(line, nullptr, false);
+  if (hello.is_discarded() || !hello.contains("address")) {
+    return std::unexpected(Status::unavailable("handoff-worker: unexpected hello \"{}\"", line));
+  }
+  p->address_ = hello["address"].get<std::string>();
+  p->region_ = hello["region"].get<engine::RegionHandle>();
+  p->reader_ = std::thread([raw = p.get()] { raw->read_lines(); });
+  return p;
+}
+
+WorkerProcess::~WorkerProcess() {
+  if (in_ >= 0) ::close(in_);
+  if (reader_.joinable()) reader_.join();  // ends at the child's EOF
+  if (out_ >= 0) ::close(out_);
+  if (pid_ > 0) {
+    // A worker drains its loads and exits on EOF; bounded all the same.
+    for (int i = 0; i < 200; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      ::usleep(50'000);
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void WorkerProcess::read_lines() {
+  std::string buffer;
+  char chunk[65536];
+  while (true) {
+    const ssize_t n = ::read(out_, chunk, sizeof chunk);
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<std::size_t>(n));
+    std::size_t start = 0, end = 0;
+    std::lock_guard lock(mutex_);
+    while ((end = buffer.find('\n', start)) != std::string::npos) {
+      json j = json::parse(std::string_view(buffer).substr(start, end - start), nullptr, false);
+      start = end + 1;
+      if (j.is_discarded()) continue;
+      if (j.contains("completion")) {
+        if (auto c = completion_from_json(j["completion"])) completions_.push_back(std::move(*c));
+      } else if (j.contains("id")) {
+        const auto id = j["id"].get<std::uint64_t>();  // before the move below
+        answers_[id] = std::move(j);
+      }
+    }
+    buffer.erase(0, start);
+    cv_.notify_all();
+  }
+  std::lock_guard lock(mutex_);
+  gone_ = true;
+  cv_.notify_all();
+}
+
+bool WorkerProcess::alive() const {
+  std::lock_guard lock(mutex_);
+  return !gone_;
+}
+
+void WorkerProcess::kill() {
+  if (pid_ > 0) ::kill(pid_, SIGKILL);
+}
+
+Result<std::uint64_t> WorkerProcess::send(json request) {
+  std::uint64_t id = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (gone_) return std::unexpected(Status::unavailable("handoff-worker pid {} is gone", pid_));
+    id = next_id_++;
+  }
+  request["id"] = id;
+  if (auto s = post(request); !s.is_ok()) return std::unexpected(s);
+  return id;
+}
+
+Status WorkerProcess::post(const json& message) {
+  const std::string text = message.dump() + "\n";
+  std::lock_guard lock(write_mutex_);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(in_, text.data() + done, text.size() - done);
+    if (n <= 0) return Status::unavailable("handoff-worker pid {}: its stdin closed", pid_);
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+Status WorkerProcess::wait(std::uint64_t id, json* answer, int timeout_ms) {
+  std::unique_lock lock(mutex_);
+  const bool arrived = cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                    [&] { return answers_.contains(id) || gone_; });
+  auto it = answers_.find(id);
+  if (it == answers_.end()) {
+    return arrived ? Status::unavailable("handoff-worker pid {} is gone", pid_)
+                   : Status::timeout("handoff-worker pid {}: no answer to call {} within {} ms", pid_, id, timeout_ms);
+  }
+  json a = std::move(it->second);
+  answers_.erase(it);
+  lock.unlock();
+  Status s = a.contains("status") ? status_from_json(a["status"]) : Status::ok();
+  if (answer != nullptr) *answer = std::move(a);
+  return s;
+}
+
+Status WorkerProcess::call(json request, json* answer, int timeout_ms) {
+  auto id = send(std::move(request));
+  if (!id) return id.error();
+  return wait(*id, answer, timeout_ms);
+}
+
+std::vector<handoff::LoadCompletion> WorkerProcess::take_completions() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(completions_, {});
+}
+
+Result<std::vector<std::uint32_t>> RemoteProducerRank::allocate(std::uint32_t pages) {
+  json a;
+  if (auto s = p_.call({{"op", "allocate"}, {"pages", pages}}, &a); !s.is_ok()) return std::unexpected(s);
+  return a.at("pages").get<std::vector<std::uint32_t>>();
+}
+
+Status RemoteProducerRank::free(std::span<const std::uint32_t> pages) {
+  return p_.call({{"op", "free"}, {"pages", std::vector<std::uint32_t>(pages.begin(), pages.end())}});
+}
+
+Result<std::vector<std::uint32_t>> RemoteConsumerRank::allocate(std::uint32_t pages) {
+  json a;
+  if (auto s = p_.call({{"op", "allocate"}, {"pages", pages}}, &a); !s.is_ok()) return std::unexpected(s);
+  return a.at("pages").get<std::vector<std::uint32_t>>();
+}
+
+Status RemoteConsumerRank::free(std::span<const std::uint32_t> pages) {
+  return p_.call({{"op", "free"}, {"pages", std::vector<std::uint32_t>(pages.begin(), pages.end())}});
+}
+
+// Not answered: the worker reports a refused order as the load's completion,
+// so dispatch costs no round trip.
+Status RemoteConsumerRank::load(const handoff::LoadOrder& order) {
+  return p_.post({{"op", "load"}, {"order", to_json(order)}});
+}
+
+}  // namespace baton::cli

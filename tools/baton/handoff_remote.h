@@ -1,0 +1,92 @@
+// The bench's side of a `baton handoff-worker` process: the child started
+// with pipes on its stdin and stdout, calls answered by id, completions
+// queued; and the orchestrator's rank interfaces over it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "baton/common/status.h"
+#include "baton/handoff/rank.h"
+
+namespace baton::cli {
+
+class WorkerProcess {
+ public:
+  // Starts `<this binary> handoff-worker --role … --page-bytes … --pages …`
+  // and waits (20 s at most) for its hello line (address, region).
+  [[nodiscard]] static Result<std::unique_ptr<WorkerProcess>> start(const std::string& role,
+                                                                    std::uint64_t page_bytes, std::uint32_t pages);
+  ~WorkerProcess();  // closes its stdin (it exits), then reaps it
+
+  // Sends `request` with a fresh id and waits for the answer: its
+  // "status" as a Status, the whole answer in `answer`. unavailable once
+  // the process is gone; timeout after `timeout_ms`.
+  [[nodiscard]] Status call(nlohmann::json request, nlohmann::json* answer = nullptr, int timeout_ms = 60'000);
+  // Sends without waiting for the answer (its id is returned); wait() takes it.
+  [[nodiscard]] Result<std::uint64_t> send(nlohmann::json request);
+  // Sends a message that has no answer (a load: its end is a completion).
+  [[nodiscard]] Status post(const nlohmann::json& message);
+  [[nodiscard]] Status wait(std::uint64_t id, nlohmann::json* answer, int timeout_ms);
+  [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions();
+
+  [[nodiscard]] const std::string& address() const { return address_; }
+  [[nodiscard]] engine::RegionHandle region() const { return region_; }
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  [[nodiscard]] bool alive() const;
+  void kill();  // SIGKILL, for fault injection
+
+ private:
+  WorkerProcess() = default;
+  void read_lines();
+
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+  std::string address_;
+  engine::RegionHandle region_ = 0;
+  std::mutex write_mutex_;  // one message at a time on the child's stdin
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, nlohmann::json> answers_;
+  std::vector<handoff::LoadCompletion> completions_;
+  std::uint64_t next_id_ = 1;
+  bool gone_ = false;
+  std::thread reader_;
+};
+
+class RemoteProducerRank final : public handoff::ProducerRank {
+ public:
+  explicit RemoteProducerRank(WorkerProcess& p) : p_(p) {}
+  [[nodiscard]] std::string address() const override { return p_.address(); }
+  [[nodiscard]] engine::RegionHandle region() const override { return p_.region(); }
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override;
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override;
+
+ private:
+  WorkerProcess& p_;
+};
+
+class RemoteConsumerRank final : public handoff::ConsumerRank {
+ public:
+  RemoteConsumerRank(WorkerProcess& p, std::uint32_t pool_pages) : p_(p), pool_pages_(pool_pages) {}
+  [[nodiscard]] std::uint32_t pool_pages() const override { return pool_pages_; }
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override;
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override;
+  [[nodiscard]] Status load(const handoff::LoadOrder& order) override;
+  [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions() override { return p_.take_completions(); }
+
+ private:
+  WorkerProcess& p_;
+  std::uint32_t pool_pages_;
+};
+
+}  // namespace baton::cli

@@ -1,0 +1,308 @@
+// `baton handoff-worker`: one rank of a serving stage for `baton bench
+// handoff`, in its own process with its own engine — a producer rank
+// (ProducerWorker: pages the bench generates KV into) or a consumer rank
+// (ConsumerWorker: pages it loads into). Driven by JSON lines on stdin
+// (handoff_wire.h); answers and load completions go to stdout (a load is
+// not answered: its completion is the answer). Calls are
+// answered on the reading thread; loads run in order on a loader thread, so
+// an allocation never waits behind a copy. Exits when stdin closes.
+#include <sys/prctl.h>
+
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "baton/engine/engine.h"
+#include "baton/handoff/kv_pattern.h"
+#include "baton/handoff/rank.h"
+#include "commands.h"
+#include "handoff_wire.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::json;
+
+struct WorkerOptions {
+  std::string role;
+  std::uint64_t page_bytes = 0;
+  std::uint32_t pages = 0;
+};
+
+class Output {
+ public:
+  void line(const json& j) {
+    const std::string text = j.dump() + "\n";
+    std::lock_guard lock(mutex_);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  std::mutex mutex_;
+};
+
+// The consumer's loads, in order, on their own thread; completions are
+// written as they end, or held while the rank is told to stall.
+class Loader {
+ public:
+  Loader(engine::Engine& engine, handoff::ConsumerWorker& worker, Output& out)
+      : engine_(engine), worker_(worker), out_(out), thread_([this] { run(); }) {}
+  ~Loader() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void load(handoff::LoadOrder order) { push({std::move(order), {}, 0}); }
+  // Plain engine batches of the same orders (the baseline): answered with
+  // `id` once every batch ended.
+  void raw(std::vector<handoff::LoadOrder> orders, std::uint64_t id) { push({{}, std::move(orders), id}); }
+  void stall(bool on) {
+    std::vector<handoff::LoadCompletion> late;
+    {
+      std::lock_guard lock(mutex_);
+      stalled_ = on;
+      if (!on) late.swap(held_);
+    }
+    for (const auto& c : late) out_.line({{"completion", to_json(c)}});
+  }
+
+ private:
+  struct Work {
+    handoff::LoadOrder order;
+    std::vector<handoff::LoadOrder> raw;
+    std::uint64_t raw_id = 0;
+  };
+  void push(Work w) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(w));
+    }
+    cv_.notify_all();
+  }
+
+  void emit(std::vector<handoff::LoadCompletion> done) {
+    std::unique_lock lock(mutex_);
+    pending_ -= done.size();
+    if (stalled_) {
+      held_.insert(held_.end(), done.begin(), done.end());
+      return;
+    }
+    lock.unlock();
+    for (const auto& c : done) out_.line({{"completion", to_json(c)}});
+  }
+
+  void run_raw(const Work& w) {
+    std::vector<engine::BatchHandle> handles;
+    Status status;
+    for (const auto& order : w.raw) {
+      auto batch = worker_.batch_for(order);
+      auto h = batch ? engine_.submit(*batch) : Result<engine::BatchHandle>(std::unexpected(batch.error()));
+      if (!h) {
+        status = h.error();
+        break;
+      }
+      handles.push_back(*h);
+    }
+    for (auto h : handles) {
+      if (auto s = engine_.wait(h, 600'000'000'000); !s.is_ok() && status.is_ok()) status = s;
+      (void)engine_.release(h);
+    }
+    out_.line({{"id", w.raw_id}, {"status", to_json(status)}});
+  }
+
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      if (!queue_.empty()) {
+        Work w = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        if (w.raw_id != 0) {
+          run_raw(w);
+        } else {
+          {
+            std::lock_guard l(mutex_);
+            ++pending_;
+          }
+          if (auto s = worker_.load(w.order); !s.is_ok()) emit({{w.order.ticket, w.order.row, w.order.rank, s}});
+          emit(worker_.take_completions());
+        }
+        lock.lock();
+        continue;
+      }
+      if (stop_ && pending_ == 0) return;
+      if (pending_ > 0) {
+        lock.unlock();
+        emit(worker_.take_completions());
+        lock.lock();
+        cv_.wait_for(lock, std::chrono::microseconds(50));
+      } else {
+        cv_.wait(lock);
+      }
+    }
+  }
+
+  engine::Engine& engine_;
+  handoff::ConsumerWorker& worker_;
+  Output& out_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Work> queue_;
+  std::size_t pending_ = 0;
+  bool stop_ = false;
+  bool stalled_ = false;
+  std::vector<handoff::LoadCompletion> held_;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+// The spans of `pages` of a worker, or an error for one outside its pool.
+template <typename Worker>
+Result<std::vector<std::span<std::byte>>> spans(const Worker& worker, const std::vector<std::uint32_t>& pages) {
+  std::vector<std::span<std::byte>> out;
+  for (auto p : pages) {
+    auto s = worker.page(p);
+    if (s.empty()) return std::unexpected(Status::out_of_range("page {} is outside the pool", p));
+    out.push_back(s);
+  }
+  return out;
+}
+
+template <typename Worker>
+Status pattern_call(const Worker& worker, const json& j, bool fill) {
+  auto layout = layout_from_json(j.at("layout"));
+  if (!layout) return layout.error();
+  auto s = spans(worker, j.at("pages").get<std::vector<std::uint32_t>>());
+  if (!s) return s.error();
+  handoff::RankPages pages{*layout, j.at("rank").get<std::uint32_t>(), j.at("tokens").get<std::uint32_t>(),
+                           j.at("row").get<std::uint32_t>(), *s};
+  const auto salt = j.at("salt").get<std::uint64_t>();
+  return fill ? handoff::fill_kv(pages, salt) : handoff::check_kv(pages, salt);
+}
+
+int run_worker(const WorkerOptions& o) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench
+  auto engine = engine::Engine::create({});
+  if (!engine) {
+    fmt::print(stderr, "baton handoff-worker: {}\n", engine.error().to_string());
+    return 1;
+  }
+  Output out;
+  std::unique_ptr<handoff::ProducerWorker> producer;
+  std::unique_ptr<handoff::ConsumerWorker> consumer;
+  std::unique_ptr<Loader> loader;
+  engine::RegionHandle region = 0;
+  if (o.role == "producer") {
+    auto w = handoff::ProducerWorker::create(**engine, o.page_bytes, o.pages);
+    if (!w) {
+      fmt::print(stderr, "baton handoff-worker: {}\n", w.error().to_string());
+      return 1;
+    }
+    producer = std::move(*w);
+    region = producer->region();
+  } else {
+    auto w = handoff::ConsumerWorker::create(**engine, o.page_bytes, o.pages);
+    if (!w) {
+      fmt::print(stderr, "baton handoff-worker: {}\n", w.error().to_string());
+      return 1;
+    }
+    consumer = std::move(*w);
+    loader = std::make_unique<Loader>(**engine, *consumer, out);
+  }
+  out.line({{"address", (*engine)->address()}, {"region", region}, {"pid", ::getpid()}});
+
+  std::string text;
+  while (std::getline(std::cin, text)) {
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      out.line({{"status", to_json(Status::invalid_argument("not a JSON object: {}", text.substr(0, 80)))}});
+      continue;
+    }
+    const std::uint64_t id = j.value("id", std::uint64_t{0});
+    json answer{{"id", id}};
+    try {
+      const std::string op = j.at("op").get<std::string>();
+      Status status;
+      if (op == "allocate") {
+        auto pages = producer ? producer->allocate(j.at("pages").get<std::uint32_t>())
+                              : consumer->allocate(j.at("pages").get<std::uint32_t>());
+        if (pages) answer["pages"] = *pages;
+        status = pages ? Status::ok() : pages.error();
+      } else if (op == "free") {
+        const auto pages = j.at("pages").get<std::vector<std::uint32_t>>();
+        status = producer ? producer->free(pages) : consumer->free(pages);
+      } else if (op == "fill" && producer) {
+        status = pattern_call(*producer, j, /*fill=*/true);
+      } else if (op == "check" && consumer) {
+        status = pattern_call(*consumer, j, /*fill=*/false);
+      } else if (op == "load" && consumer) {
+        // Not answered: a refused order ends as its load's completion.
+        auto order = order_from_json(j.at("order"));
+        if (order) {
+          loader->load(std::move(*order));
+        } else {
+          const json& o = j.at("order");
+          out.line({{"completion", to_json(handoff::LoadCompletion{o.value("ticket", std::uint64_t{0}),
+                                                                    o.value("row", 0u), o.value("rank", 0u),
+                                                                    order.error()})}});
+        }
+        continue;
+      } else if (op == "raw" && consumer) {
+        std::vector<handoff::LoadOrder> orders;
+        for (const auto& item : j.at("orders")) {
+          auto order = order_from_json(item);
+          if (!order) {
+            status = order.error();
+            break;
+          }
+          orders.push_back(std::move(*order));
+        }
+        if (status.is_ok()) {
+          loader->raw(std::move(orders), id);
+          continue;  // answered by the loader
+        }
+      } else if (op == "stall" && consumer) {
+        loader->stall(j.at("on").get<bool>());
+      } else if (op == "stats") {
+        const handoff::PagePool& pool = producer ? producer->pool() : consumer->pool();
+        answer["pages"] = pool.pages();
+        answer["free"] = pool.free_pages();
+      } else {
+        status = Status::invalid_argument("unknown op \"{}\" for a {}", op, o.role);
+      }
+      answer["status"] = to_json(status);
+    } catch (const json::exception& e) {
+      answer["status"] = to_json(Status::invalid_argument("{}", e.what()));
+    }
+    out.line(answer);
+  }
+  loader.reset();
+  consumer.reset();
+  producer.reset();
+  (*engine)->shutdown();
+  return 0;
+}
+
+}  // namespace
+
+Command add_handoff_worker_command(CLI::App& parent) {
+  auto opts = std::make_shared<WorkerOptions>();
+  CLI::App* app = parent.add_subcommand("handoff-worker",
+                                        "(internal) one producer or consumer rank of `baton bench handoff`, driven "
+                                        "by JSON lines on stdin");
+  app->add_option("--role", opts->role, "producer or consumer")->required()->check(CLI::IsMember({"producer", "consumer"}));
+  app->add_option("--page-bytes", opts->page_bytes, "bytes per page")->required()->check(CLI::PositiveNumber);
+  app->add_option("--pages", opts->pages, "pages in the pool")->required()->check(CLI::PositiveNumber);
+  return {app, [opts] { return run_worker(*opts); }};
+}
+
+}  // namespace baton::cli
