@@ -63,12 +63,38 @@ struct Entry {
   TimeNs dispatched_ns = 0;
 };
 
+// What receive() sleeps on: a count that ranks which report completions
+// themselves (ConsumerRank::on_completion) and every state change bump.
+// Shared, so a rank may call it after the orchestrator is gone.
+struct Wakeup {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t count = 0;
+
+  std::uint64_t seen() {
+    std::lock_guard lock(mutex);
+    return count;
+  }
+  void wake() {
+    {
+      std::lock_guard lock(mutex);
+      ++count;
+    }
+    cv.notify_all();
+  }
+  void wait(std::uint64_t seen, TimeNs timeout_ns) {
+    std::unique_lock lock(mutex);
+    cv.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return count != seen; });
+  }
+};
+
 struct Orchestrator::State {
   HandoffConfig config;
   SteadyClock steady;
   const Clock* clock = nullptr;
   mutable std::mutex mutex;
-  std::condition_variable cv;
+  std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
+  bool polled = false;  // some consumer rank's completions must be polled for
   std::map<std::string, ProducerReplica, std::less<>> producers;
   std::map<std::string, ConsumerReplica, std::less<>> consumers;
   std::map<TicketId, Entry> tickets;
@@ -110,6 +136,7 @@ struct Orchestrator::State {
 
   // Moves a ticket and its destination pages' owner together.
   void set_state(Entry& e, TicketState s) {
+    if (e.t.state == TicketState::kLoading && s != TicketState::kLoading) e.t.ended_ns = now();
     ConsumerReplica& c = consumers.at(e.t.consumer);
     if (auto* from = field(c.pages, owner(e, e.t.state))) *from -= e.dest_pages;
     if (s == TicketState::kReleased) e.dest_pages = 0;
@@ -118,12 +145,12 @@ struct Orchestrator::State {
     ++by_state[s];
     e.t.state = s;
     publish(e.t.consumer);
-    cv.notify_all();
+    wakeup->wake();
   }
 
   void stop(ConsumerReplica& c, Status why) {
     if (c.stopped.is_ok()) c.stopped = std::move(why);
-    cv.notify_all();
+    wakeup->wake();
   }
 
   // failed_precondition when the ticket's consumer stopped.
@@ -144,7 +171,9 @@ struct Orchestrator::State {
     if (!e.sources_held) return;
     e.sources_held = false;
     auto p = producers.find(e.t.producer);
-    if (p == producers.end() || !p->second.failed.is_ok()) return;  // died with its process
+    if (p == producers.end()) return;
+    // A failed replica's dead ranks refuse (their pages died with them);
+    // its live ones still take theirs back.
     for (auto& row : e.t.sources) {
       for (std::size_t r = 0; r < row.size(); ++r) {
         if (auto s = p->second.ranks[r]->free(row[r].pages); !s.is_ok() && p->second.failed.is_ok()) {
@@ -208,7 +237,7 @@ struct Orchestrator::State {
       set_state(e, TicketState::kFailed);
     }
     settle(e);
-    cv.notify_all();
+    wakeup->wake();
   }
 
   void progress() {
@@ -282,14 +311,22 @@ struct Orchestrator::State {
     e.t.loads_pending = cl.cfg * static_cast<std::uint32_t>(c.ranks.size());
     ++loading;
     e.dispatched_ns = now();
+    e.t.started_ns = e.dispatched_ns;
     set_state(e, TicketState::kLoading);
     for (std::uint32_t w = 0; w < cl.cfg; ++w) {
       for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+        if (e.t.state != TicketState::kLoading) {
+          // A rank refused its order: the ticket failed, the rest need not move.
+          complete(e, w, r, Status::cancelled("not dispatched: the ticket failed at dispatch"));
+          continue;
+        }
         LoadOrder order{e.t.id, w, e.t.tokens, e.t.producer_layout, cl, r, e.t.sources[w], e.t.destination[w][r],
-                        config.transfer_timeout_ns};
+                        config.load_timeout_ns};
         if (auto s = c.ranks[r]->load(order); !s.is_ok()) complete(e, w, r, s);
       }
     }
+    // The caller learns a refusal from receive() (or ticket()), like any
+    // other failed load.
     return Status::ok();
   }
 };
@@ -307,6 +344,7 @@ Orchestrator::Orchestrator(HandoffConfig config) : state_(std::make_unique<State
   }
 }
 
+// Ranks may keep calling their wake function: it holds the Wakeup, not us.
 Orchestrator::~Orchestrator() = default;
 
 Status Orchestrator::add_producer(std::string name, const KvLayout& layout, std::vector<ProducerRank*> ranks) {
@@ -329,8 +367,10 @@ Status Orchestrator::add_consumer(std::string name, const KvLayout& layout, std:
   }
   std::lock_guard lock(state_->mutex);
   if (state_->consumers.contains(name)) return Status::already_exists("add_consumer: {} exists", name);
-  auto& c = state_->consumers.emplace(name, ConsumerReplica{layout, std::move(ranks), {}, {}}).first->second;
-  (void)c;
+  for (ConsumerRank* rank : ranks) {
+    if (!rank->on_completion([w = state_->wakeup] { w->wake(); })) state_->polled = true;
+  }
+  state_->consumers.emplace(name, ConsumerReplica{layout, std::move(ranks), {}, {}});
   state_->publish(name);
   return Status::ok();
 }
@@ -455,6 +495,7 @@ Status Orchestrator::receive(TicketId ticket, TimeNs timeout_ns) {
   const TimeNs deadline = state_->now() + wait_ns;
   e.receiving = true;
   while (e.t.state == TicketState::kLoading) {
+    const std::uint64_t seen = state_->wakeup->seen();
     state_->progress();
     if (e.t.state != TicketState::kLoading || !state_->usable(e).is_ok()) break;
     const TimeNs left = deadline - state_->now();
@@ -465,9 +506,12 @@ Status Orchestrator::receive(TicketId ticket, TimeNs timeout_ns) {
                                   ticket, wait_ns / 1'000'000, e.t.loads_pending));
       break;
     }
-    // Completions are polled: wake often enough not to add latency, rarely
-    // enough not to take a core from the ranks.
-    state_->cv.wait_for(lock, std::chrono::nanoseconds(std::min<TimeNs>(left, 50'000)));
+    // Ranks that report completions wake us; those that cannot are polled
+    // often enough not to add latency, rarely enough not to take a core
+    // from them. The mutex is free meanwhile (cancel() queues).
+    lock.unlock();
+    state_->wakeup->wait(seen, std::min<TimeNs>(left, state_->polled ? 50'000 : 10'000'000));
+    lock.lock();
   }
   e.receiving = false;
   if (auto s = state_->usable(e); !s.is_ok()) return s;

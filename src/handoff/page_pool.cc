@@ -23,7 +23,7 @@ Result<std::vector<std::uint32_t>> PagePool::allocate(std::uint32_t count) {
   return out;
 }
 
-Status PagePool::check_locked(std::span<const std::uint32_t> pages, const char* call) const {
+Status PagePool::check_locked(std::span<const std::uint32_t> pages, const char* call, bool handed_out) const {
   std::vector<std::uint32_t> sorted(pages.begin(), pages.end());
   std::ranges::sort(sorted);
   for (std::size_t i = 0; i < sorted.size(); ++i) {
@@ -33,21 +33,25 @@ Status PagePool::check_locked(std::span<const std::uint32_t> pages, const char* 
     if (i > 0 && sorted[i] == sorted[i - 1]) {
       return Status::failed_precondition("{}: page {} is named twice", call, sorted[i]);
     }
-    if (free_.contains(sorted[i])) return Status::failed_precondition("{}: page {} is free", call, sorted[i]);
+    if (handed_out && free_.contains(sorted[i])) return Status::failed_precondition("{}: page {} is free", call, sorted[i]);
   }
   return Status::ok();
 }
 
 Status PagePool::free(std::span<const std::uint32_t> pages) {
   std::lock_guard lock(mutex_);
-  if (auto s = check_locked(pages, "PagePool::free"); !s.is_ok()) return s;
+  if (auto s = check_locked(pages, "PagePool::free", true); !s.is_ok()) return s;
   free_.insert(pages.begin(), pages.end());
   return Status::ok();
 }
 
 Status PagePool::check(std::span<const std::uint32_t> pages) const {
   std::lock_guard lock(mutex_);
-  return check_locked(pages, "PagePool::check");
+  return check_locked(pages, "PagePool::check", true);
+}
+
+Status PagePool::check_range(std::span<const std::uint32_t> pages) const {
+  return check_locked(pages, "PagePool::check_range", false);  // reads no state: no lock
 }
 
 std::uint32_t PagePool::free_pages() const {

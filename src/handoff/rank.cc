@@ -38,10 +38,10 @@ ProducerWorker::~ProducerWorker() { (void)engine_.unregister(region_.handle); }
 std::span<std::byte> ProducerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }
 
 Result<std::unique_ptr<ConsumerWorker>> ConsumerWorker::create(engine::Engine& engine, std::uint64_t page_bytes,
-                                                               std::uint32_t pages) {
+                                                               std::uint32_t pages, PageTable table) {
   auto region = allocate_exported(engine, page_bytes, pages, "ConsumerWorker::create");
   if (!region) return std::unexpected(region.error());
-  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *region, page_bytes, pages));
+  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *region, page_bytes, pages, table));
 }
 
 ConsumerWorker::~ConsumerWorker() {
@@ -64,7 +64,7 @@ Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
   return p;
 }
 
-Result<engine::Batch> ConsumerWorker::build(const LoadOrder& o) {
+Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
   auto plan = plans_.get(o.producer, o.consumer);
   if (!plan) return std::unexpected(plan.error());
   const KvLayout& pl = o.producer;
@@ -92,7 +92,9 @@ Result<engine::Batch> ConsumerWorker::build(const LoadOrder& o) {
     return std::unexpected(Status::invalid_argument("load: {} destination pages for rank {} (expected {})",
                                                     o.pages.size(), o.rank, cl.rank_pages(o.rank, total)));
   }
-  if (auto s = pool_.check(o.pages); !s.is_ok()) return std::unexpected(s);
+  if (auto s = table_ == PageTable::kWorker ? pool_.check(o.pages) : pool_.check_range(o.pages); !s.is_ok()) {
+    return std::unexpected(s);
+  }
 
   engine::Batch batch;
   const std::uint32_t ct = o.rank % cl.tp;
@@ -129,7 +131,7 @@ Result<engine::Batch> ConsumerWorker::build(const LoadOrder& o) {
   return batch;
 }
 
-Status ConsumerWorker::connect(const LoadOrder& order) {
+Status ConsumerWorker::connect_sources(const LoadOrder& order) {
   std::lock_guard lock(mutex_);
   for (const SourcePages& src : order.sources) {
     if (auto p = peer(src.address); !p) return p.error();
@@ -137,18 +139,18 @@ Status ConsumerWorker::connect(const LoadOrder& order) {
   return Status::ok();
 }
 
-Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& order) {
-  auto batch = build(order);
-  if (!batch) return batch;
-  if (auto s = connect(order); !s.is_ok()) return std::unexpected(s);
-  return batch;
-}
-
 Status ConsumerWorker::load(const LoadOrder& order) {
-  auto batch = build(order);
+  auto batch = batch_for(order);
   if (!batch) return batch.error();
+  if (batch->requests.empty()) {
+    // An sp group that holds none of a short request's pages: nothing to
+    // move, and no reason to reach the producers.
+    std::lock_guard lock(mutex_);
+    ended_.push_back({order.ticket, order.row, order.rank, {}});
+    return Status::ok();
+  }
   // From here on a failure is the load's (an unreachable producer), not the order's.
-  Status status = connect(order);
+  Status status = connect_sources(order);
   std::lock_guard lock(mutex_);
   auto handle = status.is_ok() ? engine_.submit(*batch) : std::unexpected(status);
   if (!handle && handle.error().code() == StatusCode::kNotFound) {

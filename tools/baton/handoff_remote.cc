@@ -89,13 +89,17 @@ void WorkerProcess::read_lines() {
     if (n <= 0) break;
     buffer.append(chunk, static_cast<std::size_t>(n));
     std::size_t start = 0, end = 0;
-    std::lock_guard lock(mutex_);
+    bool completed = false;
+    std::unique_lock lock(mutex_);
     while ((end = buffer.find('\n', start)) != std::string::npos) {
       json j = json::parse(std::string_view(buffer).substr(start, end - start), nullptr, false);
       start = end + 1;
       if (j.is_discarded()) continue;
       if (j.contains("completion")) {
-        if (auto c = completion_from_json(j["completion"])) completions_.push_back(std::move(*c));
+        if (auto c = completion_from_json(j["completion"])) {
+          completions_.push_back(std::move(*c));
+          completed = true;
+        }
       } else if (j.contains("id")) {
         const auto id = j["id"].get<std::uint64_t>();  // before the move below
         answers_[id] = std::move(j);
@@ -103,6 +107,9 @@ void WorkerProcess::read_lines() {
     }
     buffer.erase(0, start);
     cv_.notify_all();
+    std::function<void()> wake = completed ? wake_ : nullptr;
+    lock.unlock();
+    if (wake) wake();
   }
   std::lock_guard lock(mutex_);
   gone_ = true;
@@ -165,6 +172,11 @@ Status WorkerProcess::call(json request, json* answer, int timeout_ms) {
   return wait(*id, answer, timeout_ms);
 }
 
+void WorkerProcess::on_completion(std::function<void()> wake) {
+  std::lock_guard lock(mutex_);
+  wake_ = std::move(wake);
+}
+
 std::vector<handoff::LoadCompletion> WorkerProcess::take_completions() {
   std::lock_guard lock(mutex_);
   return std::exchange(completions_, {});
@@ -177,16 +189,6 @@ Result<std::vector<std::uint32_t>> RemoteProducerRank::allocate(std::uint32_t pa
 }
 
 Status RemoteProducerRank::free(std::span<const std::uint32_t> pages) {
-  return p_.call({{"op", "free"}, {"pages", std::vector<std::uint32_t>(pages.begin(), pages.end())}});
-}
-
-Result<std::vector<std::uint32_t>> RemoteConsumerRank::allocate(std::uint32_t pages) {
-  json a;
-  if (auto s = p_.call({{"op", "allocate"}, {"pages", pages}}, &a); !s.is_ok()) return std::unexpected(s);
-  return a.at("pages").get<std::vector<std::uint32_t>>();
-}
-
-Status RemoteConsumerRank::free(std::span<const std::uint32_t> pages) {
   return p_.call({{"op", "free"}, {"pages", std::vector<std::uint32_t>(pages.begin(), pages.end())}});
 }
 

@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,6 +39,8 @@ class WorkerProcess {
   [[nodiscard]] Status post(const nlohmann::json& message);
   [[nodiscard]] Status wait(std::uint64_t id, nlohmann::json* answer, int timeout_ms);
   [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions();
+  // Called (outside our locks) whenever completions arrived.
+  void on_completion(std::function<void()> wake);
 
   [[nodiscard]] const std::string& address() const { return address_; }
   [[nodiscard]] engine::RegionHandle region() const { return region_; }
@@ -58,6 +61,7 @@ class WorkerProcess {
   std::condition_variable cv_;
   std::map<std::uint64_t, nlohmann::json> answers_;
   std::vector<handoff::LoadCompletion> completions_;
+  std::function<void()> wake_;
   std::uint64_t next_id_ = 1;
   bool gone_ = false;
   std::thread reader_;
@@ -75,18 +79,29 @@ class RemoteProducerRank final : public handoff::ProducerRank {
   WorkerProcess& p_;
 };
 
+// A consumer rank whose page table is kept here (the worker runs
+// PageTable::kCaller), as a serving scheduler keeps its workers' block
+// table: allocating costs no round trip.
 class RemoteConsumerRank final : public handoff::ConsumerRank {
  public:
-  RemoteConsumerRank(WorkerProcess& p, std::uint32_t pool_pages) : p_(p), pool_pages_(pool_pages) {}
-  [[nodiscard]] std::uint32_t pool_pages() const override { return pool_pages_; }
-  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override;
-  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override;
+  RemoteConsumerRank(WorkerProcess& p, std::uint64_t page_bytes, std::uint32_t pool_pages)
+      : p_(p), pool_(page_bytes, pool_pages) {}
+  [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
+    return pool_.allocate(pages);
+  }
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
   [[nodiscard]] Status load(const handoff::LoadOrder& order) override;
   [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions() override { return p_.take_completions(); }
+  [[nodiscard]] bool on_completion(std::function<void()> wake) override {
+    p_.on_completion(std::move(wake));
+    return true;
+  }
+  [[nodiscard]] const handoff::PagePool& pool() const { return pool_; }
 
  private:
   WorkerProcess& p_;
-  std::uint32_t pool_pages_;
+  handoff::PagePool pool_;
 };
 
 }  // namespace baton::cli

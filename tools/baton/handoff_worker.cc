@@ -1,7 +1,8 @@
 // `baton handoff-worker`: one rank of a serving stage for `baton bench
 // handoff`, in its own process with its own engine — a producer rank
 // (ProducerWorker: pages the bench generates KV into) or a consumer rank
-// (ConsumerWorker: pages it loads into). Driven by JSON lines on stdin
+// (ConsumerWorker: pages it loads into; the bench keeps their table, as a
+// serving scheduler keeps its workers' block table). Driven by JSON lines on stdin
 // (handoff_wire.h); answers and load completions go to stdout (a load is
 // not answered: its completion is the answer). Calls are
 // answered on the reading thread; loads run in order on a loader thread, so
@@ -106,6 +107,9 @@ class Loader {
     Status status;
     for (const auto& order : w.raw) {
       auto batch = worker_.batch_for(order);
+      if (batch) {
+        if (auto s = worker_.connect_sources(order); !s.is_ok()) batch = std::unexpected(s);
+      }
       auto h = batch ? engine_.submit(*batch) : Result<engine::BatchHandle>(std::unexpected(batch.error()));
       if (!h) {
         status = h.error();
@@ -210,7 +214,8 @@ int run_worker(const WorkerOptions& o) {
     producer = std::move(*w);
     region = producer->region();
   } else {
-    auto w = handoff::ConsumerWorker::create(**engine, o.page_bytes, o.pages);
+    // The bench keeps the consumer's page table, as a serving scheduler does.
+    auto w = handoff::ConsumerWorker::create(**engine, o.page_bytes, o.pages, handoff::PageTable::kCaller);
     if (!w) {
       fmt::print(stderr, "baton handoff-worker: {}\n", w.error().to_string());
       return 1;
@@ -232,14 +237,13 @@ int run_worker(const WorkerOptions& o) {
     try {
       const std::string op = j.at("op").get<std::string>();
       Status status;
-      if (op == "allocate") {
-        auto pages = producer ? producer->allocate(j.at("pages").get<std::uint32_t>())
-                              : consumer->allocate(j.at("pages").get<std::uint32_t>());
+      if (op == "allocate" && producer) {
+        auto pages = producer->allocate(j.at("pages").get<std::uint32_t>());
         if (pages) answer["pages"] = *pages;
         status = pages ? Status::ok() : pages.error();
-      } else if (op == "free") {
+      } else if (op == "free" && producer) {
         const auto pages = j.at("pages").get<std::vector<std::uint32_t>>();
-        status = producer ? producer->free(pages) : consumer->free(pages);
+        status = producer->free(pages);
       } else if (op == "fill" && producer) {
         status = pattern_call(*producer, j, /*fill=*/true);
       } else if (op == "check" && consumer) {

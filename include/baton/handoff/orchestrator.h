@@ -45,8 +45,13 @@ enum class TicketState : std::uint8_t {
 [[nodiscard]] std::string_view to_string(TicketState state);
 
 struct HandoffConfig {
-  // How long receive() waits by default, and each transfer's engine timeout.
+  // How long receive() waits by default.
   TimeNs transfer_timeout_ns = 60'000'000'000;
+  // Each load's engine timeout (Request::timeout_ns; 0: the engine
+  // policy's transfer_timeout): the bound on how long pages stay retained
+  // behind a transfer that never ends. Keep it above transfer_timeout_ns,
+  // so a slow load ends the ticket timed out (retained), not failed.
+  TimeNs load_timeout_ns = 0;
   // Where the handoff's gauges and histograms go (optional; they are
   // declared there).
   engine::MetricsRegistry* metrics = nullptr;
@@ -74,6 +79,8 @@ struct Ticket {
   std::vector<std::vector<SourcePages>> sources;                     // [row][producer rank]
   std::vector<std::vector<std::vector<std::uint32_t>>> destination;  // [row][consumer rank]
   std::uint32_t loads_pending = 0;  // (row, rank) loads dispatched and not yet completed
+  TimeNs started_ns = 0;  // when start() dispatched the loads (HandoffConfig::clock)
+  TimeNs ended_ns = 0;    // when it stopped loading: completed, or ended for the caller
 };
 
 // A consumer replica's pages by owner: reserved by a ticket still loading,
@@ -121,8 +128,10 @@ class Orchestrator {
   [[nodiscard]] Status receive(TicketId ticket, TimeNs timeout_ns = 0);
   // Ends the ticket cancelled; loads in flight are not interrupted and keep
   // their pages retained until they complete. During a receive() of the
-  // ticket it is queued and runs when that receive returns.
-  // invalid_argument for a ticket that ended already.
+  // ticket it is queued and runs when that receive returns (a ticket that
+  // completed meanwhile is then released, and receive answers cancelled).
+  // invalid_argument for a ticket that ended already, completed included
+  // (finish() returns a completed ticket's pages).
   [[nodiscard]] Status cancel(TicketId ticket);
   // The caller is done with a completed ticket's pages: every page returns.
   [[nodiscard]] Status finish(TicketId ticket);

@@ -24,15 +24,18 @@ class PagePool {
   // Returns pages, all or none: out_of_range for a page outside the pool,
   // failed_precondition for one that is free already (or named twice).
   [[nodiscard]] Status free(std::span<const std::uint32_t> pages);
-  // ok when every page is inside the pool and handed out.
+  // ok when every page is inside the pool, named once and handed out.
   [[nodiscard]] Status check(std::span<const std::uint32_t> pages) const;
+  // ok when every page is inside the pool and named once (whoever hands
+  // them out keeps its own table).
+  [[nodiscard]] Status check_range(std::span<const std::uint32_t> pages) const;
 
   [[nodiscard]] std::uint64_t page_bytes() const { return page_bytes_; }
   [[nodiscard]] std::uint32_t pages() const { return pages_; }
   [[nodiscard]] std::uint32_t free_pages() const;
 
  private:
-  Status check_locked(std::span<const std::uint32_t> pages, const char* call) const;
+  Status check_locked(std::span<const std::uint32_t> pages, const char* call, bool handed_out) const;
 
   const std::uint64_t page_bytes_;
   const std::uint32_t pages_;

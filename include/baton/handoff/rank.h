@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,14 @@ class ConsumerRank {
   // An error here means nothing was started.
   [[nodiscard]] virtual Status load(const LoadOrder& order) = 0;
   [[nodiscard]] virtual std::vector<LoadCompletion> take_completions() = 0;
+  // Asks the rank to call `wake` (from any thread, holding none of its
+  // locks) whenever completions are ready to take; an empty function stops
+  // it. A rank that cannot tell (its completions are found by polling)
+  // answers false, and the orchestrator polls it.
+  [[nodiscard]] virtual bool on_completion(std::function<void()> wake) {
+    (void)wake;
+    return false;
+  }
 };
 
 // A producer rank over an Engine: a pool of `pages` pages of `page_bytes`
@@ -101,6 +110,13 @@ class ProducerWorker final : public ProducerRank {
   PagePool pool_;
 };
 
+// Who keeps a consumer rank's page table. kWorker: the worker's own pool
+// (allocate()/free() here; a load's pages must be allocated). kCaller: a
+// scheduler elsewhere keeps it, as vLLM's keeps one block table for all its
+// workers — the worker only holds the memory and checks that a load's pages
+// lie inside it, and allocation costs the scheduler no round trip.
+enum class PageTable : std::uint8_t { kWorker, kCaller };
+
 // A consumer rank over an Engine: its pool as ProducerWorker's, and loads as
 // engine batches of reads from the producer ranks, one per row, built from
 // the layout pair's reshape plan (computed once, PlanCache) with
@@ -109,7 +125,8 @@ class ConsumerWorker final : public ConsumerRank {
  public:
   [[nodiscard]] static Result<std::unique_ptr<ConsumerWorker>> create(engine::Engine& engine,
                                                                       std::uint64_t page_bytes,
-                                                                      std::uint32_t pages);
+                                                                      std::uint32_t pages,
+                                                                      PageTable table = PageTable::kWorker);
   ~ConsumerWorker() override;
 
   [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
@@ -123,10 +140,11 @@ class ConsumerWorker final : public ConsumerRank {
   [[nodiscard]] Status load(const LoadOrder& order) override;
   [[nodiscard]] std::vector<LoadCompletion> take_completions() override;
 
-  // The engine batch a load submits, its producer ranks connected (for a
-  // plain-batch baseline of the same bytes): load()'s errors, and the
-  // engine's connect() errors.
+  // The engine batch a load submits (for a plain-batch baseline of the same
+  // bytes), with load()'s errors; submitting it needs connect_sources().
   [[nodiscard]] Result<engine::Batch> batch_for(const LoadOrder& order);
+  // Connects to the order's producer ranks (once each); the engine's errors.
+  [[nodiscard]] Status connect_sources(const LoadOrder& order);
   [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
   [[nodiscard]] const PagePool& pool() const { return pool_; }
   [[nodiscard]] const PlanCache& plans() const { return plans_; }
@@ -136,15 +154,15 @@ class ConsumerWorker final : public ConsumerRank {
     engine::BatchHandle batch;
     LoadCompletion completion;
   };
-  ConsumerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages)
-      : engine_(engine), region_(region), pool_(page_bytes, pages) {}
-  Result<engine::Batch> build(const LoadOrder& order);
-  Status connect(const LoadOrder& order);
+  ConsumerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages,
+                 PageTable table)
+      : engine_(engine), region_(region), pool_(page_bytes, pages), table_(table) {}
   Result<engine::Peer> peer(const std::string& address);  // holds mutex_
 
   engine::Engine& engine_;
   engine::Region region_;
   PagePool pool_;
+  const PageTable table_;
   PlanCache plans_;
   std::mutex mutex_;  // guards the two below
   std::map<std::string, engine::Peer> peers_;
