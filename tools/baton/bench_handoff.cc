@@ -108,9 +108,10 @@ Status Bench::spawn() {
   std::uint32_t per_producer_rank = 0, per_consumer_rank = 0;
   for (std::uint32_t r = 0; r < pl_.ranks(); ++r) per_producer_rank = std::max(per_producer_rank, pl_.rank_pages(r, total));
   for (std::uint32_t r = 0; r < cl_.ranks(); ++r) per_consumer_rank = std::max(per_consumer_rank, cl_.rank_pages(r, total));
-  // A producer may carry a whole wave when the other died; a consumer holds
-  // a wave of handoffs and a wave of scratch pages for the baseline.
-  const std::uint32_t producer_pages = o_.window * o_.cfg * per_producer_rank;
+  // A producer may carry a whole wave when the other died, besides a wave
+  // of sources held by retained tickets; a consumer holds a wave of
+  // handoffs and a wave of scratch pages for the baseline.
+  const std::uint32_t producer_pages = 2 * o_.window * o_.cfg * per_producer_rank;
   const std::uint32_t consumer_pages = 2 * o_.window * o_.cfg * per_consumer_rank;
   for (std::uint32_t p = 0; p < o_.producers; ++p) {
     Replica rep{fmt::format("p{}", p), pl_, {}, {}, {}, {}, false};
@@ -364,19 +365,15 @@ int Bench::run() {
     return fail(2, fmt::format("--kill-producer-at {}: there are {} requests", o_.kill_producer_at, o_.requests));
   }
   const std::uint64_t wave_bytes = std::uint64_t{o_.window} * o_.cfg * row_bytes();
-  // Sources, destinations and scratch: three waves in memfd pages (RAM).
-  if (3 * wave_bytes > (std::uint64_t{6} << 30)) {
-    return fail(2, fmt::format("a wave of {} requests holds {} MiB three times over (sources, destinations, "
-                               "baseline); lower --window or --tokens to stay under 6 GiB",
+  // Sources (two waves), destinations and scratch: four waves in memfd
+  // pages (RAM).
+  if (4 * wave_bytes > (std::uint64_t{6} << 30)) {
+    return fail(2, fmt::format("a wave of {} requests holds {} MiB four times over (sources and retained sources, "
+                               "destinations, baseline); lower --window or --tokens to stay under 6 GiB",
                                o_.window, wave_bytes >> 20));
   }
   orch_ = std::make_unique<handoff::Orchestrator>(handoff::HandoffConfig{.transfer_timeout_ns = timeout_ns_, .metrics = &metrics_});
   if (auto s = spawn(); !s.is_ok()) return fail(1, s.to_string());
-  if (o_.stall_consumer_rank >= 0) {
-    if (auto s = consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", true}}); !s.is_ok()) {
-      return fail(1, s.to_string());
-    }
-  }
 
   // One untimed wave first (indices after the counted ones): it faults in
   // every page both passes touch, so neither pays for it in the figures.
@@ -385,6 +382,11 @@ int Bench::run() {
   for (std::uint32_t i = o_.requests; i < o_.requests + o_.window; ++i) warmup.push_back(i);
   std::uint64_t ignored = 0;
   (void)run_wave(warmup, 0, &ignored);
+  if (o_.stall_consumer_rank >= 0) {
+    if (auto s = consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", true}}); !s.is_ok()) {
+      return fail(1, s.to_string());
+    }
+  }
   Clock::duration raw_time{}, handoff_time{};
   std::uint64_t raw_bytes = 0;
   std::vector<double> wave_ratios;  // handoff GB/s over plain GB/s, per wave (noise shows here)

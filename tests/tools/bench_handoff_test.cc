@@ -1,0 +1,99 @@
+// `baton bench handoff --spawn` as a user runs it: real rank processes, the
+// JSON contract, every request ending with a status under each fault flag,
+// no page leaked, and one-line errors for bad input.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/baton_cli.h"
+
+namespace {
+
+using baton::testing::CommandRun;
+
+// A small model so each run takes a second or two: 4 layers, 4 kv heads.
+const std::string kSmall =
+    "bench handoff --spawn --layers 4 --kv-heads 4 --head-dim 64 --page-tokens 16 --tokens 100 --window 4 ";
+
+nlohmann::json run(const std::string& args) {
+  const CommandRun r = baton::testing::run_baton(kSmall + args + " --json -");
+  EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+  if (r.exit_code != 0) return {};
+  // The JSON follows the one-line summary.
+  return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+}
+
+std::uint64_t statuses(const nlohmann::json& j) {
+  std::uint64_t n = 0;
+  for (const auto& [code, count] : j["statuses"].items()) n += count.get<std::uint64_t>();
+  return n;
+}
+
+TEST(BenchHandoff, EveryRequestCompletesVerifiedWithNothingLeaked) {
+  // TP 2 → TP 2, heads merged (TP 2 → 1), token split (TP 1, SP 2), CFG rows.
+  for (const std::string layouts : {"--producer-tp 2 --consumer-tp 2", "--producer-tp 2 --consumer-tp 1",
+                                    "--producer-tp 1 --consumer-tp 1 --consumer-sp 2",
+                                    "--producer-tp 2 --consumer-tp 2 --cfg 2 --order nhd"}) {
+    const auto j = run("--producers 2 --consumers 2 --requests 12 " + layouts);
+    ASSERT_FALSE(j.is_null()) << layouts;
+    EXPECT_EQ(j["requests"], 12) << layouts;
+    EXPECT_EQ(j["completed"], 12) << layouts;
+    EXPECT_EQ(j["verified"], 12) << layouts;
+    EXPECT_EQ(j["pages_leaked"], 0) << layouts;
+    EXPECT_EQ(j["statuses"]["ok"], 12) << layouts;
+    EXPECT_GT(j["handoff_gbps"].get<double>(), 0) << layouts;
+    EXPECT_GT(j["raw_gbps"].get<double>(), 0) << layouts;
+    EXPECT_DOUBLE_EQ(j["overhead_ratio"].get<double>(),
+                     1 - j["handoff_gbps"].get<double>() / j["raw_gbps"].get<double>());
+    EXPECT_LE(j["p50_ms"].get<double>(), j["p99_ms"].get<double>());
+  }
+}
+
+TEST(BenchHandoff, CancelEveryNEndsThoseCancelledAndReturnsTheirPages) {
+  const auto j = run("--producers 1 --consumers 1 --requests 12 --cancel-every 3");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(statuses(j), 12u);
+  EXPECT_EQ(j["statuses"]["cancelled"], 4);
+  EXPECT_EQ(j["completed"], 8);
+  EXPECT_EQ(j["verified"], 8);
+  EXPECT_EQ(j["pages_leaked"], 0);
+  EXPECT_EQ(j["pages_retained_at_end"], 0);
+}
+
+TEST(BenchHandoff, AStalledConsumerRankTimesOutRetainsThenReleases) {
+  const auto j = run("--producers 1 --consumers 2 --consumer-tp 2 --requests 16 --stall-consumer-rank 1 --timeout 100ms");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(statuses(j), 16u) << "every request ends with a status";
+  // Replica c1 is healthy: its 8 requests complete.
+  EXPECT_EQ(j["completed"], 8);
+  EXPECT_EQ(j["verified"], 8);
+  EXPECT_GT(j["statuses"]["timeout"].get<int>(), 0);
+  EXPECT_GT(j["pages_retained_peak"].get<int>(), 0) << "timed-out pages were retained, not recycled";
+  EXPECT_EQ(j["pages_retained_at_end"], 0) << "and released once the late completions arrived";
+  EXPECT_EQ(j["pages_leaked"], 0);
+}
+
+TEST(BenchHandoff, AKilledProducerRankStillEndsEveryRequest) {
+  const auto j = run("--producers 2 --producer-tp 2 --consumers 1 --requests 16 --kill-producer-at 5");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(statuses(j), 16u);
+  EXPECT_EQ(j["verified"], j["completed"]) << "whatever completed is byte-exact";
+  // Requests after the kill's wave go to the surviving replica.
+  EXPECT_GE(j["completed"].get<int>(), 8);
+  EXPECT_EQ(j["pages_leaked"], 0);
+}
+
+TEST(BenchHandoff, BadInputFailsWithOneLine) {
+  for (const std::string args :
+       {"bench handoff --requests 4", "bench handoff --spawn --kv-heads 6 --producer-tp 4",
+        "bench handoff --spawn --stall-consumer-rank 2 --consumer-tp 2", "bench handoff --spawn --requests 4 --kill-producer-at 4",
+        "bench handoff --spawn --timeout soon", "bench handoff --spawn --order xyz",
+        "bench handoff --spawn --tokens 100000 --window 1024"}) {
+    const CommandRun r = baton::testing::run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
