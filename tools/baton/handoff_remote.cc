@@ -182,16 +182,6 @@ std::vector<handoff::LoadCompletion> WorkerProcess::take_completions() {
   return std::exchange(completions_, {});
 }
 
-Result<std::vector<std::uint32_t>> RemoteProducerRank::allocate(std::uint32_t pages) {
-  json a;
-  if (auto s = p_.call({{"op", "allocate"}, {"pages", pages}}, &a); !s.is_ok()) return std::unexpected(s);
-  return a.at("pages").get<std::vector<std::uint32_t>>();
-}
-
-Status RemoteProducerRank::free(std::span<const std::uint32_t> pages) {
-  return p_.call({{"op", "free"}, {"pages", std::vector<std::uint32_t>(pages.begin(), pages.end())}});
-}
-
 // Not answered: the worker reports a refused order as the load's completion,
 // so dispatch costs no round trip.
 Status RemoteConsumerRank::load(const handoff::LoadOrder& order) {

@@ -67,16 +67,24 @@ class WorkerProcess {
   std::thread reader_;
 };
 
+// A producer rank whose page table is kept here, as the producer stage's
+// scheduler keeps its block table: returning a ticket's source pages costs
+// the orchestrator no round trip. The worker holds the memory.
 class RemoteProducerRank final : public handoff::ProducerRank {
  public:
-  explicit RemoteProducerRank(WorkerProcess& p) : p_(p) {}
+  RemoteProducerRank(WorkerProcess& p, std::uint64_t page_bytes, std::uint32_t pool_pages)
+      : p_(p), pool_(page_bytes, pool_pages) {}
   [[nodiscard]] std::string address() const override { return p_.address(); }
   [[nodiscard]] engine::RegionHandle region() const override { return p_.region(); }
-  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override;
-  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override;
+  [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
+    return pool_.allocate(pages);
+  }
+  [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
+  [[nodiscard]] const handoff::PagePool& pool() const { return pool_; }
 
  private:
   WorkerProcess& p_;
+  handoff::PagePool pool_;
 };
 
 // A consumer rank whose page table is kept here (the worker runs

@@ -1,8 +1,9 @@
 // `baton handoff-worker`: one rank of a serving stage for `baton bench
 // handoff`, in its own process with its own engine — a producer rank
 // (ProducerWorker: pages the bench generates KV into) or a consumer rank
-// (ConsumerWorker: pages it loads into; the bench keeps their table, as a
-// serving scheduler keeps its workers' block table). Driven by JSON lines on stdin
+// (ConsumerWorker: pages it loads into). The bench keeps both page tables,
+// as a serving scheduler keeps its workers' block table: a worker holds
+// the memory and checks that pages lie inside it. Driven by JSON lines on stdin
 // (handoff_wire.h); answers and load completions go to stdout (a load is
 // not answered: its completion is the answer). Calls are
 // answered on the reading thread; loads run in order on a loader thread, so
@@ -237,14 +238,7 @@ int run_worker(const WorkerOptions& o) {
     try {
       const std::string op = j.at("op").get<std::string>();
       Status status;
-      if (op == "allocate" && producer) {
-        auto pages = producer->allocate(j.at("pages").get<std::uint32_t>());
-        if (pages) answer["pages"] = *pages;
-        status = pages ? Status::ok() : pages.error();
-      } else if (op == "free" && producer) {
-        const auto pages = j.at("pages").get<std::vector<std::uint32_t>>();
-        status = producer->free(pages);
-      } else if (op == "fill" && producer) {
+      if (op == "fill" && producer) {
         status = pattern_call(*producer, j, /*fill=*/true);
       } else if (op == "check" && consumer) {
         status = pattern_call(*consumer, j, /*fill=*/false);
@@ -276,10 +270,6 @@ int run_worker(const WorkerOptions& o) {
         }
       } else if (op == "stall" && consumer) {
         loader->stall(j.at("on").get<bool>());
-      } else if (op == "stats") {
-        const handoff::PagePool& pool = producer ? producer->pool() : consumer->pool();
-        answer["pages"] = pool.pages();
-        answer["free"] = pool.free_pages();
       } else {
         status = Status::invalid_argument("unknown op \"{}\" for a {}", op, o.role);
       }
