@@ -144,6 +144,9 @@ struct Orchestrator::State {
     --by_state[e.t.state];
     ++by_state[s];
     e.t.state = s;
+    if (config.metrics != nullptr && (s == TicketState::kCompleted || ended_for_caller(s))) {
+      config.metrics->add("baton_handoff_tickets_ended_total", {{"state", std::string(to_string(s))}});
+    }
     publish(e.t.consumer);
     wakeup->wake();
   }
@@ -339,6 +342,9 @@ Orchestrator::Orchestrator(HandoffConfig config) : state_(std::make_unique<State
                            "Destination pages of a consumer replica by owner: reserved (loading), in_use (completed, "
                            "until finish), retained (ended while loads were in flight).");
     (void)m->declare_gauge("baton_handoff_tickets", "Handoff tickets by state.");
+    (void)m->declare_counter("baton_handoff_tickets_ended_total",
+                             "Tickets that ended, by how: completed, timed_out, cancelled, failed (released ones "
+                             "leave the gauge, not this).");
     (void)m->declare_histogram("baton_handoff_rank_load_seconds",
                                "From dispatch to a consumer rank's completion of one row.", latency_buckets());
   }
@@ -426,14 +432,23 @@ Status Orchestrator::bind(TicketId ticket, std::string_view producer) {
     const std::uint32_t want = pl.cfg * pl.rank_pages(r, total);
     if (want == 0) continue;
     auto pages = p->second.ranks[r]->allocate(want);
-    if (pages && pages->size() == want) {
+    const bool distinct = pages && std::set<std::uint32_t>(pages->begin(), pages->end()).size() == pages->size();
+    if (pages && pages->size() == want && distinct) {
       got[r] = std::move(*pages);
       continue;
     }
-    const Status why = pages ? Status::internal("producer rank answered {} pages for {}", pages->size(), want)
+    const Status why = pages ? Status::internal("producer rank answered {} pages ({}) for {}", pages->size(),
+                                                distinct ? "distinct" : "some twice", want)
                              : pages.error();
+    bool rolled_back = true;
     for (std::uint32_t k = 0; k < r; ++k) {
-      if (!got[k].empty()) (void)p->second.ranks[k]->free(got[k]);
+      if (!got[k].empty() && !p->second.ranks[k]->free(got[k]).is_ok()) rolled_back = false;
+    }
+    if (pages || !rolled_back) {
+      // A rank that answers wrongly, or will not take its pages back, is not
+      // trusted with another ticket.
+      p->second.failed = Status::internal("producer {} rank {}: {}{}", producer, r, why.message(),
+                                          rolled_back ? "" : " (and a rollback failed)");
     }
     return Status(why.code(), fmt::format("bind ticket {}: producer {} rank {}: {} (rolled back)", ticket, producer, r,
                                           why.message()));

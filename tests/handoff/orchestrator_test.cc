@@ -278,6 +278,8 @@ TEST_P(RealHandoff, EveryByteArrivesAndEveryPageComesBack) {
     EXPECT_EQ(gauge("reserved") + gauge("in_use") + gauge("retained"), 0u);
     EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "released"}}), n);
     EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "completed"}}), 0u);
+    EXPECT_EQ(metrics.counter("baton_handoff_tickets_ended_total", {{"state", "completed"}}), (round + 1) * n)
+        << "the counter keeps what the gauge forgets";
 
     std::uint64_t observed = 0;
     for (std::uint32_t r = 0; r < c.consumer.ranks(); ++r) {
@@ -383,6 +385,7 @@ class FakeProducer final : public ProducerRank {
   Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
     std::lock_guard lock(mutex_);
     if (allocate_error_) return std::unexpected(*allocate_error_);
+    if (allocate_answer_) return *allocate_answer_;  // bypasses the pool
     return pool_.allocate(pages);
   }
   Status free(std::span<const std::uint32_t> pages) override {
@@ -395,6 +398,10 @@ class FakeProducer final : public ProducerRank {
     std::lock_guard lock(mutex_);
     allocate_error_ = std::move(s);
   }
+  void answer_allocate(std::optional<std::vector<std::uint32_t>> pages) {
+    std::lock_guard lock(mutex_);
+    allocate_answer_ = std::move(pages);
+  }
   int free_calls() const {
     std::lock_guard lock(mutex_);
     return free_calls_;
@@ -406,6 +413,7 @@ class FakeProducer final : public ProducerRank {
   PagePool pool_;
   mutable std::mutex mutex_;
   std::optional<Status> allocate_error_;
+  std::optional<std::vector<std::uint32_t>> allocate_answer_;
   int free_calls_ = 0;
 };
 
@@ -633,6 +641,23 @@ TEST(HandoffFailure, AProducerRankWithTooFewPagesLeavesTheTicketCreated) {
   EXPECT_EQ(f.producer_free(), std::vector<std::uint32_t>(2, kProducerPool - 2));
 }
 
+// A producer rank that names a page twice is not trusted with a ticket:
+// the bind is rolled back and the producer marked failed.
+TEST(HandoffFailure, AProducerRankAnsweringAPageTwiceFailsTheProducer) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  auto id = o.create_ticket({"r", "decode", kTokens});
+  ASSERT_TRUE(id.has_value());
+  f.producers[1]->answer_allocate(std::vector<std::uint32_t>{3, 3});
+  EXPECT_EQ(o.bind(*id, "prefill").code(), StatusCode::kInternal);
+  EXPECT_EQ(f.producer_free(), f.full_producers()) << "rank 0's source pages were rolled back";
+  EXPECT_EQ(state(o, *id), TicketState::kCreated);
+  auto again = o.bind(*id, "prefill");
+  EXPECT_EQ(again.code(), StatusCode::kUnavailable) << again.to_string();
+  EXPECT_TRUE(contains(again.message(), "some twice")) << again.message();
+}
+
 // 2. A receive that gives up ends the ticket for the caller only: the pages
 // stay out of the pools until the loads that may still write them settle.
 TEST(HandoffFailure, AReceiveTimeoutRetainsThePagesUntilTheLateCompletionsArrive) {
@@ -740,6 +765,7 @@ TEST(HandoffFailure, CancelOfALoadingTicketRetainsItsPagesUntilEveryRowOnEveryRa
   EXPECT_EQ(o.tickets_in(TicketState::kCancelled), 0u);
   EXPECT_EQ(metrics.counter("baton_handoff_tickets", {{"state", "released"}}), 1u);
   EXPECT_EQ(metrics.counter("baton_handoff_pages", {{"consumer", "decode"}, {"owner", "retained"}}), 0u);
+  EXPECT_EQ(metrics.counter("baton_handoff_tickets_ended_total", {{"state", "cancelled"}}), 1u);
 }
 
 // Cancel before loading returns the source pages at once.

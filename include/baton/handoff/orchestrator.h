@@ -113,7 +113,9 @@ class Orchestrator {
   // row on each of its ranks (all or none). not_found for an unknown ticket
   // or producer; invalid_argument when its layout does not describe the
   // consumer's KV; unavailable for a failed producer; resource_exhausted
-  // when a rank has too few pages (the ticket stays created).
+  // when a rank has too few pages (the ticket stays created). A rank that
+  // answers the wrong count or a page twice, or a rollback that fails,
+  // marks the producer failed (internal).
   [[nodiscard]] Status bind(TicketId ticket, std::string_view producer);
   // After generation wrote the source pages: resolves the producer ranks'
   // engine addresses into the ticket.
