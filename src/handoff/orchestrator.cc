@@ -123,13 +123,15 @@ struct Orchestrator::State {
     return nullptr;
   }
 
-  void publish(const std::string& consumer) {
+  // The consumer's page gauges and the gauges of `states` (every state
+  // when empty).
+  void publish(const std::string& consumer, std::initializer_list<TicketState> states = {}) {
     if (config.metrics == nullptr) return;
     const PageCounts& c = consumers.at(consumer).pages;
     config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "reserved"}}, c.reserved);
     config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "in_use"}}, c.in_use);
     config.metrics->set("baton_handoff_pages", {{"consumer", consumer}, {"owner", "retained"}}, c.retained);
-    for (TicketState s : kAllStates) {
+    for (TicketState s : states.size() == 0 ? std::span<const TicketState>(kAllStates) : std::span(states)) {
       config.metrics->set("baton_handoff_tickets", {{"state", std::string(to_string(s))}}, by_state[s]);
     }
   }
@@ -141,13 +143,14 @@ struct Orchestrator::State {
     if (auto* from = field(c.pages, owner(e, e.t.state))) *from -= e.dest_pages;
     if (s == TicketState::kReleased) e.dest_pages = 0;
     if (auto* to = field(c.pages, owner(e, s))) *to += e.dest_pages;
-    --by_state[e.t.state];
+    const TicketState from = e.t.state;
+    --by_state[from];
     ++by_state[s];
     e.t.state = s;
     if (config.metrics != nullptr && (s == TicketState::kCompleted || ended_for_caller(s))) {
       config.metrics->add("baton_handoff_tickets_ended_total", {{"state", std::string(to_string(s))}});
     }
-    publish(e.t.consumer);
+    publish(e.t.consumer, {from, s});
     wakeup->wake();
   }
 
@@ -405,7 +408,7 @@ Result<TicketId> Orchestrator::create_ticket(const TicketSpec& spec) {
   ++state_->by_state[TicketState::kCreated];
   const TicketId id = e.t.id;
   state_->tickets.emplace(id, std::move(e));
-  state_->publish(spec.consumer);
+  state_->publish(spec.consumer, {TicketState::kCreated});
   return id;
 }
 
