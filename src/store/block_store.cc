@@ -195,6 +195,13 @@ Result<BlockLayout> BlockStore::layout(std::string_view ns) const {
   return it->second.layout;
 }
 
+std::vector<std::pair<std::string, BlockLayout>> BlockStore::namespaces() const {
+  std::lock_guard lock(state_->mutex);
+  std::vector<std::pair<std::string, BlockLayout>> out;
+  for (const auto& [name, ns] : state_->namespaces) out.emplace_back(name, ns.layout);
+  return out;
+}
+
 Result<std::vector<BlockPage>> BlockStore::allocate_blocks(std::string_view name, std::uint32_t count,
                                                             std::string_view producer, TimeNs now_ns) {
   if (count == 0 || producer.empty()) {

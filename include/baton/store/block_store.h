@@ -103,6 +103,7 @@ class BlockStore {
   // already_exists for a name taken; the engine's errors.
   [[nodiscard]] Status add_namespace(const NamespaceConfig& config);
   [[nodiscard]] Result<BlockLayout> layout(std::string_view ns) const;
+  [[nodiscard]] std::vector<std::pair<std::string, BlockLayout>> namespaces() const;
 
   // `count` pages for `producer` to write, lowest first on each pool, all
   // or none: least recently used unlocked blocks are evicted to make room;

@@ -1,0 +1,68 @@
+// The block store over gRPC (proto/store.proto): StoreServer serves a
+// BlockStore and runs its collector; StoreClient is the other side. gRPC and
+// protobuf stay inside src/store/: these headers name neither.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/status.h"
+#include "baton/store/block_store.h"
+
+namespace baton::store {
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:0";  // port 0: an ephemeral one (StoreServer::address())
+  // How often the collector expires locks and unsealed pages.
+  TimeNs collect_every_ns = 1'000'000'000;
+};
+
+class StoreServer {
+ public:
+  // Serves `store` (which outlives the server) for `engine`'s clients;
+  // unavailable when the address cannot be bound.
+  [[nodiscard]] static Result<std::unique_ptr<StoreServer>> start(BlockStore& store, engine::Engine& engine,
+                                                                  ServerConfig config = {});
+  ~StoreServer();  // stops serving, then the collector
+  [[nodiscard]] std::string address() const;  // "127.0.0.1:45123"
+
+ private:
+  struct State;
+  explicit StoreServer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+struct NamespaceInfo {
+  std::string name;
+  BlockLayout layout;
+};
+
+// One store, by its RPC address. Calls carry the server's Status (code and
+// message) back; a server that cannot be reached is unavailable.
+class StoreClient {
+ public:
+  // invalid_argument for an empty address; the channel connects lazily.
+  [[nodiscard]] static Result<std::unique_ptr<StoreClient>> connect(const std::string& address,
+                                                                    TimeNs call_timeout_ns = 10'000'000'000);
+  ~StoreClient();
+
+  // The store engine's address and its namespaces.
+  [[nodiscard]] Result<std::pair<std::string, std::vector<NamespaceInfo>>> hello();
+  [[nodiscard]] Result<std::vector<BlockPage>> allocate_blocks(const std::string& ns, std::uint32_t count,
+                                                               const std::string& producer);
+  [[nodiscard]] Status seal(const std::string& ns, const std::string& producer, std::span<const std::uint64_t> pages,
+                            std::span<const std::uint64_t> hashes, const BlockLayout& layout);
+  [[nodiscard]] Result<QueryAnswer> query(const std::string& ns, std::span<const std::uint64_t> hashes,
+                                          const std::string& requester);
+  [[nodiscard]] Status release(std::uint64_t session);
+
+ private:
+  struct State;
+  explicit StoreClient(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace baton::store

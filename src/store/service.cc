@@ -1,0 +1,273 @@
+#include "baton/store/service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "store.grpc.pb.h"
+
+namespace baton::store {
+namespace {
+
+namespace wire = baton::store::wire;
+
+// The Status travels whole: gRPC's code for other clients, ours (its
+// snake_case name) in the details for StoreClient.
+grpc::Status to_grpc(const Status& s) {
+  if (s.is_ok()) return grpc::Status::OK;
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
+    case StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
+    case StatusCode::kOutOfRange: code = grpc::StatusCode::OUT_OF_RANGE; break;
+    case StatusCode::kTimeout: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
+    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case StatusCode::kDeadlineInfeasible:
+    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    case StatusCode::kInternal: code = grpc::StatusCode::INTERNAL; break;
+    case StatusCode::kOk: break;
+  }
+  return {code, s.message(), std::string(to_string(s.code()))};
+}
+
+Status from_grpc(const grpc::Status& s, const char* call) {
+  if (s.ok()) return Status::ok();
+  for (int c = 1; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (to_string(static_cast<StatusCode>(c)) == s.error_details()) {
+      return Status(static_cast<StatusCode>(c), s.error_message());
+    }
+  }
+  // Not our server's answer: the channel's own (no server, a deadline).
+  const StatusCode code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? StatusCode::kTimeout
+                                                                                  : StatusCode::kUnavailable;
+  return Status(code, fmt::format("{}: {} (gRPC code {})", call, s.error_message(), static_cast<int>(s.error_code())));
+}
+
+std::span<const std::uint64_t> span(const google::protobuf::RepeatedField<std::uint64_t>& f) {
+  return {f.data(), static_cast<std::size_t>(f.size())};
+}
+
+BlockLayout from_wire(const wire::BlockLayout& l) { return {l.slots(), l.segments(), l.segment_bytes()}; }
+
+void to_wire(const BlockLayout& l, wire::BlockLayout* out) {
+  out->set_slots(l.slots);
+  out->set_segments(l.segments);
+  out->set_segment_bytes(l.segment_bytes);
+}
+
+class Service final : public wire::Store::Service {
+ public:
+  Service(BlockStore& store, engine::Engine& engine) : store_(store), engine_(engine) {}
+
+  grpc::Status Hello(grpc::ServerContext*, const wire::HelloRequest*, wire::HelloReply* reply) override {
+    reply->set_engine_address(engine_.address());
+    for (const auto& [name, layout] : store_.namespaces()) {
+      auto* ns = reply->add_namespaces();
+      ns->set_name(name);
+      to_wire(layout, ns->mutable_layout());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status AllocateBlocks(grpc::ServerContext*, const wire::AllocateBlocksRequest* r,
+                              wire::AllocateBlocksReply* reply) override {
+    auto pages = store_.allocate_blocks(r->namespace_(), r->count(), r->producer(), engine_.now_ns());
+    if (!pages) return to_grpc(pages.error());
+    for (const BlockPage& p : *pages) {
+      auto* out = reply->add_pages();
+      out->set_page(p.page);
+      out->set_region(p.region);
+      out->set_offset(p.offset);
+      out->set_address(p.address);
+      out->set_numa(p.numa);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Seal(grpc::ServerContext*, const wire::SealRequest* r, wire::SealReply*) override {
+    return to_grpc(store_.seal(r->namespace_(), r->producer(), span(r->pages()), span(r->hashes()),
+                               from_wire(r->layout())));
+  }
+
+  grpc::Status QueryBlocksForTransfer(grpc::ServerContext*, const wire::QueryBlocksForTransferRequest* r,
+                                      wire::QueryBlocksForTransferReply* reply) override {
+    auto answer = store_.query(r->namespace_(), span(r->hashes()), r->requester(), engine_.now_ns());
+    if (!answer) return to_grpc(answer.error());
+    reply->set_found(answer->found);
+    reply->set_plan(std::move(answer->plan));
+    reply->set_session(answer->session);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReleaseTransferLock(grpc::ServerContext*, const wire::ReleaseTransferLockRequest* r,
+                                   wire::ReleaseTransferLockReply*) override {
+    return to_grpc(store_.release(r->session()));
+  }
+
+ private:
+  BlockStore& store_;
+  engine::Engine& engine_;
+};
+
+}  // namespace
+
+struct StoreServer::State {
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread collector;
+};
+
+StoreServer::StoreServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+StoreServer::~StoreServer() {
+  state_->server->Shutdown();
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  state_->collector.join();
+}
+
+std::string StoreServer::address() const { return state_->address; }
+
+Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engine::Engine& engine,
+                                                        ServerConfig config) {
+  const auto colon = config.listen.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : config.listen.substr(0, colon);
+  // Until the store proves the deployment secret as the engine does, it
+  // serves this host only.
+  if (host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+    return std::unexpected(Status::invalid_argument(
+        "store: listen \"{}\": the store serves loopback only (127.0.0.1:PORT) until its RPCs are authenticated",
+        config.listen));
+  }
+  if (config.collect_every_ns <= 0) {
+    return std::unexpected(Status::invalid_argument("store: collect_every {} ns (expected above 0)",
+                                                    config.collect_every_ns));
+  }
+  auto state = std::make_unique<State>();
+  state->service = std::make_unique<Service>(store, engine);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(state->service.get());
+  state->server = builder.BuildAndStart();
+  if (!state->server || port == 0) {
+    return std::unexpected(Status::unavailable("store: cannot listen on {}", config.listen));
+  }
+  state->address = fmt::format("{}:{}", host, port);
+  State* raw = state.get();
+  state->collector = std::thread([raw, &store, &engine, every = config.collect_every_ns] {
+    std::unique_lock lock(raw->mutex);
+    while (!raw->stop) {
+      raw->cv.wait_for(lock, std::chrono::nanoseconds(every));
+      if (raw->stop) break;
+      lock.unlock();
+      store.tick(engine.now_ns());
+      lock.lock();
+    }
+  });
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(state)));
+}
+
+struct StoreClient::State {
+  std::unique_ptr<wire::Store::Stub> stub;
+  TimeNs timeout_ns = 0;
+
+  void deadline(grpc::ClientContext& context) const {
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(timeout_ns));
+  }
+};
+
+StoreClient::StoreClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
+StoreClient::~StoreClient() = default;
+
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& address, TimeNs call_timeout_ns) {
+  if (address.empty() || call_timeout_ns <= 0) {
+    return std::unexpected(Status::invalid_argument("StoreClient: address \"{}\", call timeout {} ns", address,
+                                                    call_timeout_ns));
+  }
+  auto state = std::make_unique<State>();
+  state->stub = wire::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  state->timeout_ns = call_timeout_ns;
+  return std::unique_ptr<StoreClient>(new StoreClient(std::move(state)));
+}
+
+Result<std::pair<std::string, std::vector<NamespaceInfo>>> StoreClient::hello() {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::HelloReply reply;
+  if (auto s = from_grpc(state_->stub->Hello(&context, {}, &reply), "Hello"); !s.is_ok()) return std::unexpected(s);
+  std::vector<NamespaceInfo> namespaces;
+  for (const auto& ns : reply.namespaces()) namespaces.push_back({ns.name(), from_wire(ns.layout())});
+  return std::make_pair(reply.engine_address(), std::move(namespaces));
+}
+
+Result<std::vector<BlockPage>> StoreClient::allocate_blocks(const std::string& ns, std::uint32_t count,
+                                                            const std::string& producer) {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::AllocateBlocksRequest request;
+  request.set_namespace_(ns);
+  request.set_count(count);
+  request.set_producer(producer);
+  wire::AllocateBlocksReply reply;
+  if (auto s = from_grpc(state_->stub->AllocateBlocks(&context, request, &reply), "AllocateBlocks"); !s.is_ok()) {
+    return std::unexpected(s);
+  }
+  std::vector<BlockPage> pages;
+  for (const auto& p : reply.pages()) pages.push_back({p.page(), p.region(), p.offset(), p.address(), p.numa()});
+  return pages;
+}
+
+Status StoreClient::seal(const std::string& ns, const std::string& producer, std::span<const std::uint64_t> pages,
+                         std::span<const std::uint64_t> hashes, const BlockLayout& layout) {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::SealRequest request;
+  request.set_namespace_(ns);
+  request.set_producer(producer);
+  request.mutable_pages()->Add(pages.begin(), pages.end());
+  request.mutable_hashes()->Add(hashes.begin(), hashes.end());
+  to_wire(layout, request.mutable_layout());
+  wire::SealReply reply;
+  return from_grpc(state_->stub->Seal(&context, request, &reply), "Seal");
+}
+
+Result<QueryAnswer> StoreClient::query(const std::string& ns, std::span<const std::uint64_t> hashes,
+                                       const std::string& requester) {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::QueryBlocksForTransferRequest request;
+  request.set_namespace_(ns);
+  request.mutable_hashes()->Add(hashes.begin(), hashes.end());
+  request.set_requester(requester);
+  wire::QueryBlocksForTransferReply reply;
+  if (auto s = from_grpc(state_->stub->QueryBlocksForTransfer(&context, request, &reply), "QueryBlocksForTransfer");
+      !s.is_ok()) {
+    return std::unexpected(s);
+  }
+  return QueryAnswer{reply.found(), std::move(*reply.mutable_plan()), reply.session()};
+}
+
+Status StoreClient::release(std::uint64_t session) {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::ReleaseTransferLockRequest request;
+  request.set_session(session);
+  wire::ReleaseTransferLockReply reply;
+  return from_grpc(state_->stub->ReleaseTransferLock(&context, request, &reply), "ReleaseTransferLock");
+}
+
+}  // namespace baton::store

@@ -1,0 +1,172 @@
+// The store over gRPC on loopback, with real engines on both sides: a
+// producer allocates pages by RPC, writes them with its engine and seals
+// them; a requester queries, reads the plan's chunks with its engine, checks
+// every byte and releases. Bad input through every RPC gets its Status back.
+#include "baton/store/service.h"
+
+#include <gtest/gtest.h>
+
+#include "baton/engine/pattern.h"
+#include "baton/plan/wire.h"
+
+namespace baton::store {
+namespace {
+
+constexpr TimeNs kSecond = 1'000'000'000;
+const BlockLayout kLayout{.slots = 8, .segments = 2, .segment_bytes = 4096};
+
+std::unique_ptr<engine::Engine> make_engine() {
+  auto e = engine::Engine::create({});
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return e ? std::move(*e) : nullptr;
+}
+
+struct Served {
+  std::unique_ptr<engine::Engine> engine = make_engine();
+  std::unique_ptr<BlockStore> store;
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<StoreClient> client;
+
+  Served() {
+    store = std::move(*BlockStore::create(*engine));
+    EXPECT_TRUE(store->add_namespace({"llama", kLayout, 32, {-1}}).is_ok());
+    auto s = StoreServer::start(*store, *engine);
+    EXPECT_TRUE(s.has_value()) << s.error().to_string();
+    server = std::move(*s);
+    client = std::move(*StoreClient::connect(server->address()));
+  }
+};
+
+// Reads every chunk of `plan` from the store into `local` (its bytes in
+// chunk order), with `engine` connected to the store's engine.
+Status read_chunks(engine::Engine& engine, const engine::Peer& peer, const plan::Plan& plan, engine::Region local) {
+  auto regions = engine.remote_regions(peer);
+  if (!regions) return regions.error();
+  engine::Batch batch;
+  std::uint64_t at = 0;
+  for (const plan::Chunk& c : plan.chunks) {
+    const transport::RemoteRegion* in = nullptr;
+    for (const auto& r : *regions) {
+      if (c.base >= r.base && c.base + c.length <= r.base + r.length) in = &r;
+    }
+    if (in == nullptr) return Status::not_found("chunk at {:#x} is in no region of the store", c.base);
+    batch.requests.push_back({.op = engine::Op::kRead, .local_region = local.handle, .local_offset = at,
+                              .peer = peer.address, .remote_region = in->key, .remote_offset = c.base - in->base,
+                              .length = c.length});
+    at += c.length;
+  }
+  auto h = engine.submit(batch);
+  if (!h) return h.error();
+  Status s = engine.wait(*h, 10 * kSecond);
+  (void)engine.release(*h);
+  return s;
+}
+
+TEST(StoreService, PutOverRpcAndTheEngineThenFetchThroughThePlanByteExact) {
+  Served served;
+  auto hello = served.client->hello();
+  ASSERT_TRUE(hello.has_value()) << hello.error().to_string();
+  EXPECT_EQ(hello->first, served.engine->address());
+  ASSERT_EQ(hello->second.size(), 1u);
+  EXPECT_EQ(hello->second[0].name, "llama");
+  EXPECT_EQ(hello->second[0].layout, kLayout);
+
+  // The producer: 6 blocks, each filled with its own pattern.
+  auto producer = make_engine();
+  std::vector<std::byte> kv(6 * kLayout.block_bytes());
+  for (std::uint64_t b = 0; b < 6; ++b) {
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 100 + b);
+  }
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  auto store_peer = producer->connect(hello->first);
+  ASSERT_TRUE(store_peer.has_value()) << store_peer.error().to_string();
+  auto pages = served.client->allocate_blocks("llama", 6, "prefill-0");
+  ASSERT_TRUE(pages.has_value()) << pages.error().to_string();
+  engine::Batch writes;
+  std::vector<std::uint64_t> ids, hashes;
+  for (std::uint64_t b = 0; b < 6; ++b) {
+    const BlockPage& p = (*pages)[b];
+    writes.requests.push_back({.op = engine::Op::kWrite, .local_region = mine->handle,
+                               .local_offset = b * kLayout.block_bytes(), .peer = store_peer->address,
+                               .remote_region = p.region, .remote_offset = p.offset,
+                               .length = kLayout.block_bytes()});
+    ids.push_back(p.page);
+    hashes.push_back(0xabc000 + b);
+  }
+  ASSERT_TRUE(producer->refresh(*store_peer).is_ok());
+  auto h = producer->submit(writes);
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  ASSERT_TRUE(producer->wait(*h, 10 * kSecond).is_ok());
+  ASSERT_TRUE(served.client->seal("llama", "prefill-0", ids, hashes, kLayout).is_ok());
+
+  // The requester: blocks 0..3 of the 6 and one the store never saw.
+  auto requester = make_engine();
+  const std::vector<std::uint64_t> asked{0xabc000, 0xabc001, 0xabc002, 0xabc003, 0xdead};
+  auto answer = served.client->query("llama", asked, "decode-0");
+  ASSERT_TRUE(answer.has_value()) << answer.error().to_string();
+  EXPECT_EQ(answer->found, 4u);
+  auto plan = plan::parse_plan(answer->plan);
+  ASSERT_TRUE(plan.has_value()) << plan.error().to_string();
+  std::vector<std::byte> fetched(4 * kLayout.block_bytes());
+  auto local = requester->register_memory(fetched.data(), fetched.size());
+  ASSERT_TRUE(local.has_value());
+  auto peer = requester->connect(hello->first);
+  ASSERT_TRUE(peer.has_value());
+  ASSERT_TRUE(read_chunks(*requester, *peer, *plan, *local).is_ok());
+  ASSERT_TRUE(served.client->release(answer->session).is_ok());
+  // The pages were allocated lowest first, so the chunk is the 4 blocks in order.
+  ASSERT_EQ(plan->chunks.size(), 1u);
+  for (std::uint64_t b = 0; b < 4; ++b) {
+    EXPECT_FALSE(engine::pattern_mismatch(
+                     std::span(fetched).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 100 + b)
+                     .has_value())
+        << "block " << b;
+  }
+  EXPECT_EQ(served.store->stats().sessions, 0u);
+}
+
+TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {
+  Served served;
+  StoreClient& c = *served.client;
+  const std::vector<std::uint64_t> one{1}, twice{1, 1};
+  EXPECT_EQ(c.allocate_blocks("nope", 1, "p").error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.allocate_blocks("llama", 0, "p").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.allocate_blocks("llama", 1, "").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.allocate_blocks("llama", 1000, "p").error().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.query("nope", one, "d").error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.query("llama", {}, "d").error().code(), StatusCode::kInvalidArgument);
+  auto dup = c.query("llama", twice, "d");
+  EXPECT_EQ(dup.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.error().message().find("twice"), std::string::npos) << dup.error().message();
+  EXPECT_EQ(c.release(42).code(), StatusCode::kNotFound);
+  auto pages = c.allocate_blocks("llama", 1, "p");
+  ASSERT_TRUE(pages.has_value());
+  const std::vector<std::uint64_t> page{(*pages)[0].page};
+  BlockLayout other = kLayout;
+  other.slots = 4;
+  EXPECT_EQ(c.seal("llama", "p", page, one, other).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.seal("llama", "q", page, one, kLayout).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.seal("llama", "p", page, twice, kLayout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.seal("llama", "p", page, one, BlockLayout{}).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c.seal("llama", "p", page, one, kLayout).is_ok());
+  EXPECT_EQ(c.query("llama", one, "d")->found, 1u);
+}
+
+TEST(StoreService, AStoreThatIsNotThereIsUnavailableAndOnlyLoopbackIsServed) {
+  Served served;
+  const std::string address = served.server->address();
+  served.server.reset();
+  auto gone = StoreClient::connect(address, kSecond);
+  ASSERT_TRUE(gone.has_value());
+  auto h = (*gone)->hello();
+  ASSERT_FALSE(h.has_value());
+  EXPECT_TRUE(h.error().code() == StatusCode::kUnavailable || h.error().code() == StatusCode::kTimeout)
+      << h.error().to_string();
+  EXPECT_EQ(StoreServer::start(*served.store, *served.engine, {.listen = "0.0.0.0:0"}).error().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(StoreClient::connect("").error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton::store
