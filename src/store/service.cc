@@ -130,7 +130,9 @@ struct StoreServer::State {
 StoreServer::StoreServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 StoreServer::~StoreServer() {
-  state_->server->Shutdown();
+  // In-flight calls get a moment to finish; without a deadline gRPC's sync
+  // server waits seconds on its idle pollers.
+  state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   {
     std::lock_guard lock(state_->mutex);
     state_->stop = true;

@@ -18,6 +18,7 @@ struct Command {
 Command add_topo_command(CLI::App& parent);
 Command add_serve_command(CLI::App& parent);
 Command add_demo_command(CLI::App& parent);
+Command add_store_command(CLI::App& parent);
 // Internal: one rank process of `baton bench handoff`.
 Command add_handoff_worker_command(CLI::App& parent);
 

@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (default: BATON_LOG_LEVEL or warn)");
 
   std::vector<baton::cli::Command> commands{baton::cli::add_topo_command(app), baton::cli::add_serve_command(app),
-                                            baton::cli::add_demo_command(app),
+                                            baton::cli::add_demo_command(app), baton::cli::add_store_command(app),
                                             baton::cli::add_handoff_worker_command(app)};
   for (auto& mode : baton::cli::add_bench_commands(app)) commands.push_back(std::move(mode));
   try {

@@ -13,7 +13,7 @@
 namespace baton::cli {
 
 Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const std::string& binary,
-                                     const std::string& netns) {
+                                     const std::string& netns, const std::string& command) {
   // `ip netns exec` runs its command by path: /proc/self/exe would name ip.
   std::error_code ec;
   const std::string program = netns.empty() ? binary : std::filesystem::canonical(binary, ec).string();
@@ -26,8 +26,8 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
     ::dup2(out[1], STDOUT_FILENO);
     ::close(out[0]);
     ::close(out[1]);
-    std::vector<std::string> storage{"baton", "serve"};
-    if (!netns.empty()) storage = {"ip", "netns", "exec", netns, program, "serve"};
+    std::vector<std::string> storage{"baton", command};
+    if (!netns.empty()) storage = {"ip", "netns", "exec", netns, program, command};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& s : storage) argv.push_back(s.data());

@@ -19,13 +19,13 @@ inline constexpr std::uint64_t kServeSalt = 0;
 
 class ServeChild {
  public:
-  // Runs `<binary> serve <args>` (by default this very binary) and waits
-  // (up to 20 s) for its address line; inside network namespace `netns`
-  // (`ip netns exec`) when one is named. unavailable when it cannot start or
-  // exits first.
+  // Runs `<binary> <command> <args>` (by default this very binary's `serve`;
+  // `store` prints the same first line) and waits (up to 20 s) for its
+  // address line; inside network namespace `netns` (`ip netns exec`) when
+  // one is named. unavailable when it cannot start or exits first.
   [[nodiscard]] static Result<ServeChild> start(const std::vector<std::string>& args,
                                                 const std::string& binary = "/proc/self/exe",
-                                                const std::string& netns = "");
+                                                const std::string& netns = "", const std::string& command = "serve");
   ServeChild(ServeChild&& other) noexcept;
   ServeChild& operator=(ServeChild&&) = delete;
   ~ServeChild();  // kills it if stop() was not called

@@ -1,0 +1,77 @@
+// `baton store` as a process on loopback: it serves its namespaces over
+// RPC, its engine takes a producer's writes and a requester's reads, it
+// stops cleanly on SIGTERM, and bad flags exit 2 with one line.
+#include <gtest/gtest.h>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+#include "baton/plan/wire.h"
+#include "baton/store/service.h"
+#include "serve_child.h"
+#include "tools/baton_cli.h"
+
+namespace {
+
+using baton::StatusCode;
+namespace store = baton::store;
+namespace engine = baton::engine;
+
+TEST(StoreCommand, ServesItsNamespacesAndBlocksAcrossProcesses) {
+  auto child = baton::cli::ServeChild::start({"--namespace", "llama:4x2x1024:8", "--namespace", "mla:2x1x512:4"},
+                                             BATON_BINARY, "", "store");
+  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+  auto client = store::StoreClient::connect(child->address());
+  ASSERT_TRUE(client.has_value());
+  auto hello = (*client)->hello();
+  ASSERT_TRUE(hello.has_value()) << hello.error().to_string();
+  ASSERT_EQ(hello->second.size(), 2u);
+  EXPECT_EQ(hello->second[0].name, "llama");
+  EXPECT_EQ(hello->second[0].layout, (store::BlockLayout{4, 2, 1024}));
+
+  // Put one block with a real engine write, then read it back through a plan.
+  auto e = engine::Engine::create({});
+  ASSERT_TRUE(e.has_value());
+  std::vector<std::byte> block(8 * 1024), back(8 * 1024);
+  engine::fill_pattern(block, 7);
+  auto out = (*e)->register_memory(block.data(), block.size());
+  auto in = (*e)->register_memory(back.data(), back.size());
+  ASSERT_TRUE(out.has_value() && in.has_value());
+  auto peer = (*e)->connect(hello->first);
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  auto pages = (*client)->allocate_blocks("llama", 1, "p");
+  ASSERT_TRUE(pages.has_value()) << pages.error().to_string();
+  auto run = [&](engine::Op op, engine::RegionHandle local, engine::RegionHandle remote, std::uint64_t offset) {
+    auto h = (*e)->submit({{{.op = op, .local_region = local, .peer = peer->address, .remote_region = remote,
+                             .remote_offset = offset, .length = block.size()}}, {}});
+    return h ? (*e)->wait(*h, 10'000'000'000) : h.error();
+  };
+  ASSERT_TRUE(run(engine::Op::kWrite, out->handle, (*pages)[0].region, (*pages)[0].offset).is_ok());
+  const std::vector<std::uint64_t> page{(*pages)[0].page}, hash{0x77};
+  ASSERT_TRUE((*client)->seal("llama", "p", page, hash, {4, 2, 1024}).is_ok());
+  auto answer = (*client)->query("llama", hash, "d");
+  ASSERT_TRUE(answer.has_value()) << answer.error().to_string();
+  ASSERT_EQ(answer->found, 1u);
+  auto plan = baton::plan::parse_plan(answer->plan);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->chunks.size(), 1u);
+  EXPECT_EQ(plan->chunks[0].base, (*pages)[0].address);
+  ASSERT_TRUE(run(engine::Op::kRead, in->handle, (*pages)[0].region, (*pages)[0].offset).is_ok());
+  EXPECT_FALSE(engine::pattern_mismatch(back, 7).has_value());
+  EXPECT_TRUE((*client)->release(answer->session).is_ok());
+  (*e)->shutdown();
+  EXPECT_TRUE(child->stop().is_ok());
+}
+
+TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
+  for (const std::string args : {"store", "store --namespace llama", "store --namespace llama:4x3x1024:8",
+                                 "store --namespace llama:4x2x1024:0", "store --namespace a:1x1x1:1 --namespace a:1x1x1:1",
+                                 "store --namespace a:1x1x1:1 --listen 0.0.0.0:0",
+                                 "store --namespace a:1x1x1:1 --lock-timeout never",
+                                 "store --namespace a:65536x2x1048576:1024"}) {
+    const auto r = baton::testing::run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
+}  // namespace

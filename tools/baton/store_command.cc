@@ -1,0 +1,137 @@
+// `baton store`: the block holder as a process (docs/store.md). Holds KV
+// blocks of each --namespace in engine memory and serves the store's RPCs
+// on loopback until SIGINT or SIGTERM. Prints "address HOST:PORT" (the
+// RPCs), "engine HOST:PORT" (where clients connect() their engine to read
+// and write blocks) and, with --metrics-address, where /metrics is.
+#include <csignal>
+#include <regex>
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include "baton/common/units.h"
+#include "baton/engine/engine.h"
+#include "baton/store/block_store.h"
+#include "baton/store/service.h"
+#include "commands.h"
+
+namespace baton::cli {
+namespace {
+
+struct StoreOptions {
+  std::string listen = "127.0.0.1:0";
+  std::string engine_listen = "127.0.0.1:0";
+  std::vector<std::string> namespaces;
+  std::string lock_timeout = "120s";
+  std::string unsealed_timeout = "60s";
+  std::string metrics_address;
+};
+
+// "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,NUMA…]", e.g. llama:288x2x16384:1000:0,1
+Result<store::NamespaceConfig> parse_namespace(const std::string& text) {
+  static const std::regex form(R"(([A-Za-z0-9_.-]+):(\d+)x(\d+)x(\d+):(\d+)(?::(-?\d+(?:,-?\d+)*))?)");
+  std::smatch m;
+  if (!std::regex_match(text, m, form)) {
+    return std::unexpected(Status::invalid_argument(
+        "--namespace \"{}\": expected NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (llama:288x2x16384:1000:0,1)", text));
+  }
+  try {
+    store::NamespaceConfig c;
+    c.name = m[1];
+    c.layout = {static_cast<std::uint32_t>(std::stoul(m[2])), static_cast<std::uint32_t>(std::stoul(m[3])),
+                static_cast<std::uint32_t>(std::stoul(m[4]))};
+    c.blocks_per_numa = static_cast<std::uint32_t>(std::stoul(m[5]));
+    if (m[6].matched) {
+      c.numa_nodes.clear();
+      const std::string list = m[6];
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        c.numa_nodes.push_back(std::stoi(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
+    if (auto s = c.layout.validate(); !s.is_ok()) return std::unexpected(Status::invalid_argument("--namespace \"{}\": {}", text, s.message()));
+    if (c.blocks_per_numa == 0) return std::unexpected(Status::invalid_argument("--namespace \"{}\": 0 blocks", text));
+    // A pool is one allocation: bound it so a typo cannot take the machine's memory.
+    if (c.layout.block_bytes() * c.blocks_per_numa > (std::uint64_t{64} << 30)) {
+      return std::unexpected(Status::invalid_argument("--namespace \"{}\": a pool of {} bytes (above 64 GiB)", text,
+                                                      c.layout.block_bytes() * c.blocks_per_numa));
+    }
+    return c;
+  } catch (const std::exception&) {
+    return std::unexpected(Status::invalid_argument("--namespace \"{}\": a number out of range", text));
+  }
+}
+
+int run_store(const StoreOptions& o) {
+  auto fail = [](int code, const std::string& why) {
+    fmt::print(stderr, "baton store: {}\n", why);
+    return code;
+  };
+  if (o.namespaces.empty()) return fail(2, "at least one --namespace is needed");
+  std::vector<store::NamespaceConfig> namespaces;
+  for (const auto& text : o.namespaces) {
+    auto c = parse_namespace(text);
+    if (!c) return fail(2, c.error().message());
+    namespaces.push_back(*c);
+  }
+  auto lock_timeout = parse_duration(o.lock_timeout);
+  auto unsealed_timeout = parse_duration(o.unsealed_timeout);
+  if (!lock_timeout || *lock_timeout <= 0) return fail(2, fmt::format("--lock-timeout \"{}\": expected a positive duration", o.lock_timeout));
+  if (!unsealed_timeout || *unsealed_timeout <= 0) {
+    return fail(2, fmt::format("--unsealed-timeout \"{}\": expected a positive duration", o.unsealed_timeout));
+  }
+  // The stop signals reach sigwait below only (every thread inherits the mask).
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  engine::EngineConfig config;
+  config.ucx.listen_address = o.engine_listen;
+  config.metrics_address = o.metrics_address;
+  auto engine = engine::Engine::create(config);
+  if (!engine) return fail(1, engine.error().to_string());
+  auto blocks = store::BlockStore::create(**engine, {.lock_timeout_ns = *lock_timeout,
+                                                     .unsealed_timeout_ns = *unsealed_timeout,
+                                                     .metrics = &(*engine)->metrics()});
+  if (!blocks) return fail(2, blocks.error().to_string());
+  for (const auto& ns : namespaces) {
+    if (auto s = (*blocks)->add_namespace(ns); !s.is_ok()) {
+      return fail(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kAlreadyExists ? 2 : 1,
+                  s.to_string());
+    }
+  }
+  auto server = store::StoreServer::start(**blocks, **engine, {.listen = o.listen});
+  if (!server) return fail(server.error().code() == StatusCode::kInvalidArgument ? 2 : 1, server.error().to_string());
+  fmt::print("address {}\n", (*server)->address());
+  fmt::print("engine {}\n", (*engine)->address());
+  if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
+  std::fflush(stdout);
+
+  int signal = 0;
+  sigwait(&stop, &signal);
+  spdlog::info("baton store: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  server->reset();
+  blocks->reset();
+  (*engine)->shutdown();
+  return 0;
+}
+
+}  // namespace
+
+Command add_store_command(CLI::App& parent) {
+  auto o = std::make_shared<StoreOptions>();
+  CLI::App* app = parent.add_subcommand("store", "Hold KV blocks and serve the store's RPCs until SIGINT/SIGTERM");
+  app->add_option("--listen", o->listen, "RPC address (loopback; port 0: any free port)");
+  app->add_option("--engine-listen", o->engine_listen, "The engine's handshake address (port 0: any free port)");
+  app->add_option("--namespace", o->namespaces,
+                  "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (repeatable), e.g. llama:288x2x16384:1000:0,1");
+  app->add_option("--lock-timeout", o->lock_timeout, "How long a query's lock lasts unless released (duration)");
+  app->add_option("--unsealed-timeout", o->unsealed_timeout, "How long allocated pages wait for their seal (duration)");
+  app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
+  return {app, [o] { return run_store(*o); }};
+}
+
+}  // namespace baton::cli
