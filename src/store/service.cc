@@ -3,9 +3,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 
+#include "baton/plan/wire.h"
 #include "store.grpc.pb.h"
 
 namespace baton::store {
@@ -186,6 +188,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
 struct StoreClient::State {
   std::unique_ptr<wire::Store::Stub> stub;
   TimeNs timeout_ns = 0;
+  std::string engine_address;  // the store's, once hello() told us
 
   void deadline(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(timeout_ns));
@@ -270,6 +273,102 @@ Status StoreClient::release(std::uint64_t session) {
   request.set_session(session);
   wire::ReleaseTransferLockReply reply;
   return from_grpc(state_->stub->ReleaseTransferLock(&context, request, &reply), "ReleaseTransferLock");
+}
+
+}  // namespace baton::store
+
+namespace baton::store {
+
+Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::string& ns,
+                                         std::span<const std::uint64_t> hashes, const std::string& requester,
+                                         const FetchOptions& options) {
+  if (options.timeout_ns <= 0) {
+    return std::unexpected(Status::invalid_argument("fetch: timeout {} ns (expected above 0)", options.timeout_ns));
+  }
+  if (state_->engine_address.empty()) {
+    auto h = hello();
+    if (!h) return std::unexpected(h.error());
+    state_->engine_address = h->first;
+  }
+  auto peer = engine.connect(state_->engine_address);
+  if (!peer) return std::unexpected(peer.error());
+  auto answer = query(ns, hashes, requester);
+  if (!answer) return std::unexpected(answer.error());
+  FetchedBlocks out;
+  out.found = answer->found;
+  if (answer->found == 0) return out;
+  // From here the lock is ours: every path below releases it.
+  struct Lock {
+    StoreClient& client;
+    std::uint64_t session;
+    ~Lock() { (void)client.release(session); }
+  } lock{*this, answer->session};
+  auto plan = plan::parse_plan(answer->plan);
+  if (!plan) return std::unexpected(plan.error());
+  auto ops = plan::materialize(*plan, engine.topology(), options.materialize);
+  if (!ops) return std::unexpected(ops.error());
+  // Slabs the engine can read into: allocated by plan/, registered here,
+  // unregistered before they are freed.
+  engine::Engine* e = &engine;
+  std::map<std::byte*, engine::RegionHandle> slab_regions;  // by slab address
+  plan::Rebuilder rebuilder([e, &slab_regions](int numa, std::uint64_t bytes) -> Result<plan::SlabMemory> {
+    auto slab = plan::allocate_slab(numa, bytes);
+    if (!slab) return slab;
+    auto region = e->register_memory(slab->data(), slab->bytes(), engine::MemoryKind::kDram, numa);
+    if (!region) return std::unexpected(region.error());
+    slab_regions[slab->data()] = region->handle;
+    std::byte* data = slab->data();
+    const bool bound = slab->bound();
+    auto owned = std::make_shared<plan::SlabMemory>(std::move(*slab));
+    return plan::SlabMemory(data, bytes, numa, bound,
+                            [e, handle = region->handle, owned](std::byte*, std::uint64_t) mutable {
+                              (void)e->unregister(handle);
+                              owned.reset();  // frees the pages, after the engine let go of them
+                            });
+  });
+  auto rebuilt = rebuilder.rebuild(*plan);
+  if (!rebuilt) return std::unexpected(rebuilt.error());
+  auto regions = engine.remote_regions(*peer);
+  if (!regions) return std::unexpected(regions.error());
+  engine::Batch batch;
+  for (const plan::TransferOp& op : ops->ops) {
+    const transport::RemoteRegion* in = nullptr;
+    for (const auto& r : *regions) {
+      if (op.remote_address >= r.base && op.remote_address + op.length <= r.base + r.length) in = &r;
+    }
+    if (in == nullptr) {
+      return std::unexpected(Status::not_found("fetch: the plan names {:#x}+{}, outside every region the store "
+                                               "exported to us",
+                                               op.remote_address, op.length));
+    }
+    engine::Request r;
+    r.op = engine::Op::kRead;
+    r.local_region = slab_regions.at(rebuilt->slabs()[op.slab].data());
+    r.local_offset = op.slab_offset;
+    r.peer = peer->address;
+    r.remote_region = in->key;
+    r.remote_offset = op.remote_address - in->base;
+    r.length = op.length;
+    r.qos = options.qos;
+    r.timeout_ns = options.timeout_ns;
+    batch.requests.push_back(std::move(r));
+    out.bytes += op.length;
+  }
+  auto handle = engine.submit(batch);
+  if (!handle) return std::unexpected(handle.error());
+  Status waited = engine.wait(*handle, options.timeout_ns);
+  if (waited.is_ok()) {
+    auto st = engine.poll(*handle);
+    waited = st ? st->status : st.error();
+  } else {
+    // Nothing may still land in the slabs once we give them back.
+    (void)engine.cancel(*handle);
+    (void)engine.wait(*handle, options.timeout_ns);
+  }
+  (void)engine.release(*handle);
+  if (!waited.is_ok()) return std::unexpected(waited);
+  out.blocks.emplace(std::move(*rebuilt));
+  return out;
 }
 
 }  // namespace baton::store

@@ -29,7 +29,7 @@ struct Served {
 
   Served() {
     store = std::move(*BlockStore::create(*engine));
-    EXPECT_TRUE(store->add_namespace({"llama", kLayout, 32, {-1}}).is_ok());
+    EXPECT_TRUE(store->add_namespace({"llama", kLayout, 32, {0}}).is_ok());
     auto s = StoreServer::start(*store, *engine);
     EXPECT_TRUE(s.has_value()) << s.error().to_string();
     server = std::move(*s);
@@ -124,6 +124,79 @@ TEST(StoreService, PutOverRpcAndTheEngineThenFetchThroughThePlanByteExact) {
         << "block " << b;
   }
   EXPECT_EQ(served.store->stats().sessions, 0u);
+}
+
+// The requester path in one call: query, materialize, read, rebuild,
+// release — every view byte-exact, and the lock released on every path.
+TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
+  Served served;
+  auto producer = make_engine();
+  std::vector<std::byte> kv(5 * kLayout.block_bytes());
+  for (std::uint64_t b = 0; b < 5; ++b) {
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 200 + b);
+  }
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  auto hello = served.client->hello();
+  ASSERT_TRUE(hello.has_value());
+  auto store_peer = producer->connect(hello->first);
+  ASSERT_TRUE(store_peer.has_value());
+  // Two puts, so the blocks are not one run: pages 0..2, then 3..4 after a
+  // page another producer holds.
+  std::vector<std::uint64_t> ids;
+  for (auto [first, count] : {std::pair{0u, 3u}, std::pair{3u, 2u}}) {
+    if (first == 3) {
+      ASSERT_TRUE(served.client->allocate_blocks("llama", 1, "other").has_value());
+    }
+    auto pages = served.client->allocate_blocks("llama", count, "prefill-0");
+    ASSERT_TRUE(pages.has_value());
+    engine::Batch writes;
+    for (std::uint32_t i = 0; i < count; ++i) {
+      writes.requests.push_back({.op = engine::Op::kWrite, .local_region = mine->handle,
+                                 .local_offset = (first + i) * kLayout.block_bytes(), .peer = store_peer->address,
+                                 .remote_region = (*pages)[i].region, .remote_offset = (*pages)[i].offset,
+                                 .length = kLayout.block_bytes()});
+      ids.push_back((*pages)[i].page);
+    }
+    ASSERT_TRUE(producer->refresh(*store_peer).is_ok());
+    auto h = producer->submit(writes);
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    ASSERT_TRUE(producer->wait(*h, 10 * kSecond).is_ok());
+  }
+  const std::vector<std::uint64_t> hashes{50, 51, 52, 53, 54};
+  ASSERT_TRUE(served.client->seal("llama", "prefill-0", ids, hashes, kLayout).is_ok());
+
+  auto requester = make_engine();
+  const std::vector<std::uint64_t> asked{50, 51, 52, 53, 54, 77};
+  auto fetched = served.client->fetch(*requester, "llama", asked, "decode-0");
+  ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
+  EXPECT_EQ(fetched->found, 5u);
+  EXPECT_EQ(fetched->bytes, 5 * kLayout.block_bytes());
+  ASSERT_TRUE(fetched->blocks.has_value());
+  for (std::uint32_t b = 0; b < 5; ++b) {
+    for (std::uint32_t s = 0; s < kLayout.slots; ++s) {
+      for (std::uint32_t g = 0; g < kLayout.segments; ++g) {
+        const std::uint64_t at = (std::uint64_t{s} * kLayout.segments + g) * kLayout.segment_bytes;
+        const std::span<const std::byte> view(fetched->blocks->view(b, s, g), kLayout.segment_bytes);
+        EXPECT_FALSE(engine::pattern_mismatch(view, 200 + b, at).has_value()) << b << " " << s << " " << g;
+      }
+    }
+  }
+  EXPECT_EQ(served.store->stats().sessions, 0u) << "released after the reads";
+
+  // Nothing found: no lock taken, nothing read.
+  auto none = served.client->fetch(*requester, "llama", std::vector<std::uint64_t>{99}, "decode-0");
+  ASSERT_TRUE(none.has_value());
+  EXPECT_EQ(none->found, 0u);
+  EXPECT_FALSE(none->blocks.has_value());
+  // An error after the query (options materialize refuses) still releases.
+  FetchOptions bad;
+  bad.materialize.max_op_bytes = 0;
+  auto failed = served.client->fetch(*requester, "llama", hashes, "decode-0", bad);
+  ASSERT_FALSE(failed.has_value());
+  EXPECT_EQ(failed.error().code(), StatusCode::kInvalidArgument) << failed.error().to_string();
+  EXPECT_EQ(served.store->stats().sessions, 0u) << "the lock went back on the error path";
+  EXPECT_EQ(served.client->fetch(*requester, "nope", hashes, "d").error().code(), StatusCode::kNotFound);
 }
 
 TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {

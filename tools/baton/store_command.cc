@@ -28,6 +28,7 @@ struct StoreOptions {
 };
 
 // "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,NUMA…]", e.g. llama:288x2x16384:1000:0,1
+// (NUMA node 0 when none is named).
 Result<store::NamespaceConfig> parse_namespace(const std::string& text) {
   static const std::regex form(R"(([A-Za-z0-9_.-]+):(\d+)x(\d+)x(\d+):(\d+)(?::(-?\d+(?:,-?\d+)*))?)");
   std::smatch m;

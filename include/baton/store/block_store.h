@@ -46,8 +46,10 @@ struct NamespaceConfig {
   std::string name;
   BlockLayout layout;
   std::uint32_t blocks_per_numa = 0;
-  // A pool on each of these NUMA nodes (-1: wherever the kernel puts it).
-  std::vector<int> numa_nodes = {-1};
+  // A pool on each of these NUMA nodes. -1 lets the kernel place it, but a
+  // plan then names no node and a requester cannot rebuild it on the right
+  // one (plan::layout_slabs refuses it): name the nodes.
+  std::vector<int> numa_nodes = {0};
 };
 
 struct StoreConfig {

@@ -5,11 +5,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "baton/common/status.h"
+#include "baton/engine/engine.h"
+#include "baton/plan/materialize.h"
+#include "baton/plan/rebuild.h"
 #include "baton/store/block_store.h"
 
 namespace baton::store {
@@ -40,6 +44,21 @@ struct NamespaceInfo {
   BlockLayout layout;
 };
 
+// What fetch() brought: the found prefix, rebuilt on this host (one slab
+// per NUMA node the store used, registered with the engine that read it);
+// view(block, slot, segment) is where each piece landed.
+struct FetchedBlocks {
+  std::uint32_t found = 0;
+  std::optional<plan::RebuiltPlan> blocks;  // empty when none was found
+  std::uint64_t bytes = 0;
+};
+
+struct FetchOptions {
+  plan::MaterializeOptions materialize;  // op split and NIC striping
+  TimeNs timeout_ns = 60'000'000'000;    // the reads' (Request::timeout_ns) and the wait's
+  sched::QosClass qos = sched::QosClass::kDecodeCritical;
+};
+
 // One store, by its RPC address. Calls carry the server's Status (code and
 // message) back; a server that cannot be reached is unavailable.
 class StoreClient {
@@ -58,6 +77,15 @@ class StoreClient {
   [[nodiscard]] Result<QueryAnswer> query(const std::string& ns, std::span<const std::uint64_t> hashes,
                                           const std::string& requester);
   [[nodiscard]] Status release(std::uint64_t session);
+
+  // The requester path in one call: query the hashes, materialize the plan
+  // (ops split and striped over this host's NICs), read them with `engine`
+  // from the store's regions into slabs on the store's NUMA nodes, and
+  // release the lock — on every path, errors included. The store's engine
+  // is connected on first use. Errors: the query's, the plan's, the reads'.
+  [[nodiscard]] Result<FetchedBlocks> fetch(engine::Engine& engine, const std::string& ns,
+                                            std::span<const std::uint64_t> hashes, const std::string& requester,
+                                            const FetchOptions& options = {});
 
  private:
   struct State;
