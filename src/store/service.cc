@@ -107,6 +107,22 @@ class Service final : public wire::Store::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Stats(grpc::ServerContext*, const wire::StatsRequest*, wire::StatsReply* reply) override {
+    const StoreStats s = store_.stats();
+    reply->set_blocks(s.blocks);
+    reply->set_bytes(s.bytes);
+    reply->set_unsealed(s.unsealed);
+    reply->set_free_pages(s.free_pages);
+    reply->set_sessions(s.sessions);
+    reply->set_locked_blocks(s.locked_blocks);
+    reply->set_evictions(s.evictions);
+    reply->set_expired_locks(s.expired_locks);
+    reply->set_reclaimed_pages(s.reclaimed_pages);
+    reply->set_hashes_asked(s.hashes_asked);
+    reply->set_hashes_found(s.hashes_found);
+    return grpc::Status::OK;
+  }
+
   grpc::Status ReleaseTransferLock(grpc::ServerContext*, const wire::ReleaseTransferLockRequest* r,
                                    wire::ReleaseTransferLockReply*) override {
     return to_grpc(store_.release(r->session()));
@@ -185,8 +201,48 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(state)));
 }
 
+// Registered slabs between fetches, by (engine, NUMA node, bytes). Shared
+// with the slabs a caller still holds, which come back when released.
+struct SlabCache {
+  struct Slab {
+    engine::Engine* engine;
+    engine::RegionHandle handle;
+    plan::SlabMemory memory;
+  };
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Slab>> free;
+  bool closed = false;  // the client is gone: slabs coming back are dropped
+
+  std::shared_ptr<Slab> take(engine::Engine* e, int numa, std::uint64_t bytes) {
+    std::lock_guard lock(mutex);
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if ((*it)->engine == e && (*it)->memory.numa() == numa && (*it)->memory.bytes() == bytes) {
+        auto slab = std::move(*it);
+        free.erase(it);
+        return slab;
+      }
+    }
+    return nullptr;
+  }
+  void give_back(const std::shared_ptr<Slab>& slab) {
+    std::lock_guard lock(mutex);
+    if (closed) {
+      (void)slab->engine->unregister(slab->handle);
+      return;
+    }
+    free.push_back(slab);
+  }
+  void close() {
+    std::lock_guard lock(mutex);
+    closed = true;
+    for (auto& slab : free) (void)slab->engine->unregister(slab->handle);
+    free.clear();
+  }
+};
+
 struct StoreClient::State {
   std::unique_ptr<wire::Store::Stub> stub;
+  std::shared_ptr<SlabCache> slabs = std::make_shared<SlabCache>();
   TimeNs timeout_ns = 0;
   std::string engine_address;  // the store's, once hello() told us
 
@@ -196,7 +252,7 @@ struct StoreClient::State {
 };
 
 StoreClient::StoreClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
-StoreClient::~StoreClient() = default;
+StoreClient::~StoreClient() { state_->slabs->close(); }
 
 Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& address, TimeNs call_timeout_ns) {
   if (address.empty() || call_timeout_ns <= 0) {
@@ -266,6 +322,16 @@ Result<QueryAnswer> StoreClient::query(const std::string& ns, std::span<const st
   return QueryAnswer{reply.found(), std::move(*reply.mutable_plan()), reply.session()};
 }
 
+Result<StoreStats> StoreClient::stats() {
+  grpc::ClientContext context;
+  state_->deadline(context);
+  wire::StatsReply r;
+  if (auto s = from_grpc(state_->stub->Stats(&context, {}, &r), "Stats"); !s.is_ok()) return std::unexpected(s);
+  return StoreStats{r.blocks(),         r.bytes(),          r.unsealed(),        r.free_pages(),
+                    r.sessions(),       r.locked_blocks(),  r.evictions(),       r.expired_locks(),
+                    r.reclaimed_pages(), r.hashes_asked(),  r.hashes_found()};
+}
+
 Status StoreClient::release(std::uint64_t session) {
   grpc::ClientContext context;
   state_->deadline(context);
@@ -307,24 +373,24 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   if (!plan) return std::unexpected(plan.error());
   auto ops = plan::materialize(*plan, engine.topology(), options.materialize);
   if (!ops) return std::unexpected(ops.error());
-  // Slabs the engine can read into: allocated by plan/, registered here,
-  // unregistered before they are freed.
-  engine::Engine* e = &engine;
+  // Slabs the engine can read into: allocated by plan/ and registered once,
+  // then kept (SlabCache) for the next fetch, so a fetch costs neither page
+  // faults nor a registration after the first.
   std::map<std::byte*, engine::RegionHandle> slab_regions;  // by slab address
-  plan::Rebuilder rebuilder([e, &slab_regions](int numa, std::uint64_t bytes) -> Result<plan::SlabMemory> {
-    auto slab = plan::allocate_slab(numa, bytes);
-    if (!slab) return slab;
-    auto region = e->register_memory(slab->data(), slab->bytes(), engine::MemoryKind::kDram, numa);
-    if (!region) return std::unexpected(region.error());
-    slab_regions[slab->data()] = region->handle;
-    std::byte* data = slab->data();
-    const bool bound = slab->bound();
-    auto owned = std::make_shared<plan::SlabMemory>(std::move(*slab));
-    return plan::SlabMemory(data, bytes, numa, bound,
-                            [e, handle = region->handle, owned](std::byte*, std::uint64_t) mutable {
-                              (void)e->unregister(handle);
-                              owned.reset();  // frees the pages, after the engine let go of them
-                            });
+  std::shared_ptr<SlabCache> cache = state_->slabs;
+  engine::Engine* e = &engine;
+  plan::Rebuilder rebuilder([e, cache, &slab_regions](int numa, std::uint64_t bytes) -> Result<plan::SlabMemory> {
+    std::shared_ptr<SlabCache::Slab> slab = cache->take(e, numa, bytes);
+    if (!slab) {
+      auto memory = plan::allocate_slab(numa, bytes);
+      if (!memory) return std::unexpected(memory.error());
+      auto region = e->register_memory(memory->data(), memory->bytes(), engine::MemoryKind::kDram, numa);
+      if (!region) return std::unexpected(region.error());
+      slab = std::make_shared<SlabCache::Slab>(SlabCache::Slab{e, region->handle, std::move(*memory)});
+    }
+    slab_regions[slab->memory.data()] = slab->handle;
+    return plan::SlabMemory(slab->memory.data(), bytes, numa, slab->memory.bound(),
+                            [cache, slab](std::byte*, std::uint64_t) { cache->give_back(slab); });
   });
   auto rebuilt = rebuilder.rebuild(*plan);
   if (!rebuilt) return std::unexpected(rebuilt.error());

@@ -183,6 +183,11 @@ TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
     }
   }
   EXPECT_EQ(served.store->stats().sessions, 0u) << "released after the reads";
+  auto remote = served.client->stats();
+  ASSERT_TRUE(remote.has_value());
+  EXPECT_EQ(remote->blocks, 5u);
+  EXPECT_EQ(remote->sessions, 0u);
+  EXPECT_EQ(remote->hashes_found, 5u);
 
   // Nothing found: no lock taken, nothing read.
   auto none = served.client->fetch(*requester, "llama", std::vector<std::uint64_t>{99}, "decode-0");
@@ -197,6 +202,15 @@ TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
   EXPECT_EQ(failed.error().code(), StatusCode::kInvalidArgument) << failed.error().to_string();
   EXPECT_EQ(served.store->stats().sessions, 0u) << "the lock went back on the error path";
   EXPECT_EQ(served.client->fetch(*requester, "nope", hashes, "d").error().code(), StatusCode::kNotFound);
+
+  // A second fetch reuses the first one's registered slabs: same addresses.
+  std::byte* first_view = fetched->blocks->view(0, 0, 0);
+  fetched = std::unexpected(Status::cancelled("dropped"));  // its slabs go back to the client
+  auto again = served.client->fetch(*requester, "llama", hashes, "decode-0");
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->blocks->view(0, 0, 0), first_view);
+  // The engine must outlive the client's registrations.
+  served.client.reset();
 }
 
 TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {

@@ -36,5 +36,6 @@ Command add_bench_throughput(CLI::App& bench);
 Command add_bench_idle(CLI::App& bench);
 Command add_bench_latency(CLI::App& bench);
 Command add_bench_handoff(CLI::App& bench);
+Command add_bench_store(CLI::App& bench);
 
 }  // namespace baton::cli

@@ -77,12 +77,16 @@ class StoreClient {
   [[nodiscard]] Result<QueryAnswer> query(const std::string& ns, std::span<const std::uint64_t> hashes,
                                           const std::string& requester);
   [[nodiscard]] Status release(std::uint64_t session);
+  [[nodiscard]] Result<StoreStats> stats();
 
   // The requester path in one call: query the hashes, materialize the plan
   // (ops split and striped over this host's NICs), read them with `engine`
   // from the store's regions into slabs on the store's NUMA nodes, and
   // release the lock — on every path, errors included. The store's engine
-  // is connected on first use. Errors: the query's, the plan's, the reads'.
+  // is connected on first use. The slabs stay registered with `engine` for
+  // the next fetch until this client is destroyed (or, for slabs a caller
+  // still holds then, until they are released): `engine` must outlive both.
+  // Errors: the query's, the plan's, the reads'.
   [[nodiscard]] Result<FetchedBlocks> fetch(engine::Engine& engine, const std::string& ns,
                                             std::span<const std::uint64_t> hashes, const std::string& requester,
                                             const FetchOptions& options = {});
