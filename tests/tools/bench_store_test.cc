@@ -1,0 +1,38 @@
+// `baton bench store --spawn` as a user runs it: a real `baton store`
+// child, the JSON contract, every fetched byte checked, no session leaked.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/baton_cli.h"
+
+namespace {
+
+TEST(BenchStore, QueriesAndFetchesFromASpawnedStore) {
+  const auto r = baton::testing::run_baton(
+      "bench store --spawn --blocks 96 --layers 4 --tp 2 --kv-split --requesters 3 --queries 4 --fetches 2 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["blocks"], 96);
+  EXPECT_EQ(j["queries"], 12) << "3 requesters × 4";
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["sessions_leaked"], 0);
+  EXPECT_EQ(j["locked_blocks_after"], 0);
+  EXPECT_GT(j["plan_bytes"].get<int>(), 0);
+  EXPECT_LT(j["plan_bytes"].get<int>(), j["naive_response_bytes"].get<int>()) << "the plan is the compact answer";
+  EXPECT_LE(j["query_ms_p50"].get<double>(), j["query_ms_p99"].get<double>());
+  EXPECT_GT(j["fetch_gbps"].get<double>(), 0);
+}
+
+TEST(BenchStore, BadInputFailsWithOneLine) {
+  for (const std::string args : {"bench store --blocks 4", "bench store --spawn --layers 4096 --tp 32",
+                                 "bench store --spawn --blocks 4000000 --segment-bytes 1048576"}) {
+    const auto r = baton::testing::run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  EXPECT_EQ(baton::testing::run_baton("bench store --spawn --blocks 0").exit_code, 2);
+}
+
+}  // namespace
