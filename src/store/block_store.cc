@@ -1,5 +1,6 @@
 #include "baton/store/block_store.h"
 
+#include <algorithm>
 #include <list>
 #include <map>
 #include <mutex>
@@ -53,6 +54,10 @@ struct Namespace {
   std::set<std::uint64_t> unsealed;  // for expiry and producer_gone
   std::unordered_map<std::uint64_t, std::uint64_t> index;  // hash → page
   std::list<std::uint64_t> lru;  // sealed, unlocked; front: most recently used
+  // Refilled by every query (reset keeps its buffers): a 4500-block table
+  // of 288 slots × K, V is 31 MB, whose fresh pages cost more than the
+  // encoding.
+  plan::PlacementTable table;
 
   [[nodiscard]] const Pool& pool(std::uint64_t page) const { return pools[page / per_pool]; }
   [[nodiscard]] std::uint64_t offset(std::uint64_t page) const { return (page % per_pool) * layout.block_bytes(); }
@@ -319,17 +324,27 @@ Result<QueryAnswer> BlockStore::query(std::string_view name, std::span<const std
     return std::unexpected(Status(why.code(), fmt::format("query {}: {}", name, why.message())));
   };
   const BlockLayout& l = ns.layout;
-  auto table = plan::PlacementTable::create(answer.found, l.slots, l.segments);
-  if (!table) return fail(table.error());
+  if (auto s = ns.table.reset(answer.found, l.slots, l.segments); !s.is_ok()) return fail(s);
+  plan::PlacementTable* table = &ns.table;
+  // Each block's address and node once; then column by column (each
+  // (slot, segment) column is contiguous), a loop the compiler vectorizes.
+  std::vector<std::uint64_t> base(answer.found);
+  std::vector<std::int16_t> node(answer.found);
   for (std::uint32_t b = 0; b < answer.found; ++b) {
-    const std::uint64_t base = ns.address(found[b]);
-    const int numa = ns.pool(found[b]).numa;
-    for (std::uint32_t s = 0; s < l.slots; ++s) {
-      for (std::uint32_t g = 0; g < l.segments; ++g) {
-        table->set(b, s, g, base + (std::uint64_t{s} * l.segments + g) * l.segment_bytes, l.segment_bytes);
+    base[b] = ns.address(found[b]);
+    node[b] = static_cast<std::int16_t>(ns.pool(found[b]).numa);
+  }
+  for (std::uint32_t s = 0; s < l.slots; ++s) {
+    for (std::uint32_t g = 0; g < l.segments; ++g) {
+      const std::uint64_t within = (std::uint64_t{s} * l.segments + g) * l.segment_bytes;
+      std::uint64_t* addresses = table->addresses(s, g).data();
+      std::uint32_t* lengths = table->lengths(s, g).data();
+      for (std::uint32_t b = 0; b < answer.found; ++b) {
+        addresses[b] = base[b] + within;
+        lengths[b] = l.segment_bytes;
       }
-      table->set_numa(b, s, numa);
     }
+    std::ranges::copy(node, table->numa_column(s).begin());
   }
   auto encoded = plan::encode_plan(*table, hashes.first(answer.found));
   if (!encoded) return fail(encoded.error());
