@@ -2,6 +2,13 @@
 
 namespace baton {
 
+std::optional<StatusCode> status_code_from_string(std::string_view name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (to_string(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
+  }
+  return std::nullopt;
+}
+
 std::string_view to_string(StatusCode code) {
   switch (code) {
     case StatusCode::kOk: return "ok";

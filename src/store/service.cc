@@ -40,10 +40,8 @@ grpc::Status to_grpc(const Status& s) {
 
 Status from_grpc(const grpc::Status& s, const char* call) {
   if (s.ok()) return Status::ok();
-  for (int c = 1; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (to_string(static_cast<StatusCode>(c)) == s.error_details()) {
-      return Status(static_cast<StatusCode>(c), s.error_message());
-    }
+  if (auto c = status_code_from_string(s.error_details()); c && *c != StatusCode::kOk) {
+    return Status(*c, s.error_message());
   }
   // Not our server's answer: the channel's own (no server, a deadline).
   const StatusCode code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? StatusCode::kTimeout

@@ -53,5 +53,14 @@ TEST(Status, ResultCarriesValueOrStatus) {
   EXPECT_EQ(odd.error().message(), "half: 3 is odd");
 }
 
+TEST(StatusCodeName, EveryNameReadsBackAndOthersAreRefused) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    const auto code = static_cast<StatusCode>(c);
+    EXPECT_EQ(status_code_from_string(to_string(code)), code);
+  }
+  EXPECT_FALSE(status_code_from_string("").has_value());
+  EXPECT_FALSE(status_code_from_string("Invalid_Argument").has_value());
+}
+
 }  // namespace
 }  // namespace baton

@@ -51,9 +51,7 @@ Status status_from_json(const json& j) {
   try {
     const std::string code = j.at("code").get<std::string>();
     std::string message = j.at("message").get<std::string>();
-    for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-      if (to_string(static_cast<StatusCode>(c)) == code) return Status(static_cast<StatusCode>(c), std::move(message));
-    }
+    if (auto c = status_code_from_string(code)) return Status(*c, std::move(message));
     return Status::internal("unknown status code \"{}\": {}", code, message);
   } catch (const json::exception& e) {
     return Status::invalid_argument("status: {}", e.what());

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,6 +32,9 @@ enum class StatusCode : std::uint8_t {
 
 // "ok", "invalid_argument", … — the snake_case name used in logs and JSON.
 std::string_view to_string(StatusCode code);
+// The code a to_string() name stands for (a Status that crossed a process
+// boundary by name); nullopt for an unknown name.
+std::optional<StatusCode> status_code_from_string(std::string_view name);
 
 class [[nodiscard]] Status {
  public:
