@@ -1,0 +1,64 @@
+// A directory of stores in etcd: each `baton store` registers its record
+// (name, RPC and engine addresses, capacity, NUMA nodes) under a lease it
+// keeps alive; a store that dies leaves when its lease expires. Clients
+// list the live stores and place each block on one of them by rendezvous
+// hashing, so a store leaving moves only its own blocks. etcd v3 is spoken
+// through its JSON gateway (HTTP), so no etcd client library is needed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+
+namespace baton::store {
+
+struct StoreRecord {
+  std::string name;            // unique among the stores
+  std::string address;         // its RPCs
+  std::string engine_address;  // its engine
+  std::uint64_t capacity_bytes = 0;
+  std::vector<int> numa_nodes;
+  friend bool operator==(const StoreRecord&, const StoreRecord&) = default;
+};
+
+class Directory {
+ public:
+  // `endpoint` is etcd's client URL host:port ("127.0.0.1:2379"); records
+  // live under `prefix`. invalid_argument for an empty endpoint or prefix.
+  // Nothing is contacted until a call.
+  [[nodiscard]] static Result<std::unique_ptr<Directory>> connect(const std::string& endpoint,
+                                                                  const std::string& prefix = "/baton/stores/");
+  ~Directory();  // stops the keepalive; a registration then expires with its lease
+
+  // Registers `record` under a lease of `ttl_ns` (≥ 1 s: etcd's grain) and
+  // keeps it alive from a thread every third of it. invalid_argument for
+  // an empty name or address, a short TTL, or a second registration;
+  // unavailable when etcd cannot be reached.
+  [[nodiscard]] Status register_store(const StoreRecord& record, TimeNs ttl_ns = 10'000'000'000);
+  // Revokes the lease: the record leaves at once.
+  [[nodiscard]] Status deregister();
+  // Stops keeping the lease alive without revoking it, as a store that
+  // dies does (for tests and fault drills): the record leaves at expiry.
+  void abandon();
+
+  // The live stores, by name. unavailable when etcd cannot be reached;
+  // internal for a record that does not parse.
+  [[nodiscard]] Result<std::vector<StoreRecord>> stores();
+
+ private:
+  struct State;
+  explicit Directory(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// The store a block lives on: highest random weight (rendezvous) over
+// `stores` (a score per (store name, block hash)). nullopt when empty.
+[[nodiscard]] std::optional<std::size_t> place(std::uint64_t block_hash, std::span<const StoreRecord> stores);
+
+}  // namespace baton::store

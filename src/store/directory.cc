@@ -1,0 +1,206 @@
+#include "baton/store/directory.h"
+
+#include <httplib.h>
+#include <openssl/evp.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace baton::store {
+namespace {
+
+using nlohmann::json;
+
+std::string base64(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::optional<std::string> unbase64(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::string out(3 * in.size() / 4, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t pad = 0;
+  if (!in.empty() && in.back() == '=') ++pad;
+  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
+// The key just past every key starting with `prefix` (etcd's range_end).
+std::string prefix_end(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<unsigned char>(prefix.back()) != 0xff) {
+      ++prefix.back();
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+json to_json(const StoreRecord& r) {
+  return {{"name", r.name}, {"address", r.address}, {"engine_address", r.engine_address},
+          {"capacity_bytes", r.capacity_bytes}, {"numa_nodes", r.numa_nodes}};
+}
+
+// splitmix64: a well-mixed 64-bit function, enough for rendezvous scores.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+struct Directory::State {
+  std::string endpoint;
+  std::string prefix;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::string lease;  // etcd's lease id (a decimal string), once registered
+  std::string key;
+  bool stop = false;
+  std::thread keepalive;
+
+  // POST `body` to etcd's gateway `path`; the JSON answer.
+  Result<json> post(const std::string& path, const json& body) const {
+    httplib::Client client("http://" + endpoint);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(5, 0);
+    auto r = client.Post(path, body.dump(), "application/json");
+    if (!r) {
+      return std::unexpected(Status::unavailable("etcd {}{}: {}", endpoint, path, httplib::to_string(r.error())));
+    }
+    json answer = json::parse(r->body, nullptr, false);
+    if (r->status != 200 || answer.is_discarded()) {
+      return std::unexpected(
+          Status::unavailable("etcd {}{}: HTTP {}: {}", endpoint, path, r->status, r->body.substr(0, 200)));
+    }
+    return answer;
+  }
+
+  void stop_keepalive() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    cv.notify_all();
+    if (keepalive.joinable()) keepalive.join();
+  }
+};
+
+Directory::Directory(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Directory::~Directory() { state_->stop_keepalive(); }
+
+Result<std::unique_ptr<Directory>> Directory::connect(const std::string& endpoint, const std::string& prefix) {
+  if (endpoint.empty() || prefix.empty()) {
+    return std::unexpected(Status::invalid_argument("Directory: endpoint \"{}\", prefix \"{}\" (expected both)",
+                                                    endpoint, prefix));
+  }
+  auto state = std::make_unique<State>();
+  state->endpoint = endpoint;
+  state->prefix = prefix;
+  return std::unique_ptr<Directory>(new Directory(std::move(state)));
+}
+
+Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
+  if (record.name.empty() || record.address.empty()) {
+    return Status::invalid_argument("register_store: name \"{}\", address \"{}\" (expected both)", record.name,
+                                    record.address);
+  }
+  if (ttl_ns < 1'000'000'000) return Status::invalid_argument("register_store: a TTL of {} ns (at least 1 s)", ttl_ns);
+  {
+    std::lock_guard lock(state_->mutex);
+    if (!state_->lease.empty()) return Status::invalid_argument("register_store: registered already");
+  }
+  const std::int64_t ttl_s = ttl_ns / 1'000'000'000;
+  auto grant = state_->post("/v3/lease/grant", {{"TTL", ttl_s}});
+  if (!grant) return grant.error();
+  const std::string lease = grant->value("ID", "");
+  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", grant->dump());
+  const std::string key = state_->prefix + record.name;
+  auto put = state_->post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(to_json(record).dump())},
+                                         {"lease", lease}});
+  if (!put) return put.error();
+  std::lock_guard lock(state_->mutex);
+  state_->lease = lease;
+  state_->key = key;
+  state_->stop = false;
+  State* s = state_.get();
+  state_->keepalive = std::thread([s, lease, every = std::chrono::nanoseconds(ttl_ns / 3)] {
+    std::unique_lock lock(s->mutex);
+    while (!s->cv.wait_for(lock, every, [s] { return s->stop; })) {
+      lock.unlock();
+      (void)s->post("/v3/lease/keepalive", {{"ID", lease}});  // a miss is retried at the next beat
+      lock.lock();
+    }
+  });
+  return Status::ok();
+}
+
+Status Directory::deregister() {
+  std::string lease;
+  {
+    std::lock_guard lock(state_->mutex);
+    lease = state_->lease;
+  }
+  if (lease.empty()) return Status::invalid_argument("deregister: not registered");
+  state_->stop_keepalive();
+  auto revoked = state_->post("/v3/lease/revoke", {{"ID", lease}});
+  std::lock_guard lock(state_->mutex);
+  state_->lease.clear();
+  return revoked ? Status::ok() : revoked.error();
+}
+
+void Directory::abandon() {
+  state_->stop_keepalive();
+  std::lock_guard lock(state_->mutex);
+  state_->lease.clear();
+}
+
+Result<std::vector<StoreRecord>> Directory::stores() {
+  auto range = state_->post("/v3/kv/range",
+                            {{"key", base64(state_->prefix)}, {"range_end", base64(prefix_end(state_->prefix))}});
+  if (!range) return std::unexpected(range.error());
+  std::vector<StoreRecord> out;
+  for (const auto& kv : range->value("kvs", json::array())) {
+    auto value = unbase64(kv.value("value", ""));
+    json j = value ? json::parse(*value, nullptr, false) : json();
+    try {
+      if (j.is_discarded() || !j.is_object()) throw json::other_error::create(501, "not an object", nullptr);
+      out.push_back({j.at("name").get<std::string>(), j.at("address").get<std::string>(),
+                     j.at("engine_address").get<std::string>(), j.at("capacity_bytes").get<std::uint64_t>(),
+                     j.at("numa_nodes").get<std::vector<int>>()});
+    } catch (const json::exception& e) {
+      return std::unexpected(Status::internal("etcd: the record under {} does not parse: {}",
+                                              unbase64(kv.value("key", "")).value_or("?"), e.what()));
+    }
+  }
+  std::ranges::sort(out, {}, &StoreRecord::name);
+  return out;
+}
+
+std::optional<std::size_t> place(std::uint64_t block_hash, std::span<const StoreRecord> stores) {
+  std::optional<std::size_t> best;
+  std::uint64_t best_score = 0;
+  for (std::size_t i = 0; i < stores.size(); ++i) {
+    const std::uint64_t name = std::hash<std::string>{}(stores[i].name);
+    const std::uint64_t score = mix(name ^ mix(block_hash));
+    if (!best || score > best_score) {
+      best = i;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+}  // namespace baton::store

@@ -1,0 +1,156 @@
+// The directory of stores over a real etcd on loopback (started here, on
+// ports of its own, in a temporary data directory): registration under a
+// lease, a store that dies leaving at expiry, rendezvous placement that
+// moves only a dead store's blocks, and bad input.
+#include "baton/store/directory.h"
+
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+namespace baton::store {
+namespace {
+
+constexpr TimeNs kSecond = 1'000'000'000;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One etcd for the suite; gone (process and data) when the suite ends.
+class Etcd : public ::testing::Environment {
+ public:
+  static inline std::string endpoint;
+
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists("/usr/bin/etcd")) << "etcd is not installed (scripts/setup installs etcd-server)";
+    char dir[] = "/tmp/baton-etcd-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    dir_ = dir;
+    const int client = free_port(), peer = free_port();
+    endpoint = "127.0.0.1:" + std::to_string(client);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string c = "http://" + endpoint, p = "http://127.0.0.1:" + std::to_string(peer);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+      ::execl("/usr/bin/etcd", "etcd", "--data-dir", dir, "--listen-client-urls", c.c_str(),
+              "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(), "--initial-advertise-peer-urls",
+              p.c_str(), "--initial-cluster", ("default=" + p).c_str(), nullptr);
+      ::_exit(127);
+    }
+    // Ready once it answers a range.
+    auto d = Directory::connect(endpoint, "/ready/");
+    ASSERT_TRUE(d.has_value());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!(*d)->stores().has_value()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "etcd did not answer within 20 s";
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string dir_;
+};
+
+const auto* const kEtcd = ::testing::AddGlobalTestEnvironment(new Etcd);
+
+StoreRecord record(const std::string& name) {
+  return {name, "127.0.0.1:5000" + name.substr(name.size() - 1), "127.0.0.1:6000", 1 << 30, {0}};
+}
+
+TEST(Directory, StoresRegisterUnderALeaseAndADeadOneLeavesAtExpiry) {
+  auto a = Directory::connect(Etcd::endpoint, "/t1/");
+  auto b = Directory::connect(Etcd::endpoint, "/t1/");
+  auto reader = Directory::connect(Etcd::endpoint, "/t1/");
+  ASSERT_TRUE(a && b && reader);
+  ASSERT_TRUE((*a)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  ASSERT_TRUE((*b)->register_store(record("store-b"), 2 * kSecond).is_ok());
+  auto both = (*reader)->stores();
+  ASSERT_TRUE(both.has_value()) << both.error().to_string();
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_EQ((*both)[0], record("store-a"));
+  EXPECT_EQ((*both)[1], record("store-b"));
+
+  // a keeps its lease alive past several TTLs; b dies (stops beating).
+  (*b)->abandon();
+  std::vector<StoreRecord> live;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    live = *(*reader)->stores();
+  } while (live.size() != 1 && std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(live.size(), 1u) << "b's lease expired";
+  EXPECT_EQ(live[0].name, "store-a");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_EQ((*reader)->stores()->size(), 1u) << "a is still kept alive past its TTL";
+
+  ASSERT_TRUE((*a)->deregister().is_ok());
+  EXPECT_TRUE((*reader)->stores()->empty()) << "a revoked lease leaves at once";
+}
+
+TEST(Directory, RendezvousPlacementMovesOnlyTheBlocksOfAStoreThatLeft) {
+  const std::vector<StoreRecord> three{record("store-a"), record("store-b"), record("store-c")};
+  const std::vector<StoreRecord> two{record("store-a"), record("store-c")};
+  std::vector<int> count(3, 0);
+  int moved = 0;
+  for (std::uint64_t h = 0; h < 3000; ++h) {
+    const std::size_t before = *place(h, three);
+    ++count[before];
+    const std::string after = two[*place(h, two)].name;
+    if (three[before].name != "store-b") {
+      EXPECT_EQ(after, three[before].name) << "block " << h << " moved although its store stayed";
+    } else {
+      ++moved;
+    }
+  }
+  for (int c : count) EXPECT_GT(c, 800) << "blocks spread over the stores";
+  EXPECT_EQ(moved, count[1]);
+  EXPECT_FALSE(place(1, {}).has_value());
+}
+
+TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {
+  EXPECT_EQ(Directory::connect("", "/x/").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Directory::connect(Etcd::endpoint, "").error().code(), StatusCode::kInvalidArgument);
+  auto d = Directory::connect(Etcd::endpoint, "/t3/");
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ((*d)->register_store({"", "a", "", 0, {}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*d)->register_store(record("store-a"), kSecond / 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*d)->deregister().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*d)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  EXPECT_EQ((*d)->register_store(record("store-a"), 2 * kSecond).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*d)->deregister().is_ok());
+
+  auto nowhere = Directory::connect("127.0.0.1:" + std::to_string(free_port()), "/x/");
+  ASSERT_TRUE(nowhere.has_value());
+  EXPECT_EQ((*nowhere)->stores().error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ((*nowhere)->register_store(record("store-a")).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace baton::store
