@@ -2,7 +2,9 @@
 // blocks of each --namespace in engine memory and serves the store's RPCs
 // on loopback until SIGINT or SIGTERM. Prints "address HOST:PORT" (the
 // RPCs), "engine HOST:PORT" (where clients connect() their engine to read
-// and write blocks) and, with --metrics-address, where /metrics is.
+// and write blocks) and, with --metrics-address, where /metrics is. With
+// --directory it registers in etcd under a lease and leaves on exit.
+#include <algorithm>
 #include <csignal>
 #include <regex>
 
@@ -12,6 +14,7 @@
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
 #include "baton/store/block_store.h"
+#include "baton/store/directory.h"
 #include "baton/store/service.h"
 #include "commands.h"
 
@@ -25,6 +28,9 @@ struct StoreOptions {
   std::string lock_timeout = "120s";
   std::string unsealed_timeout = "60s";
   std::string metrics_address;
+  std::string directory;  // etcd host:port; empty: none
+  std::string name;       // the store's name in the directory
+  std::string lease = "10s";
 };
 
 // "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,NUMA…]", e.g. llama:288x2x16384:1000:0,1
@@ -106,6 +112,25 @@ int run_store(const StoreOptions& o) {
   }
   auto server = store::StoreServer::start(**blocks, **engine, {.listen = o.listen});
   if (!server) return fail(server.error().code() == StatusCode::kInvalidArgument ? 2 : 1, server.error().to_string());
+  // In the directory under a lease: if this process dies, it leaves when
+  // the lease expires.
+  std::unique_ptr<store::Directory> directory;
+  if (!o.directory.empty()) {
+    auto lease = parse_duration(o.lease);
+    if (!lease || *lease < 1'000'000'000) return fail(2, fmt::format("--lease \"{}\": expected at least 1s", o.lease));
+    auto d = store::Directory::connect(o.directory);
+    if (!d) return fail(2, d.error().to_string());
+    store::StoreRecord record{o.name.empty() ? (*server)->address() : o.name, (*server)->address(),
+                              (*engine)->address(), 0, {}};
+    for (const auto& ns : namespaces) {
+      record.capacity_bytes += ns.layout.block_bytes() * ns.blocks_per_numa * ns.numa_nodes.size();
+      for (int n : ns.numa_nodes) {
+        if (std::ranges::find(record.numa_nodes, n) == record.numa_nodes.end()) record.numa_nodes.push_back(n);
+      }
+    }
+    if (auto s = (*d)->register_store(record, *lease); !s.is_ok()) return fail(1, s.to_string());
+    directory = std::move(*d);
+  }
   fmt::print("address {}\n", (*server)->address());
   fmt::print("engine {}\n", (*engine)->address());
   if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
@@ -114,6 +139,7 @@ int run_store(const StoreOptions& o) {
   int signal = 0;
   sigwait(&stop, &signal);
   spdlog::info("baton store: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  if (directory) (void)directory->deregister();  // leave at once, not at expiry
   server->reset();
   blocks->reset();
   (*engine)->shutdown();
@@ -132,6 +158,9 @@ Command add_store_command(CLI::App& parent) {
   app->add_option("--lock-timeout", o->lock_timeout, "How long a query's lock lasts unless released (duration)");
   app->add_option("--unsealed-timeout", o->unsealed_timeout, "How long allocated pages wait for their seal (duration)");
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
+  app->add_option("--directory", o->directory, "Register in this etcd (host:port) under a lease");
+  app->add_option("--name", o->name, "The store's name in the directory (default: its RPC address)");
+  app->add_option("--lease", o->lease, "The directory lease's TTL (duration, at least 1s)");
   return {app, [o] { return run_store(*o); }};
 }
 
