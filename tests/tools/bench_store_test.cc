@@ -25,9 +25,27 @@ TEST(BenchStore, QueriesAndFetchesFromASpawnedStore) {
   EXPECT_GT(j["fetch_gbps"].get<double>(), 0);
 }
 
+// Requesters that never release, or are cut off mid-call: the store's lock
+// timeout reclaims every lock and no page is lost.
+TEST(BenchStore, AbandonedAndCutSessionsAreAllReclaimed) {
+  const auto r = baton::testing::run_baton(
+      "bench store --spawn --blocks 32 --layers 2 --tp 2 --requesters 4 --queries 1 --fetches 1 --sessions 400 "
+      "--abandon 0.3 --cut 0.2 --lock-timeout 1s --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["drill_sessions"], 400);
+  EXPECT_EQ(j["drill_released"].get<int>() + j["drill_abandoned"].get<int>() + j["drill_cut"].get<int>(), 400);
+  EXPECT_GT(j["drill_abandoned"].get<int>(), 0);
+  EXPECT_GE(j["expired_locks"].get<int>(), j["drill_abandoned"].get<int>()) << "every abandoned lock expired";
+  EXPECT_EQ(j["sessions_leaked"], 0);
+  EXPECT_EQ(j["locked_blocks_after"], 0);
+  EXPECT_EQ(j["pages_leaked"], 0);
+}
+
 TEST(BenchStore, BadInputFailsWithOneLine) {
   for (const std::string args : {"bench store --blocks 4", "bench store --spawn --layers 4096 --tp 32",
-                                 "bench store --spawn --blocks 4000000 --segment-bytes 1048576"}) {
+                                 "bench store --spawn --blocks 4000000 --segment-bytes 1048576",
+                                 "bench store --spawn --abandon 0.8 --cut 0.5", "bench store --spawn --lock-timeout 0s"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

@@ -3,15 +3,20 @@
 // process; then QueryBlocksForTransfer for all of them from K requesters
 // at once (end to end over loopback, RPC included), and StoreClient::fetch
 // of all of them (query → materialize → reads → rebuild → release), every
-// byte checked, next to plain engine reads of the same bytes.
+// byte checked, next to plain engine reads of the same bytes. --sessions
+// adds a failure drill: requesters that abandon their locks or are cut off
+// mid-call, after which the store's lock timeout must reclaim everything.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "baton/common/stats.h"
+#include "baton/common/units.h"
 #include "baton/engine/pattern.h"
 #include "baton/plan/naive.h"
 #include "baton/plan/wire.h"
@@ -30,6 +35,13 @@ struct StoreBenchOptions {
   std::uint32_t blocks = 4500, layers = 36, tp = 8, segment_bytes = 256;
   bool kv_split = false;
   std::uint32_t requesters = 1, queries = 50, fetches = 5;
+  // The failure drill: this many more sessions over the requesters, a
+  // share of them abandoned (never released) and a share cut mid-call (a
+  // 1 ms deadline: the store may lock blocks for a requester that never
+  // hears of it); then the store's lock timeout must reclaim them all.
+  std::uint32_t sessions = 0;
+  double abandon = 0.2, cut = 0.1;
+  std::string lock_timeout = "120s";
   std::string json;
 };
 
@@ -69,8 +81,16 @@ int run_store_bench(const StoreBenchOptions& o) {
     return fail(2, fmt::format("{} blocks of {} bytes is above 4 GiB; lower --blocks or --segment-bytes", o.blocks,
                                block_bytes));
   }
+  auto lock_timeout = parse_duration(o.lock_timeout);
+  if (!lock_timeout || *lock_timeout <= 0) {
+    return fail(2, fmt::format("--lock-timeout \"{}\": expected a positive duration", o.lock_timeout));
+  }
+  if (o.abandon < 0 || o.cut < 0 || o.abandon + o.cut > 1) {
+    return fail(2, fmt::format("--abandon {} and --cut {}: shares in [0, 1] that add up to at most 1", o.abandon, o.cut));
+  }
   auto child = ServeChild::start({"--namespace", fmt::format("kv:{}x{}x{}:{}", layout.slots, layout.segments,
-                                                             layout.segment_bytes, o.blocks)},
+                                                             layout.segment_bytes, o.blocks),
+                                  "--lock-timeout", o.lock_timeout},
                                  "/proc/self/exe", "", "store");
   if (!child) return fail(1, child.error().to_string());
   // Declared before the client: fetch's slabs stay registered with it
@@ -201,6 +221,38 @@ int run_store_bench(const StoreBenchOptions& o) {
     if (!s.is_ok()) return fail(1, fmt::format("plain reads: {}", s.to_string()));
     raw_gbps.push_back(static_cast<double>(o.blocks * block_bytes) / ms_since(r0) / 1e6);
   }
+  // The failure drill, then a wait past the lock timeout and two
+  // collector beats: nothing may stay locked.
+  std::atomic<std::uint64_t> abandoned = 0, cut = 0, released = 0;
+  if (o.sessions > 0) {
+    threads.clear();
+    for (std::uint32_t k = 0; k < o.requesters; ++k) {
+      threads.emplace_back([&, k] {
+        auto c = store::StoreClient::connect(child->address());
+        auto short_lived = store::StoreClient::connect(child->address(), 1'000'000);  // 1 ms per call
+        if (!c || !short_lived) return;
+        std::mt19937_64 rng(k + 1);
+        std::uniform_real_distribution<double> coin(0, 1);
+        for (std::uint32_t i = k; i < o.sessions; i += o.requesters) {
+          const double roll = coin(rng);
+          if (roll < o.cut) {
+            (void)(*short_lived)->query("kv", hashes, fmt::format("cut-{}", k));  // may or may not have locked
+            ++cut;
+            continue;
+          }
+          auto a = (*c)->query("kv", hashes, fmt::format("requester-{}", k));
+          if (!a) continue;
+          if (roll < o.cut + o.abandon) {
+            ++abandoned;  // dies holding the lock
+          } else if ((*c)->release(a->session).is_ok()) {
+            ++released;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::this_thread::sleep_for(std::chrono::nanoseconds(*lock_timeout) + std::chrono::milliseconds(2500));
+  }
   auto stats = (*client)->stats();
   if (!stats) return fail(1, stats.error().to_string());
   auto q = summarize(query_ms);
@@ -222,7 +274,13 @@ int run_store_bench(const StoreBenchOptions& o) {
                    {"naive_response_bytes", *naive},
                    {"verified", verified},
                    {"sessions_leaked", stats->sessions},
-                   {"locked_blocks_after", stats->locked_blocks}};
+                   {"locked_blocks_after", stats->locked_blocks},
+                   {"pages_leaked", o.blocks - stats->blocks - stats->free_pages - stats->unsealed},
+                   {"drill_sessions", o.sessions},
+                   {"drill_released", released.load()},
+                   {"drill_abandoned", abandoned.load()},
+                   {"drill_cut", cut.load()},
+                   {"expired_locks", stats->expired_locks}};
   fmt::print("{} blocks ({} bytes each): query p50 {:.2f} ms p99 {:.2f} ms over {} requesters; plan {} bytes vs "
              "naive {}; fetch {:.2f} GB/s vs plain reads {:.2f} GB/s; {}; {} sessions leaked\n",
              o.blocks, block_bytes, j["query_ms_p50"].get<double>(), j["query_ms_p99"].get<double>(), o.requesters,
@@ -232,7 +290,7 @@ int run_store_bench(const StoreBenchOptions& o) {
   (*engine)->shutdown();
   if (Status s = child->stop(); !s.is_ok()) return fail(1, s.to_string());
   const int written = emit_json("bench store", j.dump(2), o.json);
-  return verified && stats->sessions == 0 ? written : 1;
+  return verified && stats->sessions == 0 && stats->locked_blocks == 0 ? written : 1;
 }
 
 }  // namespace
@@ -249,6 +307,11 @@ Command add_bench_store(CLI::App& bench) {
   app->add_option("--requesters", o->requesters, "Concurrent requesters querying")->check(CLI::Range(1, 1024));
   app->add_option("--queries", o->queries, "Queries per requester")->check(CLI::Range(1, 1'000'000));
   app->add_option("--fetches", o->fetches, "Fetches of every block, each checked")->check(CLI::Range(1, 1000));
+  app->add_option("--sessions", o->sessions, "Failure drill: this many more sessions (0: none)")
+      ->check(CLI::Range(0, 10'000'000));
+  app->add_option("--abandon", o->abandon, "Share of drill sessions never released");
+  app->add_option("--cut", o->cut, "Share of drill queries cut by a 1 ms deadline");
+  app->add_option("--lock-timeout", o->lock_timeout, "The store's lock timeout (duration)");
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_store_bench(*o); }};
 }
