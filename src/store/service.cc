@@ -346,9 +346,12 @@ namespace baton::store {
 Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::string& ns,
                                          std::span<const std::uint64_t> hashes, const std::string& requester,
                                          const FetchOptions& options) {
-  if (options.timeout_ns <= 0) {
-    return std::unexpected(Status::invalid_argument("fetch: timeout {} ns (expected above 0)", options.timeout_ns));
+  if (options.timeout_ns <= 0 || options.deadline_ns < 0) {
+    return std::unexpected(Status::invalid_argument("fetch: timeout {} ns, deadline {} ns (expected a timeout above 0 "
+                                                    "and a deadline not below 0)",
+                                                    options.timeout_ns, options.deadline_ns));
   }
+  const TimeNs deadline = options.deadline_ns > 0 ? engine.now_ns() + options.deadline_ns : 0;
   if (state_->engine_address.empty()) {
     auto h = hello();
     if (!h) return std::unexpected(h.error());
@@ -360,6 +363,7 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   if (!answer) return std::unexpected(answer.error());
   FetchedBlocks out;
   out.found = answer->found;
+  out.plan_wire_bytes = answer->plan.size();
   if (answer->found == 0) return out;
   // From here the lock is ours: every path below releases it.
   struct Lock {
@@ -415,6 +419,7 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
     r.length = op.length;
     r.qos = options.qos;
     r.timeout_ns = options.timeout_ns;
+    r.deadline_ns = deadline;
     batch.requests.push_back(std::move(r));
     out.bytes += op.length;
   }

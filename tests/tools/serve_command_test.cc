@@ -663,6 +663,12 @@ TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
     EXPECT_GT(p["plan_wire_bytes"].get<int>(), 0) << policy;
   }
   EXPECT_NE(r.out.find("every byte checked"), std::string::npos);
+  // The store leg: every block put by prefill and fetched back by decode.
+  const auto& store = j["store"];
+  EXPECT_EQ(store["blocks"], 64);
+  EXPECT_EQ(store["verified"], true);
+  EXPECT_GT(store["plan_wire_bytes"].get<int>(), 0);
+  EXPECT_GT(store["bytes"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(run_baton("demo --decode-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("demo --decode-interval-ms 0").exit_code, 2);
 }

@@ -51,11 +51,15 @@ struct FetchedBlocks {
   std::uint32_t found = 0;
   std::optional<plan::RebuiltPlan> blocks;  // empty when none was found
   std::uint64_t bytes = 0;
+  std::size_t plan_wire_bytes = 0;  // the answer's plan
 };
 
 struct FetchOptions {
   plan::MaterializeOptions materialize;  // op split and NIC striping
   TimeNs timeout_ns = 60'000'000'000;    // the reads' (Request::timeout_ns) and the wait's
+  // Relative to the call; the reads' Request::deadline_ns (admission and
+  // the scheduler act on it). 0: none.
+  TimeNs deadline_ns = 0;
   sched::QosClass qos = sched::QosClass::kDecodeCritical;
 };
 
