@@ -646,7 +646,8 @@ std::uint64_t Orchestrator::tickets_in(TicketState state) const {
 void Orchestrator::forget_released() {
   std::lock_guard lock(state_->mutex);
   std::erase_if(state_->tickets, [&](const auto& kv) {
-    if (kv.second.t.state != TicketState::kReleased) return false;
+    // A receive() still waking up on it holds a reference: it goes next time.
+    if (kv.second.t.state != TicketState::kReleased || kv.second.receiving) return false;
     --state_->by_state[TicketState::kReleased];
     return true;
   });

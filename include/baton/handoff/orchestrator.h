@@ -155,7 +155,8 @@ class Orchestrator {
   [[nodiscard]] Result<Ticket> ticket(TicketId ticket) const;
   [[nodiscard]] Result<PageCounts> pages(std::string_view consumer) const;
   [[nodiscard]] std::uint64_t tickets_in(TicketState state) const;
-  // Forgets released tickets (a long-running orchestrator does not grow).
+  // Forgets released tickets (a long-running orchestrator does not grow),
+  // except one a receive() is still returning from.
   void forget_released();
 
   // The first stop error of a consumer replica, else ok. Pages of a
