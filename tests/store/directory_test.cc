@@ -3,6 +3,7 @@
 // lease, a store that dies leaving at expiry, rendezvous placement that
 // moves only a dead store's blocks, and bad input.
 #include "baton/store/directory.h"
+#include "baton/store/router.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -132,6 +133,52 @@ TEST(Directory, RendezvousPlacementMovesOnlyTheBlocksOfAStoreThatLeft) {
   for (int c : count) EXPECT_GT(c, 800) << "blocks spread over the stores";
   EXPECT_EQ(moved, count[1]);
   EXPECT_FALSE(place(1, {}).has_value());
+}
+
+// A router follows the membership: hashes split over the live stores, and
+// after a store dies (lease expired) and a refresh only its hashes move.
+TEST(StoreRouter, RoutesOverTheLiveStoresAndDropsADeadOne) {
+  auto a = Directory::connect(Etcd::endpoint, "/t4/");
+  auto b = Directory::connect(Etcd::endpoint, "/t4/");
+  auto reader = Directory::connect(Etcd::endpoint, "/t4/");
+  ASSERT_TRUE(a && b && reader);
+  auto empty = StoreRouter::create(**reader);
+  ASSERT_TRUE(empty.has_value()) << empty.error().to_string();
+  const std::vector<std::uint64_t> hashes = [] {
+    std::vector<std::uint64_t> h;
+    for (std::uint64_t i = 0; i < 600; ++i) h.push_back(i * 7919);
+    return h;
+  }();
+  EXPECT_EQ((*empty)->route(hashes).error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ((*empty)->route({}).error().code(), StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE((*a)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  ASSERT_TRUE((*b)->register_store(record("store-b"), 2 * kSecond).is_ok());
+  StoreRouter& router = **empty;
+  ASSERT_TRUE(router.refresh().is_ok());
+  auto both = router.route(hashes);
+  ASSERT_TRUE(both.has_value());
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_EQ((*both)[0].hashes.size() + (*both)[1].hashes.size(), hashes.size());
+  EXPECT_GT((*both)[0].hashes.size(), 200u) << "spread over both";
+  auto client = router.client("store-b");
+  ASSERT_TRUE(client.has_value()) << client.error().to_string();
+  EXPECT_EQ(router.client("store-z").error().code(), StatusCode::kNotFound);
+
+  (*b)->abandon();  // b dies
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    ASSERT_TRUE(router.refresh().is_ok());
+  } while (router.stores().size() != 1 && std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(router.stores().size(), 1u);
+  auto one = router.route(hashes);
+  ASSERT_TRUE(one.has_value());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].store.name, "store-a");
+  EXPECT_EQ((*one)[0].hashes, hashes) << "every hash now goes to a, in the order asked";
+  EXPECT_EQ(router.client("store-b").error().code(), StatusCode::kNotFound) << "b's client was dropped";
+  ASSERT_TRUE((*a)->deregister().is_ok());
 }
 
 TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {

@@ -1,0 +1,45 @@
+#include "baton/store/router.h"
+
+#include <algorithm>
+
+namespace baton::store {
+
+Result<std::unique_ptr<StoreRouter>> StoreRouter::create(Directory& directory) {
+  std::unique_ptr<StoreRouter> router(new StoreRouter(directory));
+  if (auto s = router->refresh(); !s.is_ok()) return std::unexpected(s);
+  return router;
+}
+
+Status StoreRouter::refresh() {
+  auto live = directory_.stores();
+  if (!live) return live.error();
+  stores_ = std::move(*live);
+  std::erase_if(clients_, [&](const auto& kv) {
+    return std::ranges::none_of(stores_, [&](const StoreRecord& r) { return r.name == kv.first; });
+  });
+  return Status::ok();
+}
+
+Result<std::vector<Route>> StoreRouter::route(std::span<const std::uint64_t> hashes) const {
+  if (hashes.empty()) return std::unexpected(Status::invalid_argument("route: no hashes"));
+  if (stores_.empty()) return std::unexpected(Status::unavailable("route: no live store in the directory"));
+  std::vector<Route> routes(stores_.size());
+  for (std::size_t i = 0; i < stores_.size(); ++i) routes[i].store = stores_[i];
+  for (std::uint64_t h : hashes) routes[*place(h, stores_)].hashes.push_back(h);
+  std::erase_if(routes, [](const Route& r) { return r.hashes.empty(); });
+  return routes;
+}
+
+Result<StoreClient*> StoreRouter::client(const std::string& store) {
+  auto it = std::ranges::find(stores_, store, &StoreRecord::name);
+  if (it == stores_.end()) return std::unexpected(Status::not_found("router: no live store \"{}\"", store));
+  auto& c = clients_[store];
+  if (!c) {
+    auto made = StoreClient::connect(it->address);
+    if (!made) return std::unexpected(made.error());
+    c = std::move(*made);
+  }
+  return c.get();
+}
+
+}  // namespace baton::store
