@@ -343,6 +343,18 @@ Status StoreClient::release(std::uint64_t session) {
 
 namespace baton::store {
 
+Result<RemoteRange> locate(std::span<const transport::RemoteRegion> regions, std::uint64_t address,
+                           std::uint64_t length) {
+  for (const auto& r : regions) {
+    if (address >= r.base && length <= r.length && address - r.base <= r.length - length) {
+      return RemoteRange{r.key, address - r.base};
+    }
+  }
+  return std::unexpected(
+      Status::not_found("{:#x}+{} lies in no region the peer exported to us ({} regions)", address, length,
+                        regions.size()));
+}
+
 Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::string& ns,
                                          std::span<const std::uint64_t> hashes, const std::string& requester,
                                          const FetchOptions& options) {
@@ -400,22 +412,15 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   if (!regions) return std::unexpected(regions.error());
   engine::Batch batch;
   for (const plan::TransferOp& op : ops->ops) {
-    const transport::RemoteRegion* in = nullptr;
-    for (const auto& r : *regions) {
-      if (op.remote_address >= r.base && op.remote_address + op.length <= r.base + r.length) in = &r;
-    }
-    if (in == nullptr) {
-      return std::unexpected(Status::not_found("fetch: the plan names {:#x}+{}, outside every region the store "
-                                               "exported to us",
-                                               op.remote_address, op.length));
-    }
+    auto in = locate(*regions, op.remote_address, op.length);
+    if (!in) return std::unexpected(Status::not_found("fetch: {}", in.error().message()));
     engine::Request r;
     r.op = engine::Op::kRead;
     r.local_region = slab_regions.at(rebuilt->slabs()[op.slab].data());
     r.local_offset = op.slab_offset;
     r.peer = peer->address;
-    r.remote_region = in->key;
-    r.remote_offset = op.remote_address - in->base;
+    r.remote_region = in->region;
+    r.remote_offset = in->offset;
     r.length = op.length;
     r.qos = options.qos;
     r.timeout_ns = options.timeout_ns;

@@ -318,6 +318,9 @@ TEST(ConsumerWorkerLoad, RefusesOrdersThatDoNotFitAndStartsNothing) {
   auto e = make_engine();
   ASSERT_NE(e, nullptr);
   const KvLayout l = vllm(2);
+  EXPECT_EQ(ConsumerWorker::create(*e, 0, 16).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConsumerWorker::create(*e, l.page_bytes(), 0).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProducerWorker::create(*e, 0, 16).error().code(), StatusCode::kInvalidArgument);
   auto w = ConsumerWorker::create(*e, l.page_bytes(), 16);
   ASSERT_TRUE(w.has_value()) << w.error().to_string();
   ConsumerWorker& worker = **w;

@@ -45,13 +45,10 @@ Status read_chunks(engine::Engine& engine, const engine::Peer& peer, const plan:
   engine::Batch batch;
   std::uint64_t at = 0;
   for (const plan::Chunk& c : plan.chunks) {
-    const transport::RemoteRegion* in = nullptr;
-    for (const auto& r : *regions) {
-      if (c.base >= r.base && c.base + c.length <= r.base + r.length) in = &r;
-    }
-    if (in == nullptr) return Status::not_found("chunk at {:#x} is in no region of the store", c.base);
+    auto in = locate(*regions, c.base, c.length);
+    if (!in) return in.error();
     batch.requests.push_back({.op = engine::Op::kRead, .local_region = local.handle, .local_offset = at,
-                              .peer = peer.address, .remote_region = in->key, .remote_offset = c.base - in->base,
+                              .peer = peer.address, .remote_region = in->region, .remote_offset = in->offset,
                               .length = c.length});
     at += c.length;
   }
@@ -211,6 +208,16 @@ TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
   EXPECT_EQ(again->blocks->view(0, 0, 0), first_view);
   // The engine must outlive the client's registrations.
   served.client.reset();
+}
+
+TEST(StoreService, LocateFindsTheRegionHoldingAWholeRangeOrSaysNone) {
+  const std::vector<transport::RemoteRegion> regions{{7, 0x1000, 0x1000}, {9, 0x4000, 0x100}};
+  EXPECT_EQ(locate(regions, 0x1800, 0x800)->region, 7u);
+  EXPECT_EQ(locate(regions, 0x1800, 0x800)->offset, 0x800u);
+  EXPECT_EQ(locate(regions, 0x4000, 0x100)->region, 9u);
+  EXPECT_EQ(locate(regions, 0x1800, 0x801).error().code(), StatusCode::kNotFound) << "runs past the region";
+  EXPECT_EQ(locate(regions, 0x3000, 1).error().code(), StatusCode::kNotFound) << "between regions";
+  EXPECT_EQ(locate(regions, ~0ull - 2, 16).error().code(), StatusCode::kNotFound) << "wraps around";
 }
 
 TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {

@@ -186,13 +186,11 @@ int run_store_bench(const StoreBenchOptions& o) {
   engine::Batch raw;
   std::uint64_t at = 0;
   for (const plan::Chunk& c : plan->chunks) {
-    for (const auto& r : *regions) {
-      if (c.base >= r.base && c.base + c.length <= r.base + r.length) {
-        raw.requests.push_back({.op = engine::Op::kRead, .local_region = plain_region->handle, .local_offset = at,
-                                .peer = peer->address, .remote_region = r.key, .remote_offset = c.base - r.base,
-                                .length = c.length});
-      }
-    }
+    auto in = store::locate(*regions, c.base, c.length);
+    if (!in) return fail(1, in.error().to_string());
+    raw.requests.push_back({.op = engine::Op::kRead, .local_region = plain_region->handle, .local_offset = at,
+                            .peer = peer->address, .remote_region = in->region, .remote_offset = in->offset,
+                            .length = c.length});
     at += c.length;
   }
   for (std::uint32_t f = 0; f < o.fetches; ++f) {

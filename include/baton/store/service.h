@@ -54,6 +54,17 @@ struct FetchedBlocks {
   std::size_t plan_wire_bytes = 0;  // the answer's plan
 };
 
+// Where [address, address + length) of a peer's address space lies: the
+// region that holds all of it and the offset in it (what a plan's chunks
+// and ops name, turned into a Request's remote side). not_found when no
+// region the peer exported to us holds it whole.
+struct RemoteRange {
+  engine::RegionHandle region = 0;
+  std::uint64_t offset = 0;
+};
+[[nodiscard]] Result<RemoteRange> locate(std::span<const transport::RemoteRegion> regions, std::uint64_t address,
+                                         std::uint64_t length);
+
 struct FetchOptions {
   plan::MaterializeOptions materialize;  // op split and NIC striping
   TimeNs timeout_ns = 60'000'000'000;    // the reads' (Request::timeout_ns) and the wait's
