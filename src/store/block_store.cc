@@ -145,10 +145,11 @@ BlockStore::~BlockStore() {
 }
 
 Result<std::unique_ptr<BlockStore>> BlockStore::create(engine::Engine& engine, StoreConfig config) {
-  if (config.lock_timeout_ns <= 0 || config.unsealed_timeout_ns <= 0) {
-    return std::unexpected(Status::invalid_argument("BlockStore: lock timeout {} ns, unsealed timeout {} ns (expected "
-                                                    "both above 0)",
-                                                    config.lock_timeout_ns, config.unsealed_timeout_ns));
+  if (config.lock_timeout_ns <= 0 || config.unsealed_timeout_ns <= 0 || config.max_sessions == 0) {
+    return std::unexpected(Status::invalid_argument("BlockStore: lock timeout {} ns, unsealed timeout {} ns, {} max "
+                                                    "sessions (expected each above 0)",
+                                                    config.lock_timeout_ns, config.unsealed_timeout_ns,
+                                                    config.max_sessions));
   }
   if (auto* m = config.metrics) {
     for (const char* name : {"baton_store_blocks", "baton_store_bytes", "baton_store_unsealed_pages",
@@ -316,6 +317,11 @@ Result<QueryAnswer> BlockStore::query(std::string_view name, std::span<const std
   QueryAnswer answer;
   answer.found = static_cast<std::uint32_t>(found.size());
   if (found.empty()) return answer;
+  if (state_->sessions.size() >= state_->config.max_sessions) {
+    return std::unexpected(Status::resource_exhausted(
+        "query {}: {} sessions held (max_sessions); release some or wait for their locks to expire", name,
+        state_->sessions.size()));
+  }
 
   for (std::uint64_t page : found) State::lock(ns, page);
   auto fail = [&](const Status& why) {

@@ -207,6 +207,22 @@ TEST(BlockStore, HundredsOfSessionsShareBlocksFromManyThreads) {
   EXPECT_EQ(s.locked_blocks, 0u);
 }
 
+TEST(BlockStore, SessionsAreBoundedAndARefusedQueryLocksNothing) {
+  Rig rig(16, StoreConfig{.max_sessions = 3});
+  rig.put({1, 2});
+  const std::vector<std::uint64_t> both{1, 2};
+  std::vector<std::uint64_t> held;
+  for (int i = 0; i < 3; ++i) held.push_back(rig.store->query("llama", both, "d", 0)->session);
+  auto refused = rig.store->query("llama", both, "d", 0);
+  EXPECT_EQ(refused.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(rig.store->stats().sessions, 3u);
+  for (auto id : held) ASSERT_TRUE(rig.store->release(id).is_ok());
+  EXPECT_EQ(rig.store->stats().locked_blocks, 0u) << "the refused query locked nothing";
+  EXPECT_TRUE(rig.store->query("llama", both, "d", 0).has_value());
+  EXPECT_EQ(BlockStore::create(*rig.engine, StoreConfig{.max_sessions = 0}).error().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(BlockStore, BadInputGetsAClearStatusAndChangesNothing) {
   Rig rig;
   rig.put({1});

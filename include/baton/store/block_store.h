@@ -57,6 +57,10 @@ struct StoreConfig {
   TimeNs lock_timeout_ns = 120'000'000'000;
   // Pages a producer allocated and did not seal return after this long.
   TimeNs unsealed_timeout_ns = 60'000'000'000;
+  // Sessions held at once: a requester that queries and never releases
+  // cannot grow the store without bound (each holds a list of its blocks
+  // until it expires). A query past it answers resource_exhausted.
+  std::uint32_t max_sessions = 65536;
   // Where the store's gauges and counters go (optional).
   engine::MetricsRegistry* metrics = nullptr;
 };
@@ -122,7 +126,8 @@ class BlockStore {
                             std::span<const std::uint64_t> hashes, const BlockLayout& layout);
   // The blocks of `hashes` found from the first on, locked, as a plan.
   // not_found for an unknown namespace; invalid_argument for no hashes, a
-  // hash named twice or an empty requester. When encoding the plan fails,
+  // hash named twice or an empty requester; resource_exhausted at
+  // max_sessions (nothing locked). When encoding the plan fails,
   // the lock is released before the error returns.
   [[nodiscard]] Result<QueryAnswer> query(std::string_view ns, std::span<const std::uint64_t> hashes,
                                           std::string_view requester, TimeNs now_ns);
