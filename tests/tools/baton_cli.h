@@ -9,11 +9,31 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 namespace baton::testing {
+
+// Held by tests that fill every core (many copying processes) and by tests
+// whose assertions compare two throughputs of one run: ctest runs tests in
+// parallel, and on 2 cores the first kind skews the second's ratios.
+class CpuLock {
+ public:
+  CpuLock() : fd_(::open("/tmp/baton-cpu.lock", O_CREAT | O_RDWR, 0600)) {
+    if (fd_ >= 0) (void)::flock(fd_, LOCK_EX);
+  }
+  ~CpuLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  CpuLock(const CpuLock&) = delete;
+  CpuLock& operator=(const CpuLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 struct CommandRun {
   int exit_code = -1;

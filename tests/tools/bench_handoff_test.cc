@@ -17,6 +17,7 @@ const std::string kSmall =
     "bench handoff --spawn --layers 4 --kv-heads 4 --head-dim 64 --page-tokens 16 --tokens 100 --window 4 ";
 
 nlohmann::json run(const std::string& args) {
+  const baton::testing::CpuLock cpu;  // a dozen copying processes
   const CommandRun r = baton::testing::run_baton(kSmall + args + " --json -");
   EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
   if (r.exit_code != 0) return {};

@@ -10,6 +10,7 @@
 namespace {
 
 TEST(BenchStore, QueriesAndFetchesFromASpawnedStore) {
+  const baton::testing::CpuLock cpu;
   const auto r = baton::testing::run_baton(
       "bench store --spawn --blocks 96 --layers 4 --tp 2 --kv-split --requesters 3 --queries 4 --fetches 2 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -28,6 +29,7 @@ TEST(BenchStore, QueriesAndFetchesFromASpawnedStore) {
 // Requesters that never release, or are cut off mid-call: the store's lock
 // timeout reclaims every lock and no page is lost.
 TEST(BenchStore, AbandonedAndCutSessionsAreAllReclaimed) {
+  const baton::testing::CpuLock cpu;
   const auto r = baton::testing::run_baton(
       "bench store --spawn --blocks 32 --layers 2 --tp 2 --requesters 4 --queries 1 --fetches 1 --sessions 400 "
       "--abandon 0.3 --cut 0.2 --lock-timeout 1s --json -");

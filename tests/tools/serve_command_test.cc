@@ -582,6 +582,7 @@ class NetnsLock {
 // tests running beside this one), where compressing pays for data that shrinks.
 TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse) {
   const NetnsLock lock;
+  const baton::testing::CpuLock cpu;  // compares compressed and plain throughput
   const std::string link = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
   if (std::system((link + " up 1gbit >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
