@@ -1,11 +1,11 @@
-// DualPath on top of the simulation harness. A handoff owns a ledger of the byte ranges
-// that have landed at the destination (`landed`, in handoff offsets) and a
-// list of runs: engine requests, each carrying one contiguous range of the
-// handoff on one leg (remote_addr = handoff's + offset). The handoff is
+// DualPath over its legs (legs.h: the simulation harness or a real Engine).
+// A handoff owns a ledger of the byte ranges that have landed at the
+// destination (`landed`, in handoff offsets) and a list of runs, each
+// carrying one contiguous range of the handoff on one leg. The handoff is
 // complete when `landed` covers [0, bytes). A run that ends is settled only
-// once the engine reports none of its slices posted, so a byte is either
-// landed, owned by a run that may still land it, or free to send: a failover
-// sends exactly the free ranges, never one that landed or may still land.
+// once nothing it posted can still land, so a byte is either landed, owned
+// by a run that may still land it, or free to send: a failover sends exactly
+// the free ranges, never one that landed or may still land.
 #include "baton/dualpath/dualpath.h"
 
 #include <algorithm>
@@ -17,11 +17,13 @@
 
 #include <fmt/format.h>
 
+#include "legs.h"
+
 namespace baton::dualpath {
 namespace {
 
 using sched::ByteRange;
-using sched::RequestId;
+using detail::RunId;
 using sched::RequestState;
 
 using Ranges = std::vector<ByteRange>;  // sorted, disjoint, merged
@@ -77,7 +79,7 @@ std::uint64_t total(const Ranges& rs) {
 constexpr TimeNs kNever = -1;
 
 struct Run {
-  RequestId id = 0;
+  RunId id = 0;
   Leg leg = Leg::kDirect;
   std::uint64_t base = 0;  // handoff offset of the run's byte 0
   std::uint64_t length = 0;
@@ -105,8 +107,10 @@ struct Handoff {
 struct LegHealth {
   bool excluded = false;
   TimeNs next_probe_ns = 0;
-  RequestId probe = 0;  // in flight; 0 = none
+  std::optional<RunId> probe;  // in flight
   int successes = 0;
+  HandoffId latest = 0;  // the last handoff that named this leg: what a probe imitates
+  Leg leg = Leg::kDirect;
 };
 
 const char* const kCounters[][2] = {
@@ -170,14 +174,20 @@ Status DualPathConfig::validate() const {
   if (default_timeout_ns <= 0) return bad("default_timeout_ns", default_timeout_ns, "> 0");
   if (probe_interval_ns <= 0) return bad("probe_interval_ns", probe_interval_ns, "> 0");
   if (probe_bytes == 0) return bad("probe_bytes", probe_bytes, "> 0");
+  if (piece_bytes == 0) return bad("piece_bytes", piece_bytes, "> 0");
   if (probe_successes < 1) return bad("probe_successes", probe_successes, ">= 1");
   return Status::ok();
 }
 
 struct DualPath::State {
-  State(engine::Harness& e, DualPathConfig c) : engine(e), config(std::move(c)), rng(config.seed) {}
+  State(std::unique_ptr<detail::Legs> l, DualPathConfig c)
+      : legs_(std::move(l)), engine(*legs_), config(std::move(c)), rng(config.seed) {
+    for (const auto& [name, help] : kCounters) (void)engine.metrics().declare_counter(name, help);
+    (void)engine.metrics().declare_counter("baton_dualpath_wins_total", "Handoffs completed, by the leg that won");
+  }
 
-  engine::Harness& engine;
+  std::unique_ptr<detail::Legs> legs_;
+  detail::Legs& engine;
   DualPathConfig config;
   std::mt19937_64 rng;
   std::map<HandoffId, Handoff> handoffs;
@@ -231,14 +241,7 @@ struct DualPath::State {
   }
 
   Status start_run(Handoff& h, Leg leg, ByteRange range, TimeNs now_ns) {
-    sched::TransferRequest r;
-    r.from = h.from(leg);
-    r.to = h.spec.to;
-    r.bytes = range.length;
-    r.qos = h.spec.qos;
-    r.deadline_ns = h.spec.deadline_ns;
-    r.remote_addr = h.spec.remote_addr + range.offset;
-    auto id = engine.submit(r);
+    auto id = engine.start(h.spec, leg, range, h.end_by_ns);
     if (!id) return id.error();
     h.runs.push_back({*id, leg, range.offset, range.length, false, {}});
     if (leg == Leg::kStore && h.status.first_store_ns < 0) h.status.first_store_ns = now_ns;
@@ -275,9 +278,8 @@ struct DualPath::State {
     for (Run& r : h.runs) {
       if (r.cancelled) continue;
       r.cancelled = true;
-      const std::uint64_t before = engine.stats().bytes_wasted;
-      if (engine.cancel(r.id).is_ok()) {
-        const std::uint64_t wasted = engine.stats().bytes_wasted - before;
+      if (const auto cancelled = engine.cancel(r.id)) {
+        const std::uint64_t wasted = *cancelled;
         if (lost_race) {
           ++h.status.legs_cancelled;
           ++stats.cancelled_legs;
@@ -373,12 +375,7 @@ struct DualPath::State {
 
   [[nodiscard]] TimeNs hedge_delay_ns(const Handoff& h) const {
     if (config.hedge_delay_ns > 0) return config.hedge_delay_ns;
-    auto route = engine.topology().rank(h.spec.direct_from, h.spec.to);
-    double expected_ns = 0;
-    if (route) {
-      const auto& cost = route->best().cost;
-      expected_ns = static_cast<double>(h.spec.bytes) / cost.bandwidth_gbps + cost.latency_us * 1000.0;
-    }
+    const double expected_ns = engine.expected_direct_ns(h.spec);
     return std::max(config.hedge_delay_min_ns, static_cast<TimeNs>(config.hedge_factor * expected_ns));
   }
 
@@ -387,22 +384,18 @@ struct DualPath::State {
     bool any_ended = false;
     for (std::size_t i = 0; i < h.runs.size();) {
       Run& run = h.runs[i];
-      auto st = engine.status(run.id);
-      const RequestState state = st ? st->state : RequestState::kFailed;
-      if (state == RequestState::kQueued || state == RequestState::kRunning) {
-        ++i;
+      const detail::RunView v = engine.view(run.id);
+      const RequestState state = v.state;
+      if (!v.ended() || !v.settled) {
+        ++i;  // running, or ended with slices a cancel could not stop that may still land
         continue;
       }
-      auto progress = engine.progress(run.id);
-      if (progress && !progress->posted.empty()) {
-        ++i;  // ended, but slices a cancel could not stop may still land
-        continue;
-      }
+      engine.forget(run.id);
       any_ended = true;
-      if (progress && !h.status.ended()) credit(h, run, progress->delivered);
-      if (progress && h.status.ended()) {
+      if (!h.status.ended()) credit(h, run, v.delivered);
+      if (h.status.ended()) {
         // Landed after the handoff completed: all duplicates.
-        for (const ByteRange& d : progress->delivered) {
+        for (const ByteRange& d : v.delivered) {
           const std::uint64_t late = total(subtract(d, run.credited));
           h.status.wasted_bytes += late;
           stats.wasted_bytes += late;
@@ -418,14 +411,15 @@ struct DualPath::State {
         continue;
       }
       if (state == RequestState::kFailed && !was_cancelled) {
-        if (!st || st->status.code() == StatusCode::kUnavailable) {
+        if (v.status.code() == StatusCode::kUnavailable) {
           exclude(h, leg, now_ns);
           h.failed_leg = leg;
         } else {
-          end(h, HandoffState::kFailed, st->status, now_ns);
+          end(h, HandoffState::kFailed, v.status, now_ns);
         }
-      } else if (state == RequestState::kInfeasible) {
-        end(h, HandoffState::kFailed, st->status, now_ns);
+      } else if (state == RequestState::kInfeasible || (state == RequestState::kTimedOut && !was_cancelled)) {
+        // Runs carry the handoff's deadline and what is left of its timeout.
+        end(h, HandoffState::kFailed, v.status, now_ns);
       }
     }
     if (h.status.ended()) return;
@@ -433,7 +427,7 @@ struct DualPath::State {
       // Another run may have landed the rest already (request_hedging: the
       // store run took the tail while direct still sends it).
       for (Run& r : h.runs) {
-        if (auto p = engine.progress(r.id)) credit(h, r, p->delivered);
+        credit(h, r, engine.view(r.id).delivered);
       }
       if (covered(h)) {
         end(h, HandoffState::kCompleted, Status::ok(), now_ns);
@@ -447,7 +441,7 @@ struct DualPath::State {
       if (!store_running && healthy(h, Leg::kStore) && h.status.state == HandoffState::kRunning) {
         // Race the bytes not yet known landed; what direct already delivered is not re-sent.
         for (Run& r : h.runs) {
-          if (auto p = engine.progress(r.id)) credit(h, r, p->delivered);
+          credit(h, r, engine.view(r.id).delivered);
         }
         start_runs(h, Leg::kStore, subtract({0, h.spec.bytes}, h.landed), now_ns);
       }
@@ -474,11 +468,12 @@ struct DualPath::State {
   void step_probes(TimeNs now_ns) {
     for (auto& [key, l] : legs) {
       if (!l.excluded) continue;
-      if (l.probe != 0) {
-        auto st = engine.status(l.probe);
-        if (st && (st->state == RequestState::kQueued || st->state == RequestState::kRunning)) continue;
-        const bool ok = st && st->state == RequestState::kCompleted;
-        l.probe = 0;
+      if (l.probe) {
+        const detail::RunView v = engine.view(*l.probe);
+        if (!v.ended() || !v.settled) continue;
+        engine.forget(*l.probe);
+        const bool ok = v.state == RequestState::kCompleted;
+        l.probe.reset();
         l.next_probe_ns = now_ns + config.probe_interval_ns;
         if (!ok) {
           l.successes = 0;
@@ -495,14 +490,7 @@ struct DualPath::State {
         }
       }
       if (now_ns < l.next_probe_ns) continue;
-      const auto bar = key.find('|');
-      sched::TransferRequest probe;
-      probe.from = key.substr(0, bar);
-      probe.to = key.substr(bar + 1);
-      probe.bytes = config.probe_bytes;
-      probe.qos = sched::QosClass::kDecodeCritical;
-      probe.remote_addr = config.probe_remote_addr;
-      if (auto id = engine.submit(probe)) {
+      if (auto id = engine.probe(handoffs.at(l.latest).spec, l.leg, config)) {
         l.probe = *id;
         ++stats.probes;
         count("baton_dualpath_probes_total");
@@ -543,7 +531,7 @@ struct DualPath::State {
       take(h.retry_at_ns);
     }
     for (const auto& [key, l] : legs) {
-      if (l.excluded && l.probe == 0) take(l.next_probe_ns);
+      if (l.excluded && !l.probe) take(l.next_probe_ns);
     }
     return t;
   }
@@ -559,7 +547,7 @@ struct DualPath::State {
   // slices are still on the transport is cancelling until they settle.
   [[nodiscard]] bool idle() const {
     return std::ranges::all_of(active, [&](HandoffId id) { return handoffs.at(id).status.ended(); }) &&
-           engine.scheduler().queued_requests() == 0;
+           !engine.busy();
   }
 };
 
@@ -568,14 +556,22 @@ DualPath::~DualPath() = default;
 
 Result<std::unique_ptr<DualPath>> DualPath::create(engine::Harness& engine, DualPathConfig config) {
   if (Status s = config.validate(); !s.is_ok()) return std::unexpected(s);
-  for (const auto& [name, help] : kCounters) (void)engine.metrics().declare_counter(name, help);
-  (void)engine.metrics().declare_counter("baton_dualpath_wins_total", "Handoffs completed, by the leg that won");
-  return std::unique_ptr<DualPath>(new DualPath(std::make_unique<State>(engine, std::move(config))));
+  return std::unique_ptr<DualPath>(new DualPath(std::make_unique<State>(detail::sim_legs(engine), std::move(config))));
+}
+
+Result<std::unique_ptr<DualPath>> DualPath::create(engine::Engine& engine, DualPathConfig config) {
+  if (Status s = config.validate(); !s.is_ok()) return std::unexpected(s);
+  auto legs = detail::engine_legs(engine, config);
+  if (!legs) return std::unexpected(legs.error());
+  return std::unique_ptr<DualPath>(new DualPath(std::make_unique<State>(std::move(*legs), std::move(config))));
 }
 
 Result<HandoffId> DualPath::submit(const HandoffRequest& request) {
   State& st = *state_;
-  const HandoffRequest& r = request;
+  HandoffRequest r = request;
+  // Over an Engine, a leg is named after its first source's peer unless the caller names it.
+  if (r.direct_from.empty() && !r.direct_sources.empty()) r.direct_from = r.direct_sources.front().peer;
+  if (r.store_from.empty() && !r.store_sources.empty()) r.store_from = r.store_sources.front().peer;
   if (r.bytes == 0) {
     return std::unexpected(Status::invalid_argument("dualpath submit: handoff to {} has 0 bytes", r.to));
   }
@@ -587,28 +583,26 @@ Result<HandoffId> DualPath::submit(const HandoffRequest& request) {
     return std::unexpected(Status::invalid_argument(
         "dualpath submit: timeout {} ns and deadline {} ns must be >= 0", r.timeout_ns, r.deadline_ns));
   }
-  for (const std::string* from : {&r.direct_from, &r.store_from}) {
-    if (*from == r.to) {
-      return std::unexpected(Status::invalid_argument("dualpath submit: source and destination are both \"{}\"", r.to));
-    }
-    if (auto route = st.engine.topology().rank(*from, r.to); !route) {
-      return std::unexpected(Status(route.error().code(),
-                                    fmt::format("dualpath submit: {} leg: {}",
-                                                from == &r.direct_from ? "direct" : "store", route.error().message())));
-    }
-  }
+  if (Status s = st.engine.validate(r); !s.is_ok()) return std::unexpected(s);
   const TimeNs now = st.engine.now_ns();
   Handoff h;
   h.id = st.next_id++;
-  h.spec = r;
-  h.status.bytes = r.bytes;
+  h.spec = std::move(r);
+  h.status.bytes = h.spec.bytes;
   h.status.submitted_ns = now;
-  h.end_by_ns = now + (r.timeout_ns > 0 ? r.timeout_ns : st.config.default_timeout_ns);
-  if (r.deadline_ns != 0) h.end_by_ns = r.timeout_ns > 0 ? std::min(h.end_by_ns, r.deadline_ns) : r.deadline_ns;
+  h.end_by_ns = now + (h.spec.timeout_ns > 0 ? h.spec.timeout_ns : st.config.default_timeout_ns);
+  if (h.spec.deadline_ns != 0) {
+    h.end_by_ns = h.spec.timeout_ns > 0 ? std::min(h.end_by_ns, h.spec.deadline_ns) : h.spec.deadline_ns;
+  }
   const HandoffId id = h.id;
   Handoff& placed = st.handoffs.emplace(id, std::move(h)).first->second;
   st.active.push_back(id);
   ++st.stats.submitted;
+  for (Leg leg : {Leg::kDirect, Leg::kStore}) {
+    LegHealth& l = st.legs[State::leg_key(placed.from(leg), placed.spec.to)];
+    l.latest = id;
+    l.leg = leg;
+  }
   st.start(placed, now);
   return id;
 }
@@ -633,6 +627,16 @@ Result<HandoffStatus> DualPath::status(HandoffId id) const {
 
 Status DualPath::run_until(TimeNs t_ns) {
   State& st = *state_;
+  if (st.engine.wall_clock()) {
+    // Real time: react to runs as they end and to timers as they fall due.
+    while (true) {
+      const TimeNs now = st.engine.now_ns();
+      st.step_all(now);
+      if (now >= t_ns) return Status::ok();
+      const auto timer = st.next_timer_ns();
+      if (Status s = st.engine.advance(timer ? std::min(*timer, t_ns) : t_ns); !s.is_ok()) return s;
+    }
+  }
   if (t_ns < st.engine.now_ns()) {
     return Status::out_of_range("dualpath run_until: {} ns is before now ({} ns)", t_ns, st.engine.now_ns());
   }
@@ -646,7 +650,7 @@ Status DualPath::run_until(TimeNs t_ns) {
     if (target == now && !(due && *next <= now)) break;
     spins = target == now ? spins + 1 : 0;
     if (spins > 10'000) return Status::internal("dualpath run_until: no progress at {} ns", now);
-    if (Status s = st.engine.run_until(target); !s.is_ok()) return s;
+    if (Status s = st.engine.advance(target); !s.is_ok()) return s;
   }
   return Status::ok();
 }
@@ -654,6 +658,16 @@ Status DualPath::run_until(TimeNs t_ns) {
 Status DualPath::run_until_idle(TimeNs limit_ns) {
   State& st = *state_;
   const TimeNs end = st.engine.now_ns() + limit_ns;
+  if (st.engine.wall_clock()) {
+    while (true) {
+      const TimeNs now = st.engine.now_ns();
+      st.step_all(now);
+      if (st.idle()) return Status::ok();
+      if (now >= end) return Status::timeout("dualpath run_until_idle: still busy after {} ns", limit_ns);
+      const auto timer = st.next_timer_ns();
+      if (Status s = st.engine.advance(timer ? std::min(*timer, end) : end); !s.is_ok()) return s;
+    }
+  }
   if (Status s = run_until(st.engine.now_ns()); !s.is_ok()) return s;
   while (!st.idle()) {
     const auto next = st.next_instant();

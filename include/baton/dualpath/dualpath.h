@@ -7,11 +7,12 @@
 // retries with backoff and jitter when both legs are down. A health monitor
 // soft-excludes a failed leg and re-admits it when probes succeed.
 //
-// It talks to the simulation harness (submit, cancel, status, progress,
-// run_until) and drives its virtual clock itself, one event at a time, so it
-// reacts at the instant a leg fails or wins. Simulation only, for now: the
-// real Engine has no store to race against yet.
-// Lives on the thread that drives the engine; no locks. docs/dualpath.md.
+// Over the simulation harness it drives the virtual clock itself, one event
+// at a time, so it reacts at the instant a leg fails or wins. Over a real
+// Engine it runs on the wall clock: the direct leg reads from the prefill
+// peer's regions, the store leg from a KV store's (`baton store`), and
+// run_until waits on the engine's batch events until the next timer. Either
+// way it lives on the thread that calls it; no locks. docs/dualpath.md.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
+#include "baton/engine/engine.h"
 #include "baton/engine/harness.h"
 #include "baton/sched/policy.h"
 
@@ -63,20 +65,41 @@ struct DualPathConfig {
   int probe_successes = 1;
   std::uint64_t probe_remote_addr = 0;
   std::uint64_t seed = 1;  // of the backoff jitter
+  // Over an Engine: a run is sent as requests of at most this many bytes,
+  // the unit a failover knows landed (a KV block, typically).
+  std::uint64_t piece_bytes = 1 << 20;
 
   // invalid_argument naming the field and the value.
   [[nodiscard]] Status validate() const;
 };
 
+// Over an Engine: `length` bytes of a handoff at `region` + `offset` of
+// `peer` (its Peer::address; the region one it exported to us).
+struct Source {
+  std::string peer;
+  transport::RegionHandle region = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
 struct HandoffRequest {
+  // Simulation: topology endpoints. Engine: the legs' names, which health
+  // tracking goes by (a restarted prefill worker keeps its name, not its
+  // address); empty = the address of the leg's first source.
   std::string direct_from;  // "gpu0": the prefill GPU
   std::string store_from;   // "nic1": where the store's bytes enter the node
-  std::string to;           // "gpu1": the decode GPU
+  std::string to;           // "gpu1": the decode GPU (Engine: unused)
   std::uint64_t bytes = 0;
   sched::QosClass qos = sched::QosClass::kHotKv;
   TimeNs deadline_ns = 0;  // absolute; 0 = none
   TimeNs timeout_ns = 0;   // from submit; 0 = DualPathConfig::default_timeout_ns (or the deadline)
-  std::uint64_t remote_addr = 0;  // where byte 0 lands at `to`
+  std::uint64_t remote_addr = 0;  // simulation: where byte 0 lands at `to`
+  // Engine: where each leg finds the bytes, in handoff order, the pieces of
+  // each leg covering [0, bytes) exactly; and where they land here.
+  std::vector<Source> direct_sources{};
+  std::vector<Source> store_sources{};
+  transport::RegionHandle local_region = 0;
+  std::uint64_t local_offset = 0;
 };
 
 using HandoffId = std::uint64_t;
@@ -126,24 +149,33 @@ class DualPath {
   // (baton_dualpath_*_total), so Harness::metrics_text() exports them.
   // invalid_argument for an invalid config.
   [[nodiscard]] static Result<std::unique_ptr<DualPath>> create(engine::Harness& engine, DualPathConfig config);
+  // Over a real engine, on the wall clock: it waits on the engine's
+  // batch_event_fd(), which it then owns (another reader would take its
+  // wake-ups). Counters in engine.metrics(). The destructor cancels what
+  // still runs and waits until none of it can land.
+  [[nodiscard]] static Result<std::unique_ptr<DualPath>> create(engine::Engine& engine, DualPathConfig config);
   ~DualPath();
   DualPath(const DualPath&) = delete;
   DualPath& operator=(const DualPath&) = delete;
 
   // invalid_argument (zero bytes, a source equal to the destination, the two
-  // sources equal, a negative timeout); not_found for an unknown endpoint;
-  // the engine's refusal of either leg, at once. Legs start at the current
-  // instant, when the caller next runs the clock.
+  // sources equal, a negative timeout; over an Engine, sources that do not
+  // cover the handoff exactly or no local region); not_found for an unknown
+  // endpoint; the engine's refusal of either leg (a leg that is down is not
+  // refused: it fails over), at once. Legs start at the current instant,
+  // when the caller next runs the clock.
   [[nodiscard]] Result<HandoffId> submit(const HandoffRequest& request);
   // Cancels every leg. not_found for an unknown id; invalid_argument once ended.
   [[nodiscard]] Status cancel(HandoffId id);
   [[nodiscard]] Result<HandoffStatus> status(HandoffId id) const;
 
   // Advance the harness's virtual clock to `t_ns`, reacting to every leg's end
-  // at the instant it happens. out_of_range for a time in the past.
+  // at the instant it happens. out_of_range for a time in the past. Over an
+  // Engine: react to runs until the engine's clock reaches `t_ns` (a time
+  // already past handles what is due and returns).
   [[nodiscard]] Status run_until(TimeNs t_ns);
   // Until every handoff has ended (probes of a dead leg do not keep it
-  // busy); timeout after `limit_ns` of virtual time.
+  // busy); timeout after `limit_ns` of virtual (or, over an Engine, real) time.
   [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
 
   // Whether routing may use the leg from `from` to `to` (false while it is
