@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -219,8 +220,8 @@ struct DualPath::State {
 
   // Credits what a run has delivered so far to the ledger, once per byte:
   // bytes another run landed first are duplicates, hence wasted.
-  void credit(Handoff& h, Run& run, const Ranges& delivered) {
-    for (const ByteRange& d : delivered) {
+  void credit(Handoff& h, Run& run, const detail::RunView& v, TimeNs now_ns) {
+    for (const ByteRange& d : v.delivered) {
       for (const ByteRange& fresh : subtract(d, run.credited)) {
         add(run.credited, fresh);
         const ByteRange at{run.base + fresh.offset, fresh.length};
@@ -230,6 +231,9 @@ struct DualPath::State {
         stats.wasted_bytes += dup;
         count("baton_dualpath_wasted_bytes_total", dup);
         (run.leg == Leg::kDirect ? h.status.bytes_direct : h.status.bytes_store) += fresh.length - dup;
+        if (run.leg == Leg::kStore && h.status.first_store_byte_ns < 0 && fresh.length > dup) {
+          h.status.first_store_byte_ns = v.first_delivered_ns >= 0 ? v.first_delivered_ns : now_ns;
+        }
         if (!h.completed_by && covered(h)) h.completed_by = run.leg;
       }
     }
@@ -251,6 +255,7 @@ struct DualPath::State {
   // Sends `ranges` on `leg`, one run per contiguous range.
   void start_runs(Handoff& h, Leg leg, const Ranges& ranges, TimeNs now_ns) {
     if (h.failed_leg && *h.failed_leg != leg && !ranges.empty()) {
+      if (h.status.failovers == 0) h.status.first_failover_ns = now_ns;
       ++h.status.failovers;
       ++stats.failovers;
       count("baton_dualpath_failovers_total");
@@ -379,47 +384,62 @@ struct DualPath::State {
     return std::max(config.hedge_delay_min_ns, static_cast<TimeNs>(config.hedge_factor * expected_ns));
   }
 
+  // A handoff's runs that ended and can land nothing more (the others are
+  // running, or cancelling with slices a cancel could not stop), the first
+  // to finish first: when two legs ended since the last step, the earlier won.
+  [[nodiscard]] std::vector<std::pair<RunId, detail::RunView>> settled_runs(const Handoff& h) {
+    std::vector<std::pair<RunId, detail::RunView>> settled;
+    for (const Run& run : h.runs) {
+      detail::RunView v = engine.view(run.id);
+      if (v.ended() && v.settled) settled.emplace_back(run.id, std::move(v));
+    }
+    std::ranges::stable_sort(settled, {}, [](const auto& s) {
+      return s.second.last_delivered_ns < 0 ? std::numeric_limits<TimeNs>::max() : s.second.last_delivered_ns;
+    });
+    return settled;
+  }
+
   // One handoff at `now`: settle runs that ended, complete, fail over, fire timers.
   void step(Handoff& h, TimeNs now_ns) {
     bool any_ended = false;
-    for (std::size_t i = 0; i < h.runs.size();) {
-      Run& run = h.runs[i];
-      const detail::RunView v = engine.view(run.id);
-      const RequestState state = v.state;
-      if (!v.ended() || !v.settled) {
-        ++i;  // running, or ended with slices a cancel could not stop that may still land
-        continue;
-      }
-      engine.forget(run.id);
-      any_ended = true;
-      if (!h.status.ended()) credit(h, run, v.delivered);
-      if (h.status.ended()) {
-        // Landed after the handoff completed: all duplicates.
-        for (const ByteRange& d : v.delivered) {
-          const std::uint64_t late = total(subtract(d, run.credited));
-          h.status.wasted_bytes += late;
-          stats.wasted_bytes += late;
-          count("baton_dualpath_wasted_bytes_total", late);
+    // Settling one may cancel the others (the copy is complete): again
+    // until none is left to settle.
+    for (auto settled = settled_runs(h); !settled.empty(); settled = settled_runs(h)) {
+      for (const auto& [id, v] : settled) {
+        const auto at = std::ranges::find(h.runs, id, &Run::id);
+        Run& run = *at;
+        const RequestState state = v.state;
+        engine.forget(run.id);
+        any_ended = true;
+        if (!h.status.ended()) credit(h, run, v, now_ns);
+        if (h.status.ended()) {
+          // Landed after the handoff completed: all duplicates.
+          for (const ByteRange& d : v.delivered) {
+            const std::uint64_t late = total(subtract(d, run.credited));
+            h.status.wasted_bytes += late;
+            stats.wasted_bytes += late;
+            count("baton_dualpath_wasted_bytes_total", late);
+          }
         }
-      }
-      const Leg leg = run.leg;
-      const bool was_cancelled = run.cancelled;
-      h.runs.erase(h.runs.begin() + static_cast<std::ptrdiff_t>(i));
-      if (h.status.ended()) continue;
-      if (covered(h)) {
-        end(h, HandoffState::kCompleted, Status::ok(), now_ns);
-        continue;
-      }
-      if (state == RequestState::kFailed && !was_cancelled) {
-        if (v.status.code() == StatusCode::kUnavailable) {
-          exclude(h, leg, now_ns);
-          h.failed_leg = leg;
-        } else {
+        const Leg leg = run.leg;
+        const bool was_cancelled = run.cancelled;
+        h.runs.erase(at);
+        if (h.status.ended()) continue;
+        if (covered(h)) {
+          end(h, HandoffState::kCompleted, Status::ok(), now_ns);
+          continue;
+        }
+        if (state == RequestState::kFailed && !was_cancelled) {
+          if (v.status.code() == StatusCode::kUnavailable) {
+            exclude(h, leg, now_ns);
+            h.failed_leg = leg;
+          } else {
+            end(h, HandoffState::kFailed, v.status, now_ns);
+          }
+        } else if (state == RequestState::kInfeasible || (state == RequestState::kTimedOut && !was_cancelled)) {
+          // Runs carry the handoff's deadline and what is left of its timeout.
           end(h, HandoffState::kFailed, v.status, now_ns);
         }
-      } else if (state == RequestState::kInfeasible || (state == RequestState::kTimedOut && !was_cancelled)) {
-        // Runs carry the handoff's deadline and what is left of its timeout.
-        end(h, HandoffState::kFailed, v.status, now_ns);
       }
     }
     if (h.status.ended()) return;
@@ -427,7 +447,7 @@ struct DualPath::State {
       // Another run may have landed the rest already (request_hedging: the
       // store run took the tail while direct still sends it).
       for (Run& r : h.runs) {
-        credit(h, r, engine.view(r.id).delivered);
+        credit(h, r, engine.view(r.id), now_ns);
       }
       if (covered(h)) {
         end(h, HandoffState::kCompleted, Status::ok(), now_ns);
@@ -441,7 +461,7 @@ struct DualPath::State {
       if (!store_running && healthy(h, Leg::kStore) && h.status.state == HandoffState::kRunning) {
         // Race the bytes not yet known landed; what direct already delivered is not re-sent.
         for (Run& r : h.runs) {
-          credit(h, r, engine.view(r.id).delivered);
+          credit(h, r, engine.view(r.id), now_ns);
         }
         start_runs(h, Leg::kStore, subtract({0, h.spec.bytes}, h.landed), now_ns);
       }

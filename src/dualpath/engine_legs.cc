@@ -136,12 +136,12 @@ class EngineLegs final : public Legs {
       return v;
     }
     const sched::RequestStatus* first_bad = nullptr;
-    TimeNs last_ns = 0;
     for (std::size_t i = 0; i < st->requests.size(); ++i) {
       const sched::RequestStatus& r = st->requests[i];
       if (r.state == RequestState::kCompleted) {
         v.delivered.push_back(run.pieces[i]);
-        last_ns = std::max(last_ns, r.completed_ns);
+        if (v.first_delivered_ns < 0 || r.completed_ns < v.first_delivered_ns) v.first_delivered_ns = r.completed_ns;
+        v.last_delivered_ns = std::max(v.last_delivered_ns, r.completed_ns);
       } else if (!first_bad && r.state != RequestState::kQueued && r.state != RequestState::kRunning &&
                  r.state != RequestState::kCancelling) {
         first_bad = &r;
@@ -154,11 +154,11 @@ class EngineLegs final : public Legs {
       v.status = first_bad->status;
     } else {
       v.state = RequestState::kCompleted;
-      if (run.leg == Leg::kDirect && !run.timed && last_ns > run.started_ns) {
+      if (run.leg == Leg::kDirect && !run.timed && v.last_delivered_ns > run.started_ns) {
         run.timed = true;  // request_hedging's estimate of the direct leg
         std::uint64_t bytes = 0;
         for (const ByteRange& p : run.pieces) bytes += p.length;
-        const double gbps = static_cast<double>(bytes) / static_cast<double>(last_ns - run.started_ns);
+        const double gbps = static_cast<double>(bytes) / static_cast<double>(v.last_delivered_ns - run.started_ns);
         direct_gbps_ = direct_gbps_ > 0 ? 0.8 * direct_gbps_ + 0.2 * gbps : gbps;
       }
     }

@@ -29,6 +29,8 @@ struct RunView {
   sched::RequestState state = sched::RequestState::kRunning;
   Status status;
   std::vector<sched::ByteRange> delivered;
+  TimeNs first_delivered_ns = -1;  // when the first delivered piece landed; -1: not known
+  TimeNs last_delivered_ns = -1;   // when the last one did
   bool settled = false;
   [[nodiscard]] bool ended() const {
     return state != sched::RequestState::kQueued && state != sched::RequestState::kRunning;

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -355,6 +356,55 @@ Result<RemoteRange> locate(std::span<const transport::RemoteRegion> regions, std
                         regions.size()));
 }
 
+Result<engine::Peer> StoreClient::store_peer(engine::Engine& engine) {
+  if (state_->engine_address.empty()) {
+    auto h = hello();
+    if (!h) return std::unexpected(h.error());
+    state_->engine_address = h->first;
+  }
+  return engine.connect(state_->engine_address);
+}
+
+Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                        std::span<const std::uint64_t> hashes, const BlockLayout& layout, engine::RegionHandle local,
+                        std::uint64_t local_offset, TimeNs timeout_ns) {
+  if (hashes.empty() || hashes.size() > std::numeric_limits<std::uint32_t>::max() || timeout_ns <= 0) {
+    return Status::invalid_argument("put: {} blocks, timeout {} ns (expected at least one block and a timeout above 0)",
+                                    hashes.size(), timeout_ns);
+  }
+  if (Status s = layout.validate(); !s.is_ok()) return s;
+  auto peer = store_peer(engine);
+  if (!peer) return peer.error();
+  auto pages = allocate_blocks(ns, static_cast<std::uint32_t>(hashes.size()), producer);
+  if (!pages) return pages.error();
+  const std::uint64_t block_bytes = layout.block_bytes();
+  engine::Batch writes;
+  std::vector<std::uint64_t> ids;
+  for (std::size_t b = 0; b < pages->size(); ++b) {
+    const BlockPage& page = (*pages)[b];
+    writes.requests.push_back({.op = engine::Op::kWrite, .local_region = local,
+                               .local_offset = local_offset + b * block_bytes, .peer = peer->address,
+                               .remote_region = page.region, .remote_offset = page.offset, .length = block_bytes,
+                               .timeout_ns = timeout_ns});
+    ids.push_back(page.page);
+  }
+  // The pages may lie in a region exported after we connected.
+  if (Status s = engine.refresh(*peer); !s.is_ok()) return s;
+  auto h = engine.submit(writes);
+  if (!h) return h.error();
+  Status written = engine.wait(*h, timeout_ns);
+  if (written.is_ok()) {
+    auto st = engine.poll(*h);
+    written = st ? st->status : st.error();
+  } else {
+    (void)engine.cancel(*h);
+    (void)engine.wait(*h, timeout_ns);
+  }
+  (void)engine.release(*h);
+  if (!written.is_ok()) return written;
+  return seal(ns, producer, ids, hashes, layout);
+}
+
 Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::string& ns,
                                          std::span<const std::uint64_t> hashes, const std::string& requester,
                                          const FetchOptions& options) {
@@ -364,12 +414,7 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
                                                     options.timeout_ns, options.deadline_ns));
   }
   const TimeNs deadline = options.deadline_ns > 0 ? engine.now_ns() + options.deadline_ns : 0;
-  if (state_->engine_address.empty()) {
-    auto h = hello();
-    if (!h) return std::unexpected(h.error());
-    state_->engine_address = h->first;
-  }
-  auto peer = engine.connect(state_->engine_address);
+  auto peer = store_peer(engine);
   if (!peer) return std::unexpected(peer.error());
   auto answer = query(ns, hashes, requester);
   if (!answer) return std::unexpected(answer.error());

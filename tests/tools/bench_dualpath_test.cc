@@ -47,9 +47,62 @@ TEST(BenchDualpath, FaultRunJson) {
   EXPECT_GT(on_store, 0);  // the fault window was served by the store
 }
 
+// Over real processes: a `baton serve` as the prefill peer, a `baton store`
+// with the same blocks, every byte checked.
+TEST(BenchDualpath, RacesOverRealProcessesAndChecksEveryByte) {
+  const CommandRun r = baton("bench dualpath --transport ucx --spawn --requests 40 --duration-ms 200 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests"], 40);
+  EXPECT_EQ(j["wins"]["direct"].get<int>() + j["wins"]["store"].get<int>(), 40);
+  EXPECT_EQ(j["completed"]["racing"], 40);
+  EXPECT_EQ(j["completed"]["direct_only"], 40);
+  EXPECT_EQ(j["completed"]["store_only"], 40);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["lost_bytes"], 0);
+  for (const char* mode : {"racing", "direct_only", "store_only"}) {
+    EXPECT_GT(j["latency_us"][mode]["p50"].get<double>(), 0) << mode;
+  }
+  EXPECT_EQ(j["workload"]["transport"], "ucx");
+}
+
+// SIGKILL the prefill peer with handoffs in flight: every handoff still
+// completes, byte-exact; the store carries what the dead peer did not; a
+// restarted peer takes the handoffs back.
+TEST(BenchDualpath, AKilledPrefillProcessLosesNoByteAndTheRestartedOneWinsAgain) {
+  const CommandRun r = baton("bench fault --transport ucx --spawn --requests 60 --duration-ms 600 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests"], 60);
+  EXPECT_EQ(j["completed"], 60);
+  EXPECT_EQ(j["dropped"], 0);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["lost_bytes"], 0);
+  EXPECT_GE(j["failovers"].get<int>(), 1);
+  EXPECT_GT(j["affected"].get<int>(), 0);
+  ASSERT_FALSE(j["recovery_us"].is_null());
+  EXPECT_GT(j["recovery_us"].get<double>(), 0);
+  ASSERT_FALSE(j["returned_to_direct_at_us"].is_null());
+  EXPECT_GT(j["returned_to_direct_at_us"].get<double>(), j["restore_at_us"].get<double>());
+  int on_store = 0, direct_after_restore = 0;
+  for (const auto& t : j["timeline"]) {
+    EXPECT_EQ(t["status"], "completed");
+    on_store += t["bytes_store"].get<std::uint64_t>() > 0;
+    direct_after_restore += t["leg"] == "direct" && t["start_us"].get<double>() > j["restore_at_us"].get<double>();
+  }
+  EXPECT_GT(on_store, 0);
+  EXPECT_GT(direct_after_restore, 0);
+}
+
 TEST(BenchDualpath, BadInputFailsWithOneLine) {
-  for (const std::string args : {"bench dualpath --strategy fastest", "bench dualpath --requests 0",
-                                 "bench fault --kill-at-ms 30 --restore-at-ms 20", "bench fault --requests 0"}) {
+  for (const std::string args :
+       {"bench dualpath --strategy fastest", "bench dualpath --requests 0",
+        "bench fault --kill-at-ms 30 --restore-at-ms 20", "bench fault --requests 0",
+        "bench dualpath --transport tcp", "bench dualpath --spawn", "bench fault --transport ucx",
+        "bench fault --transport ucx --target 127.0.0.1:1",
+        "bench dualpath --transport ucx --spawn --handoff-size 1MiB --block-size 384KiB",
+        "bench dualpath --transport ucx --spawn --prefill-memory gpu",
+        "bench dualpath --transport ucx --spawn --requests 4000 --handoff-size 1MiB"}) {
     const CommandRun r = baton(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

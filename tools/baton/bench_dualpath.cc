@@ -1,7 +1,9 @@
 // `baton bench dualpath`: PD handoffs raced over direct (gpu0 -> gpu1) and
 // store (nic1 -> gpu1, GDR) versus direct only and store only.
 // `baton bench fault`: the direct leg dies mid-run and comes back.
-// Both run on the nvswitch8 model under the virtual clock (docs/dualpath.md).
+// By default both run on the nvswitch8 model under the virtual clock; with
+// --transport ucx --spawn over real processes (bench_dualpath_ucx.cc).
+// docs/dualpath.md.
 #include <algorithm>
 #include <random>
 
@@ -11,6 +13,7 @@
 #include "baton/common/stats.h"
 #include "baton/common/units.h"
 #include "baton/dualpath/dualpath.h"
+#include "bench_dualpath.h"
 #include "commands.h"
 #include "json_output.h"
 
@@ -23,21 +26,16 @@ constexpr const char* kDirectFrom = "gpu0";
 constexpr const char* kStoreFrom = "nic1";
 constexpr const char* kTo = "gpu1";
 
-struct DualPathBenchOptions {
-  int requests = 200;
-  std::string strategy;  // default differs per mode
-  double duration_ms = 40;
-  std::string handoff_size = "1MiB";
-  std::uint64_t seed = 1;
-  double kill_at_ms = 13.3;
-  double restore_at_ms = 26.7;
-  std::string json_path;
-};
+}  // namespace
 
-int fail(std::string_view mode, const Status& s) {
+int fail_bench(std::string_view mode, const Status& s) {
   fmt::print(stderr, "baton bench {}: {}\n", mode, s.message());
   return 1;
 }
+
+namespace {
+
+int fail(std::string_view mode, const Status& s) { return fail_bench(mode, s); }
 
 int write_json(std::string_view mode, const ordered_json& j, const std::string& path) {
   if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(mode, s);
@@ -57,12 +55,15 @@ std::vector<TimeNs> arrivals(int requests, TimeNs duration_ns, std::uint64_t see
   return out;
 }
 
-struct Workload {
-  std::vector<TimeNs> at_ns;
-  std::uint64_t bytes = 0;
-};
+}  // namespace
 
 Result<Workload> workload(const DualPathBenchOptions& o) {
+  if (o.peer.transport != "sim" && o.peer.transport != "ucx") {
+    return std::unexpected(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.peer.transport));
+  }
+  if (!o.peer.real() && (o.peer.spawn || !o.peer.target.empty())) {
+    return std::unexpected(Status::invalid_argument("--spawn and --target need --transport ucx"));
+  }
   if (o.requests < 1) return std::unexpected(Status::invalid_argument("--requests {} must be >= 1", o.requests));
   if (!(o.duration_ms > 0)) return std::unexpected(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
   auto bytes = parse_size(o.handoff_size);
@@ -70,6 +71,8 @@ Result<Workload> workload(const DualPathBenchOptions& o) {
   if (*bytes == 0) return std::unexpected(Status::invalid_argument("--handoff-size must be > 0"));
   return Workload{arrivals(o.requests, static_cast<TimeNs>(o.duration_ms * 1e6), o.seed), *bytes};
 }
+
+namespace {
 
 ordered_json workload_json(const DualPathBenchOptions& o, const Workload& w) {
   return {{"topology", "nvswitch8"},
@@ -81,11 +84,15 @@ ordered_json workload_json(const DualPathBenchOptions& o, const Workload& w) {
           {"seed", o.seed}};
 }
 
+}  // namespace
+
 ordered_json summary_json(std::vector<double> latencies_us) {
   auto s = summarize(latencies_us);
   if (!s) return {{"p50", nullptr}, {"p95", nullptr}, {"p99", nullptr}};
   return {{"p50", s->p50}, {"p95", s->p95}, {"p99", s->p99}};
 }
+
+namespace {
 
 // One leg alone, through the plain engine: the baselines.
 Result<std::vector<double>> run_single_leg(const Workload& w, const std::string& from) {
@@ -145,6 +152,7 @@ int run_dualpath_bench(const DualPathBenchOptions& o) {
   constexpr std::string_view kMode = "dualpath";
   auto w = workload(o);
   if (!w) return fail(kMode, w.error());
+  if (o.peer.real()) return run_dualpath_ucx(o, *w);
   auto race = make_race(o, "hedge");
   if (!race) return fail(kMode, race.error());
   auto& dual = race->dual;
@@ -202,6 +210,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
     return fail(kMode, Status::invalid_argument("--kill-at-ms {} and --restore-at-ms {}: expected 0 <= kill < restore",
                                                 o.kill_at_ms, o.restore_at_ms));
   }
+  if (o.peer.real()) return run_fault_ucx(o, *w);
   const auto kill_ns = static_cast<TimeNs>(o.kill_at_ms * 1e6);
   const auto restore_ns = static_cast<TimeNs>(o.restore_at_ms * 1e6);
 
@@ -312,10 +321,30 @@ void add_common(CLI::App* app, DualPathBenchOptions& o, std::string_view default
   app->add_option("--requests", o.requests, "Handoffs to run");
   app->add_option("--strategy", o.strategy,
                   fmt::format("hedge, request_hedging or failover_only (default {})", default_strategy));
-  app->add_option("--duration-ms", o.duration_ms, "Virtual time over which handoffs arrive (Poisson)");
+  app->add_option("--duration-ms", o.duration_ms,
+                  "Time over which handoffs arrive (Poisson): virtual, or real with --transport ucx (default 40; "
+                  "1000 with ucx)");
   app->add_option("--handoff-size", o.handoff_size, "Bytes per handoff (e.g. 1MiB)");
+  app->add_option("--block-size", o.block_size,
+                  "ucx: bytes per KV block, the store's unit and what a failover knows landed");
+  app->add_option("--prefill-memory", o.prefill_memory,
+                  "ucx: the prefill peer's KV: caller (its own buffer, registered, as a framework's tensors; "
+                  "reached with CMA) or engine (allocated by its engine; mapped by this one)");
   app->add_option("--seed", o.seed, "Seed of the arrivals and the backoff jitter");
   app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
+  add_peer_options(*app, o.peer);
+}
+
+// With --transport ucx the run takes real time: longer defaults, unless given.
+void real_time_defaults(CLI::App* app, DualPathBenchOptions& o) {
+  if (!o.peer.real()) return;
+  auto given = [app](const char* name) {
+    const CLI::Option* opt = app->get_option_no_throw(name);
+    return opt != nullptr && opt->count() > 0;
+  };
+  if (!given("--duration-ms")) o.duration_ms = 1000;
+  if (!given("--kill-at-ms")) o.kill_at_ms = o.duration_ms / 3;
+  if (!given("--restore-at-ms")) o.restore_at_ms = o.duration_ms * 2 / 3;
 }
 
 }  // namespace
@@ -324,7 +353,10 @@ Command add_bench_dualpath(CLI::App& bench) {
   auto o = std::make_shared<DualPathBenchOptions>();
   CLI::App* app = bench.add_subcommand("dualpath", "PD handoffs raced over direct and store vs either leg alone");
   add_common(app, *o, "hedge");
-  return {app, [o] { return run_dualpath_bench(*o); }};
+  return {app, [app, o] {
+            real_time_defaults(app, *o);
+            return run_dualpath_bench(*o);
+          }};
 }
 
 Command add_bench_fault(CLI::App& bench) {
@@ -332,8 +364,12 @@ Command add_bench_fault(CLI::App& bench) {
   CLI::App* app = bench.add_subcommand("fault", "Kill the direct leg mid-run and restore it: failover and return");
   add_common(app, *o, "failover_only");
   app->add_option("--kill-at-ms", o->kill_at_ms, "When every direct path goes down");
-  app->add_option("--restore-at-ms", o->restore_at_ms, "When they come back");
-  return {app, [o] { return run_fault_bench(*o); }};
+  app->add_option("--restore-at-ms", o->restore_at_ms,
+                  "When they come back (ucx: a restarted prefill peer takes the handoffs from then on)");
+  return {app, [app, o] {
+            real_time_defaults(app, *o);
+            return run_fault_bench(*o);
+          }};
 }
 
 }  // namespace baton::cli

@@ -103,8 +103,6 @@ int run_store_bench(const StoreBenchOptions& o) {
   if (!hello) return fail(1, hello.error().to_string());
 
   // Put: allocate, write with the engine, seal — in batches of up to 64 MiB.
-  auto peer = (*engine)->connect(hello->first);
-  if (!peer) return fail(1, peer.error().to_string());
   const std::uint32_t per_put = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (64ull << 20) / block_bytes));
   std::vector<std::byte> staging(std::min<std::uint64_t>(per_put, o.blocks) * block_bytes);
   auto staged = (*engine)->register_memory(staging.data(), staging.size());
@@ -112,29 +110,18 @@ int run_store_bench(const StoreBenchOptions& o) {
   std::vector<std::uint64_t> hashes;
   for (std::uint32_t first = 0; first < o.blocks; first += per_put) {
     const std::uint32_t n = std::min(per_put, o.blocks - first);
-    auto pages = (*client)->allocate_blocks("kv", n, "bench-producer");
-    if (!pages) return fail(1, pages.error().to_string());
-    engine::Batch batch;
-    std::vector<std::uint64_t> ids, put_hashes;
+    std::vector<std::uint64_t> put_hashes;
     for (std::uint32_t i = 0; i < n; ++i) {
       engine::fill_pattern(std::span(staging).subspan(i * block_bytes, block_bytes), hash_of(first + i));
-      batch.requests.push_back({.op = engine::Op::kWrite, .local_region = staged->handle,
-                                .local_offset = i * block_bytes, .peer = peer->address,
-                                .remote_region = (*pages)[i].region, .remote_offset = (*pages)[i].offset,
-                                .length = block_bytes});
-      ids.push_back((*pages)[i].page);
       put_hashes.push_back(hash_of(first + i));
     }
-    if (first == 0) (void)(*engine)->refresh(*peer);
-    auto h = (*engine)->submit(batch);
-    Status s = h ? (*engine)->wait(*h, 600'000'000'000) : h.error();
-    if (h) (void)(*engine)->release(*h);
-    if (!s.is_ok()) return fail(1, fmt::format("writing blocks: {}", s.to_string()));
-    if (auto sealed = (*client)->seal("kv", "bench-producer", ids, put_hashes, layout); !sealed.is_ok()) {
-      return fail(1, sealed.to_string());
+    if (Status s = (*client)->put(**engine, "kv", "bench-producer", put_hashes, layout, staged->handle); !s.is_ok()) {
+      return fail(1, fmt::format("put: {}", s.to_string()));
     }
     hashes.insert(hashes.end(), put_hashes.begin(), put_hashes.end());
   }
+  auto peer = (*engine)->connect(hello->first);
+  if (!peer) return fail(1, peer.error().to_string());
 
   // Queries: K requesters, each its own channel, all at once.
   std::vector<std::vector<double>> per(o.requesters);

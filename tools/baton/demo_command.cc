@@ -233,10 +233,6 @@ Result<StoreResult> run_store(const DemoOptions& o, TimeNs deadline_ns) {
   if (!prefill || !decode) return std::unexpected(prefill ? decode.error() : prefill.error());
   auto client = store::StoreClient::connect(child->address());
   if (!client) return std::unexpected(client.error());
-  auto hello = (*client)->hello();
-  if (!hello) return std::unexpected(hello.error());
-  auto peer = (*prefill)->connect(hello->first);
-  if (!peer) return std::unexpected(peer.error());
 
   StoreResult out;
   out.blocks = o.kv.blocks;
@@ -250,22 +246,9 @@ Result<StoreResult> run_store(const DemoOptions& o, TimeNs deadline_ns) {
   auto mine = (*prefill)->register_memory(kv.data(), kv.size());
   if (!mine) return std::unexpected(mine.error());
   const auto put0 = std::chrono::steady_clock::now();
-  auto pages = (*client)->allocate_blocks("demo", o.kv.blocks, "demo-prefill");
-  if (!pages) return std::unexpected(pages.error());
-  engine::Batch writes;
-  std::vector<std::uint64_t> ids;
-  for (std::uint32_t b = 0; b < o.kv.blocks; ++b) {
-    writes.requests.push_back({.op = engine::Op::kWrite, .local_region = mine->handle, .local_offset = b * block_bytes,
-                               .peer = peer->address, .remote_region = (*pages)[b].region,
-                               .remote_offset = (*pages)[b].offset, .length = block_bytes});
-    ids.push_back((*pages)[b].page);
+  if (Status s = (*client)->put(**prefill, "demo", "demo-prefill", hashes, layout, mine->handle); !s.is_ok()) {
+    return std::unexpected(s);
   }
-  if (Status s = (*prefill)->refresh(*peer); !s.is_ok()) return std::unexpected(s);
-  auto h = (*prefill)->submit(writes);
-  if (!h) return std::unexpected(h.error());
-  if (Status s = (*prefill)->wait(*h, kWaitNs); !s.is_ok()) return std::unexpected(s);
-  (void)(*prefill)->release(*h);
-  if (Status s = (*client)->seal("demo", "demo-prefill", ids, hashes, layout); !s.is_ok()) return std::unexpected(s);
   out.put_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - put0).count();
 
   store::FetchOptions fetch;

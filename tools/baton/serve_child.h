@@ -34,6 +34,9 @@ class ServeChild {
   [[nodiscard]] pid_t pid() const { return pid_; }
   // SIGTERM, then waits; internal unless it exited 0.
   [[nodiscard]] Status stop();
+  // SIGKILL, without waiting (the destructor reaps it): a peer that dies
+  // without a word, in a fault drill. Do not stop() it afterwards.
+  void kill();
 
  private:
   ServeChild(pid_t pid, int out) : pid_(pid), out_(out) {}

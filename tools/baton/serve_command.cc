@@ -24,9 +24,14 @@ struct ServeOptions {
   transport::UcxConfig ucx;  // listen_address: --listen
   std::string metrics_address;
   std::vector<std::string> export_to;  // empty: every authenticated peer
+  std::string memory = "engine";
 };
 
 int run_serve(const ServeOptions& o) {
+  if (o.memory != "engine" && o.memory != "caller") {
+    fmt::print(stderr, "baton serve: --memory \"{}\": expected engine or caller\n", o.memory);
+    return 2;
+  }
   auto bytes = parse_size(o.buffer_size);
   if (!bytes || *bytes == 0) {
     fmt::print(stderr, "baton serve: --buffer-size: {}\n", bytes ? "must be > 0" : bytes.error().message());
@@ -47,9 +52,18 @@ int run_serve(const ServeOptions& o) {
     fmt::print(stderr, "baton serve: {}\n", engine.error().to_string());
     return 1;
   }
-  // Allocated by the engine, so a peer on this host reaches it through
-  // shared memory without waking us.
-  auto region = (*engine)->allocate_memory(*bytes);
+  // engine: allocated by the engine, so a peer on this host maps it and
+  // copies without waking us. caller: our own buffer, registered, as a
+  // framework registers its KV tensors; a peer on this host reaches it with
+  // CMA, which fails the moment we die (a mapping outlives us).
+  std::vector<std::byte> own;
+  Result<engine::Region> region = std::unexpected(Status::internal("unset"));
+  if (o.memory == "engine") {
+    region = (*engine)->allocate_memory(*bytes);
+  } else {
+    own.resize(*bytes);
+    region = (*engine)->register_memory(own.data(), own.size());
+  }
   if (!region) {
     fmt::print(stderr, "baton serve: {}\n", region.error().to_string());
     return 1;
@@ -67,7 +81,7 @@ int run_serve(const ServeOptions& o) {
   int signal = 0;
   sigwait(&stop, &signal);
   spdlog::info("baton serve: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
-  (*engine)->shutdown();
+  (*engine)->shutdown();  // before `own` goes
   return 0;
 }
 
@@ -83,6 +97,9 @@ Command add_serve_command(CLI::App& parent) {
                   "Export the buffer only to these peers (their listen addresses, repeatable); default: every peer "
                   "that proves the secret");
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
+  app->add_option("--memory", o->memory,
+                  "engine: allocated by the engine (same-host peers map it); caller: a buffer of ours, registered "
+                  "(same-host peers use CMA), as a framework's KV tensors are");
   return {app, [o] { return run_serve(*o); }};
 }
 

@@ -118,7 +118,12 @@ struct HandoffStatus {
   TimeNs submitted_ns = 0;
   TimeNs completed_ns = 0;      // when it ended
   TimeNs first_store_ns = -1;   // when a store leg first started (-1: never)
+  // When the store leg's first bytes counted here landed (-1: never). Over an
+  // Engine, when its first piece completed; in the simulator, when the run
+  // that carried them was settled (a later bound).
+  TimeNs first_store_byte_ns = -1;
   std::uint32_t failovers = 0;  // times its missing bytes moved to the other leg
+  TimeNs first_failover_ns = -1;  // when they first did (-1: never)
   std::uint32_t retries = 0;    // backoff rounds
   std::uint32_t legs_cancelled = 0;
   std::uint64_t wasted_bytes = 0;  // landed twice (hedge loser) or stopped on the wire

@@ -94,6 +94,18 @@ class StoreClient {
   [[nodiscard]] Status release(std::uint64_t session);
   [[nodiscard]] Result<StoreStats> stats();
 
+  // The producer path in one call: allocate pages for the blocks, write
+  // them with `engine` from `local` (block i at local_offset + i × the
+  // layout's block bytes), then seal them under `hashes`. The store's engine
+  // is connected on first use. invalid_argument for no hashes or a bad
+  // layout; the allocation's, the writes' and the seal's errors otherwise
+  // (pages left unsealed are the store's to reclaim, as for any producer
+  // that goes away).
+  [[nodiscard]] Status put(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                           std::span<const std::uint64_t> hashes, const BlockLayout& layout,
+                           engine::RegionHandle local, std::uint64_t local_offset = 0,
+                           TimeNs timeout_ns = 60'000'000'000);
+
   // The requester path in one call: query the hashes, materialize the plan
   // (ops split and striped over this host's NICs), read them with `engine`
   // from the store's regions into slabs on the store's NUMA nodes, and
@@ -109,6 +121,8 @@ class StoreClient {
  private:
   struct State;
   explicit StoreClient(std::unique_ptr<State> state);
+  // The store's engine, connected with `engine` (hello() first, once).
+  [[nodiscard]] Result<engine::Peer> store_peer(engine::Engine& engine);
   std::unique_ptr<State> state_;
 };
 

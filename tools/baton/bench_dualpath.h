@@ -1,0 +1,49 @@
+// `baton bench dualpath` / `fault`: what the simulated runs (bench_dualpath.cc)
+// and the runs over real processes (bench_dualpath_ucx.cc) share — the
+// options, the Poisson arrivals and the latency summary of the JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "baton/common/clock.h"
+#include "baton/common/status.h"
+#include "ucx_options.h"
+
+namespace baton::cli {
+
+struct DualPathBenchOptions {
+  int requests = 200;
+  std::string strategy;  // default differs per mode
+  double duration_ms = 40;
+  std::string handoff_size = "1MiB";
+  std::uint64_t seed = 1;
+  double kill_at_ms = 13.3;
+  double restore_at_ms = 26.7;
+  std::string json_path;
+  // --transport ucx --spawn: real processes.
+  PeerOptions peer;
+  std::string block_size = "256KiB";  // a KV block: the store's unit and DualPath's piece
+  std::string prefill_memory = "caller";  // `baton serve --memory` of the prefill peer
+};
+
+struct Workload {
+  std::vector<TimeNs> at_ns;  // arrivals, from the start of the run
+  std::uint64_t bytes = 0;
+};
+
+[[nodiscard]] Result<Workload> workload(const DualPathBenchOptions& o);
+// {"p50", "p95", "p99"} of the latencies, nulls when there are none.
+[[nodiscard]] nlohmann::ordered_json summary_json(std::vector<double> latencies_us);
+int fail_bench(std::string_view mode, const Status& s);
+
+// The runs over real processes: a `baton serve` as the prefill peer (and a
+// second one standing in for its restart), a `baton store` holding the same
+// blocks, and this process's engine racing them with DualPath.
+int run_dualpath_ucx(const DualPathBenchOptions& o, const Workload& w);
+int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w);
+
+}  // namespace baton::cli
