@@ -245,7 +245,10 @@ struct DualPath::State {
   }
 
   Status start_run(Handoff& h, Leg leg, ByteRange range, TimeNs now_ns) {
-    auto id = engine.start(h.spec, leg, range, h.end_by_ns);
+    // The caller's timeout bounds each run; default_timeout_ns only bounds
+    // the wait while no leg can carry the handoff.
+    const TimeNs timeout_at_ns = h.spec.timeout_ns > 0 ? h.status.submitted_ns + h.spec.timeout_ns : 0;
+    auto id = engine.start(h.spec, leg, range, timeout_at_ns);
     if (!id) return id.error();
     h.runs.push_back({*id, leg, range.offset, range.length, false, {}});
     if (leg == Leg::kStore && h.status.first_store_ns < 0) h.status.first_store_ns = now_ns;

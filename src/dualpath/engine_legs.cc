@@ -79,10 +79,10 @@ class EngineLegs final : public Legs {
     return Status::ok();
   }
 
-  [[nodiscard]] Result<RunId> start(const HandoffRequest& h, Leg leg, ByteRange range, TimeNs end_by_ns) override {
+  [[nodiscard]] Result<RunId> start(const HandoffRequest& h, Leg leg, ByteRange range, TimeNs timeout_at_ns) override {
     Run run{.leg = leg, .started_ns = engine_.now_ns()};
     engine::Batch batch;
-    const TimeNs timeout_ns = std::max<TimeNs>(1, end_by_ns - run.started_ns);
+    const TimeNs timeout_ns = timeout_at_ns > 0 ? std::max<TimeNs>(1, timeout_at_ns - run.started_ns) : 0;
     std::uint64_t src_start = 0;  // handoff offset of the source's first byte
     for (const Source& s : sources(h, leg)) {
       const std::uint64_t lo = std::max(range.offset, src_start);

@@ -47,11 +47,11 @@ class Legs {
   [[nodiscard]] virtual bool wall_clock() const = 0;
   // The backend's part of submit's validation (endpoints, sources).
   [[nodiscard]] virtual Status validate(const HandoffRequest& request) const = 0;
-  // Sends handoff bytes [range.offset, +range.length) on `leg`; the run must
-  // end by `end_by_ns`. A leg that is down is not an error here: the run
+  // Sends handoff bytes [range.offset, +range.length) on `leg`; the run
+  // times out at `timeout_at_ns` (0: the backend's own default). A leg that is down is not an error here: the run
   // comes back already failed `unavailable`, as if it had failed on the wire.
   [[nodiscard]] virtual Result<RunId> start(const HandoffRequest& request, Leg leg, sched::ByteRange range,
-                                            TimeNs end_by_ns) = 0;
+                                            TimeNs timeout_at_ns) = 0;
   // Stops a run: the bytes known wasted by stopping it (more may land later
   // and show up as delivered); nullopt when it had already ended.
   virtual std::optional<std::uint64_t> cancel(RunId run) = 0;

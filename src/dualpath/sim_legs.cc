@@ -30,7 +30,7 @@ class SimLegs final : public Legs {
   }
 
   [[nodiscard]] Result<RunId> start(const HandoffRequest& h, Leg leg, sched::ByteRange range,
-                                    TimeNs /*end_by_ns*/) override {
+                                    TimeNs /*timeout_at_ns*/) override {
     sched::TransferRequest r;
     r.from = leg == Leg::kDirect ? h.direct_from : h.store_from;
     r.to = h.to;

@@ -194,6 +194,20 @@ TEST(EngineDualPath, BothLegsDownBackOffThenFailUnavailableAtTheTimeout) {
   EXPECT_EQ(st.bytes_landed, 0u);
 }
 
+TEST(EngineDualPath, AHandoffPastItsTimeoutEndsTimedOut) {
+  constexpr std::uint64_t kBytes = 64 * kMiB;  // ~60 ms over loopback TCP
+  Rig rig(Strategy::kFailoverOnly, kBytes, "tcp");
+  ASSERT_TRUE(rig.dual);
+  HandoffRequest r = rig.handoff(0, kBytes);
+  r.timeout_ns = 2 * kMs;
+  auto id = rig.dual->submit(r);
+  ASSERT_TRUE(id.has_value());
+  const HandoffStatus st = rig.finish(*id);
+  EXPECT_EQ(st.state, HandoffState::kFailed);
+  EXPECT_EQ(st.status.code(), StatusCode::kTimeout) << st.status.to_string();
+  EXPECT_LT(st.bytes_landed, kBytes);
+}
+
 TEST(EngineDualPath, ACancelEndsItAndRunUntilIdleWaitsForTheLegsToSettle) {
   constexpr std::uint64_t kBytes = 32 * kMiB;
   Rig rig(Strategy::kHedge, kBytes, "tcp");

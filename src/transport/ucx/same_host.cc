@@ -22,11 +22,12 @@ namespace {
 constexpr std::size_t kUnmapInlineMaxBytes = 16 << 20;
 
 // One thread, started on first use, that unmaps what it is handed in order.
+// Never destroyed: a mapping may be dropped by a static's destructor at exit.
 class Unmapper {
  public:
   static Unmapper& get() {
-    static Unmapper u;
-    return u;
+    static Unmapper* u = new Unmapper;
+    return *u;
   }
   void unmap(void* address, std::size_t length) {
     {
@@ -35,22 +36,13 @@ class Unmapper {
     }
     wake_.notify_one();
   }
-  ~Unmapper() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
 
  private:
-  Unmapper() : thread_([this] { run(); }) {}
+  Unmapper() { std::thread([this] { run(); }).detach(); }
   void run() {
     std::unique_lock lock(mutex_);
     while (true) {
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      wake_.wait(lock, [this] { return !queue_.empty(); });
       auto [address, length] = queue_.front();
       queue_.pop_front();
       lock.unlock();
@@ -61,8 +53,6 @@ class Unmapper {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::pair<void*, std::size_t>> queue_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest is ready
 };
 
 void unmap(void* address, std::size_t length) {
