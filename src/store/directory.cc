@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -70,6 +71,12 @@ struct Directory::State {
   std::string key;
   bool stop = false;
   std::thread keepalive;
+  // The watch: its thread, and the stream's client while one is open (so
+  // unwatch() can cut it short).
+  std::thread watcher;
+  std::atomic<bool> stop_watch = false;
+  std::mutex stream_mutex;
+  httplib::Client* stream = nullptr;
 
   // POST `body` to etcd's gateway `path`; the JSON answer.
   Result<json> post(const std::string& path, const json& body) const {
@@ -99,7 +106,10 @@ struct Directory::State {
 };
 
 Directory::Directory(std::unique_ptr<State> state) : state_(std::move(state)) {}
-Directory::~Directory() { state_->stop_keepalive(); }
+Directory::~Directory() {
+  unwatch();
+  state_->stop_keepalive();
+}
 
 Result<std::unique_ptr<Directory>> Directory::connect(const std::string& endpoint, const std::string& prefix) {
   if (endpoint.empty() || prefix.empty()) {
@@ -187,6 +197,63 @@ Result<std::vector<StoreRecord>> Directory::stores() {
   }
   std::ranges::sort(out, {}, &StoreRecord::name);
   return out;
+}
+
+Status Directory::watch(std::function<void(std::vector<StoreRecord>)> on_change) {
+  if (!on_change) return Status::invalid_argument("watch: no callback");
+  if (state_->watcher.joinable()) return Status::invalid_argument("watch: watching already");
+  state_->stop_watch = false;
+  const json create = {{"create_request",
+                        {{"key", base64(state_->prefix)}, {"range_end", base64(prefix_end(state_->prefix))}}}};
+  state_->watcher = std::thread([this, s = state_.get(), on_change = std::move(on_change), body = create.dump()] {
+    while (!s->stop_watch) {
+      httplib::Client client("http://" + s->endpoint);
+      client.set_connection_timeout(1, 0);
+      client.set_read_timeout(5, 0);  // an idle stream is re-established this often
+      {
+        std::lock_guard lock(s->stream_mutex);
+        if (s->stop_watch) break;
+        s->stream = &client;
+      }
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v3/watch";
+      req.body = body;
+      req.set_header("Content-Type", "application/json");
+      std::string pending;
+      // Newline-delimited JSON: the first answer says the watch exists, the
+      // others carry events. Either way the list is read again.
+      req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+        pending.append(data, n);
+        for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+          const json message = json::parse(pending.substr(0, nl), nullptr, false);
+          pending.erase(0, nl + 1);
+          const json& result = message.is_object() ? message.value("result", json::object()) : json::object();
+          if (result.value("created", false) || !result.value("events", json::array()).empty()) {
+            if (auto live = stores(); live) on_change(std::move(*live));
+          }
+        }
+        return !s->stop_watch.load();
+      };
+      (void)client.send(req);
+      {
+        std::lock_guard lock(s->stream_mutex);
+        s->stream = nullptr;
+      }
+      if (!s->stop_watch) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  return Status::ok();
+}
+
+void Directory::unwatch() {
+  if (!state_->watcher.joinable()) return;
+  state_->stop_watch = true;
+  {
+    std::lock_guard lock(state_->stream_mutex);
+    if (state_->stream != nullptr) state_->stream->stop();
+  }
+  state_->watcher.join();
 }
 
 std::optional<std::size_t> place(std::uint64_t block_hash, std::span<const StoreRecord> stores) {

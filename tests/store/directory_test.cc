@@ -181,6 +181,54 @@ TEST(StoreRouter, RoutesOverTheLiveStoresAndDropsADeadOne) {
   ASSERT_TRUE((*a)->deregister().is_ok());
 }
 
+// Membership pushed by etcd: the router follows stores that come and go
+// without a refresh(), within a lease TTL.
+TEST(StoreRouter, FollowsTheMembershipEtcdPushes) {
+  auto a = Directory::connect(Etcd::endpoint, "/t5/");
+  auto b = Directory::connect(Etcd::endpoint, "/t5/");
+  auto reader = Directory::connect(Etcd::endpoint, "/t5/");
+  ASSERT_TRUE(a && b && reader);
+  auto router = StoreRouter::create(**reader);
+  ASSERT_TRUE(router.has_value()) << router.error().to_string();
+  ASSERT_TRUE((*router)->follow().is_ok());
+  EXPECT_EQ((*router)->follow().code(), StatusCode::kInvalidArgument) << "one watch per directory";
+  auto wait_for = [&](std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((*router)->stores().size() != n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return (*router)->stores().size();
+  };
+  ASSERT_TRUE((*a)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  ASSERT_EQ(wait_for(1), 1u);
+  ASSERT_TRUE((*b)->register_store(record("store-b"), 2 * kSecond).is_ok());
+  ASSERT_EQ(wait_for(2), 2u);
+  auto client_b = (*router)->client("store-b");
+  ASSERT_TRUE(client_b.has_value());
+  (*b)->abandon();  // b dies: it leaves when its lease expires
+  ASSERT_EQ(wait_for(1), 1u);
+  EXPECT_EQ((*router)->stores()[0].name, "store-a");
+  EXPECT_EQ((*router)->client("store-b").error().code(), StatusCode::kNotFound);
+  EXPECT_NE(*client_b, nullptr) << "a caller's client outlives the store's departure";
+  ASSERT_TRUE((*a)->deregister().is_ok());
+  ASSERT_EQ(wait_for(0), 0u);
+  EXPECT_EQ((*router)->route(std::vector<std::uint64_t>{1}).error().code(), StatusCode::kUnavailable);
+}
+
+TEST(Directory, AWatchOnAnAbsentEtcdStopsPromptly) {
+  auto d = Directory::connect("127.0.0.1:" + std::to_string(free_port()), "/x/");
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ((*d)->watch(nullptr).code(), StatusCode::kInvalidArgument);
+  int calls = 0;
+  ASSERT_TRUE((*d)->watch([&](std::vector<StoreRecord>) { ++calls; }).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  (*d)->unwatch();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(calls, 0);
+  (*d)->unwatch();  // twice is harmless
+}
+
 TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {
   EXPECT_EQ(Directory::connect("", "/x/").error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Directory::connect(Etcd::endpoint, "").error().code(), StatusCode::kInvalidArgument);

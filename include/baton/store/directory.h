@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,6 +51,16 @@ class Directory {
   // The live stores, by name. unavailable when etcd cannot be reached;
   // internal for a record that does not parse.
   [[nodiscard]] Result<std::vector<StoreRecord>> stores();
+
+  // Pushes membership: calls `on_change` with the live stores once the
+  // watch is established and again after every change under the prefix
+  // (etcd's watch, streamed through the gateway), from a thread of its own,
+  // until unwatch() or the directory goes. A broken stream (etcd restarted,
+  // or 5 s without events) is re-established and the list read again, so no
+  // change is missed. invalid_argument for an empty callback or a second watch.
+  [[nodiscard]] Status watch(std::function<void(std::vector<StoreRecord>)> on_change);
+  // Stops the watch; returns once `on_change` can no longer be called.
+  void unwatch();
 
  private:
   struct State;

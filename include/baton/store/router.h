@@ -1,13 +1,14 @@
 // Routing over the directory of stores: each block hash goes to the live
 // store place() picks (rendezvous hashing), with one StoreClient per store.
-// Membership is what the last refresh() read: a store that died drops out
-// once its lease expired and the router refreshed (after a failed call, or
-// on a timer), and only its blocks move.
+// Membership is what the last refresh() read, or, once follow() was called,
+// what etcd last pushed: a store that died drops out once its lease expired,
+// and only its blocks move. Thread-safe: the watch updates it in the back.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,22 +28,29 @@ class StoreRouter {
  public:
   // Reads the membership once; the directory outlives the router.
   [[nodiscard]] static Result<std::unique_ptr<StoreRouter>> create(Directory& directory);
+  ~StoreRouter();  // stops following
 
   // Re-reads the live stores; clients of stores that left are dropped.
   [[nodiscard]] Status refresh();
-  [[nodiscard]] const std::vector<StoreRecord>& stores() const { return stores_; }
+  // Follows the membership etcd pushes (Directory::watch): no refresh()
+  // needed. invalid_argument when the directory is watched already.
+  [[nodiscard]] Status follow();
+  [[nodiscard]] std::vector<StoreRecord> stores() const;
   // The hashes split by store. unavailable when no store is live;
   // invalid_argument for no hashes.
   [[nodiscard]] Result<std::vector<Route>> route(std::span<const std::uint64_t> hashes) const;
-  // The client of a live store (made on first use). not_found for a name
-  // not in the membership.
-  [[nodiscard]] Result<StoreClient*> client(const std::string& store);
+  // The client of a live store (made on first use; a caller's copy stays
+  // usable after the store left). not_found for a name not in the membership.
+  [[nodiscard]] Result<std::shared_ptr<StoreClient>> client(const std::string& store);
 
  private:
   explicit StoreRouter(Directory& directory) : directory_(directory) {}
+  void set(std::vector<StoreRecord> live);
   Directory& directory_;
+  bool following_ = false;
+  mutable std::mutex mutex_;
   std::vector<StoreRecord> stores_;
-  std::map<std::string, std::unique_ptr<StoreClient>> clients_;
+  std::map<std::string, std::shared_ptr<StoreClient>> clients_;
 };
 
 }  // namespace baton::store
