@@ -33,14 +33,27 @@ int fail_bench(std::string_view mode, const Status& s) {
   return 1;
 }
 
+int write_bench_json(std::string_view mode, const ordered_json& j, const std::string& path) {
+  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail_bench(mode, s);
+  return 0;
+}
+
+void print_latencies(const ordered_json& latency_us) {
+  for (const auto& [mode, l] : latency_us.items()) {
+    if (l["p50"].is_null()) continue;
+    fmt::print("  {:<12} p50 {:>8.1f} us  p95 {:>8.1f} us  p99 {:>8.1f} us\n", mode, l["p50"].get<double>(),
+               l["p95"].get<double>(), l["p99"].get<double>());
+  }
+}
+
+ordered_json us_or_null(std::optional<TimeNs> t_ns) {
+  return t_ns ? ordered_json(static_cast<double>(*t_ns) / 1e3) : ordered_json(nullptr);
+}
+
 namespace {
 
 int fail(std::string_view mode, const Status& s) { return fail_bench(mode, s); }
 
-int write_json(std::string_view mode, const ordered_json& j, const std::string& path) {
-  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(mode, s);
-  return 0;
-}
 
 // Poisson arrivals: `requests` handoffs with mean gap duration / requests.
 std::vector<TimeNs> arrivals(int requests, TimeNs duration_ns, std::uint64_t seed) {
@@ -192,14 +205,9 @@ int run_dualpath_bench(const DualPathBenchOptions& o) {
     fmt::print("{} handoffs of {} ({}), {}: direct won {}, store won {}, {} store legs cancelled, {} wasted\n",
                o.requests, format_size(w->bytes), kMode, dualpath::to_string(race->strategy), s.wins_direct, s.wins_store,
                s.cancelled_legs, format_size(s.wasted_bytes));
-    for (const char* mode : {"racing", "direct_only", "store_only"}) {
-      const auto& l = j["latency_us"][mode];
-      if (l["p50"].is_null()) continue;
-      fmt::print("  {:<12} p50 {:>8.1f} us  p95 {:>8.1f} us  p99 {:>8.1f} us\n", mode, l["p50"].get<double>(),
-                 l["p95"].get<double>(), l["p99"].get<double>());
-    }
+    print_latencies(j["latency_us"]);
   }
-  return write_json(kMode, j, o.json_path);
+  return write_bench_json(kMode, j, o.json_path);
 }
 
 int run_fault_bench(const DualPathBenchOptions& o) {
@@ -284,9 +292,6 @@ int run_fault_bench(const DualPathBenchOptions& o) {
                         {"failovers", st->failovers}});
   }
   const dualpath::DualPathStats& s = dual->stats();
-  auto us_or_null = [](std::optional<TimeNs> t) -> ordered_json {
-    return t ? ordered_json(static_cast<double>(*t) / 1e3) : ordered_json(nullptr);
-  };
   ordered_json j;
   j["requests"] = o.requests;
   j["completed"] = completed;
@@ -314,7 +319,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
     fmt::print("  recovery {} us after the fault; back on direct at {} us; {} failovers, {} probes\n",
                j["recovery_us"].dump(), j["returned_to_direct_at_us"].dump(), s.failovers, s.probes);
   }
-  return write_json(kMode, j, o.json_path);
+  return write_bench_json(kMode, j, o.json_path);
 }
 
 void add_common(CLI::App* app, DualPathBenchOptions& o, std::string_view default_strategy) {

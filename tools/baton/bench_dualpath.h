@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ struct Workload {
 // {"p50", "p95", "p99"} of the latencies, nulls when there are none.
 [[nodiscard]] nlohmann::ordered_json summary_json(std::vector<double> latencies_us);
 int fail_bench(std::string_view mode, const Status& s);
+// Writes the JSON to `path` ("-": stdout only): 0, or 1 saying why not.
+int write_bench_json(std::string_view mode, const nlohmann::ordered_json& j, const std::string& path);
+// One line per mode of j["latency_us"] that has figures.
+void print_latencies(const nlohmann::ordered_json& latency_us);
+// Microseconds, or null.
+[[nodiscard]] nlohmann::ordered_json us_or_null(std::optional<TimeNs> t_ns);
 
 // The runs over real processes: a `baton serve` as the prefill peer (and a
 // second one standing in for its restart), a `baton store` holding the same

@@ -23,7 +23,6 @@
 #include "baton/plan/wire.h"
 #include "baton/store/service.h"
 #include "bench_dualpath.h"
-#include "json_output.h"
 #include "serve_child.h"
 
 namespace baton::cli {
@@ -326,10 +325,6 @@ Result<std::vector<double>> run_single_leg(Rig& rig, const Workload& w, std::uin
   return latencies_us;
 }
 
-int write_json(std::string_view mode, const ordered_json& j, const std::string& path) {
-  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail_bench(mode, s);
-  return 0;
-}
 
 }  // namespace
 
@@ -388,14 +383,9 @@ int run_dualpath_ucx(const DualPathBenchOptions& o, const Workload& w) {
                "wasted; verified {}, {} lost\n",
                o.requests, format_size(w.bytes), dualpath::to_string(*strategy), stats.wins_direct, stats.wins_store,
                stats.cancelled_legs, format_size(stats.wasted_bytes), out->verified, format_size(out->lost_bytes));
-    for (const char* mode : {"racing", "direct_only", "store_only"}) {
-      const auto& l = j["latency_us"][mode];
-      if (l["p50"].is_null()) continue;
-      fmt::print("  {:<12} p50 {:>8.1f} us  p95 {:>8.1f} us  p99 {:>8.1f} us\n", mode, l["p50"].get<double>(),
-                 l["p95"].get<double>(), l["p99"].get<double>());
-    }
+    print_latencies(j["latency_us"]);
   }
-  return write_json(kMode, j, o.json_path);
+  return write_bench_json(kMode, j, o.json_path);
 }
 
 int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
@@ -479,9 +469,6 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
                         {"bytes_store", st.bytes_store}});
   }
   const dualpath::DualPathStats& s = (*dual)->stats();
-  auto us_or_null = [](std::optional<TimeNs> t) -> ordered_json {
-    return t ? ordered_json(static_cast<double>(*t) / 1e3) : ordered_json(nullptr);
-  };
   ordered_json j;
   j["requests"] = o.requests;
   j["completed"] = out->completed;
@@ -516,7 +503,7 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
                in_flight_at_fault, affected, j["recovery_us"].dump(), j["returned_to_direct_at_us"].dump(),
                s.failovers, s.probes);
   }
-  return write_json(kMode, j, o.json_path);
+  return write_bench_json(kMode, j, o.json_path);
 }
 
 }  // namespace baton::cli
