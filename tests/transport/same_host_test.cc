@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -77,6 +78,24 @@ TEST(SameHost, CmaCopiesBothWaysAndNamesAGonePeer) {
   const Status unmapped = cma_copy(getpid(), Op::kRead, here.data(), 4096, 64);
   EXPECT_EQ(unmapped.code(), StatusCode::kUnavailable);
   EXPECT_NE(unmapped.message().find("Bad address"), std::string::npos) << unmapped.message();
+}
+
+// A process is exiting from the moment it was killed until it is reaped;
+// a live one (ourselves) is not.
+TEST(SameHost, AKilledProcessIsSeenExitingUntilReapedAndGoneAfter) {
+  EXPECT_FALSE(process_exiting(getpid()));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  EXPECT_FALSE(process_exiting(child));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  for (int i = 0; i < 1000 && !process_exiting(child); ++i) usleep(1000);
+  EXPECT_TRUE(process_exiting(child)) << "a zombie, or exiting";
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_TRUE(process_exiting(child)) << "reaped: no such process";
 }
 
 }  // namespace

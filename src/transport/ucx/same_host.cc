@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -126,6 +127,25 @@ Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size
   auto mapped = Mapping::of(opened.get(), length);
   if (!mapped) return std::unexpected(Status::unavailable("{}: {}", path, mapped.error().message()));
   return mapped;
+}
+
+bool process_exiting(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno == ENOENT || errno == ESRCH;
+  char buf[512];
+  const ssize_t n = read(fd.get(), buf, sizeof buf - 1);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  // "pid (comm) state ppid pgrp session tty_nr tpgid flags …"; comm may hold
+  // spaces and parentheses, so parse from the last ')'.
+  const char* at = std::strrchr(buf, ')');
+  if (at == nullptr) return false;
+  char state = 0;
+  unsigned long flags = 0;
+  if (std::sscanf(at + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2) return false;
+  constexpr unsigned long kPfExiting = 0x4;  // include/linux/sched.h
+  return state == 'Z' || state == 'X' || (flags & kPfExiting) != 0;
 }
 
 Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::size_t bytes) {

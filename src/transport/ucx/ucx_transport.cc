@@ -1913,10 +1913,18 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
                !st.is_ok()) {
       op->error = st.message();
     }
+    const bool holder_died = !op->error.empty() && ucx::process_exiting(peer.same_host_pid);
     ++local->inflight;
     if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
     s.finished.push_back(op.get());
     s.slices.emplace(slice.id, std::move(op));
+    if (holder_died) {
+      // Seen here within a millisecond of a SIGKILL; its control connection
+      // closes only after the kernel tore down its memory (milliseconds to
+      // a second). Every later slice to it fails at once, not one by one.
+      s.fail_path(slice.path, Status::unavailable("path {} to {}: its process {} died", slice.path, peer.address,
+                                                  peer.same_host_pid));
+    }
     return Status::ok();
   }
   ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
