@@ -34,7 +34,7 @@ constexpr std::uint64_t kMaxSlots = 16;               // distinct source ranges;
 constexpr std::uint64_t kMaxLocalBytes = 2ull << 30;  // every handoff lands in its own range here
 constexpr TimeNs kIdleLimitNs = 60'000'000'000;
 constexpr const char* kNamespace = "kv";
-constexpr std::size_t kKillBurst = 8;
+constexpr std::size_t kKillBurst = 16;
 constexpr TimeNs kKillDelayNs = 1'000'000;
 
 std::uint64_t block_hash(std::uint64_t b) { return 0xd0a1'0000'0000ull + b; }

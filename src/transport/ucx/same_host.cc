@@ -1,6 +1,7 @@
 #include "transport/ucx/same_host.h"
 
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -165,6 +166,55 @@ Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::s
     done += static_cast<std::size_t>(n);
   }
   return Status::ok();
+}
+
+Result<std::unique_ptr<CmaCopier>> CmaCopier::create() {
+  UniqueFd event(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (event.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
+  return std::unique_ptr<CmaCopier>(new CmaCopier(std::move(event)));
+}
+
+CmaCopier::CmaCopier(UniqueFd event) : event_(std::move(event)), thread_([this] { run(); }) {}
+
+CmaCopier::~CmaCopier() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void CmaCopier::submit(const Job& job) {
+  {
+    std::lock_guard lock(mutex_);
+    todo_.push_back(job);
+  }
+  wake_.notify_one();
+}
+
+std::vector<CmaCopier::Done> CmaCopier::take() {
+  std::uint64_t n = 0;
+  (void)!read(event_.get(), &n, sizeof n);
+  std::lock_guard lock(mutex_);
+  return std::exchange(done_, {});
+}
+
+void CmaCopier::run() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [this] { return stop_ || !todo_.empty(); });
+    if (todo_.empty()) return;  // stopping, and every queued copy is done
+    const Job job = todo_.front();
+    todo_.pop_front();
+    lock.unlock();
+    Done done{job.tag, cma_copy(job.pid, job.op, job.local, job.remote_addr, job.bytes), false};
+    done.holder_exiting = !done.status.is_ok() && process_exiting(job.pid);
+    lock.lock();
+    done_.push_back(std::move(done));
+    const std::uint64_t one = 1;
+    (void)!write(event_.get(), &one, sizeof one);
+  }
 }
 
 }  // namespace baton::transport::ucx

@@ -12,9 +12,14 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "baton/common/status.h"
 #include "baton/transport/transport.h"
@@ -76,5 +81,47 @@ struct SharedAllocation {
 // sockets close only once the kernel has torn down its memory, which takes
 // ~0.1 ms per MiB it held.
 [[nodiscard]] bool process_exiting(pid_t pid);
+
+// CMA copies on a thread of their own, in order. A copy from a holder that
+// is dying blocks on its memory map until the kernel has torn it down
+// (milliseconds per hundred MiB); on the engine loop it stalled every peer.
+// fd() turns readable when copies have completed; take() collects them.
+class CmaCopier {
+ public:
+  struct Job {
+    pid_t pid = 0;
+    Op op = Op::kRead;
+    void* local = nullptr;
+    std::uint64_t remote_addr = 0;
+    std::size_t bytes = 0;
+    std::uint64_t tag = 0;  // the caller's name for it (a slice id)
+  };
+  struct Done {
+    std::uint64_t tag = 0;
+    Status status;
+    bool holder_exiting = false;  // it failed, and the holder is exiting (process_exiting)
+  };
+  // unavailable when the kernel refuses an eventfd.
+  [[nodiscard]] static Result<std::unique_ptr<CmaCopier>> create();
+  ~CmaCopier();  // finishes the queued copies, then stops
+  CmaCopier(const CmaCopier&) = delete;
+  CmaCopier& operator=(const CmaCopier&) = delete;
+
+  [[nodiscard]] int fd() const { return event_.get(); }
+  void submit(const Job& job);
+  // The copies completed since the last call, in submit order; resets fd().
+  [[nodiscard]] std::vector<Done> take();
+
+ private:
+  explicit CmaCopier(UniqueFd event);
+  void run();
+  UniqueFd event_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> todo_;
+  std::vector<Done> done_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is ready
+};
 
 }  // namespace baton::transport::ucx

@@ -280,6 +280,7 @@ struct UcxTransport::State {
 
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
+  std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
   std::vector<Inbound> inbox;
   std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
   std::vector<std::pair<std::uint64_t, ucs_status_t>> back_errors;  // session, why
@@ -1337,6 +1338,40 @@ struct UcxTransport::State {
     }
   }
 
+  // The copier, made and watched on first use; false (copy inline) when the
+  // kernel refuses its eventfd.
+  bool cma_copier() {
+    if (copier) return true;
+    auto made = ucx::CmaCopier::create();
+    if (!made) {
+      spdlog::warn("ucx: CMA copies stay on the loop: {}", made.error().message());
+      return false;
+    }
+    copier = std::move(*made);
+    poller->watch(copier->fd(), false);
+    return true;
+  }
+
+  // CMA copies the copier finished become completions. A copy that failed
+  // because its holder is exiting fails the holder's path at once: that
+  // shows within a millisecond of a SIGKILL, while its control connection
+  // closes only after the kernel tore down its memory.
+  void collect_copies() {
+    if (!copier) return;
+    for (ucx::CmaCopier::Done& done : copier->take()) {
+      const auto it = slices.find(done.tag);
+      if (it == slices.end()) continue;
+      SliceOp& op = *it->second;
+      if (!done.status.is_ok()) op.error = done.status.message();
+      finished.push_back(&op);
+      const PathId path = op.submit.path;
+      if (done.holder_exiting && peers[path].state != PathState::kFailed) {
+        fail_path(path, Status::unavailable("path {} to {}: its process {} died", path, peers[path].address,
+                                            peers[path].same_host_pid));
+      }
+    }
+  }
+
   void hand_out(TimeNs now_ns, std::vector<Completion>& out) {
     for (SliceOp* op : std::exchange(finished, {})) {
       const SliceSubmit& s = op->submit;
@@ -1378,6 +1413,10 @@ struct UcxTransport::State {
       return;
     }
     begin_shutdown();
+    if (copier) {  // its copies finish first: they write into slices' memory
+      poller->forget(copier->fd());
+      copier.reset();
+    }
     for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
       ucp_worker_progress(worker);
       reap_closing();
@@ -1909,22 +1948,21 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
       } else {
         std::memcpy(there, m.local, slice.bytes);
       }
+    } else if (s.cma_copier()) {
+      // CMA on the copier's thread: it completes in collect_copies().
+      s.copier->submit({peer.same_host_pid, m.op, m.local, m.remote_addr, slice.bytes, slice.id});
+      ++local->inflight;
+      if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+      s.slices.emplace(slice.id, std::move(op));
+      return Status::ok();
     } else if (Status st = ucx::cma_copy(peer.same_host_pid, m.op, m.local, m.remote_addr, slice.bytes);
                !st.is_ok()) {
       op->error = st.message();
     }
-    const bool holder_died = !op->error.empty() && ucx::process_exiting(peer.same_host_pid);
     ++local->inflight;
     if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
     s.finished.push_back(op.get());
     s.slices.emplace(slice.id, std::move(op));
-    if (holder_died) {
-      // Seen here within a millisecond of a SIGKILL; its control connection
-      // closes only after the kernel tore down its memory (milliseconds to
-      // a second). Every later slice to it fails at once, not one by one.
-      s.fail_path(slice.path, Status::unavailable("path {} to {}: its process {} died", slice.path, peer.address,
-                                                  peer.same_host_pid));
-    }
     return Status::ok();
   }
   ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
@@ -2040,6 +2078,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.finish_revokes(now_ns);
   s.handle_recorded();  // a failed handshake's forced close completes its requests
   s.fail_stalled(now_ns);
+  s.collect_copies();
   s.hand_out(now_ns, out);
   if (s.direct_dirty) s.publish_direct();
 }
