@@ -146,6 +146,9 @@ struct UcxTransport::State {
     // A peer of this host (its cookie read back): slices are copied here
     // (same_host.h), not posted to UCX. 0: another host, or not proved.
     pid_t same_host_pid = 0;
+    // While slices to a same-host holder are in flight, whether it is
+    // exiting is checked at most this often (check_holders).
+    TimeNs next_holder_check_ns = 0;
   };
 
   // One of our endpoints to an initiator's worker.
@@ -1372,6 +1375,25 @@ struct UcxTransport::State {
     }
   }
 
+  // A same-host holder with slices in flight that is exiting fails its path
+  // at once: a SIGKILLed process shows PF_EXITING within a millisecond,
+  // while its control connection closes only after the kernel tore down its
+  // memory (~0.1 ms per MiB), and a CMA copy from it may block until then.
+  // Only while slices are in flight, so an idle engine reads nothing.
+  static constexpr TimeNs kHolderCheckNs = 500'000;
+  void check_holders(TimeNs now_ns) {
+    for (PathId id = 0; id < peers.size(); ++id) {
+      Peer& peer = peers[id];
+      if (peer.state != PathState::kReady || peer.same_host_pid == 0 || peer.inflight == 0) continue;
+      if (now_ns < peer.next_holder_check_ns) continue;
+      peer.next_holder_check_ns = now_ns + kHolderCheckNs;
+      if (ucx::process_exiting(peer.same_host_pid)) {
+        fail_path(id, Status::unavailable("path {} to {}: its process {} died", id, peer.address,
+                                          peer.same_host_pid));
+      }
+    }
+  }
+
   void hand_out(TimeNs now_ns, std::vector<Completion>& out) {
     for (SliceOp* op : std::exchange(finished, {})) {
       const SliceSubmit& s = op->submit;
@@ -2078,6 +2100,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.finish_revokes(now_ns);
   s.handle_recorded();  // a failed handshake's forced close completes its requests
   s.fail_stalled(now_ns);
+  s.check_holders(now_ns);
   s.collect_copies();
   s.hand_out(now_ns, out);
   if (s.direct_dirty) s.publish_direct();
@@ -2150,6 +2173,11 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
   }
   for (const auto& [base, r] : state_->regions) {
     if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
+  }
+  for (const State::Peer& peer : state_->peers) {
+    if (peer.state == PathState::kReady && peer.same_host_pid != 0 && peer.inflight > 0) {
+      sooner(peer.next_holder_check_ns);
+    }
   }
   return next;
 }
