@@ -185,7 +185,7 @@ class EngineLegs final : public Legs {
                               .length = n,
                               .qos = sched::QosClass::kDecodeCritical,
                               .timeout_ns = kProbeTimeoutNs});
-    Run run{.leg = leg, .started_ns = engine_.now_ns(), .pieces = {{0, n}}, .timed = true};
+    Run run{.leg = leg, .started_ns = engine_.now_ns(), .pieces = {{0, n}}, .timed = true, .probe = true};
     return submit(std::move(run), batch);
   }
 
@@ -217,7 +217,11 @@ class EngineLegs final : public Legs {
     return Status::ok();
   }
 
-  [[nodiscard]] bool busy() const override { return false; }
+  // A run of an ended handoff (a cancelled loser) may still land bytes in
+  // the caller's memory until it settles; probes do not count.
+  [[nodiscard]] bool busy() const override {
+    return std::ranges::any_of(runs_, [](const auto& r) { return !r.second.probe; });
+  }
   [[nodiscard]] engine::MetricsRegistry& metrics() override { return engine_.metrics(); }
 
  private:
@@ -226,6 +230,7 @@ class EngineLegs final : public Legs {
     TimeNs started_ns = 0;
     std::vector<ByteRange> pieces{};  // run offsets of the batch's requests
     bool timed = false;               // counted in direct_gbps_ (or a probe)
+    bool probe = false;
     std::optional<engine::BatchHandle> batch{};  // none: refused at submit
     Status refused{};
   };

@@ -29,19 +29,23 @@ engine::EngineConfig config(const std::string& tls) {
   return engine::EngineConfig{.ucx = std::move(ucx)};
 }
 
-// An engine with one registered, exported buffer; the buffer outlives the engine.
+// An engine with one exported region: a buffer of ours, registered (the
+// buffer outlives the engine), or with `mapped` memory the engine allocates
+// (a peer of this host maps it and copies with memcpy; ours takes CMA).
 struct Side {
   std::vector<std::byte> buffer;
   std::unique_ptr<engine::Engine> engine;
   engine::Region region;
 
-  Side(std::size_t bytes, bool fill, const std::string& tls = "") : buffer(bytes) {
+  Side(std::size_t bytes, bool fill, const std::string& tls = "", bool mapped = false)
+      : buffer(mapped ? 0 : bytes) {
     if (fill) engine::fill_pattern(buffer, kSalt);
     auto e = engine::Engine::create(config(tls));
     EXPECT_TRUE(e.has_value()) << e.error().to_string();
     if (!e) return;
     engine = std::move(*e);
-    auto r = engine->register_memory(buffer.data(), buffer.size());
+    auto r = mapped ? engine->allocate_memory(bytes) : engine->register_memory(buffer.data(), buffer.size());
+    if (r && mapped && fill) engine::fill_pattern({reinterpret_cast<std::byte*>(r->base), bytes}, kSalt);
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
     if (r) region = *r;
     if (fill) {
@@ -56,8 +60,9 @@ struct Rig {
   Side store;
   std::unique_ptr<DualPath> dual;
 
-  Rig(Strategy strategy, std::size_t bytes, const std::string& tls = "", DualPathConfig c = {})
-      : decode(bytes, false, tls), prefill(bytes, true, tls), store(bytes, true, tls) {
+  Rig(Strategy strategy, std::size_t bytes, const std::string& tls = "", bool prefill_mapped = false)
+      : decode(bytes, false, tls), prefill(bytes, true, tls, prefill_mapped), store(bytes, true, tls) {
+    DualPathConfig c;
     connect(prefill);
     connect(store);
     c.strategy = strategy;
@@ -102,8 +107,11 @@ struct Rig {
 };
 
 TEST(EngineDualPath, HedgeDeliversEveryByteOnceAndCancelsTheLoser) {
-  constexpr std::uint64_t kBytes = 8 * kMiB;
-  Rig rig(Strategy::kHedge, kBytes);
+  // Direct reads a mapping (memcpy on the loop), the store a caller's
+  // buffer (CMA, on the copier's thread, slower): direct wins the race.
+  // Above the engine's loop-free limit (16 MiB), so both legs run at once.
+  constexpr std::uint64_t kBytes = 64 * kMiB;
+  Rig rig(Strategy::kHedge, kBytes, "", true);
   ASSERT_TRUE(rig.dual);
   auto id = rig.dual->submit(rig.handoff(0, kBytes));
   ASSERT_TRUE(id.has_value()) << id.error().to_string();
@@ -113,7 +121,11 @@ TEST(EngineDualPath, HedgeDeliversEveryByteOnceAndCancelsTheLoser) {
   EXPECT_EQ(st.bytes_direct + st.bytes_store, kBytes);
   EXPECT_TRUE(rig.landed(0, kBytes));
   const DualPathStats& s = rig.dual->stats();
-  EXPECT_EQ(s.wins_direct + s.wins_store, 1u);
+  EXPECT_EQ(st.winner, Leg::kDirect);
+  EXPECT_EQ(s.wins_direct, 1u);
+  EXPECT_EQ(st.legs_cancelled, 1u) << "the store leg was still running";
+  EXPECT_EQ(s.cancelled_legs, 1u);
+  EXPECT_LT(st.wasted_bytes, kBytes) << "the loser stopped before moving everything";
   EXPECT_EQ(s.failovers, 0u);
 }
 
