@@ -12,6 +12,10 @@
 namespace baton::store {
 namespace {
 
+// etcd's watch answers are a header and the events of one revision; far
+// below this for a directory of stores.
+constexpr std::size_t kMaxWatchLineBytes = 4 << 20;
+
 using nlohmann::json;
 
 std::string base64(std::string_view in) {
@@ -225,6 +229,8 @@ Status Directory::watch(std::function<void(std::vector<StoreRecord>)> on_change)
       // others carry events. Either way the list is read again.
       req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
         pending.append(data, n);
+        // A line that long is no watch answer: cut the stream, read afresh.
+        if (pending.size() > kMaxWatchLineBytes && pending.find('\n') == std::string::npos) return false;
         for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
           const json message = json::parse(pending.substr(0, nl), nullptr, false);
           pending.erase(0, nl + 1);

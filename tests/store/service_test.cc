@@ -247,6 +247,51 @@ TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {
   EXPECT_EQ(c.query("llama", one, "d")->found, 1u);
 }
 
+// The producer path in one call: allocate, write, seal; and what it refuses.
+TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
+  Served served;
+  auto producer = make_engine();
+  std::vector<std::byte> kv(3 * kLayout.block_bytes());
+  for (std::uint64_t b = 0; b < 3; ++b) {
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 300 + b);
+  }
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  StoreClient& c = *served.client;
+  const std::vector<std::uint64_t> hashes{0x9000, 0x9001, 0x9002};
+  BlockLayout other = kLayout;
+  other.slots = 4;
+  EXPECT_EQ(c.put(*producer, "llama", "p", {}, kLayout, mine->handle).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, BlockLayout{}, mine->handle).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle, 0, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.put(*producer, "nope", "p", hashes, kLayout, mine->handle).code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle + 1000).code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle, kLayout.block_bytes()).code(),
+            StatusCode::kOutOfRange)
+      << "three blocks from the second one run past the buffer";
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, other, mine->handle).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.query("llama", hashes, "d")->found, 0u) << "nothing refused was sealed";
+
+  ASSERT_TRUE(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
+  auto requester = make_engine();
+  auto fetched = c.fetch(*requester, "llama", hashes, "d");
+  ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
+  ASSERT_EQ(fetched->found, 3u);
+  ASSERT_TRUE(fetched->blocks.has_value());
+  for (std::uint32_t b = 0; b < 3; ++b) {
+    for (std::uint32_t slot = 0; slot < kLayout.slots; ++slot) {
+      for (std::uint32_t seg = 0; seg < kLayout.segments; ++seg) {
+        const std::uint64_t at = (std::uint64_t{slot} * kLayout.segments + seg) * kLayout.segment_bytes;
+        const std::span<const std::byte> view(fetched->blocks->view(b, slot, seg), kLayout.segment_bytes);
+        EXPECT_FALSE(engine::pattern_mismatch(view, 300 + b, at).has_value()) << b << " " << slot << " " << seg;
+      }
+    }
+  }
+  fetched = std::unexpected(Status::cancelled("dropped"));
+  served.client.reset();  // the engine must outlive the client's slabs
+}
+
 TEST(StoreService, AStoreThatIsNotThereIsUnavailableAndOnlyLoopbackIsServed) {
   Served served;
   const std::string address = served.server->address();

@@ -1,6 +1,14 @@
 // `baton bench dualpath` / `fault` as a user runs them: the JSON contracts
 // the issue fixes, and one-line errors for bad input.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -92,6 +100,43 @@ TEST(BenchDualpath, AKilledPrefillProcessLosesNoByteAndTheRestartedOneWinsAgain)
   }
   EXPECT_GT(on_store, 0);
   EXPECT_GT(direct_after_restore, 0);
+}
+
+// Gone or a zombie: it runs no more.
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || text.substr(paren + 2, 1) == "Z";
+}
+
+// A bench SIGKILLed mid-run takes the peers it spawned (two `baton serve`,
+// one `baton store`) with it.
+TEST(BenchDualpath, AKilledBenchLeavesNoPeerBehind) {
+  const pid_t bench = fork();
+  ASSERT_GE(bench, 0);
+  if (bench == 0) {
+    execl(BATON_BINARY, "baton", "bench", "fault", "--transport", "ucx", "--spawn", "--duration-ms", "30000",
+          "--json", "/dev/null", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> peers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (peers.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream children("/proc/" + std::to_string(bench) + "/task/" + std::to_string(bench) + "/children");
+    peers.clear();
+    for (pid_t p; children >> p;) peers.push_back(p);
+  }
+  kill(bench, SIGKILL);
+  waitpid(bench, nullptr, 0);
+  ASSERT_EQ(peers.size(), 3u) << "the bench started its peers";
+  for (pid_t p : peers) {
+    while (!ended(p) && std::chrono::steady_clock::now() < deadline + std::chrono::seconds(30)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(ended(p)) << "peer " << p << " outlived its bench";
+  }
 }
 
 TEST(BenchDualpath, BadInputFailsWithOneLine) {

@@ -393,6 +393,9 @@ TEST(ServeCommand, ExportsItsBufferOnlyToTheNamedPeersAndOnlyToHoldersOfTheSecre
 TEST(ServeCommand, RefusesBadInput) {
   EXPECT_EQ(run_baton("serve --buffer-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("serve --buffer-size lots").exit_code, 2);
+  const CommandRun memory = run_baton("serve --buffer-size 1MiB --memory gpu");
+  EXPECT_EQ(memory.exit_code, 2);
+  EXPECT_NE(memory.err.find("--memory"), std::string::npos) << memory.err;
   const CommandRun stall = run_baton("serve --buffer-size 1MiB --stall-timeout soon");
   EXPECT_EQ(stall.exit_code, 2);
   EXPECT_NE(stall.err.find("--stall-timeout"), std::string::npos) << stall.err;

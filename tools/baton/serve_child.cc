@@ -1,6 +1,7 @@
 #include "serve_child.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,9 +21,13 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
   if (program.empty()) return std::unexpected(Status::unavailable("serve: cannot resolve {}: {}", binary, ec.message()));
   int out[2];
   if (::pipe(out) != 0) return std::unexpected(Status::unavailable("serve: pipe failed"));
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return std::unexpected(Status::unavailable("serve: fork failed"));
   if (pid == 0) {
+    // A bench killed without a word takes its peers with it (SIGTERM: they
+    // stop cleanly), instead of leaving them serving forever.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) ::_exit(127);
     ::dup2(out[1], STDOUT_FILENO);
     ::close(out[0]);
     ::close(out[1]);
