@@ -236,19 +236,30 @@ class EngineLegs final : public Legs {
   };
 
   // A source in a region its peer exported to us. A peer that is down
-  // passes: its leg fails over when it runs.
+  // passes: its leg fails over when it runs. The regions are asked of the
+  // engine (a loop round trip) only for a region not seen before; one
+  // revoked since is refused when its run starts, ending the handoff.
   [[nodiscard]] Status inside_a_region(const Source& s) const {
-    auto regions = engine_.remote_regions(engine::Peer{s.peer, ""});
-    if (!regions) return regions.error().code() == StatusCode::kUnavailable ? Status::ok() : regions.error();
-    for (const transport::RemoteRegion& region : *regions) {
-      if (region.key != s.region) continue;
-      if (s.offset > region.length || s.length > region.length - s.offset) {
-        return Status::out_of_range("[{}, +{}) is outside region {} of {} ({} bytes)", s.offset, s.length, s.region,
-                                    s.peer, region.length);
-      }
-      return Status::ok();
+    const transport::RemoteRegion* region = known_region(s);
+    if (region == nullptr) {
+      auto regions = engine_.remote_regions(engine::Peer{s.peer, ""});
+      if (!regions) return regions.error().code() == StatusCode::kUnavailable ? Status::ok() : regions.error();
+      known_regions_[s.peer] = std::move(*regions);
+      region = known_region(s);
     }
-    return Status::not_found("{} exported no region {} to us", s.peer, s.region);
+    if (region == nullptr) return Status::not_found("{} exported no region {} to us", s.peer, s.region);
+    if (s.offset > region->length || s.length > region->length - s.offset) {
+      return Status::out_of_range("[{}, +{}) is outside region {} of {} ({} bytes)", s.offset, s.length, s.region,
+                                  s.peer, region->length);
+    }
+    return Status::ok();
+  }
+
+  [[nodiscard]] const transport::RemoteRegion* known_region(const Source& s) const {
+    const auto peer = known_regions_.find(s.peer);
+    if (peer == known_regions_.end()) return nullptr;
+    const auto it = std::ranges::find(peer->second, s.region, &transport::RemoteRegion::key);
+    return it == peer->second.end() ? nullptr : &*it;
   }
 
   Result<RunId> submit(Run run, const engine::Batch& batch) {
@@ -269,6 +280,7 @@ class EngineLegs final : public Legs {
   std::uint64_t piece_bytes_;
   engine::Region scratch_;  // where probes land
   std::map<RunId, Run> runs_;
+  mutable std::map<std::string, std::vector<transport::RemoteRegion>> known_regions_;  // by peer
   RunId next_id_ = 1;
   double direct_gbps_ = 0;  // bytes per ns of completed direct runs (EWMA)
 };

@@ -46,6 +46,23 @@ void print_latencies(const ordered_json& latency_us) {
   }
 }
 
+ordered_json race_json(int requests, dualpath::Strategy strategy, const dualpath::DualPathStats& stats,
+                       const std::vector<double>& racing_us, const std::vector<double>& direct_only_us,
+                       const std::vector<double>& store_only_us) {
+  ordered_json j;
+  j["requests"] = requests;
+  j["strategy"] = std::string(dualpath::to_string(strategy));
+  j["wins"] = {{"direct", stats.wins_direct}, {"store", stats.wins_store}};
+  j["cancelled_legs"] = stats.cancelled_legs;
+  j["latency_us"] = {{"racing", summary_json(racing_us)},
+                     {"direct_only", summary_json(direct_only_us)},
+                     {"store_only", summary_json(store_only_us)}};
+  j["wasted_bytes"] = stats.wasted_bytes;
+  j["completed"] = {
+      {"racing", racing_us.size()}, {"direct_only", direct_only_us.size()}, {"store_only", store_only_us.size()}};
+  return j;
+}
+
 ordered_json us_or_null(std::optional<TimeNs> t_ns) {
   return t_ns ? ordered_json(static_cast<double>(*t_ns) / 1e3) : ordered_json(nullptr);
 }
@@ -190,16 +207,7 @@ int run_dualpath_bench(const DualPathBenchOptions& o) {
   if (!store) return fail(kMode, store.error());
 
   const dualpath::DualPathStats& s = dual->stats();
-  ordered_json j;
-  j["requests"] = o.requests;
-  j["strategy"] = std::string(dualpath::to_string(race->strategy));
-  j["wins"] = {{"direct", s.wins_direct}, {"store", s.wins_store}};
-  j["cancelled_legs"] = s.cancelled_legs;
-  j["latency_us"] = {{"racing", summary_json(raced)},
-                     {"direct_only", summary_json(*direct)},
-                     {"store_only", summary_json(*store)}};
-  j["wasted_bytes"] = s.wasted_bytes;
-  j["completed"] = {{"racing", raced.size()}, {"direct_only", direct->size()}, {"store_only", store->size()}};
+  ordered_json j = race_json(o.requests, race->strategy, s, raced, *direct, *store);
   j["workload"] = workload_json(o, *w);
   if (o.json_path != "-") {
     fmt::print("{} handoffs of {} ({}), {}: direct won {}, store won {}, {} store legs cancelled, {} wasted\n",

@@ -12,6 +12,7 @@
 
 #include "baton/common/clock.h"
 #include "baton/common/status.h"
+#include "baton/dualpath/dualpath.h"
 #include "ucx_options.h"
 
 namespace baton::cli {
@@ -44,6 +45,13 @@ int fail_bench(std::string_view mode, const Status& s);
 int write_bench_json(std::string_view mode, const nlohmann::ordered_json& j, const std::string& path);
 // One line per mode of j["latency_us"] that has figures.
 void print_latencies(const nlohmann::ordered_json& latency_us);
+// The contract both `bench dualpath` runs keep: requests, strategy, wins,
+// cancelled_legs, latency_us and completed per mode, wasted_bytes.
+[[nodiscard]] nlohmann::ordered_json race_json(int requests, dualpath::Strategy strategy,
+                                               const dualpath::DualPathStats& stats,
+                                               const std::vector<double>& racing_us,
+                                               const std::vector<double>& direct_only_us,
+                                               const std::vector<double>& store_only_us);
 // Microseconds, or null.
 [[nodiscard]] nlohmann::ordered_json us_or_null(std::optional<TimeNs> t_ns);
 

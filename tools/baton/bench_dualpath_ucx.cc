@@ -365,16 +365,7 @@ int run_dualpath_ucx(const DualPathBenchOptions& o, const Workload& w) {
   auto store = run_single_leg(**rig, w, block, false);
   if (!store) return fail_bench(kMode, store.error());
 
-  ordered_json j;
-  j["requests"] = o.requests;
-  j["strategy"] = std::string(dualpath::to_string(*strategy));
-  j["wins"] = {{"direct", stats.wins_direct}, {"store", stats.wins_store}};
-  j["cancelled_legs"] = stats.cancelled_legs;
-  j["latency_us"] = {{"racing", summary_json(raced)},
-                     {"direct_only", summary_json(*direct)},
-                     {"store_only", summary_json(*store)}};
-  j["wasted_bytes"] = stats.wasted_bytes;
-  j["completed"] = {{"racing", raced.size()}, {"direct_only", direct->size()}, {"store_only", store->size()}};
+  ordered_json j = race_json(o.requests, *strategy, stats, raced, *direct, *store);
   j["verified"] = out->verified;
   j["lost_bytes"] = out->lost_bytes;
   j["workload"] = workload_json(o, w, **rig);

@@ -167,7 +167,9 @@ class DualPath {
   // sources equal, a negative timeout; over an Engine, sources that do not
   // cover the handoff exactly or no local region); not_found for an unknown
   // endpoint; the engine's refusal of either leg (a leg that is down is not
-  // refused: it fails over), at once. Legs start at the current instant,
+  // refused: it fails over), at once. A region revoked after DualPath first
+  // saw it is refused by the engine when its run starts: the handoff then
+  // ends failed with that status. Legs start at the current instant,
   // when the caller next runs the clock.
   [[nodiscard]] Result<HandoffId> submit(const HandoffRequest& request);
   // Cancels every leg. not_found for an unknown id; invalid_argument once ended.
