@@ -59,6 +59,29 @@ Status read_chunks(engine::Engine& engine, const engine::Peer& peer, const plan:
   return s;
 }
 
+// `count` blocks of kLayout, block b filled with pattern salt `salt + b`.
+std::vector<std::byte> kv_blocks(std::uint64_t count, std::uint64_t salt) {
+  std::vector<std::byte> kv(count * kLayout.block_bytes());
+  for (std::uint64_t b = 0; b < count; ++b) {
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), salt + b);
+  }
+  return kv;
+}
+
+// Every (block, slot, segment) view of `fetched` holds what kv_blocks(count, salt) wrote there.
+void expect_blocks(const FetchedBlocks& fetched, std::uint32_t count, std::uint64_t salt) {
+  ASSERT_TRUE(fetched.blocks.has_value());
+  for (std::uint32_t b = 0; b < count; ++b) {
+    for (std::uint32_t s = 0; s < kLayout.slots; ++s) {
+      for (std::uint32_t g = 0; g < kLayout.segments; ++g) {
+        const std::uint64_t at = (std::uint64_t{s} * kLayout.segments + g) * kLayout.segment_bytes;
+        const std::span<const std::byte> view(fetched.blocks->view(b, s, g), kLayout.segment_bytes);
+        EXPECT_FALSE(engine::pattern_mismatch(view, salt + b, at).has_value()) << b << " " << s << " " << g;
+      }
+    }
+  }
+}
+
 TEST(StoreService, PutOverRpcAndTheEngineThenFetchThroughThePlanByteExact) {
   Served served;
   auto hello = served.client->hello();
@@ -70,10 +93,7 @@ TEST(StoreService, PutOverRpcAndTheEngineThenFetchThroughThePlanByteExact) {
 
   // The producer: 6 blocks, each filled with its own pattern.
   auto producer = make_engine();
-  std::vector<std::byte> kv(6 * kLayout.block_bytes());
-  for (std::uint64_t b = 0; b < 6; ++b) {
-    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 100 + b);
-  }
+  std::vector<std::byte> kv = kv_blocks(6, 100);
   auto mine = producer->register_memory(kv.data(), kv.size());
   ASSERT_TRUE(mine.has_value());
   auto store_peer = producer->connect(hello->first);
@@ -128,10 +148,7 @@ TEST(StoreService, PutOverRpcAndTheEngineThenFetchThroughThePlanByteExact) {
 TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
   Served served;
   auto producer = make_engine();
-  std::vector<std::byte> kv(5 * kLayout.block_bytes());
-  for (std::uint64_t b = 0; b < 5; ++b) {
-    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 200 + b);
-  }
+  std::vector<std::byte> kv = kv_blocks(5, 200);
   auto mine = producer->register_memory(kv.data(), kv.size());
   ASSERT_TRUE(mine.has_value());
   auto hello = served.client->hello();
@@ -169,16 +186,7 @@ TEST(StoreService, FetchBringsTheFoundPrefixRebuiltAndReleasesTheLock) {
   ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
   EXPECT_EQ(fetched->found, 5u);
   EXPECT_EQ(fetched->bytes, 5 * kLayout.block_bytes());
-  ASSERT_TRUE(fetched->blocks.has_value());
-  for (std::uint32_t b = 0; b < 5; ++b) {
-    for (std::uint32_t s = 0; s < kLayout.slots; ++s) {
-      for (std::uint32_t g = 0; g < kLayout.segments; ++g) {
-        const std::uint64_t at = (std::uint64_t{s} * kLayout.segments + g) * kLayout.segment_bytes;
-        const std::span<const std::byte> view(fetched->blocks->view(b, s, g), kLayout.segment_bytes);
-        EXPECT_FALSE(engine::pattern_mismatch(view, 200 + b, at).has_value()) << b << " " << s << " " << g;
-      }
-    }
-  }
+  expect_blocks(*fetched, 5, 200);
   EXPECT_EQ(served.store->stats().sessions, 0u) << "released after the reads";
   auto remote = served.client->stats();
   ASSERT_TRUE(remote.has_value());
@@ -251,10 +259,7 @@ TEST(StoreService, EveryRpcAnswersBadInputWithItsStatus) {
 TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   Served served;
   auto producer = make_engine();
-  std::vector<std::byte> kv(3 * kLayout.block_bytes());
-  for (std::uint64_t b = 0; b < 3; ++b) {
-    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 300 + b);
-  }
+  std::vector<std::byte> kv = kv_blocks(3, 300);
   auto mine = producer->register_memory(kv.data(), kv.size());
   ASSERT_TRUE(mine.has_value());
   StoreClient& c = *served.client;
@@ -278,16 +283,7 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   auto fetched = c.fetch(*requester, "llama", hashes, "d");
   ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
   ASSERT_EQ(fetched->found, 3u);
-  ASSERT_TRUE(fetched->blocks.has_value());
-  for (std::uint32_t b = 0; b < 3; ++b) {
-    for (std::uint32_t slot = 0; slot < kLayout.slots; ++slot) {
-      for (std::uint32_t seg = 0; seg < kLayout.segments; ++seg) {
-        const std::uint64_t at = (std::uint64_t{slot} * kLayout.segments + seg) * kLayout.segment_bytes;
-        const std::span<const std::byte> view(fetched->blocks->view(b, slot, seg), kLayout.segment_bytes);
-        EXPECT_FALSE(engine::pattern_mismatch(view, 300 + b, at).has_value()) << b << " " << slot << " " << seg;
-      }
-    }
-  }
+  expect_blocks(*fetched, 3, 300);
   fetched = std::unexpected(Status::cancelled("dropped"));
   served.client.reset();  // the engine must outlive the client's slabs
 }
