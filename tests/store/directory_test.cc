@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,8 +47,11 @@ class Etcd : public ::testing::Environment {
     dir_ = dir;
     const int client = free_port(), peer = free_port();
     endpoint = "127.0.0.1:" + std::to_string(client);
+    const pid_t suite = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      // A suite that crashes takes its etcd with it.
+      if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != suite) ::_exit(127);
       const std::string c = "http://" + endpoint, p = "http://127.0.0.1:" + std::to_string(peer);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, STDOUT_FILENO);
