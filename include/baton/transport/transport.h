@@ -34,6 +34,14 @@ struct PathInfo {
 
 enum class Op : std::uint8_t { kWrite, kRead };
 
+// Where a region's bytes live: host memory, or a GPU's (UCX needs CUDA
+// support for VRAM; the CUDA transport carries it on one host).
+enum class MemoryKind : std::uint8_t { kDram, kVram };
+
+// A region registered with a transport; peers name it in
+// SliceMemory::remote_key. Never reused by one transport.
+using RegionHandle = std::uint32_t;
+
 // Where a slice's bytes live, for transports that move real memory (the
 // simulator moves only counts and ignores it). `remote_key` and `peer` are
 // handles the transport gave out when the peer and its regions became known.

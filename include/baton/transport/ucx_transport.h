@@ -82,13 +82,6 @@ struct UcxConfig {
   std::int64_t stall_timeout_ms = 10'000;
 };
 
-// Where a region's bytes live. VRAM needs a UCX built with CUDA support.
-enum class MemoryKind : std::uint8_t { kDram, kVram };
-
-// A region registered with this transport; peers name it in
-// SliceMemory::remote_key. Never reused by one transport.
-using RegionHandle = std::uint32_t;
-
 // A peer's region as the handshake made it known here.
 struct RemoteRegion {
   RegionHandle key = 0;  // the peer's handle: SliceMemory::remote_key
