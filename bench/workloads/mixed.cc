@@ -19,6 +19,7 @@ using engine::Engine;
 using engine::Harness;
 using engine::HarnessConfig;
 using engine::Request;
+using transport::CudaRuntime;
 
 namespace {
 
@@ -124,6 +125,94 @@ Result<MixedResult> run_mixed(const MixedWorkload& w, const sched::SchedPolicy& 
   result.end_ns = e.now_ns();
   result.stats = e.stats();
   result.bytes_delivered = e.sim_transport().bytes_delivered();
+  return result;
+}
+
+Result<MixedResult> run_mixed_cuda(const MixedWorkload& w, const sched::SchedPolicy& policy,
+                                   std::shared_ptr<transport::CudaRuntime> runtime) {
+  if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
+  if (!runtime) return std::unexpected(Status::invalid_argument("mixed: no CUDA runtime (null)"));
+  HarnessConfig config;
+  config.clock = engine::ClockKind::kWall;
+  config.topology_model = w.topology_model;
+  config.policy = policy;
+  config.cuda = runtime;
+  // Memory on each side, released after the harness (whose transport
+  // waits for its streams) is gone.
+  struct Side {
+    void* data = nullptr;
+    bool device = false;
+    transport::RegionHandle region = 0;
+  };
+  Side sides[2];
+  CudaRuntime& rt = *runtime;
+  auto release = [&] {
+    for (Side& s : sides) {
+      if (s.data == nullptr) continue;
+      if (s.device) {
+        rt.free_device(s.data);
+      } else {
+        rt.free_pinned(s.data);
+      }
+    }
+  };
+  MixedResult result;
+  Status failed = [&]() -> Status {
+    auto made = Harness::create(config);
+    if (!made) return made.error();
+    Harness& h = **made;
+    transport::CudaTransport& cuda = *h.cuda_transport();
+    const std::uint64_t bytes = w.prefill_bytes + w.decode_bytes;
+    for (int i = 0; i < 2; ++i) {
+      const std::string& node = i == 0 ? w.from : w.to;
+      if (std::ranges::none_of(cuda.paths(), [&](const transport::PathInfo& p) { return p.from == node || p.to == node; })) {
+        return Status::not_found("mixed: the CUDA transport has no path from or to \"{}\"", node);
+      }
+      auto device = cuda.device_of(node);
+      auto data = device ? rt.alloc_device(*device, bytes) : rt.alloc_pinned(bytes);
+      if (!data) return data.error();
+      sides[i] = {*data, device.has_value(), 0};
+      auto region = cuda.register_memory(*data, bytes, device ? transport::MemoryKind::kVram : transport::MemoryKind::kDram,
+                                         device.value_or(-1));
+      if (!region) return region.error();
+      sides[i].region = *region;
+    }
+    auto* src = static_cast<std::byte*>(sides[0].data);
+    const auto dst = reinterpret_cast<std::uint64_t>(sides[1].data);
+
+    std::vector<std::pair<sched::RequestId, bool>> ids;
+    const auto all = arrivals(w);
+    const TimeNs start = h.now_ns();
+    for (const Arrival& a : all) {
+      const TimeNs due = start + a.at_ns;
+      if (const TimeNs now = h.now_ns(); now < due) std::this_thread::sleep_for(std::chrono::nanoseconds(due - now));
+      sched::TransferRequest r{w.from, w.to, w.prefill_bytes, sched::QosClass::kPrefillBulk, 0, true};
+      if (a.decode) {
+        r = {w.from, w.to, w.decode_bytes, sched::QosClass::kDecodeCritical, h.now_ns() + w.decode_deadline_ns, false};
+      }
+      r.op = transport::Op::kWrite;
+      r.local = a.decode ? src + w.prefill_bytes : src;
+      r.remote_key = sides[1].region;
+      r.remote_addr = a.decode ? dst + w.prefill_bytes : dst;
+      auto id = h.submit(r);
+      if (!id) return id.error();
+      ids.emplace_back(*id, a.decode);
+    }
+    for (const auto& [id, decode] : ids) {
+      if (Status s = h.wait(id, 600'000'000'000); !s.is_ok()) return s;
+      auto st = h.status(id);
+      if (!st) return st.error();
+      if (st->state == sched::RequestState::kCompleted) result.bytes_delivered += st->bytes;
+      (decode ? result.decode_requests : result.prefill_requests).push_back(*st);
+    }
+    result.end_ns = h.now_ns();
+    result.stats = h.stats();
+    return Status::ok();
+  }();
+  release();
+  if (!failed.is_ok()) return std::unexpected(Status(failed.code(), "mixed over CUDA: " + failed.message()));
+  result.decode = summarize_class(result.decode_requests);
+  result.prefill = summarize_class(result.prefill_requests);
   return result;
 }
 

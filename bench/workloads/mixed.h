@@ -12,6 +12,7 @@
 #include "baton/common/status.h"
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
+#include "baton/transport/cuda_runtime.h"
 #include "baton/transport/ucx_transport.h"
 
 namespace baton::workloads {
@@ -70,5 +71,16 @@ struct MixedResult {
 // is smaller than one prefill plus one decode request.
 [[nodiscard]] Result<MixedResult> run_mixed_ucx(const MixedWorkload& workload, const sched::SchedPolicy& policy,
                                                 const std::string& peer, const transport::UcxConfig& ucx);
+
+// The same workload over real copies: a wall-clock Harness over the CUDA
+// transport on `runtime` (cuda_runtime(), or a scripted one in tests),
+// writing from `from` to `to` (topology nodes: "gpu0", or "numa0" for host
+// memory) on the topology `topology_model` names ("" for this machine's
+// probe). Each side holds one prefill plus one decode request of device
+// memory (pinned host memory for a NUMA node); arrivals are paced on the
+// steady clock. bytes_delivered counts completed requests' bytes.
+// not_found for an endpoint the transport has no path from or to.
+[[nodiscard]] Result<MixedResult> run_mixed_cuda(const MixedWorkload& workload, const sched::SchedPolicy& policy,
+                                                 std::shared_ptr<transport::CudaRuntime> runtime);
 
 }  // namespace baton::workloads

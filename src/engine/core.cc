@@ -35,14 +35,20 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
                : !config.topology_file.empty() ? topology::load_nvidia_smi_topo(config.topology_file)
                                                : topology::probe_machine();
   if (!facts) return std::unexpected(facts.error());
-  auto graph = topology::TopologyGraph::build(*facts);
-  if (!graph) return std::unexpected(graph.error());
   if (!config.policy_file.empty()) {
     auto loaded = sched::load_policy(config.policy_file);
     if (!loaded) return std::unexpected(loaded.error());
     config.policy = std::move(*loaded);
   }
   if (Status s = config.policy.validate(); !s.is_ok()) return std::unexpected(s);
+  topology::CostModel costs;
+  for (const sched::SchedPolicy::CostOverride& o : config.policy.cost_model) {
+    if (Status s = costs.set(o.path, o.proximity, o.bandwidth_gbps, o.latency_us); !s.is_ok()) {
+      return std::unexpected(s);
+    }
+  }
+  auto graph = topology::TopologyGraph::build(*facts, costs);
+  if (!graph) return std::unexpected(graph.error());
 
   auto core = std::make_unique<Core>();
   core->graph = std::move(*graph);
@@ -52,6 +58,11 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
     if (!ucx) return std::unexpected(ucx.error());
     core->ucx = ucx->get();
     core->transport = std::move(*ucx);
+  } else if (config.cuda) {
+    auto cuda = transport::CudaTransport::create(core->graph, std::move(config.cuda), config.cuda_config);
+    if (!cuda) return std::unexpected(cuda.error());
+    core->cuda = cuda->get();
+    core->transport = std::move(*cuda);
   } else {
     auto sim = transport::SimTransport::from_topology(
         core->graph, [&policy](topology::PathType p) { return policy.credits_for(p).lanes; }, config.sim);

@@ -17,6 +17,7 @@
 #include "baton/engine/metrics.h"
 #include "baton/sched/scheduler.h"
 #include "baton/topology/graph.h"
+#include "baton/transport/cuda_transport.h"
 #include "baton/transport/sim_transport.h"
 #include "baton/transport/ucx_transport.h"
 #include "engine/engine_loop.h"
@@ -32,6 +33,9 @@ struct CoreConfig {
   sched::SchedPolicy policy;
   std::string policy_file;
   transport::SimConfig sim;
+  // Set (and not `real`): the CUDA transport over this runtime.
+  std::shared_ptr<transport::CudaRuntime> cuda;
+  transport::CudaConfig cuda_config;
 };
 
 // A caller waiting for the loop spins before it blocks: a block plus a
@@ -92,6 +96,7 @@ struct Core {
   std::unique_ptr<transport::Transport> transport;
   transport::SimTransport* sim = nullptr;  // the transport, when simulated
   transport::UcxTransport* ucx = nullptr;  // the transport, when real
+  transport::CudaTransport* cuda = nullptr;  // the transport, when CUDA
   std::unique_ptr<sched::Scheduler> scheduler;
   std::unique_ptr<admission::AdmissionController> admission;
   std::unique_ptr<EngineLoop> loop;

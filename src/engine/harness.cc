@@ -17,7 +17,8 @@ Harness::~Harness() = default;
 
 Result<std::unique_ptr<Harness>> Harness::create(HarnessConfig config) {
   auto core = Core::create({config.clock, false, {}, std::move(config.topology_model), std::move(config.topology_file),
-                            std::move(config.policy), std::move(config.policy_file), std::move(config.sim)});
+                            std::move(config.policy), std::move(config.policy_file), std::move(config.sim),
+                            std::move(config.cuda), config.cuda_config});
   if (!core) return std::unexpected(core.error());
   if ((*core)->wall) {
     if (Status s = (*core)->wall->start(); !s.is_ok()) return std::unexpected(s);
@@ -141,6 +142,7 @@ std::optional<TimeNs> Harness::next_event_ns() const {
 }
 const topology::TopologyGraph& Harness::topology() const { return state_->core->graph; }
 transport::SimTransport& Harness::sim_transport() { return *state_->core->sim; }
+transport::CudaTransport* Harness::cuda_transport() { return state_->core->cuda; }
 const sched::Scheduler& Harness::scheduler() const { return *state_->core->scheduler; }
 admission::AdmissionController& Harness::admission() { return *state_->core->admission; }
 MetricsRegistry& Harness::metrics() { return state_->core->metrics; }

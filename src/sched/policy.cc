@@ -134,6 +134,7 @@ class PolicyReader {
   Status read_credits(const Entry& section, SchedPolicy& policy);
   Status read_preemption(const Entry& section, SchedPolicy& policy) const;
   Status read_admission(const Entry& section, SchedPolicy& policy) const;
+  Status read_cost_model(const Entry& section, SchedPolicy& policy) const;
   Result<TimeNs> duration(const Entry& e, std::string_view key) const;
   Result<TimeNs> positive_duration(const Entry& e, std::string_view key) const;
   Status check_inflight_holds_a_slice(const SchedPolicy& policy) const;
@@ -238,6 +239,50 @@ Result<std::uint64_t> PolicyReader::size(const Entry& e, std::string_view key) c
     return std::unexpected(bad_value(line_of(e), key, why));
   }
   return *bytes;
+}
+
+// cost_model: {<path>: {<proximity>: {bandwidth_gbps: X, latency_us: Y}}}
+Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) const {
+  static constexpr std::array<std::string_view, 2> kKeys{"bandwidth_gbps", "latency_us"};
+  auto paths = entries(section.value, "cost_model", line_of(section), {});
+  if (!paths) return paths.error();
+  for (const Entry& p : *paths) {
+    auto path = topology::parse_path_type(p.key);
+    if (!path) {
+      return bad_value(line_of(p), "cost_model",
+                       fmt::format("unknown path \"{}\" (expected {})", p.key, path_names_or_default()));
+    }
+    const std::string path_key = join("cost_model", p.key);
+    auto proximities = entries(p.value, path_key, line_of(p), {});
+    if (!proximities) return proximities.error();
+    for (const Entry& x : *proximities) {
+      std::optional<topology::Proximity> proximity;
+      for (int i = 0; i < topology::kProximityCount; ++i) {
+        if (topology::to_string(static_cast<topology::Proximity>(i)) == x.key) {
+          proximity = static_cast<topology::Proximity>(i);
+        }
+      }
+      if (!proximity) {
+        return bad_value(line_of(x), path_key,
+                         fmt::format("unknown proximity \"{}\" (expected PIX, PXB, PHB, NODE, SYS, local or remote)",
+                                     x.key));
+      }
+      const std::string key = join(path_key, x.key);
+      auto fields = entries(x.value, key, line_of(x), kKeys);
+      if (!fields) return fields.error();
+      SchedPolicy::CostOverride o{*path, *proximity, 0, 0};
+      for (const Entry& f : *fields) {
+        auto value = non_negative_number(f, join(key, f.key));
+        if (!value) return value.error();
+        (f.key == "bandwidth_gbps" ? o.bandwidth_gbps : o.latency_us) = *value;
+      }
+      if (!(o.bandwidth_gbps > 0)) {
+        return bad_value(line_of(x), key, "bandwidth_gbps is missing or zero (expected GB/s > 0)");
+      }
+      policy.cost_model.push_back(o);
+    }
+  }
+  return Status::ok();
 }
 
 Status PolicyReader::read_weights(const Entry& section, SchedPolicy& policy) const {
@@ -507,9 +552,9 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
     return Status::invalid_argument("{}:{}: expected a mapping of policy keys, got {}", origin_,
                                     line_of(root), describe(root));
   }
-  static constexpr std::array<std::string_view, 10> kKeys{
+  static constexpr std::array<std::string_view, 11> kKeys{
       "policy", "weights", "class_priority", "deadline_horizon", "starvation_bound", "transfer_timeout",
-      "slice_size", "credits", "preemption", "admission"};
+      "slice_size", "credits", "preemption", "admission", "cost_model"};
   auto sections = entries(root, "", line_of(root), kKeys);
   if (!sections) return sections.error();
   for (const Entry& e : *sections) {
@@ -549,6 +594,8 @@ Status PolicyReader::read(const YAML::Node& root, SchedPolicy& policy) {
       status = read_preemption(e, policy);
     } else if (e.key == "admission") {
       status = read_admission(e, policy);
+    } else if (e.key == "cost_model") {
+      status = read_cost_model(e, policy);
     }
     if (!status.is_ok()) return status;
   }

@@ -545,3 +545,34 @@ TEST(PolicyKindNames, BadNamesAreQuoted) {
 
 }  // namespace
 }  // namespace baton::sched
+
+TEST(SchedPolicyParse, CostModelOverridesMeasuredPaths) {
+  const auto p = parse_policy(R"(cost_model:
+  host_staging:
+    local: {bandwidth_gbps: 53.5, latency_us: 8}
+    remote: {bandwidth_gbps: 40}
+  nvlink:
+    local: {bandwidth_gbps: 24.5, latency_us: 2}
+)");
+  ASSERT_TRUE(p.has_value()) << p.error().message();
+  using topology::PathType;
+  using topology::Proximity;
+  ASSERT_EQ(p->cost_model.size(), 3u);
+  EXPECT_EQ(p->cost_model[0], (SchedPolicy::CostOverride{PathType::kHostStaging, Proximity::kLocal, 53.5, 8}));
+  EXPECT_EQ(p->cost_model[1], (SchedPolicy::CostOverride{PathType::kHostStaging, Proximity::kRemote, 40, 0}));
+  EXPECT_EQ(p->cost_model[2], (SchedPolicy::CostOverride{PathType::kNvlink, Proximity::kLocal, 24.5, 2}));
+}
+
+TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
+  for (const char* bad : {"cost_model: {warp: {local: {bandwidth_gbps: 1}}}",
+                          "cost_model: {nvlink: {nearby: {bandwidth_gbps: 1}}}",
+                          "cost_model: {nvlink: {local: {latency_us: 3}}}",
+                          "cost_model: {nvlink: {local: {bandwidth_gbps: -2}}}",
+                          "cost_model: {nvlink: {local: {bandwidth_gbps: 1, speed: 2}}}",
+                          "cost_model: {nvlink: {local: 5}}"}) {
+    const auto p = parse_policy(bad);
+    ASSERT_FALSE(p.has_value()) << bad;
+    EXPECT_EQ(p.error().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(p.error().message().find("cost_model"), std::string::npos) << p.error().message();
+  }
+}

@@ -20,6 +20,7 @@ std::vector<Command> add_bench_commands(CLI::App& parent) {
   modes.push_back(add_bench_latency(*bench));
   modes.push_back(add_bench_handoff(*bench));
   modes.push_back(add_bench_store(*bench));
+  modes.push_back(add_bench_matrix(*bench));
   return modes;
 }
 

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "baton/common/units.h"
+#include "baton/topology/graph.h"
+#include "baton/topology/probe.h"
 #include "workloads/mixed.h"
 #include "commands.h"
 #include "json_output.h"
@@ -31,7 +33,49 @@ struct SchedBenchOptions {
   PeerOptions peer;  // bench mixed over a real link
   std::string prefill_size;
   std::string decode_size;
+  bool real_cuda = false;  // bench mixed --real: real copies over the CUDA transport
+  std::vector<int> gpus;
 };
+
+// The mixed workload sized for one real PCIe path (a GPU and its host
+// memory, ~50 GB/s on Gen5): 8 × 32 MiB prefill bursts every 10 ms on
+// average (about half of it) against the usual 256 KiB decode every
+// 100 µs due 2 ms later, for 2 s of arrivals.
+void apply_cuda_defaults(CLI::App& app, SchedBenchOptions& o) {
+  if (app.count("--prefill-burst") == 0) o.workload.prefill_burst = 8;
+  if (app.count("--duration-ms") == 0) o.duration_ms = 2000;
+}
+
+// The endpoints of the real path: GPU a → GPU b for two GPUs; for one, the
+// host memory of the GPU's own NUMA node → the GPU.
+Status choose_cuda_path(SchedBenchOptions& o) {
+  if (o.gpus.empty() || o.gpus.size() > 2) {
+    return Status::invalid_argument("--real needs --gpus with one GPU (host -> GPU) or two (GPU -> GPU), got {}",
+                                    o.gpus.size());
+  }
+  workloads::MixedWorkload& w = o.workload;
+  w.topology_model.clear();  // this machine's probe
+  w.to = fmt::format("gpu{}", o.gpus.back());
+  if (o.gpus.size() == 2) {
+    w.from = fmt::format("gpu{}", o.gpus[0]);
+    return Status::ok();
+  }
+  auto facts = topology::probe_machine();
+  if (!facts) return facts.error();
+  auto graph = topology::TopologyGraph::build(*facts);
+  if (!graph) return graph.error();
+  const auto numa = graph->nodes_of(topology::NodeKind::kNuma);
+  if (numa.empty()) return Status::not_found("--real: the topology has no NUMA node (host memory)");
+  w.from = numa.front()->id;
+  for (const topology::Node* n : numa) {
+    auto route = graph->rank(n->id, w.to);
+    if (route && route->best().proximity == topology::Proximity::kLocal) {
+      w.from = n->id;
+      break;
+    }
+  }
+  return Status::ok();
+}
 
 // The mixed workload sized for a loopback socket rather than an NVSwitch:
 // 4 × 4 MiB prefill bursts every 80 ms on average (about 40% of the
@@ -130,15 +174,29 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     return fail(Status::invalid_argument(
         "--policy \"{}\": expected deadline_aware, baseline_fifo, strict_priority, edf, both or all", o.policy));
   }
+  std::shared_ptr<transport::CudaRuntime> cuda;
+  if (o.real_cuda) {
+    if (o.peer.real()) return fail(Status::invalid_argument("--real (CUDA copies) and a UCX peer exclude each other"));
+    auto rt = transport::cuda_runtime();
+    if (!rt) return fail(rt.error());
+    cuda = *rt;
+  }
   PeerOptions peer = o.peer;
   auto child = resolve_peer(peer, w->prefill_bytes + w->decode_bytes);
   if (!child) return fail(child.error());
   ordered_json j{{"workload", workload_json(*w, peer)}, {"policies", ordered_json::object()}};
+  if (cuda) {
+    j["workload"]["transport"] = "cuda";
+    j["workload"]["topology"] = "probe";
+    j["workload"]["link"] = fmt::format("{}->{}", w->from, w->to);
+  }
   std::map<sched::PolicyKind, workloads::MixedResult> results;
   for (sched::PolicyKind kind : kinds) {
     sched::SchedPolicy policy = *base;
     policy.kind = kind;
-    auto r = peer.real() ? workloads::run_mixed_ucx(*w, policy, peer.target, peer.ucx) : workloads::run_mixed(*w, policy);
+    auto r = cuda         ? workloads::run_mixed_cuda(*w, policy, cuda)
+             : peer.real() ? workloads::run_mixed_ucx(*w, policy, peer.target, peer.ucx)
+                           : workloads::run_mixed(*w, policy);
     if (!r) return fail(r.error());
     results[kind] = *r;
     const workloads::ClassOutcome decode = workloads::summarize_class(r->decode_requests, r->end_ns);
@@ -245,8 +303,19 @@ Command add_bench_mixed(CLI::App& bench) {
   add_peer_options(*app, o->peer);
   app->add_option("--prefill-size", o->prefill_size, "Bytes per prefill request (size)");
   app->add_option("--decode-size", o->decode_size, "Bytes per decode request (size)");
+  app->add_flag("--real", o->real_cuda, "Real copies over the CUDA transport, on the wall clock (needs --gpus)");
+  app->add_option("--gpus", o->gpus, "With --real: one GPU (host -> GPU) or two (GPU -> GPU), as `baton topo` numbers them")
+      ->delimiter(',');
   return {app, [o, app] {
-            if (o->peer.real()) apply_ucx_defaults(*app, *o);
+            if (o->real_cuda) {
+              if (Status s = choose_cuda_path(*o); !s.is_ok()) {
+                fmt::print(stderr, "baton bench: {}\n", s.message());
+                return 2;
+              }
+              apply_cuda_defaults(*app, *o);
+            } else if (o->peer.real()) {
+              apply_ucx_defaults(*app, *o);
+            }
             return run_mixed_bench(*o);
           }};
 }

@@ -37,5 +37,6 @@ Command add_bench_idle(CLI::App& bench);
 Command add_bench_latency(CLI::App& bench);
 Command add_bench_handoff(CLI::App& bench);
 Command add_bench_store(CLI::App& bench);
+Command add_bench_matrix(CLI::App& bench);
 
 }  // namespace baton::cli

@@ -26,6 +26,7 @@
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
 #include "baton/topology/graph.h"
+#include "baton/transport/cuda_transport.h"
 #include "baton/transport/sim_transport.h"
 
 namespace baton::engine {
@@ -46,6 +47,12 @@ struct HarnessConfig {
   // `policy`. Its errors (with line numbers) come back from create().
   std::string policy_file;
   transport::SimConfig sim;
+  // Real copies instead of the simulator: the CUDA transport over this
+  // runtime (cuda_runtime()), on the topology's GPUs and host memory (leave
+  // topology_model empty for this machine's probe). Requests then name
+  // memory registered with cuda_transport() before traffic.
+  std::shared_ptr<transport::CudaRuntime> cuda;
+  transport::CudaConfig cuda_config;
 };
 
 class Harness {
@@ -93,7 +100,10 @@ class Harness {
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const;
 
   [[nodiscard]] const topology::TopologyGraph& topology() const;
+  // The simulated transport; only when HarnessConfig::cuda is unset.
   [[nodiscard]] transport::SimTransport& sim_transport();
+  // The CUDA transport when HarnessConfig::cuda is set, else null.
+  [[nodiscard]] transport::CudaTransport* cuda_transport();
   [[nodiscard]] const sched::Scheduler& scheduler() const;
   // Register the local-recompute callback and a codec here. Callbacks run
   // on the loop: they must not call back into the harness and wait.

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "baton/common/clock.h"
@@ -90,6 +91,17 @@ struct SchedPolicy {
   std::array<PathCredits, topology::kPathTypeCount> credits{};
 
   bool preemption = true;
+  // Measured path costs that replace the cost model's (`cost_model:` in the
+  // YAML; `baton bench matrix --update-model` writes them). Bandwidth is per
+  // link for nvlink/nvswitch, as in topology::CostModel::set.
+  struct CostOverride {
+    topology::PathType path = topology::PathType::kHostStaging;
+    topology::Proximity proximity = topology::Proximity::kLocal;
+    double bandwidth_gbps = 0;
+    double latency_us = 0;
+    friend bool operator==(const CostOverride&, const CostOverride&) = default;
+  };
+  std::vector<CostOverride> cost_model;
   // Classes at or above this one may preempt lower classes.
   QosClass preempt_min_class = QosClass::kDecodeCritical;
 

@@ -40,7 +40,8 @@ class CudaTransport final : public Transport {
  public:
   // Both directions of each link of `graph` that CUDA can carry, GPUs
   // matched to CUDA devices by PCI bus id (by index when the topology does
-  // not know it). A peer link whose devices the driver does not let reach
+  // not know it). One peer path per GPU pair, on its best peer link (the
+  // driver picks the wire, NVLink where there is one). A peer link whose devices the driver does not let reach
   // each other (or that fails to enable) is left out: its host-staging
   // link stays. invalid_argument for a bad config or a topology GPU with no
   // CUDA device; unavailable when the runtime refuses a stream, event or

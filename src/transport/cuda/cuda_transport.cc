@@ -282,7 +282,20 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
     state->endpoints[node->id] = Endpoint{false, -1, node->numa};
   }
 
+  // A GPU pair's peer copies take whatever link the driver uses (NVLink
+  // when there is one): one peer path per pair, on its best link.
+  using topology::PathType;
+  auto peer_link = [](const topology::Link& l) {
+    return l.path == PathType::kNvlink || l.path == PathType::kNvswitch || l.path == PathType::kPcieP2p;
+  };
+  std::unordered_map<std::string, const topology::Link*> best_peer;
   for (const topology::Link& link : graph.links()) {
+    if (!peer_link(link)) continue;
+    const topology::Link*& best = best_peer[link.from + "|" + link.to];
+    if (best == nullptr || link.cost.score > best->cost.score) best = &link;
+  }
+  for (const topology::Link& link : graph.links()) {
+    if (peer_link(link) && best_peer[link.from + "|" + link.to] != &link) continue;
     const auto from = state->endpoints.find(link.from);
     const auto to = state->endpoints.find(link.to);
     if (from == state->endpoints.end() || to == state->endpoints.end()) continue;
@@ -291,11 +304,9 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
     if (!a.gpu && !b.gpu) continue;  // host ↔ host is not CUDA's
     Mechanism mechanism = Mechanism::kHost;
     if (a.gpu && b.gpu) {
-      using topology::PathType;
       if (link.path == PathType::kHostStaging) {
         mechanism = Mechanism::kStaging;
-      } else if (link.path == PathType::kNvlink || link.path == PathType::kNvswitch ||
-                 link.path == PathType::kPcieP2p) {
+      } else if (peer_link(link)) {
         if (a.device == b.device || !rt.can_access_peer(a.device, b.device) ||
             !rt.can_access_peer(b.device, a.device)) {
           spdlog::info("cuda transport: {} <-> {} over {}: no peer access; host staging only", link.from, link.to,
