@@ -31,7 +31,7 @@ const std::vector<Source>& sources(const HandoffRequest& h, Leg leg) {
 class EngineLegs final : public Legs {
  public:
   EngineLegs(engine::Engine& engine, std::uint64_t piece_bytes, engine::Region scratch)
-      : engine_(engine), piece_bytes_(piece_bytes), scratch_(scratch) {}
+      : engine_(engine), piece_bytes_(piece_bytes), scratch_(scratch), ended_fd_(engine.batch_event_fd()) {}
 
   ~EngineLegs() override {
     // Nothing of ours may land in the caller's memory after we are gone.
@@ -197,7 +197,7 @@ class EngineLegs final : public Legs {
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const override { return std::nullopt; }
 
   [[nodiscard]] Status advance(TimeNs t_ns) override {
-    const int fd = engine_.batch_event_fd();
+    const int fd = ended_fd_;
     const TimeNs wait_ns = t_ns - engine_.now_ns();
     if (fd < 0) {
       // No eventfd: poll the runs every 50 µs at most.
@@ -279,6 +279,10 @@ class EngineLegs final : public Legs {
   engine::Engine& engine_;
   std::uint64_t piece_bytes_;
   engine::Region scratch_;  // where probes land
+  // Asked for before any run: the engine writes it only once someone has,
+  // so a batch that ended between a look at the runs and the first ask
+  // would leave advance() asleep until its timer (found under load: 20 s).
+  const int ended_fd_;
   std::map<RunId, Run> runs_;
   mutable std::map<std::string, std::vector<transport::RemoteRegion>> known_regions_;  // by peer
   RunId next_id_ = 1;

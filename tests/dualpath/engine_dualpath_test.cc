@@ -143,7 +143,9 @@ TEST(EngineDualPath, ADirectPeerThatDiesMidHandoffLeavesOnlyItsMissingPiecesToTh
   }
   rig.prefill.engine->shutdown();
   const HandoffStatus st = rig.finish(*id);
-  ASSERT_EQ(st.state, HandoffState::kCompleted) << st.status.to_string();
+  ASSERT_EQ(st.state, HandoffState::kCompleted)
+      << st.status.to_string() << "; landed " << st.bytes_landed << ", failovers " << st.failovers << " (first at "
+      << st.first_failover_ns << " ns, submitted at " << st.submitted_ns << " ns)";
   EXPECT_EQ(st.winner, Leg::kStore);
   EXPECT_EQ(st.failovers, 1u);
   EXPECT_GE(st.bytes_direct, 1 * kMiB) << "pieces that landed before the death are not sent again";
