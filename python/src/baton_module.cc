@@ -271,9 +271,38 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
 
 // The buffer of `obj`, writable and contiguous: the buffer protocol (numpy,
 // bytearray, memoryview, …) or a CPU torch tensor (data_ptr()).
-std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::size_t& length) {
+// What register() takes: host memory (the buffer protocol, a CPU torch
+// tensor) or GPU memory (`__cuda_array_interface__`: a CUDA torch tensor, a
+// CuPy array; `kind` turns kVram and `device` the tensor's GPU, or -1 for
+// the engine to read it off the pointer).
+std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::size_t& length,
+                                       engine::MemoryKind& kind, int& device) {
   auto state = std::make_shared<RegionState>();
   state->owner = obj;
+  kind = engine::MemoryKind::kDram;
+  device = -1;
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    const py::dict cai = obj.attr("__cuda_array_interface__");
+    if (cai.contains("strides") && !cai["strides"].is_none()) {
+      raise(StatusCode::kInvalidArgument, "register: the GPU array is not contiguous (.contiguous() it first)");
+    }
+    const py::tuple data = cai["data"];
+    if (data[1].cast<bool>()) raise(StatusCode::kInvalidArgument, "register: the GPU array is read-only");
+    std::size_t items = 1;
+    for (const py::handle d : py::tuple(cai["shape"])) items *= d.cast<std::size_t>();
+    const std::string typestr = cai["typestr"].cast<std::string>();
+    std::size_t itemsize = 0;
+    if (typestr.size() >= 3) itemsize = std::stoul(typestr.substr(2));
+    if (itemsize == 0) raise(StatusCode::kInvalidArgument, "register: GPU array typestr \"" + typestr + "\"");
+    ptr = reinterpret_cast<void*>(data[0].cast<std::uintptr_t>());
+    length = items * itemsize;
+    kind = engine::MemoryKind::kVram;
+    if (py::hasattr(obj, "device") && py::hasattr(obj.attr("device"), "index") &&
+        !obj.attr("device").attr("index").is_none()) {
+      device = obj.attr("device").attr("index").cast<int>();
+    }
+    return state;
+  }
   if (PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer view{};
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
@@ -287,9 +316,6 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
     return state;
   }
   if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size") && py::hasattr(obj, "numel")) {
-    if (py::hasattr(obj, "is_cuda") && obj.attr("is_cuda").cast<bool>()) {
-      raise(StatusCode::kInvalidArgument, "register: a CUDA tensor (this build registers CPU memory)");
-    }
     if (py::hasattr(obj, "is_contiguous") && !obj.attr("is_contiguous")().cast<bool>()) {
       raise(StatusCode::kInvalidArgument, "register: the tensor is not contiguous (.contiguous() it first)");
     }
@@ -298,7 +324,7 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
     return state;
   }
   raise(StatusCode::kInvalidArgument, "register: expected an object with a writable buffer (numpy array, "
-                                      "bytearray, memoryview) or a CPU torch tensor");
+                                      "bytearray, memoryview), a torch tensor or a GPU array (__cuda_array_interface__)");
 }
 
 py::object memory_view(const engine::Region& r) {
@@ -476,19 +502,23 @@ PYBIND11_MODULE(_baton, m) {
              auto e = s.get("register");
              void* ptr = nullptr;
              std::size_t length = 0;
-             auto state = buffer_of(obj, ptr, length);
+             engine::MemoryKind kind = engine::MemoryKind::kDram;
+             int device = -1;
+             auto state = buffer_of(obj, ptr, length, kind, device);
              if (length == 0) raise(StatusCode::kInvalidArgument, "register: the buffer is empty");
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
              {
                py::gil_scoped_release release;
-               r = e->register_memory(ptr, length);
+               r = e->register_memory(ptr, length, kind, device);
              }
              state->region = value_or_raise(std::move(r));
              std::lock_guard lock(s.mutex);
              s.regions[state->region.handle] = state;
              return PyRegion{state, false};
            },
-           py::arg("buffer"), "Registers a writable buffer (numpy, bytearray, memoryview, CPU torch tensor)")
+           py::arg("buffer"),
+           "Registers a writable buffer (numpy, bytearray, memoryview, CPU torch tensor) or GPU memory (an object "
+           "with __cuda_array_interface__: a CUDA torch tensor, a CuPy array)")
       .def("allocate",
            [](EngineState& s, long long nbytes) {
              auto e = s.get("allocate");

@@ -328,3 +328,27 @@ def test_importing_needs_no_gpu_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+class GpuArray:
+    """A stand-in for a CUDA tensor: only __cuda_array_interface__ (host
+    memory behind it, so the engine's CUDA check is what refuses it)."""
+
+    def __init__(self, nbytes, strides=None, readonly=False):
+        self.buffer = bytearray(nbytes)
+        import ctypes
+        address = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(self.buffer))
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, readonly),
+                                         "strides": strides, "version": 3}
+
+
+def test_gpu_arrays_go_to_the_engine_as_vram(engine):
+    # Without a GPU (or with host memory behind the interface) the engine
+    # says why; a non-contiguous or read-only array is refused here.
+    with pytest.raises((baton.Unavailable, baton.InvalidArgument)) as e:
+        engine.register(GpuArray(4096))
+    assert "CUDA" in str(e.value) or "device memory" in str(e.value)
+    with pytest.raises(baton.InvalidArgument, match="not contiguous"):
+        engine.register(GpuArray(4096, strides=(2,)))
+    with pytest.raises(baton.InvalidArgument, match="read-only"):
+        engine.register(GpuArray(4096, readonly=True))

@@ -162,3 +162,21 @@ def test_dualpath_draws_a_png(tmp_path):
     r = run(write(tmp_path, doc), out)
     assert r.returncode == 0, r.stderr
     assert_png(out)
+
+
+MATRIX = {"bench": "matrix", "gpus": [0, 1], "block_bytes": 64 << 20, "repeat": 10, "paths": [
+    {"from": "gpu0", "to": "gpu1", "kind": "peer", "path": "nvlink", "measured_gbps": 380.0,
+     "model_gbps": 450.0},
+    {"from": "gpu0", "to": "gpu1", "kind": "staging", "path": "host_staging", "measured_gbps": 20.0,
+     "model_gbps": 24.0},
+    {"from": "numa0", "to": "gpu0", "kind": "h2d", "path": "host_staging", "measured_gbps": 53.0,
+     "model_gbps": 24.0},
+    {"from": "gpu0", "to": "gpu0", "kind": "d2d", "path": "copy", "measured_gbps": 1800.0,
+     "model_gbps": None}]}
+
+
+def test_matrix_draws_a_heatmap(tmp_path):
+    out = tmp_path / "matrix.png"
+    r = run(write(tmp_path, MATRIX), out)
+    assert r.returncode == 0, r.stderr
+    assert_png(out)

@@ -56,8 +56,11 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
   if (config.real) {
     auto ucx = transport::UcxTransport::create(config.ucx);
     if (!ucx) return std::unexpected(ucx.error());
-    core->ucx = ucx->get();
-    core->transport = std::move(*ucx);
+    // VRAM slices are staged through host memory (UCX here cannot reach GPUs).
+    auto staging = std::make_unique<VramStaging>(std::move(*ucx), std::move(config.cuda));
+    core->ucx = &staging->ucx();
+    core->staging = staging.get();
+    core->transport = std::move(staging);
   } else if (config.cuda) {
     auto cuda = transport::CudaTransport::create(core->graph, std::move(config.cuda), config.cuda_config);
     if (!cuda) return std::unexpected(cuda.error());

@@ -21,6 +21,7 @@
 #include "baton/transport/sim_transport.h"
 #include "baton/transport/ucx_transport.h"
 #include "engine/engine_loop.h"
+#include "engine/vram_staging.h"
 
 namespace baton::engine {
 
@@ -33,7 +34,9 @@ struct CoreConfig {
   sched::SchedPolicy policy;
   std::string policy_file;
   transport::SimConfig sim;
-  // Set (and not `real`): the CUDA transport over this runtime.
+  // Not `real`: the CUDA transport over this runtime, instead of the
+  // simulator, when set. `real`: the runtime VRAM regions are staged with
+  // (null: cuda_runtime(), asked at the first VRAM registration).
   std::shared_ptr<transport::CudaRuntime> cuda;
   transport::CudaConfig cuda_config;
 };
@@ -97,6 +100,7 @@ struct Core {
   transport::SimTransport* sim = nullptr;  // the transport, when simulated
   transport::UcxTransport* ucx = nullptr;  // the transport, when real
   transport::CudaTransport* cuda = nullptr;  // the transport, when CUDA
+  VramStaging* staging = nullptr;            // the transport over `ucx`, when real
   std::unique_ptr<sched::Scheduler> scheduler;
   std::unique_ptr<admission::AdmissionController> admission;
   std::unique_ptr<EngineLoop> loop;

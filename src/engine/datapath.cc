@@ -20,9 +20,10 @@ std::string_view op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
 
 }  // namespace
 
-Datapath::Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
+Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission::AdmissionController& admission,
                    MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id, EngineLoop& loop)
-    : ucx_(ucx),
+    : staging_(staging),
+      ucx_(staging.ucx()),
       scheduler_(scheduler),
       admission_(admission),
       metrics_(metrics),
@@ -39,8 +40,20 @@ Datapath::Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, ad
 }
 
 Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
-  auto handle = ucx_.register_memory(ptr, length, kind);
+  if (kind != MemoryKind::kDram && kind != MemoryKind::kVram) {
+    return std::unexpected(Status::invalid_argument("register_memory: unknown memory kind {}", static_cast<int>(kind)));
+  }
+  // UCX and the VRAM staging each refuse overlaps among their own regions;
+  // this covers a range registered as both kinds.
+  const auto base = reinterpret_cast<std::uint64_t>(ptr);
+  for (const auto& [h, r] : regions_) {
+    if (base < r.region.base + r.region.length && r.region.base < base + length) {
+      return std::unexpected(Status::invalid_argument("register_memory: [{}, +{}) overlaps region {}", ptr, length, h));
+    }
+  }
+  auto handle = kind == MemoryKind::kVram ? staging_.register_vram(ptr, length, device) : ucx_.register_memory(ptr, length, kind);
   if (!handle) return std::unexpected(handle.error());
+  if (kind == MemoryKind::kVram) device = staging_.device_of(*handle);
   Region region{*handle, reinterpret_cast<std::uint64_t>(ptr), length, kind, device};
   regions_.emplace(*handle, RegionRecord{region, 0});
   return region;
@@ -64,6 +77,12 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
     return Status::failed_precondition("unregister: region {} has {} requests queued or in flight", handle,
                                        it->second.live_requests);
   }
+  if (VramStaging::is_vram(handle)) {
+    if (Status s = staging_.unregister_vram(handle); !s.is_ok()) return s;
+    regions_.erase(it);
+    done(Status::ok());
+    return Status::ok();
+  }
   if (Status s = ucx_.unregister(handle); !s.is_ok()) {
     // Only slices of cancelled requests can be left: UCX cannot recall them.
     return Status::failed_precondition("unregister: {}", s.message());
@@ -80,6 +99,12 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
 Status Datapath::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
   if (!regions_.contains(handle)) {
     return Status::not_found("export_region: no region {} (never registered, or unregistered)", handle);
+  }
+  if (VramStaging::is_vram(handle)) {
+    return Status::failed_precondition(
+        "export_region: region {} is GPU memory, which peers cannot reach yet (read it into, or write it from, a peer's "
+        "host memory instead)",
+        handle);
   }
   return ucx_.export_region(handle, peers);
 }

@@ -21,12 +21,13 @@
 #include "baton/sched/scheduler.h"
 #include "baton/transport/ucx_transport.h"
 #include "engine/engine_loop.h"
+#include "engine/vram_staging.h"
 
 namespace baton::engine {
 
 class Datapath {
  public:
-  Datapath(transport::UcxTransport& ucx, sched::Scheduler& scheduler, admission::AdmissionController& admission,
+  Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission::AdmissionController& admission,
            MetricsRegistry& metrics, std::atomic<sched::RequestId>& next_id, EngineLoop& loop);
   ~Datapath();
   Datapath(const Datapath&) = delete;
@@ -132,6 +133,7 @@ class Datapath {
   // On the loop: a direct batch's notification.
   void notify_direct(const std::string& peer, const std::string& notification);
 
+  VramStaging& staging_;
   transport::UcxTransport& ucx_;
   sched::Scheduler& scheduler_;
   admission::AdmissionController& admission_;

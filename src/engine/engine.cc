@@ -33,14 +33,15 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   const std::uint64_t direct_copy_max_bytes = config.ucx.direct_copy_max_bytes;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),
                             std::move(config.topology_file), std::move(config.policy), std::move(config.policy_file),
-                            {}, nullptr, {}});
+                            {}, std::move(config.cuda), {}});
   if (!core) return std::unexpected(core.error());
   auto state = std::make_unique<State>();
   state->core = std::move(*core);
   state->revoke_timeout_ms = revoke_timeout_ms;
   state->direct_copy_max_bytes = direct_copy_max_bytes;
   Core& c = *state->core;
-  state->datapath = std::make_unique<Datapath>(*c.ucx, *c.scheduler, *c.admission, c.metrics, c.next_id, *c.loop);
+  state->datapath =
+      std::make_unique<Datapath>(*c.staging, *c.scheduler, *c.admission, c.metrics, c.next_id, *c.loop);
   state->datapath->set_clock([&c] { return c.now_ns(); });
   c.before_metrics = [d = state->datapath.get()] { d->flush_direct_metrics(); };  // counted on submitting threads
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });

@@ -300,7 +300,8 @@ TEST(SchedPolicyParse, ANulByteIsRefusedNotLoopedOn) {
 TEST(SchedPolicyParse, UnknownTopLevelKey) {
   EXPECT_EQ(error_for("policy: deadline_aware\npolcy: baseline_fifo\n"),
             "<string>:2: unknown key \"polcy\" (expected one of: policy, weights, class_priority, "
-            "deadline_horizon, starvation_bound, transfer_timeout, slice_size, credits, preemption, admission)");
+            "deadline_horizon, starvation_bound, transfer_timeout, slice_size, credits, preemption, admission, "
+            "cost_model)");
 }
 
 TEST(SchedPolicyParse, AdmissionSection) {
@@ -543,9 +544,6 @@ TEST(PolicyKindNames, BadNamesAreQuoted) {
   }
 }
 
-}  // namespace
-}  // namespace baton::sched
-
 TEST(SchedPolicyParse, CostModelOverridesMeasuredPaths) {
   const auto p = parse_policy(R"(cost_model:
   host_staging:
@@ -555,7 +553,6 @@ TEST(SchedPolicyParse, CostModelOverridesMeasuredPaths) {
     local: {bandwidth_gbps: 24.5, latency_us: 2}
 )");
   ASSERT_TRUE(p.has_value()) << p.error().message();
-  using topology::PathType;
   using topology::Proximity;
   ASSERT_EQ(p->cost_model.size(), 3u);
   EXPECT_EQ(p->cost_model[0], (SchedPolicy::CostOverride{PathType::kHostStaging, Proximity::kLocal, 53.5, 8}));
@@ -576,3 +573,6 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
     EXPECT_NE(p.error().message().find("cost_model"), std::string::npos) << p.error().message();
   }
 }
+
+}  // namespace
+}  // namespace baton::sched

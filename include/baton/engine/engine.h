@@ -25,6 +25,7 @@
 #include "baton/sched/policy.h"
 #include "baton/sched/scheduler.h"
 #include "baton/topology/graph.h"
+#include "baton/transport/cuda_runtime.h"
 #include "baton/transport/ucx_transport.h"
 
 namespace baton::engine {
@@ -48,6 +49,9 @@ struct EngineConfig {
   // paths to them.
   std::string topology_model{};
   std::string topology_file{};
+  // The CUDA runtime VRAM regions use (register_memory with kVram); null:
+  // the process's own (cuda_runtime()), looked up at the first one.
+  std::shared_ptr<transport::CudaRuntime> cuda{};
 };
 
 using transport::MemoryKind;
@@ -130,7 +134,15 @@ class Engine {
   // Registers [ptr, ptr + length) for transfers; peers reach it only once
   // export_region() made it visible to them. invalid_argument
   // for a null pointer, zero length or an overlap with a region; unavailable
-  // when UCX refuses (VRAM without CUDA support in UCX).
+  // when UCX refuses.
+  // kVram: GPU memory of CUDA device `device` (-1: the one the pointer
+  // belongs to, as Region::device then says), checked against the CUDA
+  // runtime's pointer attributes (invalid_argument when the range is not
+  // all device memory of `device`; unavailable without a CUDA device). Its
+  // transfers are staged through pinned host memory (a CUDA copy on this
+  // side of each slice), so any peer's DRAM region can be read into it or
+  // written from it; it cannot be exported to peers yet (docs/engine.md,
+  // "GPU memory").
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind = MemoryKind::kDram,
                                                int device = -1);
   // Memory the engine allocates and registers (freed by unregister()). On

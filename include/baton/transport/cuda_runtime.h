@@ -75,6 +75,12 @@ class CudaRuntime {
   [[nodiscard]] virtual Result<std::uint64_t> device_memory_used(int device) const = 0;
 };
 
+// ok when both ends of [ptr, ptr + length) are device memory of `device` by
+// the runtime's pointer attributes; invalid_argument saying what they are
+// otherwise (pageable or pinned host, managed, another GPU's), and for a
+// null pointer or zero length.
+[[nodiscard]] Status check_device_memory(const CudaRuntime& runtime, const void* ptr, std::size_t length, int device);
+
 // The CUDA runtime of this process (linked statically: nothing needs
 // libcudart.so at run time). unavailable, saying why, in a build without
 // CUDA, without a driver, or without a visible device.

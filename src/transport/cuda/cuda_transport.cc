@@ -82,6 +82,25 @@ Result<int> gpu_index(std::string_view id) {
 
 }  // namespace
 
+Status check_device_memory(const CudaRuntime& runtime, const void* ptr, std::size_t length, int device) {
+  if (ptr == nullptr || length == 0) {
+    return Status::invalid_argument("GPU memory [{}, +{}): a null pointer or zero length", ptr, length);
+  }
+  for (const void* end : {ptr, static_cast<const void*>(static_cast<const std::byte*>(ptr) + (length - 1))}) {
+    auto a = runtime.pointer(end);
+    if (!a) return a.error();
+    if (a->type == CudaMemoryType::kDevice && a->device == device) continue;
+    return Status::invalid_argument(
+        "[{}, +{}) is not all device memory of GPU {} (the runtime says {} memory{} at {})", ptr, length, device,
+        a->type == CudaMemoryType::kDevice       ? "device"
+        : a->type == CudaMemoryType::kPinnedHost ? "pinned host"
+        : a->type == CudaMemoryType::kManaged    ? "managed"
+                                                 : "pageable host",
+        a->type == CudaMemoryType::kDevice ? fmt::format(" of GPU {}", a->device) : "", end);
+  }
+  return Status::ok();
+}
+
 struct CudaTransport::State {
   std::shared_ptr<CudaRuntime> runtime;
   CudaConfig config;
@@ -364,25 +383,19 @@ Result<RegionHandle> CudaTransport::register_memory(void* ptr, std::size_t lengt
         Status::invalid_argument("cuda register_memory: [{}, +{}) overlaps a registered region", ptr, length));
   }
   const void* last = static_cast<const std::byte*>(ptr) + (length - 1);
-  auto first_attr = st.runtime->pointer(ptr);
-  auto last_attr = st.runtime->pointer(last);
-  if (!first_attr) return std::unexpected(first_attr.error());
-  if (!last_attr) return std::unexpected(last_attr.error());
   Region r{st.next_region, base, length, kind, device, false, 0};
   if (kind == MemoryKind::kVram) {
-    for (const CudaPointer& a : {*first_attr, *last_attr}) {
-      if (a.type != CudaMemoryType::kDevice || a.device != device) {
-        return std::unexpected(Status::invalid_argument(
-            "cuda register_memory: [{}, +{}) is not all device memory of GPU {} (the runtime says {} memory{})", ptr,
-            length, device,
-            a.type == CudaMemoryType::kDevice        ? "device"
-            : a.type == CudaMemoryType::kPinnedHost  ? "pinned host"
-            : a.type == CudaMemoryType::kManaged     ? "managed"
-                                                     : "pageable host",
-            a.type == CudaMemoryType::kDevice ? fmt::format(" of GPU {}", a.device) : ""));
-      }
+    if (Status s = check_device_memory(*st.runtime, ptr, length, device); !s.is_ok()) {
+      return std::unexpected(Status(s.code(), "cuda register_memory: " + s.message()));
     }
   } else {
+    if (device < -1) {
+      return std::unexpected(Status::invalid_argument("cuda register_memory: NUMA node {} (expected >= 0, or -1)", device));
+    }
+    auto first_attr = st.runtime->pointer(ptr);
+    auto last_attr = st.runtime->pointer(last);
+    if (!first_attr) return std::unexpected(first_attr.error());
+    if (!last_attr) return std::unexpected(last_attr.error());
     for (const CudaPointer& a : {*first_attr, *last_attr}) {
       if (a.type == CudaMemoryType::kDevice || a.type == CudaMemoryType::kManaged) {
         return std::unexpected(Status::invalid_argument(

@@ -1,0 +1,261 @@
+#include "engine/vram_staging.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <bit>
+
+namespace baton::engine {
+
+using transport::CancelResult;
+using transport::Completion;
+using transport::Op;
+using transport::RegionHandle;
+using transport::SliceId;
+using transport::SliceSubmit;
+
+namespace {
+// Bounce buffers come in powers of two from 64 KiB, so slices of one size
+// (the policy's slice size per path type) reuse the same few.
+constexpr std::uint64_t kMinBounce = 64 << 10;
+}  // namespace
+
+VramStaging::VramStaging(std::unique_ptr<transport::UcxTransport> ucx, std::shared_ptr<transport::CudaRuntime> cuda)
+    : ucx_(std::move(ucx)), cuda_(std::move(cuda)) {}
+
+VramStaging::~VramStaging() {
+  if (!cuda_) return;
+  // Copies still running would write into bounce buffers freed below.
+  for (auto [device, stream] : streams_) (void)cuda_->synchronize(stream);
+  for (const Bounce& b : all_bounces_) {
+    (void)ucx_->unregister(b.ucx_region);
+    cuda_->free_pinned(b.data);
+  }
+  for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
+  for (transport::CudaEvent e : all_events_) cuda_->destroy_event(e);
+}
+
+Result<RegionHandle> VramStaging::register_vram(void* ptr, std::size_t length, int device) {
+  if (!cuda_) {
+    auto rt = transport::cuda_runtime();
+    if (!rt) return std::unexpected(Status::unavailable("register_memory: VRAM needs a CUDA device: {}", rt.error().message()));
+    cuda_ = *rt;
+  }
+  if (device < 0) {  // the GPU the pointer belongs to
+    if (auto a = cuda_->pointer(ptr); a && a->type == transport::CudaMemoryType::kDevice) device = a->device;
+  }
+  if (Status s = transport::check_device_memory(*cuda_, ptr, length, device); !s.is_ok()) {
+    return std::unexpected(Status(s.code(), "register_memory: " + s.message()));
+  }
+  const auto base = reinterpret_cast<std::uint64_t>(ptr);
+  auto next = regions_.lower_bound(base);
+  if ((next != regions_.end() && next->first < base + length) ||
+      (next != regions_.begin() && std::prev(next)->second.base + std::prev(next)->second.length > base)) {
+    return std::unexpected(Status::invalid_argument("register_memory: [{}, +{}) overlaps a VRAM region", ptr, length));
+  }
+  if (next_region_ >= kVramBit) return std::unexpected(Status::resource_exhausted("register_memory: out of VRAM handles"));
+  const RegionHandle handle = kVramBit | next_region_++;
+  regions_.emplace(base, Region{handle, base, length, device, 0});
+  region_base_.emplace(handle, base);
+  return handle;
+}
+
+int VramStaging::device_of(RegionHandle handle) const {
+  const auto it = region_base_.find(handle);
+  return it == region_base_.end() ? -1 : regions_.at(it->second).device;
+}
+
+Status VramStaging::unregister_vram(RegionHandle handle) {
+  const auto it = region_base_.find(handle);
+  if (it == region_base_.end()) return Status::not_found("unregister: no VRAM region {}", handle);
+  Region& r = regions_.at(it->second);
+  if (r.live_slices != 0) {
+    return Status::failed_precondition("unregister: VRAM region {} has {} slices in flight", handle, r.live_slices);
+  }
+  regions_.erase(it->second);
+  region_base_.erase(it);
+  return Status::ok();
+}
+
+VramStaging::Region* VramStaging::region_at(const void* local, std::uint64_t bytes) {
+  if (regions_.empty()) return nullptr;
+  const auto addr = reinterpret_cast<std::uint64_t>(local);
+  auto it = regions_.upper_bound(addr);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  Region& r = it->second;
+  if (addr - r.base >= r.length || bytes > r.length - (addr - r.base)) return nullptr;
+  return &r;
+}
+
+Result<VramStaging::Bounce> VramStaging::take_bounce(std::uint64_t bytes) {
+  if (auto it = free_bounces_.lower_bound(bytes); it != free_bounces_.end()) {
+    Bounce b = it->second;
+    free_bounces_.erase(it);
+    return b;
+  }
+  const std::uint64_t capacity = std::bit_ceil(std::max(bytes, kMinBounce));
+  auto data = cuda_->alloc_pinned(capacity);
+  if (!data) return std::unexpected(data.error());
+  auto handle = ucx_->register_memory(*data, capacity);
+  if (!handle) {
+    cuda_->free_pinned(*data);
+    return std::unexpected(handle.error());
+  }
+  const Bounce b{static_cast<std::byte*>(*data), capacity, *handle};
+  all_bounces_.push_back(b);
+  return b;
+}
+
+Result<transport::CudaStream> VramStaging::stream_of(int device) {
+  if (auto it = streams_.find(device); it != streams_.end()) return it->second;
+  auto s = cuda_->create_stream(device);
+  if (!s) return std::unexpected(s.error());
+  streams_[device] = *s;
+  return *s;
+}
+
+Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event) {
+  auto stream = stream_of(device);
+  if (!stream) return stream.error();
+  auto& pool = free_events_[device];
+  if (pool.empty()) {
+    auto e = cuda_->create_event(device);
+    if (!e) return e.error();
+    all_events_.push_back(*e);
+    pool.push_back(*e);
+  }
+  event = pool.back();
+  pool.pop_back();
+  Status s = cuda_->copy_async(dst, src, bytes, *stream);
+  if (s.is_ok()) s = cuda_->record(event, *stream);
+  if (!s.is_ok()) {
+    pool.push_back(event);
+    event = 0;
+  }
+  return s;
+}
+
+Status VramStaging::submit(const SliceSubmit& slice, TimeNs now_ns) {
+  last_poll_ns_ = std::max(last_poll_ns_, now_ns);
+  Region* region = region_at(slice.memory.local, slice.bytes);
+  if (region == nullptr) return ucx_->submit(slice, now_ns);
+  if (slices_.contains(slice.id)) return Status::already_exists("submit: slice {} is in flight", slice.id);
+  auto bounce = take_bounce(slice.bytes);
+  if (!bounce) return Status::unavailable("submit: slice {}: no staging buffer: {}", slice.id, bounce.error().message());
+  Staged s{slice, region, *bounce, Stage::kCopyOut, 0, false};
+  if (slice.memory.op == Op::kWrite) {
+    if (Status st = copy(region->device, bounce->data, slice.memory.local, slice.bytes, s.event); !st.is_ok()) {
+      give_back(*bounce);
+      return Status::unavailable("submit: slice {}: GPU -> host copy: {}", slice.id, st.message());
+    }
+  } else {
+    SliceSubmit wire = slice;
+    wire.memory.local = bounce->data;
+    if (Status st = ucx_->submit(wire, now_ns); !st.is_ok()) {
+      give_back(*bounce);
+      return st;
+    }
+    s.stage = Stage::kOnWire;
+  }
+  ++region->live_slices;
+  slices_.emplace(slice.id, s);
+  return Status::ok();
+}
+
+CancelResult VramStaging::cancel(SliceId id, TimeNs now_ns) {
+  auto it = slices_.find(id);
+  if (it == slices_.end()) return ucx_->cancel(id, now_ns);
+  Staged& s = it->second;
+  switch (s.stage) {
+    case Stage::kCopyOut:
+      // The copy reads the GPU into our bounce: nothing of the caller's
+      // changes. It ends quietly once the copy did.
+      if (s.cancelled) return {};
+      s.cancelled = true;
+      return {true, 0};
+    case Stage::kOnWire: return ucx_->cancel(id, now_ns);
+    case Stage::kCopyIn: return {};
+  }
+  return {};
+}
+
+void VramStaging::finish(SliceId id, Staged& s, Status status, TimeNs now_ns, std::vector<Completion>& out) {
+  if (s.event != 0) free_events_[s.region->device].push_back(s.event);
+  --s.region->live_slices;
+  give_back(s.bounce);
+  if (!s.cancelled) {
+    out.push_back({id, s.slice.path, s.slice.lane, s.slice.bytes, now_ns, std::move(status), s.slice.on_wire()});
+  }
+  slices_.erase(id);
+}
+
+void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
+  last_poll_ns_ = std::max(last_poll_ns_, now_ns);
+  ucx_done_.clear();
+  ucx_->poll(now_ns, ucx_done_);
+  for (Completion& c : ucx_done_) {
+    auto it = slices_.find(c.id);
+    if (it == slices_.end()) {
+      out.push_back(std::move(c));
+      continue;
+    }
+    Staged& s = it->second;
+    if (!c.status.is_ok() || s.slice.memory.op == Op::kWrite) {
+      finish(c.id, s, std::move(c.status), now_ns, out);
+      continue;
+    }
+    s.event = 0;
+    if (Status st = copy(s.region->device, s.slice.memory.local, s.bounce.data, s.slice.bytes, s.event); !st.is_ok()) {
+      finish(c.id, s, Status::unavailable("host -> GPU copy: {}", st.message()), now_ns, out);
+      continue;
+    }
+    s.stage = Stage::kCopyIn;
+  }
+  // CUDA copies that finished since.
+  std::vector<SliceId> ready;
+  std::vector<std::pair<SliceId, Status>> failed;
+  for (auto& [id, s] : slices_) {
+    if (s.stage == Stage::kOnWire) continue;
+    auto done = cuda_->query(s.event);
+    if (done && !*done) continue;
+    if (done) {
+      ready.push_back(id);
+    } else {
+      failed.emplace_back(id, Status::unavailable("GPU copy failed: {}", done.error().message()));
+    }
+  }
+  for (auto& [id, why] : failed) finish(id, slices_.at(id), std::move(why), now_ns, out);
+  for (SliceId id : ready) {
+    Staged& s = slices_.at(id);
+    if (s.stage == Stage::kCopyIn || s.cancelled) {
+      finish(id, s, Status::ok(), now_ns, out);
+      continue;
+    }
+    // A write's bytes are in the bounce: now UCX sends them.
+    free_events_[s.region->device].push_back(s.event);
+    s.event = 0;
+    SliceSubmit wire = s.slice;
+    wire.memory.local = s.bounce.data;
+    if (Status st = ucx_->submit(wire, now_ns); !st.is_ok()) {
+      finish(id, s, std::move(st), now_ns, out);
+      continue;
+    }
+    s.stage = Stage::kOnWire;
+  }
+}
+
+std::optional<TimeNs> VramStaging::next_event_ns() const {
+  auto next = ucx_->next_event_ns();
+  const bool copying = std::ranges::any_of(slices_, [](const auto& e) { return e.second.stage != Stage::kOnWire; });
+  if (!copying) return next;
+  const TimeNs soon = last_poll_ns_ + kCopyPollNs;
+  return next ? std::min(*next, soon) : soon;
+}
+
+bool VramStaging::arm() {
+  if (std::ranges::any_of(slices_, [](const auto& e) { return e.second.stage != Stage::kOnWire; })) return false;
+  return ucx_->arm();
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,116 @@
+// GPU memory on the UCX datapath. Debian's UCX has no CUDA support, so it
+// cannot register or reach VRAM; a slice whose local range is in a VRAM
+// region goes through a pinned host bounce buffer (registered with UCX)
+// instead: a write is copied GPU → bounce (a CUDA copy, its event polled)
+// before UCX sends it; a read lands in the bounce and is copied bounce → GPU
+// before it completes. A Transport over the UcxTransport that every other
+// slice passes straight through. Private to engine/; lives on the loop.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "baton/transport/cuda_runtime.h"
+#include "baton/transport/ucx_transport.h"
+
+namespace baton::engine {
+
+class VramStaging final : public transport::Transport {
+ public:
+  // `cuda` null: cuda_runtime() is asked at the first VRAM registration.
+  VramStaging(std::unique_ptr<transport::UcxTransport> ucx, std::shared_ptr<transport::CudaRuntime> cuda);
+  // Frees bounce buffers and streams; the UcxTransport goes last.
+  ~VramStaging() override;
+  VramStaging(const VramStaging&) = delete;
+  VramStaging& operator=(const VramStaging&) = delete;
+
+  [[nodiscard]] transport::UcxTransport& ucx() { return *ucx_; }
+
+  // Handles live apart from UCX's (their top bit is set), so a request's
+  // local_region names either. `device` -1: the GPU the pointer belongs
+  // to. unavailable without a CUDA device;
+  // invalid_argument for a range that is not all device memory of `device`
+  // or that overlaps a VRAM region.
+  [[nodiscard]] Result<transport::RegionHandle> register_vram(void* ptr, std::size_t length, int device);
+  // not_found for an unknown handle; failed_precondition while slices on it run.
+  [[nodiscard]] Status unregister_vram(transport::RegionHandle region);
+  [[nodiscard]] static bool is_vram(transport::RegionHandle region) { return (region & kVramBit) != 0; }
+  // The GPU of a VRAM region (-1 for an unknown one).
+  [[nodiscard]] int device_of(transport::RegionHandle region) const;
+  [[nodiscard]] std::size_t staged_in_flight() const { return slices_.size(); }
+
+  // --- Transport: UCX's, with VRAM slices staged ---
+  [[nodiscard]] const std::vector<transport::PathInfo>& paths() const override { return ucx_->paths(); }
+  // A VRAM write's checks by UCX come once its bytes are in the bounce
+  // buffer: a refusal then completes the slice with it.
+  [[nodiscard]] Status submit(const transport::SliceSubmit& slice, TimeNs now_ns) override;
+  // A write still being copied out of the GPU stops (nothing lands in the
+  // caller's memory); a read being copied into it does not.
+  transport::CancelResult cancel(transport::SliceId id, TimeNs now_ns) override;
+  void poll(TimeNs now_ns, std::vector<transport::Completion>& out) override;
+  [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
+  [[nodiscard]] bool path_healthy(transport::PathId path, TimeNs now_ns) const override {
+    return ucx_->path_healthy(path, now_ns);
+  }
+  [[nodiscard]] int event_fd() const override { return ucx_->event_fd(); }
+  // False while CUDA copies run: their events have no fd to sleep on.
+  [[nodiscard]] bool arm() override;
+  [[nodiscard]] bool carries_compressed_slices() const override { return ucx_->carries_compressed_slices(); }
+  [[nodiscard]] Status set_codec(std::shared_ptr<const transport::Codec> codec) override {
+    return ucx_->set_codec(std::move(codec));
+  }
+
+ private:
+  static constexpr transport::RegionHandle kVramBit = 0x8000'0000u;
+  // While CUDA copies run, the loop polls again this soon.
+  static constexpr TimeNs kCopyPollNs = 5'000;
+
+  struct Region {
+    transport::RegionHandle handle = 0;
+    std::uint64_t base = 0;
+    std::uint64_t length = 0;
+    int device = 0;
+    std::uint64_t live_slices = 0;
+  };
+  struct Bounce {
+    std::byte* data = nullptr;
+    std::uint64_t capacity = 0;
+    transport::RegionHandle ucx_region = 0;
+  };
+  enum class Stage : std::uint8_t { kCopyOut, kOnWire, kCopyIn };
+  struct Staged {
+    transport::SliceSubmit slice;  // as the scheduler posted it
+    Region* region = nullptr;
+    Bounce bounce;
+    Stage stage = Stage::kCopyOut;
+    transport::CudaEvent event = 0;
+    bool cancelled = false;
+  };
+
+  [[nodiscard]] Region* region_at(const void* local, std::uint64_t bytes);
+  [[nodiscard]] Result<Bounce> take_bounce(std::uint64_t bytes);
+  void give_back(Bounce bounce) { free_bounces_.emplace(bounce.capacity, bounce); }
+  [[nodiscard]] Result<transport::CudaStream> stream_of(int device);
+  [[nodiscard]] Status copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event);
+  // Ends a staged slice: its completion (unless cancelled), its bounce back.
+  void finish(transport::SliceId id, Staged& s, Status status, TimeNs now_ns,
+              std::vector<transport::Completion>& out);
+
+  std::unique_ptr<transport::UcxTransport> ucx_;
+  std::shared_ptr<transport::CudaRuntime> cuda_;
+  std::map<std::uint64_t, Region> regions_;  // by base
+  std::unordered_map<transport::RegionHandle, std::uint64_t> region_base_;
+  transport::RegionHandle next_region_ = 1;
+  std::multimap<std::uint64_t, Bounce> free_bounces_;  // by capacity
+  std::vector<Bounce> all_bounces_;
+  std::unordered_map<int, transport::CudaStream> streams_;  // by device
+  std::unordered_map<int, std::vector<transport::CudaEvent>> free_events_;  // by device
+  std::vector<transport::CudaEvent> all_events_;
+  std::unordered_map<transport::SliceId, Staged> slices_;
+  std::vector<transport::Completion> ucx_done_;  // poll's scratch
+  TimeNs last_poll_ns_ = 0;
+};
+
+}  // namespace baton::engine

@@ -1,0 +1,198 @@
+// GPU memory in the engine: VRAM regions checked against the CUDA runtime,
+// and their transfers staged through pinned host memory onto the UCX
+// datapath, between two wall-clock engines in one process. The CUDA runtime
+// is the scripted one (its "device memory" is host memory it tracks), so
+// this runs without a GPU; the bytes land only if every staging copy ran.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "baton/engine/engine.h"
+#include "baton/engine/pattern.h"
+#include "transport/fake_cuda_runtime.h"
+
+namespace baton::engine {
+namespace {
+
+using transport::testing::FakeCudaRuntime;
+
+constexpr TimeNs kSecond = 1'000'000'000;
+constexpr std::size_t kBytes = 3 << 20;
+
+std::unique_ptr<Engine> make_engine(std::shared_ptr<transport::CudaRuntime> cuda = nullptr) {
+  EngineConfig config;
+  config.cuda = std::move(cuda);
+  auto e = Engine::create(config);
+  EXPECT_TRUE(e.has_value()) << e.error().to_string();
+  return e ? std::move(*e) : nullptr;
+}
+
+struct VramPair {
+  std::shared_ptr<FakeCudaRuntime> gpu = std::make_shared<FakeCudaRuntime>(2);
+  std::unique_ptr<Engine> holder = make_engine();
+  std::unique_ptr<Engine> initiator = make_engine(gpu);
+  Region held;
+  Peer peer;
+  std::byte* vram = nullptr;  // "device memory" of GPU 1
+
+  VramPair() {
+    held = *holder->allocate_memory(kBytes);
+    EXPECT_TRUE(holder->export_region(held.handle).is_ok());
+    vram = static_cast<std::byte*>(*gpu->alloc_device(1, kBytes));
+    auto p = initiator->connect(holder->address());
+    EXPECT_TRUE(p.has_value()) << p.error().to_string();
+    if (p) peer = *p;
+  }
+  ~VramPair() {
+    initiator.reset();  // its staging streams go before the memory they copy
+    gpu->free_device(vram);
+  }
+  std::span<std::byte> held_bytes() const { return {reinterpret_cast<std::byte*>(held.base), kBytes}; }
+  Status run(Op op, RegionHandle local, std::uint64_t length) {
+    Request r;
+    r.op = op;
+    r.local_region = local;
+    r.peer = peer.address;
+    r.remote_region = held.handle;
+    r.length = length;
+    auto h = initiator->submit(Batch{{r}, {}});
+    if (!h) return h.error();
+    if (Status s = initiator->wait(*h, 30 * kSecond); !s.is_ok()) return s;
+    auto st = initiator->poll(*h);
+    if (!st) return st.error();
+    (void)initiator->release(*h);
+    return st->status;
+  }
+};
+
+TEST(VramStaging, ReadsIntoAndWritesFromGpuMemoryByteExact) {
+  VramPair p;
+  auto region = p.initiator->register_memory(p.vram, kBytes, MemoryKind::kVram, 1);
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+  EXPECT_EQ(region->kind, MemoryKind::kVram);
+  EXPECT_EQ(region->device, 1);
+
+  fill_pattern(p.held_bytes(), 7);
+  std::memset(p.vram, 0, kBytes);
+  ASSERT_TRUE(p.run(Op::kRead, region->handle, kBytes).is_ok());
+  std::vector<std::byte> expected(kBytes);
+  fill_pattern(expected, 7);
+  EXPECT_EQ(std::memcmp(p.vram, expected.data(), kBytes), 0) << "the read did not land in GPU memory";
+  const std::size_t copies_after_read = p.gpu->copies().size();
+  EXPECT_GT(copies_after_read, 0u) << "no host -> GPU copy ran";
+
+  fill_pattern(std::span(p.vram, kBytes), 9);
+  ASSERT_TRUE(p.run(Op::kWrite, region->handle, kBytes).is_ok());
+  fill_pattern(expected, 9);
+  EXPECT_EQ(std::memcmp(p.held_bytes().data(), expected.data(), kBytes), 0) << "the write did not reach the peer";
+  EXPECT_GT(p.gpu->copies().size(), copies_after_read) << "no GPU -> host copy ran";
+  // Every staging copy went through the runtime: GPU 1's stream, from or into the region.
+  for (const auto& c : p.gpu->copies()) EXPECT_EQ(c.device, 1);
+
+  EXPECT_TRUE(p.initiator->unregister(region->handle).is_ok());
+  EXPECT_EQ(p.initiator->unregister(region->handle).code(), StatusCode::kNotFound);
+}
+
+TEST(VramStaging, RegistrationIsCheckedAndGpuMemoryIsNotExported) {
+  VramPair p;
+  std::vector<std::byte> host(1 << 20);
+  auto code = [&](void* ptr, std::size_t n, int device) {
+    auto r = p.initiator->register_memory(ptr, n, MemoryKind::kVram, device);
+    return r ? StatusCode::kOk : r.error().code();
+  };
+  // Host memory is not GPU memory; GPU 1's memory is not GPU 0's; the
+  // range must not run past the allocation.
+  auto host_as_vram = p.initiator->register_memory(host.data(), host.size(), MemoryKind::kVram, 0);
+  ASSERT_FALSE(host_as_vram.has_value());
+  EXPECT_EQ(host_as_vram.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(host_as_vram.error().message().find("pageable host"), std::string::npos) << host_as_vram.error().message();
+  EXPECT_EQ(code(p.vram, kBytes, 0), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(p.vram, kBytes + 1, 1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(nullptr, 10, 1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(p.vram, 0, 1), StatusCode::kInvalidArgument);
+  auto region = p.initiator->register_memory(p.vram, kBytes, MemoryKind::kVram, 1);
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+  EXPECT_EQ(code(p.vram + 4096, 4096, 1), StatusCode::kInvalidArgument) << "overlap";
+  EXPECT_EQ(p.initiator->register_memory(p.vram + 4096, 4096, MemoryKind::kDram).error().code(),
+            StatusCode::kInvalidArgument)
+      << "a VRAM range registered again as DRAM";
+  EXPECT_EQ(p.initiator->register_memory(host.data(), 10, static_cast<MemoryKind>(5)).error().code(),
+            StatusCode::kInvalidArgument);
+  const Status exported = p.initiator->export_region(region->handle);
+  EXPECT_EQ(exported.code(), StatusCode::kFailedPrecondition) << exported.message();
+  // A range outside the VRAM region is refused before anything moves.
+  Request r;
+  r.op = Op::kRead;
+  r.local_region = region->handle;
+  r.local_offset = kBytes - 10;
+  r.peer = p.peer.address;
+  r.remote_region = p.held.handle;
+  r.length = 100;
+  EXPECT_EQ(p.initiator->submit(Batch{{r}, {}}).error().code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(p.gpu->copies().empty());
+}
+
+// The same on a real GPU, where one is: the runtime's own memory and copies.
+TEST(VramStaging, OnARealGpuReadsAndWritesByteExact) {
+  auto rt = transport::cuda_runtime();
+  if (!rt) GTEST_SKIP() << "no GPU here: " << rt.error().message();
+  auto holder = make_engine();
+  auto initiator = make_engine();
+  Region held = *holder->allocate_memory(kBytes);
+  ASSERT_TRUE(holder->export_region(held.handle).is_ok());
+  auto peer = initiator->connect(holder->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  auto* vram = static_cast<std::byte*>(*(*rt)->alloc_device(0, kBytes));
+  auto stream = *(*rt)->create_stream(0);
+  {
+    auto region = initiator->register_memory(vram, kBytes, MemoryKind::kVram, -1);
+    ASSERT_TRUE(region.has_value()) << region.error().to_string();
+    EXPECT_EQ(region->device, 0);
+    std::span<std::byte> held_bytes(reinterpret_cast<std::byte*>(held.base), kBytes);
+    std::vector<std::byte> expected(kBytes), back(kBytes);
+    for (Op op : {Op::kRead, Op::kWrite}) {
+      fill_pattern(expected, op == Op::kRead ? 3 : 4);
+      if (op == Op::kRead) {
+        std::memcpy(held_bytes.data(), expected.data(), kBytes);
+      } else {
+        ASSERT_TRUE((*rt)->copy_async(vram, expected.data(), kBytes, stream).is_ok());
+        ASSERT_TRUE((*rt)->synchronize(stream).is_ok());
+      }
+      Request r;
+      r.op = op;
+      r.local_region = region->handle;
+      r.peer = peer->address;
+      r.remote_region = held.handle;
+      r.length = kBytes;
+      auto h = initiator->submit(Batch{{r}, {}});
+      ASSERT_TRUE(h.has_value()) << h.error().to_string();
+      ASSERT_TRUE(initiator->wait(*h, 30 * kSecond).is_ok());
+      EXPECT_TRUE(initiator->poll(*h)->status.is_ok()) << initiator->poll(*h)->status.to_string();
+      if (op == Op::kRead) {
+        ASSERT_TRUE((*rt)->copy_async(back.data(), vram, kBytes, stream).is_ok());
+        ASSERT_TRUE((*rt)->synchronize(stream).is_ok());
+      } else {
+        std::memcpy(back.data(), held_bytes.data(), kBytes);
+      }
+      EXPECT_EQ(std::memcmp(back.data(), expected.data(), kBytes), 0) << (op == Op::kRead ? "read" : "write");
+    }
+    EXPECT_TRUE(initiator->unregister(region->handle).is_ok());
+  }
+  initiator.reset();
+  (*rt)->destroy_stream(stream);
+  (*rt)->free_device(vram);
+}
+
+TEST(VramStaging, WithoutACudaDeviceVramIsUnavailable) {
+  if (transport::cuda_runtime().has_value()) GTEST_SKIP() << "a GPU is present";
+  auto e = make_engine();
+  std::vector<std::byte> buffer(4096);
+  auto r = e->register_memory(buffer.data(), buffer.size(), MemoryKind::kVram, 0);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.error().message().find("CUDA"), std::string::npos) << r.error().message();
+}
+
+}  // namespace
+}  // namespace baton::engine
