@@ -403,11 +403,36 @@ TEST_F(CudaTransportTest, CreateRefusesBadConfigsAndLeavesNothingBehind) {
   // Fewer CUDA devices than the topology's GPUs.
   auto two = std::make_shared<FakeCudaRuntime>(2);
   EXPECT_EQ(CudaTransport::create(graph_, two).error().code(), StatusCode::kInvalidArgument);
-  // The runtime running out of streams half way: what was made is released.
-  runtime_->stream_limit = 5;
+  // Nothing is made before a lane carries its first slice.
   auto t = CudaTransport::create(graph_, runtime_);
-  ASSERT_FALSE(t.has_value());
-  EXPECT_EQ(t.error().code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(t.has_value()) << t.error().message();
+  EXPECT_EQ(runtime_->live_streams(), 0u);
+  EXPECT_EQ(runtime_->live_events(), 0u);
+}
+
+// A lane whose streams the runtime refuses fails its path at the first
+// slice (nothing posted); other paths go on; what was made is released.
+TEST_F(CudaTransportTest, ALaneTheRuntimeCannotMakeFailsItsPathOnly) {
+  make();
+  const PathId staging = *find_path(*transport_, "gpu0", "gpu2", PathType::kHostStaging);
+  const PathId nvlink = *find_path(*transport_, "gpu0", "gpu1", PathType::kNvlink);
+  Buffer g0 = buffer_on("gpu0", 1 << 16);
+  Buffer g1 = buffer_on("gpu1", 1 << 16);
+  Buffer g2 = buffer_on("gpu2", 1 << 16);
+  runtime_->stream_limit = 1;  // the staging lane needs two
+  const Status s = transport_->submit(
+      {1, staging, 0, 4096, {Op::kWrite, g0.data, reinterpret_cast<std::uint64_t>(g2.data), g2.handle}}, now_);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+  EXPECT_FALSE(transport_->path_healthy(staging, now_));
+  EXPECT_EQ(runtime_->pending_ops(), 0u);
+  EXPECT_EQ(transport_->slices_in_flight(), 0u);
+  runtime_->stream_limit = -1;
+  ASSERT_TRUE(transport_
+                  ->submit({2, nvlink, 0, 4096, {Op::kWrite, g0.data, reinterpret_cast<std::uint64_t>(g1.data), g1.handle}},
+                           now_)
+                  .is_ok());
+  ASSERT_EQ(run(1).size(), 1u);
+  transport_.reset();
   EXPECT_EQ(runtime_->live_streams(), 0u);
   EXPECT_EQ(runtime_->live_events(), 0u);
 }

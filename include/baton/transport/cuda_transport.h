@@ -44,8 +44,8 @@ class CudaTransport final : public Transport {
   // driver picks the wire, NVLink where there is one). A peer link whose devices the driver does not let reach
   // each other (or that fails to enable) is left out: its host-staging
   // link stays. invalid_argument for a bad config or a topology GPU with no
-  // CUDA device; unavailable when the runtime refuses a stream, event or
-  // bounce buffer.
+  // CUDA device. A lane's streams, events and bounce buffers are made at its
+  // first slice (most staging paths are fallbacks that never carry one).
   [[nodiscard]] static Result<std::unique_ptr<CudaTransport>> create(const topology::TopologyGraph& graph,
                                                                      std::shared_ptr<CudaRuntime> runtime,
                                                                      CudaConfig config = {});
@@ -79,7 +79,9 @@ class CudaTransport final : public Transport {
   // an unknown path or lane, zero bytes, a remote_key that names no region
   // or a region on the wrong end, a local range in no region on the `from`
   // end; out_of_range for a remote range outside its region;
-  // already_exists for a slice id in flight; unavailable when the path failed.
+  // already_exists for a slice id in flight; unavailable when the path failed
+  // (also when the runtime refuses the lane's first streams or buffers: the
+  // path then fails).
   [[nodiscard]] Status submit(const SliceSubmit& slice, TimeNs now_ns) override;
   // A posted copy cannot be recalled: stopped = false, its completion comes.
   CancelResult cancel(SliceId id, TimeNs now_ns) override;

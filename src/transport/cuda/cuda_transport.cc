@@ -51,6 +51,7 @@ struct Lane {
   std::vector<Bounce> bounces;
   std::size_t next_bounce = 0;
   std::vector<SliceId> inflight;  // in submit order
+  bool built = false;             // streams and buffers made (build_lane)
 };
 
 struct CudaPath {
@@ -175,9 +176,13 @@ struct CudaTransport::State {
     return r.kind == MemoryKind::kDram && (r.device == -1 || r.device == e.numa);
   }
 
+  // A lane's streams, bounce buffers and their events, made at its first
+  // slice: an 8-GPU machine has 56 staging paths, mostly fallbacks that never
+  // carry a byte, and each lane's buffers are pinned memory. Makes only what
+  // is missing, so it can be called again after a failure.
   Status build_lane(CudaPath& p, Lane& lane) {
     for (int side = 0; side < 2; ++side) {
-      if (!p.ends[side].gpu) continue;
+      if (!p.ends[side].gpu || lane.streams[side] != 0) continue;
       auto s = runtime->create_stream(p.ends[side].device);
       if (!s) return s.error();
       lane.streams[side] = *s;
@@ -185,18 +190,21 @@ struct CudaTransport::State {
     if (p.mechanism != Mechanism::kStaging) return Status::ok();
     lane.bounces.resize(static_cast<std::size_t>(config.staging_buffers));
     for (Bounce& b : lane.bounces) {
-      auto buffer = runtime->alloc_pinned(config.staging_chunk_bytes);
-      if (!buffer) return buffer.error();
-      b.buffer = *buffer;
+      if (b.buffer == nullptr) {
+        auto buffer = runtime->alloc_pinned(config.staging_chunk_bytes);
+        if (!buffer) return buffer.error();
+        b.buffer = *buffer;
+      }
       for (int side = 0; side < 2; ++side) {
-        auto filled = new_event(p.ends[side].device);
-        if (!filled) return filled.error();
-        auto drained = new_event(p.ends[side].device);
-        if (!drained) return drained.error();
-        b.filled[side] = *filled;
-        b.drained[side] = *drained;
+        for (CudaEvent* e : {&b.filled[side], &b.drained[side]}) {
+          if (*e != 0) continue;
+          auto made = new_event(p.ends[side].device);
+          if (!made) return made.error();
+          *e = *made;
+        }
       }
     }
+    lane.built = true;
     return Status::ok();
   }
 
@@ -351,12 +359,6 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
       p.ends[0] = ex;
       p.ends[1] = ey;
       p.lanes.resize(static_cast<std::size_t>(config.lanes_per_path));
-      for (Lane& lane : p.lanes) {
-        if (Status s = state->build_lane(p, lane); !s.is_ok()) {
-          state->paths.push_back(std::move(p));  // so the destructor releases what was made
-          return std::unexpected(Status::unavailable("cuda transport: path {} -> {}: {}", x, y, s.message()));
-        }
-      }
       state->paths.push_back(std::move(p));
       state->infos.push_back(
           {x, y, link.path, config.lanes_per_path, link.cost.bandwidth_gbps, link.cost.latency_us});
@@ -481,6 +483,13 @@ Status CudaTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   }
 
   Lane& lane = p.lanes[static_cast<std::size_t>(slice.lane)];
+  if (!lane.built) {
+    if (Status s = st.build_lane(p, lane); !s.is_ok()) {
+      // What was made stays with the lane (the destructor frees it).
+      st.fail_path(p, Status::unavailable("making lane {}: {}", slice.lane, s.message()), info.name());
+      return p.failure;
+    }
+  }
   auto* local_ptr = static_cast<std::byte*>(slice.memory.local);
   auto* remote_ptr = reinterpret_cast<std::byte*>(ra);
   const bool write = slice.memory.op == Op::kWrite;
