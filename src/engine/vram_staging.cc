@@ -185,7 +185,8 @@ void VramStaging::finish(SliceId id, Staged& s, Status status, TimeNs now_ns, st
   --s.region->live_slices;
   give_back(s.bounce);
   if (!s.cancelled) {
-    out.push_back({id, s.slice.path, s.slice.lane, s.slice.bytes, now_ns, std::move(status), s.slice.on_wire()});
+    out.push_back({id, s.slice.path, s.slice.lane, s.slice.bytes, now_ns, std::move(status),
+                   s.wire_bytes != 0 ? s.wire_bytes : s.slice.on_wire()});
   }
   slices_.erase(id);
 }
@@ -201,6 +202,7 @@ void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
       continue;
     }
     Staged& s = it->second;
+    s.wire_bytes = c.wire_bytes;
     if (!c.status.is_ok() || s.slice.memory.op == Op::kWrite) {
       finish(c.id, s, std::move(c.status), now_ns, out);
       continue;

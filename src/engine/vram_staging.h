@@ -87,6 +87,7 @@ class VramStaging final : public transport::Transport {
     Stage stage = Stage::kCopyOut;
     transport::CudaEvent event = 0;
     bool cancelled = false;
+    std::uint64_t wire_bytes = 0;  // what UCX says crossed the wire (0: not yet)
   };
 
   [[nodiscard]] Region* region_at(const void* local, std::uint64_t bytes);
