@@ -142,12 +142,13 @@ TEST_F(CudaTransportTest, PathsFollowTheTopologyWherePeerAccessIsGranted) {
 
 TEST_F(CudaTransportTest, GpusAreMatchedToDevicesByPciBusId) {
   runtime_ = std::make_shared<FakeCudaRuntime>(3, peers_01());
-  runtime_->pci_ids = {"0000:10:00.0", "0000:11:00.0", "0000:12:00.0"};
+  // CUDA writes an 8-digit domain, NVML and sysfs 4: the same devices.
+  runtime_->pci_ids = {"00000000:10:00.0", "00000000:11:00.0", "00000000:12:00.0"};
   auto facts = three_gpus();
   // The topology lists the GPUs in another order than CUDA numbers them.
-  facts.gpus[0].pci_bus_id = runtime_->pci_bus_id(2);
-  facts.gpus[1].pci_bus_id = runtime_->pci_bus_id(0);
-  facts.gpus[2].pci_bus_id = runtime_->pci_bus_id(1);
+  facts.gpus[0].pci_bus_id = "0000:12:00.0";
+  facts.gpus[1].pci_bus_id = "0000:10:00.0";
+  facts.gpus[2].pci_bus_id = "0000:11:00.0";
   facts.relations.clear();
   graph_ = graph_of(facts);
   auto t = CudaTransport::create(graph_, runtime_);

@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -68,6 +70,14 @@ struct SliceRecord {
   RegionHandle regions[2] = {0, 0};  // local, remote
   Status failure;  // set when posting failed part way: it completes with it
 };
+
+// A PCI address as numbers, so "00000000:17:00.0" (CUDA's) and
+// "0000:17:00.0" (NVML's, sysfs's) compare equal; nullopt when unparsable.
+std::optional<std::array<unsigned, 4>> pci_address(const std::string& id) {
+  std::array<unsigned, 4> a{};
+  if (std::sscanf(id.c_str(), "%x:%x:%x.%x", &a[0], &a[1], &a[2], &a[3]) != 4) return std::nullopt;
+  return a;
+}
 
 Result<int> gpu_index(std::string_view id) {
   int n = -1;
@@ -289,9 +299,9 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
 
   for (const topology::Node* node : graph.nodes_of(topology::NodeKind::kGpu)) {
     int device = -1;
-    if (!node->pci_bus_id.empty()) {
+    if (const auto want = pci_address(node->pci_bus_id)) {
       for (int d = 0; d < devices && device < 0; ++d) {
-        if (rt.pci_bus_id(d) == node->pci_bus_id) device = d;
+        if (pci_address(rt.pci_bus_id(d)) == want) device = d;
       }
     }
     if (device < 0) {

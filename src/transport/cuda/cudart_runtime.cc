@@ -49,9 +49,7 @@ class Cudart final : public CudaRuntime {
     if (cudaDeviceGetPCIBusId(raw, sizeof(raw), device) != cudaSuccess) return {};
     std::string id(raw);
     for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    // The runtime writes an 8-digit domain ("00000000:17:00.0"); the topology 4.
-    if (id.size() == 16 && id.starts_with("0000")) id.erase(0, 4);
-    return id;
+    return id;  // the transport compares addresses as numbers: any domain width
   }
 
   bool can_access_peer(int device, int peer) const override {
