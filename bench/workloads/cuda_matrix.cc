@@ -56,7 +56,8 @@ std::string kind_of(const transport::PathInfo& p) {
 
 // Writes `repeat` blocks from `from` to `to` on one path, a slice per lane
 // in flight, after one untimed block.
-Result<double> time_path(CudaTransport& t, CudaRuntime& rt, transport::PathId path, const MatrixOptions& o) {
+Result<double> time_path(CudaTransport& t, CudaRuntime& rt, transport::PathId path, const MatrixOptions& o,
+                         transport::SliceId& next_id) {
   const transport::PathInfo info = t.paths()[path];
   auto src_device = t.device_of(info.from);
   auto dst_device = t.device_of(info.to);
@@ -72,7 +73,6 @@ Result<double> time_path(CudaTransport& t, CudaRuntime& rt, transport::PathId pa
   auto remote = t.register_memory(dst.data(), o.block_bytes, dd ? MemoryKind::kVram : MemoryKind::kDram, dd.value_or(-1));
   if (!remote) return std::unexpected(remote.error());
 
-  static transport::SliceId next_id = 1;
   std::vector<transport::Completion> out;
   Status failed;
   auto run = [&](int blocks) {
@@ -158,10 +158,11 @@ Result<std::vector<MatrixCell>> measure_matrix(std::shared_ptr<CudaRuntime> runt
   };
 
   std::vector<MatrixCell> cells;
+  transport::SliceId next_id = 1;
   for (transport::PathId p = 0; p < t.paths().size(); ++p) {
     const transport::PathInfo& info = t.paths()[p];
     if (!selected(info.from) || !selected(info.to)) continue;
-    auto gbps = time_path(t, *runtime, p, o);
+    auto gbps = time_path(t, *runtime, p, o, next_id);
     if (!gbps) return std::unexpected(Status(gbps.error().code(), fmt::format("matrix: {}: {}", info.name(), gbps.error().message())));
     MatrixCell c{info.from, info.to, kind_of(info), info.type, topology::Proximity::kLocal, 0, *gbps,
                  info.bandwidth_gbps, info.latency_us};

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "baton/common/address_ranges.h"
+
 #include <algorithm>
 #include <bit>
 
@@ -48,9 +50,7 @@ Result<RegionHandle> VramStaging::register_vram(void* ptr, std::size_t length, i
     return std::unexpected(Status(s.code(), "register_memory: " + s.message()));
   }
   const auto base = reinterpret_cast<std::uint64_t>(ptr);
-  auto next = regions_.lower_bound(base);
-  if ((next != regions_.end() && next->first < base + length) ||
-      (next != regions_.begin() && std::prev(next)->second.base + std::prev(next)->second.length > base)) {
+  if (find_overlapping(regions_, base, length) != nullptr) {
     return std::unexpected(Status::invalid_argument("register_memory: [{}, +{}) overlaps a VRAM region", ptr, length));
   }
   if (next_region_ >= kVramBit) return std::unexpected(Status::resource_exhausted("register_memory: out of VRAM handles"));
@@ -75,17 +75,6 @@ Status VramStaging::unregister_vram(RegionHandle handle) {
   regions_.erase(it->second);
   region_base_.erase(it);
   return Status::ok();
-}
-
-VramStaging::Region* VramStaging::region_at(const void* local, std::uint64_t bytes) {
-  if (regions_.empty()) return nullptr;
-  const auto addr = reinterpret_cast<std::uint64_t>(local);
-  auto it = regions_.upper_bound(addr);
-  if (it == regions_.begin()) return nullptr;
-  --it;
-  Region& r = it->second;
-  if (addr - r.base >= r.length || bytes > r.length - (addr - r.base)) return nullptr;
-  return &r;
 }
 
 Result<VramStaging::Bounce> VramStaging::take_bounce(std::uint64_t bytes) {
@@ -138,7 +127,8 @@ Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t b
 
 Status VramStaging::submit(const SliceSubmit& slice, TimeNs now_ns) {
   last_poll_ns_ = std::max(last_poll_ns_, now_ns);
-  Region* region = region_at(slice.memory.local, slice.bytes);
+  Region* region =
+      regions_.empty() ? nullptr : find_containing(regions_, reinterpret_cast<std::uint64_t>(slice.memory.local), slice.bytes);
   if (region == nullptr) return ucx_->submit(slice, now_ns);
   if (slices_.contains(slice.id)) return Status::already_exists("submit: slice {} is in flight", slice.id);
   auto bounce = take_bounce(slice.bytes);
@@ -193,6 +183,12 @@ void VramStaging::finish(SliceId id, Staged& s, Status status, TimeNs now_ns, st
 
 void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
   last_poll_ns_ = std::max(last_poll_ns_, now_ns);
+  // Every slice of the engine comes through here: without staged ones,
+  // UCX's completions go out as they are.
+  if (slices_.empty()) {
+    ucx_->poll(now_ns, out);
+    return;
+  }
   ucx_done_.clear();
   ucx_->poll(now_ns, ucx_done_);
   for (Completion& c : ucx_done_) {

@@ -90,7 +90,6 @@ class VramStaging final : public transport::Transport {
     std::uint64_t wire_bytes = 0;  // what UCX says crossed the wire (0: not yet)
   };
 
-  [[nodiscard]] Region* region_at(const void* local, std::uint64_t bytes);
   [[nodiscard]] Result<Bounce> take_bounce(std::uint64_t bytes);
   void give_back(Bounce bounce) { free_bounces_.emplace(bounce.capacity, bounce); }
   [[nodiscard]] Result<transport::CudaStream> stream_of(int device);

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "baton/common/address_ranges.h"
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -167,15 +169,6 @@ struct CudaTransport::State {
     return new_event(device);
   }
 
-  // The region holding [addr, addr + bytes), if any.
-  Region* region_at(std::uint64_t addr, std::uint64_t bytes) {
-    auto it = regions.upper_bound(addr);
-    if (it == regions.begin()) return nullptr;
-    --it;
-    Region& r = it->second;
-    if (addr - r.base > r.length || bytes > r.length - (addr - r.base)) return nullptr;
-    return &r;
-  }
   Region* region_by_handle(RegionHandle h) {
     auto it = region_base.find(h);
     return it == region_base.end() ? nullptr : &regions.at(it->second);
@@ -388,9 +381,7 @@ Result<RegionHandle> CudaTransport::register_memory(void* ptr, std::size_t lengt
   if (kind != MemoryKind::kDram && kind != MemoryKind::kVram) {
     return std::unexpected(Status::invalid_argument("cuda register_memory: unknown kind {}", static_cast<int>(kind)));
   }
-  auto next = st.regions.lower_bound(base);
-  if ((next != st.regions.end() && next->first < base + length) ||
-      (next != st.regions.begin() && std::prev(next)->second.base + std::prev(next)->second.length > base)) {
+  if (find_overlapping(st.regions, base, length) != nullptr) {
     return std::unexpected(
         Status::invalid_argument("cuda register_memory: [{}, +{}) overlaps a registered region", ptr, length));
   }
@@ -476,7 +467,7 @@ Status CudaTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   if (st.slices.contains(slice.id)) return Status::already_exists("cuda submit: slice {} is in flight", slice.id);
   if (!p.failure.is_ok()) return p.failure;
   const auto local_addr = reinterpret_cast<std::uint64_t>(slice.memory.local);
-  Region* local = st.region_at(local_addr, slice.bytes);
+  Region* local = find_containing(st.regions, local_addr, slice.bytes);
   if (local == nullptr || !State::on(*local, p.ends[0])) {
     return Status::invalid_argument("cuda submit: slice {}: local [{:#x}, +{}) is in no region on {}", slice.id,
                                     local_addr, slice.bytes, info.from);

@@ -35,6 +35,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "baton/common/address_ranges.h"
 #include "baton/common/memory_budget.h"
 #include "baton/topology/cost_model.h"
 #include "baton/transport/codec.h"
@@ -1632,14 +1633,7 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::register_memory: [{}, +{}) wraps around the address space", addr, length));
   }
-  auto next = s.regions.lower_bound(base);
-  const LocalRegion* clash = nullptr;
-  if (next != s.regions.end() && next->first < base + length) clash = &next->second;
-  if (next != s.regions.begin()) {
-    const LocalRegion& prev = std::prev(next)->second;
-    if (prev.base + prev.length > base) clash = &prev;
-  }
-  if (clash != nullptr) {
+  if (const LocalRegion* clash = find_overlapping(s.regions, base, length); clash != nullptr) {
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::register_memory: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", base, length,
         clash->handle, clash->base, clash->length));
