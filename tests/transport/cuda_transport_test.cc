@@ -345,6 +345,7 @@ TEST_F(CudaTransportTest, RegisterMemoryChecksThePointersRealAttributes) {
   EXPECT_EQ(code(dev0, 8192, MemoryKind::kVram, 1), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(dev0, 8193, MemoryKind::kVram, 0), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(dev0, 8192, MemoryKind::kDram, -1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(host.data(), 8192, MemoryKind::kDram, -2), StatusCode::kInvalidArgument) << "NUMA node -2";
   EXPECT_EQ(runtime_->pinned_ranges(), 0u);
 
   auto vram = transport_->register_memory(dev0, 8192, MemoryKind::kVram, 0);
