@@ -26,7 +26,7 @@ void decode_all(std::span<const std::uint8_t> body) {
   }
   if (auto m = ucx::decode_welcome(body)) {
     auto back = ucx::decode_welcome(ucx::encode(*m));
-    if (!back || back->regions != m->regions || back->worker_address != m->worker_address) std::abort();
+    if (!back || back->regions != m->regions || back->worker_addresses != m->worker_addresses) std::abort();
   }
   if (auto m = ucx::decode_regions_update(body)) {
     if (ucx::decode_regions_update(ucx::encode(*m)).value().regions != m->regions) std::abort();

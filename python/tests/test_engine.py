@@ -79,6 +79,21 @@ def test_numpy_both_directions_byte_exact(holder, engine):
     assert holder.ask("sum") == ["sum", hashlib.sha256(expected.tobytes()).hexdigest()]
 
 
+def test_nics_give_rails_that_move_bytes_and_bad_nics_raise(holder):
+    # Two rails on loopback (a UCP context each) against a holder with one:
+    # every lane pairs with the holder's rail, over TCP (not the same-host copy).
+    with baton.Engine(nics=["lo", "lo"], ucx_tls="tcp", same_host_copy=False) as e:
+        peer = e.connect(holder.address)
+        local = np.zeros(SIZE, dtype=np.uint8)
+        region = e.register(local)
+        e.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+        assert np.array_equal(local, pattern(SIZE, 7))
+    for nics, error in ([["no-such-nic0"], baton.InvalidArgument], [["lo", "lo", "lo"], baton.InvalidArgument],
+                        [[""], ValueError]):
+        with pytest.raises(error):
+            baton.Engine(nics=nics)
+
+
 def test_torch_tensors_and_engine_memory(holder, engine):
     torch = pytest.importorskip("torch")
     peer = engine.connect(holder.address)

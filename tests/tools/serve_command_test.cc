@@ -670,6 +670,84 @@ TEST_F(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
   EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
 }
 
+// Two "NICs" per side (scripts/netns-link up … 2: veth pairs baton-near0/
+// baton-far0 on 10.77.0.0/30 and baton-near1/baton-far1 on 10.77.1.0/30),
+// one rail each (--nics) on both engines. Unshaped (100gbit) so that the
+// NICs, not the token bucket, share the load.
+class ServeProcessTwoNics : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::system((link_ + " up 100gbit 0 2 >/dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+    }
+    up_ = true;
+    auto started = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret_,
+                                      "--nics", "baton-far0,baton-far1"},
+                                     BATON_BINARY, "baton-far");
+    ASSERT_TRUE(started.has_value()) << started.error().to_string();
+    child_.emplace(std::move(*started));
+  }
+  void TearDown() override {
+    if (child_) (void)child_->stop();
+    if (up_) (void)std::system((link_ + " down").c_str());
+  }
+  CommandRun bench(const std::string& options) {
+    return run_baton(fmt::format("bench throughput --target {} {} --token-file {} --no-same-host-copy --nics "
+                                 "baton-near0,baton-near1 --json -",
+                                 child_->address(), options, secret_),
+                     "ip netns exec baton-near");
+  }
+  // Bytes the near side's NIC `i` has received (a read's data arrives there).
+  static std::uint64_t received(int i) {
+    const std::string file = fmt::format("{}/baton_rx_{}_{}", ::testing::TempDir(), getpid(), i);
+    const int status = std::system(
+        fmt::format("ip netns exec baton-near cat /sys/class/net/baton-near{}/statistics/rx_bytes >{}", i, file)
+            .c_str());
+    const std::string text = baton::testing::slurp(file);
+    ::unlink(file.c_str());
+    return status == 0 && !text.empty() ? std::stoull(text) : 0;
+  }
+
+  const NetnsLock lock_;
+  const std::string link_ = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
+  const std::string secret_ = secret_file();
+  bool up_ = false;
+  std::optional<ServeChild> child_;
+};
+
+TEST_F(ServeProcessTwoNics, ALargeReadIsCarriedByBothNics) {
+  const std::uint64_t before0 = received(0), before1 = received(1);
+  const CommandRun r = bench("--op read --block-size 8MiB --batch-size 4 --duration 2s");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  EXPECT_TRUE(j["verified"].get<bool>());
+  const auto moved = j["bytes"].get<std::uint64_t>();
+  const std::uint64_t on0 = received(0) - before0, on1 = received(1) - before1;
+  // Every byte read crossed one of the two NICs (plus headers), and each
+  // carried a fair share: lanes alternate between them.
+  EXPECT_GE(on0 + on1, moved);
+  EXPECT_GT(on0, moved / 4) << on0 << " of " << moved;
+  EXPECT_GT(on1, moved / 4) << on1 << " of " << moved;
+}
+
+// A NIC that goes down under a running read: its rail stalls, its lanes
+// fail over to the other NIC, the read goes on there and every request
+// completes with its bytes verified.
+TEST_F(ServeProcessTwoNics, ADeadNicsLanesFailOverToTheOther) {
+  std::uint64_t at_cut0 = 0;
+  std::thread cut([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    at_cut0 = received(0);
+    (void)std::system("ip netns exec baton-near ip link set baton-near1 down");
+  });
+  const CommandRun r = bench("--op read --block-size 1MiB --batch-size 16 --duration 4s --stall-timeout 500ms");
+  cut.join();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(json_of(r)["verified"].get<bool>());
+  EXPECT_NE(r.err.find("fail over"), std::string::npos) << r.err;  // the rail failed, not the path
+  EXPECT_GT(received(0) - at_cut0, 64ULL << 20);  // the read went on over the first NIC
+}
+
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
   const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -45,21 +45,22 @@ TEST(ControlWire, MessagesRoundTrip) {
   hello.proof.fill(2);
   hello.name = "10.0.0.2:7000";
   hello.lanes = 4;
-  hello.worker_address = {5, 6, 7};
+  hello.worker_addresses = {{5, 6, 7}, {8}};  // two rails
   auto h = decode_hello(encode(hello));
   ASSERT_TRUE(h.has_value()) << h.error().to_string();
   EXPECT_EQ(h->name, hello.name);
   EXPECT_EQ(h->lanes, 4);
   EXPECT_EQ(h->proof, hello.proof);
-  EXPECT_EQ(h->worker_address, hello.worker_address);
+  EXPECT_EQ(h->worker_addresses, hello.worker_addresses);
   Welcome welcome;
   welcome.proof.fill(3);
   welcome.session = 99;
-  welcome.worker_address = {1, 2, 3};
-  welcome.regions = {{5, 0x1000, 4096, {9, 9}}};
+  welcome.worker_addresses = {{1, 2, 3}};
+  welcome.regions = {{5, 0x1000, 4096, {{9, 9}, {7}}}};
   auto w = decode_welcome(encode(welcome));
   ASSERT_TRUE(w.has_value()) << w.error().to_string();
   EXPECT_EQ(w->session, 99u);
+  EXPECT_EQ(w->worker_addresses, welcome.worker_addresses);
   EXPECT_EQ(w->regions, welcome.regions);
   auto r = decode_revoke(encode(Revoke{3, {5, 6}}));
   ASSERT_TRUE(r.has_value());
@@ -73,7 +74,7 @@ TEST(ControlWire, MalformedMessagesAreRefused) {
   Hello hello;
   hello.name = "x";
   hello.lanes = 1;
-  hello.worker_address = {1};
+  hello.worker_addresses = {{1}};
   auto bytes = encode(hello);
   bytes[0] ^= 0xff;  // magic
   EXPECT_NE(decode_hello(bytes).error().message().find("not a Baton peer"), std::string::npos);
@@ -85,11 +86,15 @@ TEST(ControlWire, MalformedMessagesAreRefused) {
   hello.name = std::string(kMaxNameBytes + 1, 'n');
   EXPECT_FALSE(decode_hello(encode(hello)).has_value());
   hello.name = "x";
-  hello.worker_address.clear();
+  hello.worker_addresses.clear();
   EXPECT_FALSE(decode_hello(encode(hello)).has_value());  // no worker address
-  hello.worker_address = std::vector<std::uint8_t>(kMaxWorkerAddressBytes + 1, 1);
+  hello.worker_addresses = {{1}, {}};
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());  // an empty one
+  hello.worker_addresses = std::vector<std::vector<std::uint8_t>>(kMaxRails + 1, {1});
+  EXPECT_FALSE(decode_hello(encode(hello)).has_value());  // more rails than any engine has
+  hello.worker_addresses = {std::vector<std::uint8_t>(kMaxWorkerAddressBytes + 1, 1)};
   EXPECT_FALSE(decode_hello(encode(hello)).has_value());
-  hello.worker_address = {1};
+  hello.worker_addresses = {{1}};
   bytes = encode(hello);
   bytes.pop_back();
   EXPECT_FALSE(decode_hello(bytes).has_value());

@@ -157,7 +157,7 @@ TEST_F(UcxSecurityTest, TenThousandGarbageConnectionsLeaveTheListenerServing) {
   ucx::Hello wrong;
   wrong.name = "impostor:1";
   wrong.lanes = 2;
-  wrong.worker_address = {1, 2, 3};
+  wrong.worker_addresses = {{1, 2, 3}};
   const std::vector<std::vector<std::uint8_t>> kinds = {
       std::vector<std::uint8_t>(64, 0),                                                    // what aborted UCX 1.13
       ucx::encode_frame(ucx::ControlKind::kHello, std::vector<std::uint8_t>(10, 0xab)),    // malformed hello
@@ -258,7 +258,7 @@ TEST_F(UcxSecurityTest, AHelloWithAWrongProofGetsARefusalAndNothingElse) {
   ucx::Hello hello;
   hello.name = "127.0.0.1:1";
   hello.lanes = 1;
-  hello.worker_address = {1, 2, 3};
+  hello.worker_addresses = {{1, 2, 3}};
   hello.proof.fill(0x5a);
   send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(hello)));
   std::vector<std::uint8_t> got;
@@ -304,7 +304,7 @@ TEST_F(UcxSecurityTest, AnImpostorListenerGetsNoEndpointsAndTheConnectFails) {
   send_all(fd, ucx::encode_frame(ucx::ControlKind::kChallenge, ucx::encode(ucx::Challenge{})));
   ucx::Welcome welcome;
   welcome.session = 1;
-  welcome.worker_address = {1, 2, 3, 4};
+  welcome.worker_addresses = {{1, 2, 3, 4}};
   send_all(fd, ucx::encode_frame(ucx::ControlKind::kWelcome, ucx::encode(welcome)));
   ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kFailed; }));
   const Status st = a_->path_status(*path);

@@ -29,6 +29,7 @@ struct Flavor {
   topology::PathType expected = topology::PathType::kTcp;
   bool tcp_slices_as_messages = true;
   bool same_host_copy = false;
+  std::vector<std::string> nics;  // rails (UcxConfig::nics)
 };
 
 // Test names and ctest entries show the flavour, not its bytes.
@@ -37,12 +38,17 @@ void PrintTo(const Flavor& flavor, std::ostream* os) { *os << flavor.name; }
 // UCX 1.13 selects sysv/posix shared memory only without peer-failure
 // handling (they report dead peers by "ep_check" alone), so the shm flavour
 // runs with it off.
-const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp};
-const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm};
+const Flavor kTcp{"tcp", "tcp", true, topology::PathType::kTcp, true, false, {}};
+const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm, true, false, {}};
 // TCP with UCX's software RMA instead of Baton's messages.
-const Flavor kTcpRma{"tcp_rma", "tcp", true, topology::PathType::kTcp, false};
+const Flavor kTcpRma{"tcp_rma", "tcp", true, topology::PathType::kTcp, false, false, {}};
 // The default: a peer of this host gets Baton's own copy (same_host.h).
-const Flavor kDirect{"direct", "", true, topology::PathType::kShm, true, true};
+const Flavor kDirect{"direct", "", true, topology::PathType::kShm, true, true, {}};
+// Two rails (a UCP context and worker each) on loopback: lane 0 on the first,
+// lane 1 on the second, every region mapped on both; with Baton's messages
+// and with UCX's RMA (each rail's rkeys).
+const Flavor kRails{"tcp_rails", "tcp", true, topology::PathType::kTcp, true, false, {"lo", "lo"}};
+const Flavor kRmaRails{"tcp_rma_rails", "tcp", true, topology::PathType::kTcp, false, false, {"lo", "lo"}};
 
 std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
   std::vector<std::uint8_t> v(n);
@@ -67,6 +73,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     c.handshake_timeout_ms = handshake_timeout_ms;
     c.tcp_slices_as_messages = GetParam().tcp_slices_as_messages;
     c.same_host_copy = GetParam().same_host_copy;
+    c.nics = GetParam().nics;
     return c;
   }
 
@@ -248,6 +255,51 @@ TEST_P(UcxTransportTest, WritesAndReadsOnSeveralLanesAreByteExact) {
   EXPECT_EQ(a_->slices_in_flight(), 0u);
 }
 
+// Engines with different rail counts pair lane i of the initiator's rail
+// i mod 3 with the holder's rail i mod (its rails): every lane carries
+// writes and reads, byte-exact (under RMA, each lane unpacks the rkey of the
+// holder's rail it reaches).
+TEST_P(UcxTransportTest, PeersWithDifferentRailCountsPairTheirLanes) {
+  UcxConfig three = config();
+  three.nics = {"lo", "lo", "lo"};
+  three.lanes_per_peer = 5;
+  auto initiator = UcxTransport::create(three);
+  ASSERT_TRUE(initiator.has_value()) << initiator.error().to_string();
+  a_ = std::move(*initiator);
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(a_->paths()[path].lanes, 5);
+  constexpr std::size_t kSlice = 100'003;
+  auto& remote = buffer(5 * kSlice, 0);
+  auto remote_region = expose(remote.data(), remote.size());
+  ASSERT_TRUE(remote_region.has_value());
+  ASSERT_TRUE(a_->refresh_regions(path).is_ok());
+  ASSERT_TRUE(wait_until([&] { return !a_->refresh_pending(path); }));
+  auto& source = buffer(pattern(remote.size(), 11));
+  auto& back = buffer(remote.size(), 0);
+  ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  for (int lane = 0; lane < 5; ++lane) {
+    const std::size_t at = static_cast<std::size_t>(lane) * kSlice;
+    ASSERT_TRUE(a_->submit(slice(1 + lane, path, lane, Op::kWrite, source.data() + at, addr(remote.data()) + at,
+                                 *remote_region, kSlice),
+                           now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(5));
+  for (int lane = 0; lane < 5; ++lane) {
+    const std::size_t at = static_cast<std::size_t>(lane) * kSlice;
+    ASSERT_TRUE(a_->submit(slice(10 + lane, path, (lane + 2) % 5, Op::kRead, back.data() + at,
+                                 addr(remote.data()) + at, *remote_region, kSlice),
+                           now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(10));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(remote, source);
+  EXPECT_EQ(back, source);
+}
+
 TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -424,6 +476,23 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
   ASSERT_FALSE(stall.has_value());
   EXPECT_EQ(stall.error().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(stall.error().message().find("stall_timeout_ms is -1"), std::string::npos) << stall.error().message();
+  // NICs: each must be a device of this machine, and each needs a lane.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad_nics = {
+      {{"no-such-nic0"}, "no such network interface"},
+      {{"mlx-none_9:1"}, "no such RDMA device"},
+      {{""}, "is not a device name"},
+      {{"lo,lo"}, "is not a device name"},
+      {{"lo", "lo", "lo"}, "3 NICs"},  // lanes_per_peer is 2
+      {std::vector<std::string>(9, "lo"), "at most 8"},
+  };
+  for (const auto& [nics, why] : bad_nics) {
+    bad = config();
+    bad.nics = nics;
+    const auto made = UcxTransport::create(bad);
+    ASSERT_FALSE(made.has_value()) << why;
+    EXPECT_EQ(made.error().code(), StatusCode::kInvalidArgument) << made.error().to_string();
+    EXPECT_NE(made.error().message().find(why), std::string::npos) << made.error().message();
+  }
 }
 
 TEST_P(UcxTransportTest, ConnectToAClosedPortFailsUnavailable) {
@@ -692,7 +761,7 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   EXPECT_EQ(remote, local);
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect),
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kRails, kRmaRails),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
 
 }  // namespace

@@ -29,7 +29,7 @@ TEST(UcxWire, HeaderRoundTripsAndRefusesStrangers) {
 }
 
 TEST(UcxWire, RegionsRoundTrip) {
-  const std::vector<RegionDescriptor> regions{{1, 0x1000, 4096, {1, 2, 3}}, {9, 0x7f0000, 1 << 20, {4}}};
+  const std::vector<RegionDescriptor> regions{{1, 0x1000, 4096, {{1, 2, 3}}}, {9, 0x7f0000, 1 << 20, {{4}, {5, 6}}}};
   auto back = decode_regions(encode_regions(regions));
   ASSERT_TRUE(back.has_value()) << back.error().to_string();
   EXPECT_EQ(*back, regions);
@@ -39,7 +39,7 @@ TEST(UcxWire, RegionsRoundTrip) {
 }
 
 TEST(UcxWire, MalformedRegionListsAreRefused) {
-  const auto good = encode_regions({{1, 0x1000, 4096, {1, 2, 3}}});
+  const auto good = encode_regions({{1, 0x1000, 4096, {{1, 2, 3}}}});
   EXPECT_FALSE(decode_regions({}).has_value());                                     // no count
   EXPECT_FALSE(decode_regions(std::span(good).first(good.size() - 1)).has_value());  // truncated rkey
   auto trailing = good;
@@ -48,9 +48,12 @@ TEST(UcxWire, MalformedRegionListsAreRefused) {
   auto huge_count = good;
   huge_count[3] = 0x7f;  // count ≈ 2^30: refused before allocating
   EXPECT_FALSE(decode_regions(huge_count).has_value());
-  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 0, {1}}})).has_value());          // empty range
-  EXPECT_FALSE(decode_regions(encode_regions({{1, ~0ull - 10, 4096, {1}}})).has_value());  // wraps
-  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {}}})).has_value());       // no rkey
+  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 0, {{1}}}})).has_value());          // empty range
+  EXPECT_FALSE(decode_regions(encode_regions({{1, ~0ull - 10, 4096, {{1}}}})).has_value());  // wraps
+  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {}}})).has_value());         // no rkey
+  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {{1}, {}}}})).has_value());  // an empty one
+  const std::vector<std::vector<std::uint8_t>> nine(kMaxRails + 1, {1});
+  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, nine}})).has_value());  // more rkeys than rails
 }
 
 TEST(UcxWire, KeysRoundTripAndMalformedAreRefused) {

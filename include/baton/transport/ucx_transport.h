@@ -29,6 +29,18 @@ struct UcxConfig {
   std::string listen_address = "127.0.0.1:0";
   // UCP endpoints per peer: the lanes of each path.
   int lanes_per_peer = 2;
+  // The NICs to carry slices, one rail each (a UCP context and worker bound
+  // to that device, since UCP binds devices per context): a network
+  // interface ("eth1") or an RDMA device and port ("mlx5_0:1"), at most 8.
+  // Lane i of a path runs on our rail i mod (our NICs) to the peer's rail
+  // i mod (its NICs), so two engines that list their NICs in the same order
+  // (each NIC's subnet) pair them; every region is mapped on each. A NIC that
+  // fails under a path (an endpoint error or the stall timeout) takes only
+  // its own lanes while another NIC of the path works: their slices go again
+  // over the others. Needs lanes_per_peer >= NICs; a NIC named twice gets
+  // two rails (two workers and more sockets to each peer). Empty: one rail
+  // on the devices UCX picks.
+  std::vector<std::string> nics;
   // UCX_TLS for this transport only (e.g. "tcp", "rc,tcp"); empty: UCX's own
   // default, or the UCX_TLS environment variable.
   std::string tls;
@@ -162,7 +174,8 @@ class UcxTransport final : public Transport {
   // already being unregistered.
   Status unregister(RegionHandle region);
   [[nodiscard]] bool unregister_pending(RegionHandle region) const;
-  // The packed rkey of a local region (what the handshake sends to peers).
+  // The packed rkey of a local region on the first rail (the handshake sends
+  // peers one per rail).
   [[nodiscard]] Result<std::vector<std::uint8_t>> packed_rkey(RegionHandle region) const;
 
   // --- Peers ---------------------------------------------------------------

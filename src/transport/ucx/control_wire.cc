@@ -52,6 +52,22 @@ void put_blob(Writer& w, std::span<const std::uint8_t> b) {
   w.bytes(b);
 }
 
+// A u8 count (1..kMaxRails) of worker addresses, each a non-empty blob.
+void put_addresses(Writer& w, const std::vector<std::vector<std::uint8_t>>& addresses) {
+  w.put(static_cast<std::uint8_t>(addresses.size()));
+  for (const auto& a : addresses) put_blob(w, a);
+}
+
+bool get_addresses(Reader& r, std::vector<std::vector<std::uint8_t>>& out) {
+  std::uint8_t count = 0;
+  if (!r.get(count) || count == 0 || count > kMaxRails) return false;
+  out.resize(count);
+  for (auto& a : out) {
+    if (!get_blob(r, kMaxWorkerAddressBytes, a) || a.empty()) return false;
+  }
+  return true;
+}
+
 std::span<const std::uint8_t> as_bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
@@ -99,7 +115,7 @@ std::vector<std::uint8_t> encode(const Hello& m) {
   w.bytes(m.proof);
   w.put(m.lanes);
   put_blob(w, as_bytes(m.name));
-  put_blob(w, m.worker_address);
+  put_addresses(w, m.worker_addresses);
   return w.take();
 }
 
@@ -107,7 +123,7 @@ std::vector<std::uint8_t> encode(const Welcome& m) {
   Writer w;
   w.bytes(m.proof);
   w.put(m.session);
-  put_blob(w, m.worker_address);
+  put_addresses(w, m.worker_addresses);
   w.put(m.pid);
   w.put(m.cookie_address);
   w.bytes(m.cookie);
@@ -154,11 +170,10 @@ Result<Hello> decode_hello(std::span<const std::uint8_t> body) {
   Hello m;
   std::vector<std::uint8_t> name;
   if (!get_array(r, m.nonce) || !get_array(r, m.proof) || !r.get(m.lanes) || !get_blob(r, kMaxNameBytes, name) ||
-      !get_blob(r, kMaxWorkerAddressBytes, m.worker_address) || r.left() != 0) {
-    return bad("malformed hello of {} bytes (a name is at most {} bytes, a worker address {})", body.size(),
-               kMaxNameBytes, kMaxWorkerAddressBytes);
+      !get_addresses(r, m.worker_addresses) || r.left() != 0) {
+    return bad("malformed hello of {} bytes (a name is at most {} bytes; 1..{} worker addresses of 1..{} bytes)",
+               body.size(), kMaxNameBytes, kMaxRails, kMaxWorkerAddressBytes);
   }
-  if (m.worker_address.empty()) return bad("hello without a worker address");
   if (m.lanes == 0 || m.lanes > kMaxLanes) return bad("hello asks for {} lanes (expected 1..{})", m.lanes, kMaxLanes);
   m.name.assign(name.begin(), name.end());
   return m;
@@ -167,11 +182,11 @@ Result<Hello> decode_hello(std::span<const std::uint8_t> body) {
 Result<Welcome> decode_welcome(std::span<const std::uint8_t> body) {
   Reader r(body);
   Welcome m;
-  if (!get_array(r, m.proof) || !r.get(m.session) || !get_blob(r, kMaxWorkerAddressBytes, m.worker_address) ||
-      !r.get(m.pid) || !r.get(m.cookie_address) || !get_array(r, m.cookie)) {
-    return bad("malformed welcome of {} bytes", body.size());
+  if (!get_array(r, m.proof) || !r.get(m.session) || !get_addresses(r, m.worker_addresses) || !r.get(m.pid) ||
+      !r.get(m.cookie_address) || !get_array(r, m.cookie)) {
+    return bad("malformed welcome of {} bytes (1..{} worker addresses of 1..{} bytes)", body.size(), kMaxRails,
+               kMaxWorkerAddressBytes);
   }
-  if (m.worker_address.empty()) return bad("welcome without a worker address");
   auto regions = decode_regions(r.rest());
   if (!regions) return std::unexpected(regions.error());
   m.regions = std::move(*regions);

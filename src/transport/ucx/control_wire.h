@@ -9,11 +9,12 @@
 //
 //   listener                              initiator
 //   kChallenge{server nonce}        →
-//                                   ←     kHello{client nonce, proof, name, lanes, worker address}
+//                                   ←     kHello{client nonce, proof, name, lanes, worker addresses}
 //   kWelcome{proof, session token,  →     (or kRefusal{why}, then close)
-//            worker address, pid and
+//            worker addresses, pid and
 //            cookie, regions}
-//   -- each side creates UCP endpoints from the other's worker address (the
+//   -- each side creates UCP endpoints from the other's worker addresses, lane
+//      i from our rail i mod (our rails) to its rail i mod (its rails) (the
 //      listener answers slices on its own); the initiator binds each lane
 //      with the session token (an active message, wire.h) --
 //   kReady (every lane bound)       →
@@ -32,7 +33,7 @@
 
 namespace baton::transport::ucx {
 
-inline constexpr std::uint16_t kControlVersion = 2;
+inline constexpr std::uint16_t kControlVersion = 3;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
@@ -41,9 +42,9 @@ inline constexpr std::size_t kCookieBytes = 16;
 using Cookie = std::array<std::uint8_t, kCookieBytes>;  // same_host.h
 
 inline constexpr std::size_t kFrameHeaderBytes = 5;
-// Before the peer proved the secret: a hello with a worker address (200 bytes
-// for TCP and shared memory here; more with RDMA devices).
-inline constexpr std::uint32_t kMaxHandshakeFrameBytes = 8U << 10;
+// Before the peer proved the secret: a hello with a worker address per rail
+// (200 bytes for TCP and shared memory here; more with RDMA devices).
+inline constexpr std::uint32_t kMaxHandshakeFrameBytes = 16U << 10;
 // After: a region list (a packed rkey is tens of bytes on TCP, hundreds on RDMA).
 inline constexpr std::uint32_t kMaxFrameBytes = 16U << 20;
 inline constexpr std::size_t kMaxNameBytes = 256;
@@ -77,12 +78,14 @@ struct Hello {
   Proof proof{};
   std::string name;  // the initiator's own listen address, for logs and exports
   std::uint16_t lanes = 0;
-  std::vector<std::uint8_t> worker_address;  // the listener answers slices there
+  // One per rail (UcxConfig::nics), in rail order: the listener answers
+  // slices there.
+  std::vector<std::vector<std::uint8_t>> worker_addresses;
 };
 struct Welcome {
   Proof proof{};
   std::uint64_t session = 0;  // binds the initiator's lanes (kQuery carries it)
-  std::vector<std::uint8_t> worker_address;
+  std::vector<std::vector<std::uint8_t>> worker_addresses;  // one per rail
   // For a peer on this host: the listener's pid and where its cookie lies
   // (same_host.h); the initiator reads it to know it can copy directly.
   std::uint32_t pid = 0;

@@ -2,9 +2,9 @@
 //
 // Peers meet over Baton's own TCP socket (control_channel.h): the listener
 // challenges, the initiator proves the deployment secret, the listener proves
-// it back and sends its UCP worker address and the regions exported to that
-// peer; the initiator creates its lanes from the worker address and binds each
-// to its session with a token. The control connection then carries region
+// it back and sends its UCP worker addresses (one per rail) and the regions
+// exported to that peer; the initiator creates its lanes from the worker
+// addresses and binds each to its session with a token. The control connection then carries region
 // updates, revocations and notifications, and its closing is the peer's
 // death. UCX's sockaddr listener is never used (UCX 1.13 aborts on a
 // malformed connection request).
@@ -16,8 +16,17 @@
 // state. A request's callback runs exactly once when the post returned a
 // request; a slice finishes when its last request did, and only then is its
 // record (which UCX holds as user_data) released.
+//
+// Rails: one UCP context and worker per NIC (UcxConfig::nics), because UCP
+// binds devices per context (UCX_NET_DEVICES), not per endpoint. Lane i of a
+// path runs on our rail i mod (our rails) to the peer's rail i mod (its
+// rails); every region is mapped on every rail. A rail that fails under a
+// path (an endpoint error, or a stall) takes only its own lanes while another
+// rail of the path still works: their slices fail and are sent again on
+// the lanes left.
 #include "baton/transport/ucx_transport.h"
 
+#include <net/if.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -30,6 +39,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -78,10 +89,10 @@ struct LocalRegion {
   std::uintptr_t base = 0;
   std::size_t length = 0;
   MemoryKind kind = MemoryKind::kDram;
-  ucp_mem_h memh = nullptr;
+  std::vector<ucp_mem_h> memh;  // per rail
   // allocate_memory's: a memfd that same-host peers map. Freed after ucp_mem_unmap.
   std::optional<ucx::SharedAllocation> shared;
-  std::vector<std::uint8_t> packed_rkey;
+  std::vector<std::vector<std::uint8_t>> packed_rkeys;  // per rail
   std::uint64_t inflight = 0;  // slices whose local range is here
   // Who may see it: every authenticated peer, or the peers of these names.
   bool exported_all = false;
@@ -116,11 +127,29 @@ struct RemoteRegionKeys {
 }  // namespace
 
 struct UcxTransport::State {
+  // One UCP context and worker bound to one NIC (or to UCX's choice).
+  struct Rail {
+    std::string nic;  // empty: every device UCX finds
+    ucp_context_h context = nullptr;
+    ucp_worker_h worker = nullptr;
+    std::vector<std::uint8_t> worker_address;
+    int worker_fd = -1;
+  };
+
   struct Lane {
     State* state = nullptr;
     PathId path = 0;
     int index = 0;
-    ucp_ep_h ep = nullptr;  // null once closed
+    std::size_t rail = 0;         // ours
+    std::size_t remote_rail = 0;  // the peer's, whose rkeys it unpacks
+    ucp_ep_h ep = nullptr;        // null once closed
+  };
+
+  // A path's slices on one of our rails, for the stall timeout.
+  struct RailLoad {
+    int inflight = 0;
+    TimeNs last_progress_ns = 0;  // the last completion, or the post that ended an idle stretch
+    bool failed = false;          // its lanes closed; the path goes on over the others
   };
 
   // Where an initiator's handshake stands.
@@ -143,7 +172,7 @@ struct UcxTransport::State {
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
     TimeNs deadline_ns = 0;         // handshake
     int inflight = 0;               // slices posted and not handed out
-    TimeNs last_progress_ns = 0;    // the last completion, or the post that ended an idle stretch
+    std::vector<RailLoad> rails;    // per rail of ours
     // A peer of this host (its cookie read back): slices are copied here
     // (same_host.h), not posted to UCX. 0: another host, or not proved.
     pid_t same_host_pid = 0;
@@ -156,7 +185,8 @@ struct UcxTransport::State {
   struct BackLane {
     State* state = nullptr;
     std::uint64_t session = 0;
-    ucp_ep_h ep = nullptr;
+    std::size_t rail = 0;   // ours
+    ucp_ep_h ep = nullptr;  // null once its rail failed
   };
 
   // The listener's side of one initiator: its control connection, and once
@@ -170,8 +200,7 @@ struct UcxTransport::State {
     std::string name;             // what it calls itself (its listen address)
     std::uint64_t token = 0;      // binds its lanes
     std::set<RegionHandle> sent;  // regions it knows of, not revoked
-    std::vector<std::uint8_t> worker_address;  // the initiator's: our answers go there
-    std::uint16_t lanes = 0;                   // it said it opens
+    std::uint16_t lanes = 0;  // it said it opens
     // Our endpoints to its worker, which carry our answers to its slices:
     // ours, so their failure is reported to us and we close them.
     std::vector<std::unique_ptr<BackLane>> back;
@@ -185,6 +214,8 @@ struct UcxTransport::State {
   struct SliceOp {
     State* state = nullptr;
     SliceSubmit submit;
+    int lane = 0;           // where it went: submit.lane, or another when that lane's rail failed
+    std::size_t rail = 0;   // ours, for the stall timeout
     LocalRegion* local = nullptr;
     std::shared_ptr<RemoteRegionKeys> remote;
     std::array<void*, 2> requests{};  // the RMA and, for writes, the flush
@@ -215,10 +246,7 @@ struct UcxTransport::State {
   UcxConfig config;
   std::string secret;
   std::string address;
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  std::vector<std::uint8_t> worker_address;
-  int worker_fd = -1;
+  std::vector<Rail> rails;  // at least one
   // Read out of our memory by a same-host peer to prove where it is (Welcome).
   ucx::Cookie cookie{};
   std::optional<ucx::ControlListener> listener;
@@ -287,9 +315,95 @@ struct UcxTransport::State {
   std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
   std::vector<Inbound> inbox;
   std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
-  std::vector<std::pair<std::uint64_t, ucs_status_t>> back_errors;  // session, why
+  struct BackError {
+    std::uint64_t session = 0;
+    std::size_t rail = 0;
+    ucs_status_t status = UCS_OK;
+  };
+  std::vector<BackError> back_errors;
 
   ~State() { teardown(); }
+
+  // A UCP context and worker on one NIC (`nic` empty: UCX's choice), with
+  // our active-message handlers. Destroyed by teardown() once in `rails`;
+  // on failure here, released here.
+  static Result<Rail> make_rail(const UcxConfig& cfg, const std::string& nic, State* state) {
+    Rail rail;
+    rail.nic = nic;
+    auto fail = [&rail](Status why) {
+      if (rail.worker != nullptr) ucp_worker_destroy(rail.worker);
+      if (rail.context != nullptr) ucp_cleanup(rail.context);
+      return std::unexpected(std::move(why));
+    };
+    ucp_config_t* ucp_config = nullptr;
+    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucp_config); s != UCS_OK) {
+      return fail(ucx_failure("UcxTransport::create", "ucp_config_read", s));
+    }
+    if (!cfg.tls.empty()) {
+      if (ucs_status_t s = ucp_config_modify(ucp_config, "TLS", cfg.tls.c_str()); s != UCS_OK) {
+        ucp_config_release(ucp_config);
+        return fail(Status::invalid_argument("UcxTransport::create: tls \"{}\" refused by UCX: {}", cfg.tls,
+                                             ucs_status_string(s)));
+      }
+    }
+    if (!nic.empty()) {
+      if (ucs_status_t s = ucp_config_modify(ucp_config, "NET_DEVICES", nic.c_str()); s != UCS_OK) {
+        ucp_config_release(ucp_config);
+        return fail(Status::invalid_argument("UcxTransport::create: NIC \"{}\" refused by UCX: {}", nic,
+                                             ucs_status_string(s)));
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.name = "baton";
+    const ucs_status_t init = ucp_init(&params, ucp_config, &rail.context);
+    ucp_config_release(ucp_config);
+    if (init != UCS_OK) {
+      rail.context = nullptr;
+      return fail(ucx_failure("UcxTransport::create",
+                              fmt::format("ucp_init (tls \"{}\"{})", cfg.tls, nic.empty() ? "" : ", NIC " + nic), init));
+    }
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // the engine loop owns it
+    if (ucs_status_t s = ucp_worker_create(rail.context, &worker_params, &rail.worker); s != UCS_OK) {
+      rail.worker = nullptr;
+      return fail(ucx_failure("UcxTransport::create", "ucp_worker_create", s));
+    }
+    if (ucs_status_t s = ucp_worker_get_efd(rail.worker, &rail.worker_fd); s != UCS_OK) {
+      return fail(ucx_failure("UcxTransport::create", "ucp_worker_get_efd", s));
+    }
+    ucp_address_t* address = nullptr;
+    std::size_t address_length = 0;
+    if (ucs_status_t s = ucp_worker_get_address(rail.worker, &address, &address_length); s != UCS_OK) {
+      return fail(ucx_failure("UcxTransport::create", "ucp_worker_get_address", s));
+    }
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(address);
+    rail.worker_address.assign(bytes, bytes + address_length);
+    ucp_worker_release_address(rail.worker, address);
+    if (rail.worker_address.size() > ucx::kMaxWorkerAddressBytes) {
+      return fail(Status::unavailable("UcxTransport::create: UCX's worker address has {} bytes (at most {} travel)",
+                                      rail.worker_address.size(), ucx::kMaxWorkerAddressBytes));
+    }
+    for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
+                            std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
+                            std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
+                            std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
+                            std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>}}) {
+      ucp_am_handler_param_t p{};
+      p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      p.id = static_cast<unsigned>(kind);
+      p.flags = UCP_AM_FLAG_WHOLE_MSG;
+      p.cb = cb;
+      p.arg = state;
+      if (ucs_status_t s = ucp_worker_set_am_recv_handler(rail.worker, &p); s != UCS_OK) {
+        return fail(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
+      }
+    }
+    return rail;
+  }
 
   // --- the direct-copy table -------------------------------------------------
 
@@ -336,7 +450,7 @@ struct UcxTransport::State {
 
   static void on_back_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* back = static_cast<BackLane*>(arg);
-    back->state->back_errors.emplace_back(back->session, status);
+    back->state->back_errors.push_back({back->session, back->rail, status});
   }
 
   static void on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -387,9 +501,29 @@ struct UcxTransport::State {
   // --- helpers ----------------------------------------------------------------
 
   void progress() {
-    for (int i = 0; i < kProgressRoundsPerPoll; ++i) {
-      if (ucp_worker_progress(worker) == 0) break;
+    for (Rail& rail : rails) {
+      for (int i = 0; i < kProgressRoundsPerPoll; ++i) {
+        if (ucp_worker_progress(rail.worker) == 0) break;
+      }
     }
+  }
+
+  // Whether every worker is idle: one progress round each, all of them.
+  bool progress_once() {
+    unsigned done = 0;
+    for (Rail& rail : rails) done += ucp_worker_progress(rail.worker);
+    return done != 0;
+  }
+
+  void unmap(LocalRegion& r) {
+    for (std::size_t i = 0; i < r.memh.size(); ++i) ucp_mem_unmap(rails[i].context, r.memh[i]);
+    r.memh.clear();
+  }
+
+  // A slice was posted on `rail` of `peer`: an idle stretch ends there.
+  static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns) {
+    ++peer.inflight;
+    if (peer.rails[rail].inflight++ == 0) peer.rails[rail].last_progress_ns = now_ns;
   }
 
   void close_endpoint(ucp_ep_h ep) {
@@ -447,7 +581,7 @@ struct UcxTransport::State {
     session.sent.clear();
     for (const auto& [base, r] : regions) {
       if (!visible(r, session)) continue;
-      RegionDescriptor d{r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkey};
+      RegionDescriptor d{r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkeys};
       if (r.shared) {
         d.memfd = r.shared->fd.get();
         d.memfd_inode = r.shared->inode;
@@ -478,32 +612,32 @@ struct UcxTransport::State {
     // Said, not detected: a UCX without CUDA support must refuse VRAM rather
     // than map a device pointer as host memory.
     params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-    ucp_mem_h memh = nullptr;
-    if (ucs_status_t st = ucp_mem_map(context, &params, &memh); st != UCS_OK) {
-      return std::unexpected(ucx_failure(call, kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
-    }
-    ucp_mem_attr_t attr{};
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    if (ucs_status_t st = ucp_mem_query(memh, &attr); st != UCS_OK) {
-      ucp_mem_unmap(context, memh);
-      return std::unexpected(ucx_failure(call, "ucp_mem_query", st));
-    }
-    void* packed = nullptr;
-    std::size_t packed_size = 0;
-    if (ucs_status_t st = ucp_rkey_pack(context, memh, &packed, &packed_size); st != UCS_OK) {
-      ucp_mem_unmap(context, memh);
-      return std::unexpected(ucx_failure(call, "ucp_rkey_pack", st));
-    }
     LocalRegion region;
+    // Mapped on every rail (each is a UCP context of its own), with the rkey
+    // of each for peers.
+    for (Rail& rail : rails) {
+      ucp_mem_h memh = nullptr;
+      if (ucs_status_t st = ucp_mem_map(rail.context, &params, &memh); st != UCS_OK) {
+        unmap(region);
+        return std::unexpected(
+            ucx_failure(call, kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
+      }
+      region.memh.push_back(memh);
+      void* packed = nullptr;
+      std::size_t packed_size = 0;
+      if (ucs_status_t st = ucp_rkey_pack(rail.context, memh, &packed, &packed_size); st != UCS_OK) {
+        unmap(region);
+        return std::unexpected(ucx_failure(call, "ucp_rkey_pack", st));
+      }
+      const auto* bytes = static_cast<const std::uint8_t*>(packed);
+      region.packed_rkeys.emplace_back(bytes, bytes + packed_size);
+      ucp_rkey_buffer_release(packed);
+    }
     region.handle = next_region++;
     region.base = reinterpret_cast<std::uintptr_t>(addr);
     region.length = length;
     region.kind = kind;
-    region.memh = memh;
     region.shared = std::move(shared);
-    const auto* bytes = static_cast<const std::uint8_t*>(packed);
-    region.packed_rkey.assign(bytes, bytes + packed_size);
-    ucp_rkey_buffer_release(packed);
     region_base.emplace(region.handle, region.base);
     const RegionHandle handle = region.handle;
     regions.emplace(region.base, std::move(region));
@@ -542,19 +676,56 @@ struct UcxTransport::State {
     }
   }
 
-  // A ready path that has had slices posted and none completed for the
-  // stall timeout fails: a link that went down, or a peer that stopped.
+  // " on rail 1 (eth1)" where there is more than one rail, else nothing.
+  std::string rail_name(std::size_t rail) const {
+    return rails.size() == 1 ? std::string() : fmt::format(" on rail {} ({})", rail, rails[rail].nic);
+  }
+
+  // Rail `rail` of path `id` failed. While another rail of the path works
+  // (and a forced close can complete what is posted: peer-failure
+  // detection), only its lanes close: their RMA completes with an error,
+  // their slices awaiting a reply fail, and the scheduler sends them again,
+  // which lands them on the lanes left (submit). The last rail fails the path.
+  void fail_rail(PathId id, std::size_t rail, Status reason) {
+    Peer& peer = peers[id];
+    if (peer.state == PathState::kFailed || peer.rails[rail].failed) return;
+    bool others = false;
+    for (std::size_t r = 0; r < peer.rails.size(); ++r) others = others || (r != rail && !peer.rails[r].failed);
+    if (!others || !config.peer_failure_detection || peer.same_host_pid != 0) {
+      fail_path(id, std::move(reason));
+      return;
+    }
+    spdlog::warn("ucx: {}; its lanes fail over to the path's other rails", reason.message());
+    peer.rails[rail].failed = true;
+    for (auto& lane : peer.lanes) {
+      if (lane->rail != rail || lane->ep == nullptr) continue;
+      close_endpoint(lane->ep);
+      lane->ep = nullptr;
+    }
+    for (auto& [sid, op] : slices) {
+      if (op->awaiting_reply && op->submit.path == id && op->rail == rail) {
+        finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
+      }
+    }
+  }
+
+  // A rail of a ready path that has had slices posted and none completed for
+  // the stall timeout fails: a link that went down, or a peer that stopped.
   void fail_stalled(TimeNs now_ns) {
     if (config.stall_timeout_ms == 0) return;
     const TimeNs stall_ns = config.stall_timeout_ms * 1'000'000;
     bool failed = false;
     for (PathId id = 0; id < peers.size(); ++id) {
       Peer& p = peers[id];
-      if (p.state != PathState::kReady || p.inflight == 0 || now_ns - p.last_progress_ns < stall_ns) continue;
-      fail_path(id, Status::unavailable("path {} to {}: no slice completed for {} ms with {} posted (the link or the "
-                                        "peer is gone)",
-                                        id, p.address, config.stall_timeout_ms, p.inflight));
-      failed = true;
+      for (std::size_t r = 0; r < p.rails.size() && p.state == PathState::kReady; ++r) {
+        const RailLoad& load = p.rails[r];
+        if (load.failed || load.inflight == 0 || now_ns - load.last_progress_ns < stall_ns) continue;
+        fail_rail(id, r,
+                  Status::unavailable("path {} to {}{}: no slice completed for {} ms with {} posted (the link or the "
+                                      "peer is gone)",
+                                      id, p.address, rail_name(r), config.stall_timeout_ms, load.inflight));
+        failed = true;
+      }
     }
     if (failed) handle_recorded();  // the forced close completes what was posted
   }
@@ -678,7 +849,15 @@ struct UcxTransport::State {
       data.assign(text.begin(), text.end());
     }
     const MessageKind kind = in.kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
-    ucp_ep_h back = session->back[header.lane % session->back.size()]->ep;
+    // The back lane of the rail the slice came on; another when that one failed.
+    ucp_ep_h back = nullptr;
+    for (std::size_t i = 0; i < session->back.size() && back == nullptr; ++i) {
+      back = session->back[(header.lane + i) % session->back.size()]->ep;
+    }
+    if (back == nullptr) {
+      spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
+      return;
+    }
     if (Status s = send_message(back, kind, header, ucx::encode_slice(reply, data)); !s.is_ok()) {
       spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
     }
@@ -739,7 +918,13 @@ struct UcxTransport::State {
       keys->info = {d.key, d.base, d.length};
       keys->rkeys.assign(peer.lanes.size(), nullptr);
       for (std::size_t i = 0; i < peer.lanes.size(); ++i) {
-        const ucs_status_t s = ucp_ep_rkey_unpack(peer.lanes[i]->ep, d.packed_rkey.data(), &keys->rkeys[i]);
+        const Lane& lane = *peer.lanes[i];
+        if (lane.ep == nullptr) continue;  // its rail failed
+        if (lane.remote_rail >= d.packed_rkeys.size()) {
+          return Status::invalid_argument("ucx handshake: peer {} sent {} rkeys for region {}, fewer than its rails",
+                                          peer.address, d.packed_rkeys.size(), d.key);
+        }
+        const ucs_status_t s = ucp_ep_rkey_unpack(lane.ep, d.packed_rkeys[lane.remote_rail].data(), &keys->rkeys[i]);
         if (s != UCS_OK) {
           return Status::unavailable("ucx handshake: cannot unpack the rkey of region {} of peer {} on lane {}: {}",
                                      d.key, peer.address, i, ucs_status_string(s));
@@ -842,6 +1027,28 @@ struct UcxTransport::State {
     }
   }
 
+  // Our endpoints to an initiator on one rail failed: those close, and the
+  // session goes on over the others; the last rail ends the session.
+  void fail_back_rail(const BackError& e) {
+    const auto it = sessions.find(e.session);
+    if (it == sessions.end()) return;
+    Session& session = it->second;
+    const bool others = std::any_of(session.back.begin(), session.back.end(), [&](const auto& b) {
+      return b->rail != e.rail && b->ep != nullptr;
+    });
+    const std::string why = fmt::format("our endpoint to it{} failed: {}", rail_name(e.rail), ucs_status_string(e.status));
+    if (!others || !config.peer_failure_detection) {
+      close_session(e.session, why);
+      return;
+    }
+    spdlog::warn("ucx: peer {}: {}; answering over the other rails", session.name, why);
+    for (auto& back : session.back) {
+      if (back->rail != e.rail || back->ep == nullptr) continue;
+      close_endpoint(back->ep);
+      back->ep = nullptr;
+    }
+  }
+
   // The lane a listener's message is for, or null when it is stale or forged.
   Lane* lane_of(const MessageHeader& header) {
     if (header.path >= peers.size()) return nullptr;
@@ -855,14 +1062,12 @@ struct UcxTransport::State {
     // Acting may record more (a forced close completes requests at once), so
     // go round until nothing is left.
     while (!lane_errors.empty() || !back_errors.empty() || !inbox.empty()) {
-      for (auto [id, status] : std::exchange(back_errors, {})) {
-        close_session(id, fmt::format("our endpoint to it failed: {}", ucs_status_string(status)));
-      }
+      for (const BackError& e : std::exchange(back_errors, {})) fail_back_rail(e);
       for (auto [lane, status] : std::exchange(lane_errors, {})) {
         if (lane->ep == nullptr) continue;
-        fail_path(lane->path, Status::unavailable("path {} to {}: lane {} failed: {}", lane->path,
-                                                  peers[lane->path].address, lane->index,
-                                                  ucs_status_string(status)));
+        fail_rail(lane->path, lane->rail,
+                  Status::unavailable("path {} to {}: lane {}{} failed: {}", lane->path, peers[lane->path].address,
+                                      lane->index, rail_name(lane->rail), ucs_status_string(status)));
       }
       for (Inbound& in : std::exchange(inbox, {})) {
         auto header = ucx::decode_header(in.header);
@@ -903,7 +1108,9 @@ struct UcxTransport::State {
     poller->forget(session.conn->fd());
     // Our endpoints to it close; what still arrives on its lanes finds no
     // session and is dropped.
-    for (auto& back : session.back) close_endpoint(back->ep);
+    for (auto& back : session.back) {
+      if (back->ep != nullptr) close_endpoint(back->ep);
+    }
     for (ucp_ep_h ep : session.bound) {
       if (auto it = session_by_ep.find(ep); it != session_by_ep.end() && it->second == id) session_by_ep.erase(it);
     }
@@ -948,30 +1155,37 @@ struct UcxTransport::State {
   }
 
   // What an initiator's proof covers beside the nonces: its name and its
-  // worker address, so neither can be swapped on the way.
+  // worker addresses, so none can be swapped on the way.
   static std::string self_description(const ucx::Hello& hello) {
-    return hello.name + std::string(hello.worker_address.begin(), hello.worker_address.end());
+    std::string out = hello.name;
+    for (const auto& a : hello.worker_addresses) {
+      out += fmt::format("|{}:", a.size());
+      out.append(a.begin(), a.end());
+    }
+    return out;
   }
 
-  // Our endpoints to an authenticated initiator's worker: one per lane (at
-  // most 4), carrying our answers to its slices.
-  Status open_back_lanes(std::uint64_t id, const std::vector<std::uint8_t>& address) {
+  // Our endpoints to an authenticated initiator's workers, carrying our
+  // answers to its slices: one per lane, lane i's from the rail it arrives
+  // on here to the rail it leaves from there.
+  Status open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses) {
     Session& session = sessions.at(id);
-    const int count = std::clamp<int>(session.lanes, 1, 4);
-    for (int i = 0; i < count; ++i) {
+    for (std::size_t i = 0; i < session.lanes; ++i) {
       auto back = std::make_unique<BackLane>();
       back->state = this;
       back->session = id;
+      back->rail = i % rails.size();
       ucp_ep_params_t params{};
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      params.address = reinterpret_cast<const ucp_address_t*>(addresses[i % addresses.size()].data());
       params.err_mode = config.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       params.err_handler.cb = &State::on_back_error;
       params.err_handler.arg = back.get();
       if (!config.peer_failure_detection) params.field_mask &= ~UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      if (ucs_status_t st = ucp_ep_create(worker, &params, &back->ep); st != UCS_OK) {
-        return Status::unavailable("cannot reach the worker of {}: {}", session.name, ucs_status_string(st));
+      if (ucs_status_t st = ucp_ep_create(rails[back->rail].worker, &params, &back->ep); st != UCS_OK) {
+        return Status::unavailable("cannot reach the worker of {}{}: {}", session.name, rail_name(back->rail),
+                                   ucs_status_string(st));
       }
       session.back.push_back(std::move(back));
     }
@@ -1001,11 +1215,11 @@ struct UcxTransport::State {
     session.token = *token;
     session.lanes = hello->lanes;
     session_by_token.emplace(session.token, id);
-    if (Status s = open_back_lanes(id, hello->worker_address); !s.is_ok()) return s;
+    if (Status s = open_back_lanes(id, hello->worker_addresses); !s.is_ok()) return s;
     ucx::Welcome welcome;
     welcome.proof = ucx::listener_proof(secret, session.nonce, hello->nonce);
     welcome.session = session.token;
-    welcome.worker_address = worker_address;
+    for (const Rail& rail : rails) welcome.worker_addresses.push_back(rail.worker_address);
     welcome.pid = static_cast<std::uint32_t>(getpid());
     welcome.cookie_address = reinterpret_cast<std::uintptr_t>(cookie.data());
     welcome.cookie = cookie;
@@ -1135,22 +1349,23 @@ struct UcxTransport::State {
     return "?";
   }
 
-  Status create_lanes(PathId id, const std::vector<std::uint8_t>& address) {
+  Status create_lanes(PathId id, const std::vector<std::vector<std::uint8_t>>& addresses) {
     Peer& peer = peers[id];
     for (auto& lane : peer.lanes) {
+      lane->remote_rail = static_cast<std::size_t>(lane->index) % addresses.size();
       ucp_ep_params_t params{};
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-      params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      params.address = reinterpret_cast<const ucp_address_t*>(addresses[lane->remote_rail].data());
       if (config.peer_failure_detection) {
         params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
         params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         params.err_handler.cb = &State::on_lane_error;
         params.err_handler.arg = lane.get();
       }
-      if (ucs_status_t st = ucp_ep_create(worker, &params, &lane->ep); st != UCS_OK) {
+      if (ucs_status_t st = ucp_ep_create(rails[lane->rail].worker, &params, &lane->ep); st != UCS_OK) {
         lane->ep = nullptr;
-        return Status::unavailable("cannot create endpoint {} to {}: {}", lane->index, peer.address,
-                                   ucs_status_string(st));
+        return Status::unavailable("cannot create endpoint {} to {}{}: {}", lane->index, peer.address,
+                                   rail_name(lane->rail), ucs_status_string(st));
       }
     }
     return Status::ok();
@@ -1170,7 +1385,7 @@ struct UcxTransport::State {
     if (!ucx::same_proof(w->proof, ucx::listener_proof(secret, peer.challenge, peer.nonce))) {
       return Status::permission_denied("{} does not hold our secret (its proof is wrong)", peer.address);
     }
-    if (Status s = create_lanes(id, w->worker_address); !s.is_ok()) return s;
+    if (Status s = create_lanes(id, w->worker_addresses); !s.is_ok()) return s;
     const auto pid = static_cast<pid_t>(w->pid);
     if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
       peer.same_host_pid = pid;
@@ -1194,7 +1409,8 @@ struct UcxTransport::State {
         if (!nonce) return nonce.error();
         peer.nonce = *nonce;
         peer.challenge = challenge->nonce;
-        ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), worker_address};
+        ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), {}};
+        for (const Rail& rail : rails) hello.worker_addresses.push_back(rail.worker_address);
         hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, self_description(hello));
         peer.stage = Stage::kAwaitWelcome;
         return peer.control->send(ControlKind::kHello, ucx::encode(hello));
@@ -1336,7 +1552,7 @@ struct UcxTransport::State {
         ++it;
         continue;
       }
-      ucp_mem_unmap(context, r.memh);
+      unmap(r);
       region_base.erase(r.handle);
       it = regions.erase(it);
     }
@@ -1409,7 +1625,8 @@ struct UcxTransport::State {
       --op->local->inflight;
       Peer& peer = peers[s.path];
       --peer.inflight;
-      peer.last_progress_ns = now_ns;
+      --peer.rails[op->rail].inflight;
+      peer.rails[op->rail].last_progress_ns = now_ns;
       out.push_back(std::move(c));
       slices.erase(s.id);
     }
@@ -1431,8 +1648,12 @@ struct UcxTransport::State {
   }
 
   void teardown() {
-    if (worker == nullptr) {
-      if (context != nullptr) ucp_cleanup(context);
+    if (rails.empty() || rails.back().worker == nullptr) {  // create() failed part way
+      for (Rail& rail : rails) {
+        if (rail.worker != nullptr) ucp_worker_destroy(rail.worker);
+        if (rail.context != nullptr) ucp_cleanup(rail.context);
+      }
+      rails.clear();
       return;
     }
     begin_shutdown();
@@ -1441,7 +1662,7 @@ struct UcxTransport::State {
       copier.reset();
     }
     for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
-      ucp_worker_progress(worker);
+      progress_once();
       reap_closing();
     }
     if (!closing.empty()) {
@@ -1461,17 +1682,57 @@ struct UcxTransport::State {
     finished.clear();
     slices.clear();
     peers.clear();
-    for (auto& [base, r] : regions) ucp_mem_unmap(context, r.memh);
+    for (auto& [base, r] : regions) unmap(r);
     regions.clear();
-    ucp_worker_destroy(worker);
-    worker = nullptr;
+    for (Rail& rail : rails) ucp_worker_destroy(rail.worker);
     outgoing.clear();
-    ucp_cleanup(context);
-    context = nullptr;
+    for (Rail& rail : rails) ucp_cleanup(rail.context);
+    rails.clear();
   }
 };
 
 // --- UcxTransport ------------------------------------------------------------
+
+namespace {
+
+// Each NIC names a device of this machine: a network interface ("eth1") or
+// an RDMA device and port ("mlx5_0:1"); every rail needs a lane. A NIC named
+// twice gets two rails (two workers, more sockets to each peer).
+Status check_nics(const UcxConfig& config) {
+  if (config.nics.size() > ucx::kMaxRails) {
+    return Status::invalid_argument("UcxTransport::create: {} NICs (at most {})", config.nics.size(), ucx::kMaxRails);
+  }
+  if (!config.nics.empty() && static_cast<std::size_t>(config.lanes_per_peer) < config.nics.size()) {
+    return Status::invalid_argument(
+        "UcxTransport::create: {} lanes for {} NICs (every NIC needs a lane: lanes_per_peer >= NICs)",
+        config.lanes_per_peer, config.nics.size());
+  }
+  for (const std::string& nic : config.nics) {
+    if (nic.empty() || nic.size() > 64 || nic.find_first_of(", \t\n/") != std::string::npos) {
+      return Status::invalid_argument("UcxTransport::create: NIC \"{}\" is not a device name", nic);
+    }
+    const auto colon = nic.find(':');
+    if (colon != std::string::npos) {
+      if (!std::filesystem::exists("/sys/class/infiniband/" + nic.substr(0, colon))) {
+        return Status::invalid_argument("UcxTransport::create: NIC \"{}\": no such RDMA device here", nic);
+      }
+      continue;
+    }
+    if (::if_nametoindex(nic.c_str()) == 0) {
+      return Status::invalid_argument("UcxTransport::create: NIC \"{}\": no such network interface here", nic);
+    }
+    // UCX leaves out an interface that is not up and running, and the rail
+    // would then have no network device at all.
+    std::string state;
+    std::ifstream("/sys/class/net/" + nic + "/operstate") >> state;
+    if (state == "down") {
+      return Status::unavailable("UcxTransport::create: NIC \"{}\" is down", nic);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {}
 UcxTransport::~UcxTransport() = default;
@@ -1497,6 +1758,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::create: max_unauthenticated is {} (expected >= 1)", config.max_unauthenticated));
   }
+  if (Status s = check_nics(config); !s.is_ok()) return std::unexpected(s);
   auto listen = ucx::parse_socket_address(config.listen_address);
   if (!listen) return std::unexpected(listen.error());
 
@@ -1537,65 +1799,12 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   state->config.secret.clear();  // kept once, in state->secret
   const UcxConfig& cfg = state->config;
 
-  ucp_config_t* ucp_config = nullptr;
-  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucp_config); s != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_config_read", s));
-  }
-  if (!cfg.tls.empty()) {
-    if (ucs_status_t s = ucp_config_modify(ucp_config, "TLS", cfg.tls.c_str()); s != UCS_OK) {
-      ucp_config_release(ucp_config);
-      return std::unexpected(Status::invalid_argument("UcxTransport::create: tls \"{}\" refused by UCX: {}",
-                                                      cfg.tls, ucs_status_string(s)));
-    }
-  }
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  params.name = "baton";
-  const ucs_status_t init = ucp_init(&params, ucp_config, &state->context);
-  ucp_config_release(ucp_config);
-  if (init != UCS_OK) {
-    state->context = nullptr;
-    return std::unexpected(ucx_failure("UcxTransport::create", fmt::format("ucp_init (tls \"{}\")", cfg.tls), init));
-  }
-
-  ucp_worker_params_t worker_params{};
-  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // the engine loop owns it
-  if (ucs_status_t s = ucp_worker_create(state->context, &worker_params, &state->worker); s != UCS_OK) {
-    state->worker = nullptr;
-    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_create", s));
-  }
-  if (ucs_status_t s = ucp_worker_get_efd(state->worker, &state->worker_fd); s != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_get_efd", s));
-  }
-  ucp_address_t* worker_address = nullptr;
-  std::size_t worker_address_length = 0;
-  if (ucs_status_t s = ucp_worker_get_address(state->worker, &worker_address, &worker_address_length); s != UCS_OK) {
-    return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_get_address", s));
-  }
-  const auto* address_bytes = reinterpret_cast<const std::uint8_t*>(worker_address);
-  state->worker_address.assign(address_bytes, address_bytes + worker_address_length);
-  ucp_worker_release_address(state->worker, worker_address);
-
-  auto set_handler = [&](MessageKind kind, ucp_am_recv_callback_t cb) {
-    ucp_am_handler_param_t p{};
-    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    p.id = static_cast<unsigned>(kind);
-    p.flags = UCP_AM_FLAG_WHOLE_MSG;
-    p.cb = cb;
-    p.arg = state.get();
-    return ucp_worker_set_am_recv_handler(state->worker, &p);
-  };
-  for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
-                          std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
-                          std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
-                          std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
-                          std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>}}) {
-    if (ucs_status_t s = set_handler(kind, cb); s != UCS_OK) {
-      return std::unexpected(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
-    }
+  std::vector<std::string> nics = cfg.nics;
+  if (nics.empty()) nics.emplace_back();  // one rail on whatever UCX picks
+  for (const std::string& nic : nics) {
+    auto rail = State::make_rail(cfg, nic, state.get());
+    if (!rail) return std::unexpected(rail.error());
+    state->rails.push_back(std::move(*rail));
   }
 
   auto cookie = ucx::random_nonce();
@@ -1605,7 +1814,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   auto poller = ucx::Poller::create();
   if (!poller) return std::unexpected(poller.error());
   state->poller = std::move(*poller);
-  state->poller->watch(state->worker_fd, false);
+  for (const State::Rail& rail : state->rails) state->poller->watch(rail.worker_fd, false);
   auto listener = ucx::ControlListener::open(*listen);
   if (!listener) {
     return std::unexpected(Status::unavailable("UcxTransport::create: {}", listener.error().message()));
@@ -1683,7 +1892,7 @@ Status UcxTransport::unregister(RegionHandle handle) {
     }
   }
   if (region.awaiting.empty() && !s.retired_in_use()) {
-    ucp_mem_unmap(s.context, region.memh);
+    s.unmap(region);
     s.regions.erase(it->second);
     s.region_base.erase(it);
   }
@@ -1733,7 +1942,7 @@ Result<std::vector<std::uint8_t>> UcxTransport::packed_rkey(RegionHandle handle)
   if (it == state_->region_base.end()) {
     return std::unexpected(Status::not_found("UcxTransport::packed_rkey: no region {}", handle));
   }
-  return state_->regions.at(it->second).packed_rkey;
+  return state_->regions.at(it->second).packed_rkeys.front();
 }
 
 Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_ns) {
@@ -1761,13 +1970,14 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   peer.address = address;
   peer.deadline_ns = now_ns + s.config.handshake_timeout_ms * 1'000'000;
   peer.hello_seq = peer.next_seq++;
-  peer.last_progress_ns = now_ns;
+  peer.rails.assign(s.rails.size(), State::RailLoad{0, now_ns, false});
   peer.control = std::move(*control);
   for (int i = 0; i < s.config.lanes_per_peer; ++i) {
     auto lane = std::make_unique<State::Lane>();
     lane->state = &s;
     lane->path = id;
     lane->index = i;
+    lane->rail = static_cast<std::size_t>(i) % s.rails.size();
     peer.lanes.push_back(std::move(lane));  // endpoints come with the welcome
   }
   s.poller->watch(peer.control->fd(), peer.control->wants_write());
@@ -1885,10 +2095,13 @@ bool UcxTransport::arm() {
   // UCX's rule for sleeping: progress until it reports nothing done, then
   // arm. Events it consumed but did not finish (a socket half read) would
   // not fire the fd again, and the loop would sleep on them.
-  if (ucp_worker_progress(s.worker) != 0) return false;
-  const ucs_status_t st = ucp_worker_arm(s.worker);
-  if (st != UCS_OK && st != UCS_ERR_BUSY) spdlog::warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
-  return st == UCS_OK;
+  if (s.progress_once()) return false;
+  for (State::Rail& rail : s.rails) {
+    const ucs_status_t st = ucp_worker_arm(rail.worker);
+    if (st != UCS_OK && st != UCS_ERR_BUSY) spdlog::warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
+    if (st != UCS_OK) return false;
+  }
+  return true;
 }
 
 const std::vector<PathInfo>& UcxTransport::paths() const { return state_->infos; }
@@ -1968,7 +2181,7 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
       // CMA on the copier's thread: it completes in collect_copies().
       s.copier->submit({peer.same_host_pid, m.op, m.local, m.remote_addr, slice.bytes, slice.id});
       ++local->inflight;
-      if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+      State::note_posted(peer, 0, now_ns);
       s.slices.emplace(slice.id, std::move(op));
       return Status::ok();
     } else if (Status st = ucx::cma_copy(peer.same_host_pid, m.op, m.local, m.remote_addr, slice.bytes);
@@ -1976,12 +2189,22 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
       op->error = st.message();
     }
     ++local->inflight;
-    if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+    State::note_posted(peer, 0, now_ns);
     s.finished.push_back(op.get());
     s.slices.emplace(slice.id, std::move(op));
     return Status::ok();
   }
-  ucp_ep_h ep = peer.lanes[static_cast<std::size_t>(slice.lane)]->ep;
+  // A lane whose rail failed hands its slice to the next lane still open.
+  std::size_t lane = static_cast<std::size_t>(slice.lane);
+  for (std::size_t i = 0; i < peer.lanes.size() && peer.lanes[lane]->ep == nullptr; ++i) {
+    lane = (lane + 1) % peer.lanes.size();
+  }
+  if (peer.lanes[lane]->ep == nullptr) {
+    return Status::unavailable("UcxTransport::submit: slice {}: path {} has no open lane", slice.id, slice.path);
+  }
+  op->lane = static_cast<int>(lane);
+  op->rail = peer.lanes[lane]->rail;
+  ucp_ep_h ep = peer.lanes[lane]->ep;
   // Over TCP, slices travel as Baton's own active messages by default: UCX
   // 1.13's software RMA aborts the target process when an initiator dies
   // with puts or gets still in its socket (the completion it then cannot
@@ -2009,7 +2232,7 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     if (!payload.empty()) {
       MessageHeader header;
       header.path = slice.path;
-      header.lane = static_cast<std::uint32_t>(slice.lane);
+      header.lane = static_cast<std::uint32_t>(lane);
       header.seq = slice.id;
       op->compressed = compress;
       op->awaiting_reply = true;
@@ -2019,18 +2242,18 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
         return Status::unavailable("UcxTransport::submit: slice {}: {}", slice.id, st.message());
       }
       ++local->inflight;
-      if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+      State::note_posted(peer, op->rail, now_ns);
       s.slices.emplace(slice.id, std::move(op));
       return Status::ok();
     }
   }
-  ucp_rkey_h rkey = op->remote->rkeys[static_cast<std::size_t>(slice.lane)];
+  ucp_rkey_h rkey = op->remote->rkeys[lane];
 
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
   param.cb.send = &State::on_slice_request;
   param.user_data = op.get();
-  param.memh = local->memh;
+  param.memh = local->memh[op->rail];
   void* rma = m.op == Op::kWrite ? ucp_put_nbx(ep, m.local, slice.bytes, m.remote_addr, rkey, &param)
                                  : ucp_get_nbx(ep, m.local, slice.bytes, m.remote_addr, rkey, &param);
   if (UCS_PTR_IS_ERR(rma)) {
@@ -2059,7 +2282,7 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     }
   }
   ++local->inflight;
-  if (peer.inflight++ == 0) peer.last_progress_ns = now_ns;
+  State::note_posted(peer, op->rail, now_ns);
   if (op->pending == 0) s.finished.push_back(op.get());
   s.slices.emplace(slice.id, std::move(op));
   return Status::ok();

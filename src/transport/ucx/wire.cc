@@ -83,8 +83,11 @@ std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& re
     w.put(r.length);
     w.put(r.memfd);
     w.put(r.memfd_inode);
-    w.put(static_cast<std::uint32_t>(r.packed_rkey.size()));
-    w.bytes(r.packed_rkey);
+    w.put(static_cast<std::uint8_t>(r.packed_rkeys.size()));
+    for (const auto& rkey : r.packed_rkeys) {
+      w.put(static_cast<std::uint32_t>(rkey.size()));
+      w.bytes(rkey);
+    }
   }
   return w.take();
 }
@@ -98,7 +101,7 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
   }
   // Each entry takes at least 36 bytes, so a count the payload cannot hold is
   // refused before anything is allocated.
-  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4 + 8 + 4;
+  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4 + 8 + 1 + 4 + 1;
   if (count > kMaxRegions || count > r.left() / kMinEntry) {
     return std::unexpected(Status::invalid_argument(
         "ucx handshake: region count {} does not fit {} payload bytes (at most {})", count,
@@ -107,9 +110,9 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
   std::vector<RegionDescriptor> out(count);
   for (std::uint32_t i = 0; i < count; ++i) {
     RegionDescriptor& d = out[i];
-    std::uint32_t rkey_bytes = 0;
+    std::uint8_t rails = 0;
     if (!r.get(d.key) || !r.get(d.base) || !r.get(d.length) || !r.get(d.memfd) || !r.get(d.memfd_inode) ||
-        !r.get(rkey_bytes)) {
+        !r.get(rails)) {
       return std::unexpected(Status::invalid_argument(
           "ucx handshake: region {} of {} truncated at byte {}", i, count, r.offset()));
     }
@@ -118,10 +121,19 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
           "ucx handshake: region key {} has range [{:#x}, +{}) (expected non-empty, no wrap)",
           d.key, d.base, d.length));
     }
-    if (rkey_bytes == 0 || rkey_bytes > kMaxRkeyBytes || !r.bytes(rkey_bytes, d.packed_rkey)) {
+    if (rails == 0 || rails > kMaxRails) {
       return std::unexpected(Status::invalid_argument(
-          "ucx handshake: region key {} has a packed rkey of {} bytes ({} left, at most {})", d.key,
-          rkey_bytes, r.left(), kMaxRkeyBytes));
+          "ucx handshake: region key {} comes with {} packed rkeys (expected one per rail, 1..{})", d.key, rails,
+          kMaxRails));
+    }
+    d.packed_rkeys.resize(rails);
+    for (auto& rkey : d.packed_rkeys) {
+      std::uint32_t rkey_bytes = 0;
+      if (!r.get(rkey_bytes) || rkey_bytes == 0 || rkey_bytes > kMaxRkeyBytes || !r.bytes(rkey_bytes, rkey)) {
+        return std::unexpected(Status::invalid_argument(
+            "ucx handshake: region key {} has a packed rkey of {} bytes ({} left, at most {})", d.key,
+            rkey_bytes, r.left(), kMaxRkeyBytes));
+      }
     }
   }
   if (r.left() != 0) {

@@ -66,7 +66,9 @@ struct RegionDescriptor {
   std::uint32_t key = 0;
   std::uint64_t base = 0;
   std::uint64_t length = 0;
-  std::vector<std::uint8_t> packed_rkey;
+  // One per rail of the owner (a UCP context per NIC, UcxConfig::nics), in
+  // rail order: a lane unpacks the one of the rail it reaches.
+  std::vector<std::vector<std::uint8_t>> packed_rkeys;
   // Memory allocated by the owner lives in a memfd: its number in the owner
   // and its inode, for a peer on the same host to map it (same_host.h). -1: none.
   std::int32_t memfd = -1;
@@ -78,6 +80,9 @@ struct RegionDescriptor {
 // us allocate without limit.
 inline constexpr std::uint32_t kMaxRegions = 1 << 16;
 inline constexpr std::uint32_t kMaxRkeyBytes = 1 << 16;
+// Rails (UCP contexts, one per NIC) an engine may have: what it announces
+// per region and in the handshake is bounded by it.
+inline constexpr std::size_t kMaxRails = 8;
 // Notifications go eager in one message (at most kMaxNotificationBytes);
 // the receiver keeps at most this many untaken, dropping the oldest.
 inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
