@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,7 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   std::vector<std::string> args{"--buffer-size", std::to_string(buffer_bytes), "--lanes",
                                 std::to_string(ucx.lanes_per_peer)};
   if (!ucx.tls.empty()) args.insert(args.end(), {"--ucx-tls", ucx.tls});
+  if (!ucx.nics.empty()) args.insert(args.end(), {"--nics", fmt::format("{}", fmt::join(ucx.nics, ","))});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   if (!ucx.same_host_copy) args.emplace_back("--no-same-host-copy");
   args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
