@@ -300,6 +300,38 @@ TEST_P(UcxTransportTest, PeersWithDifferentRailCountsPairTheirLanes) {
   EXPECT_EQ(back, source);
 }
 
+// RMA writes submitted between two polls share one flush per lane (a write
+// completes when a flush after it did); Baton's messages and the same-host
+// copy need none.
+TEST_P(UcxTransportTest, AnRmaWriteBurstTakesOneFlushPerLane) {
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  constexpr std::size_t kSlice = 65'536;
+  auto& remote = buffer(16 * kSlice, 0);
+  auto remote_region = expose(remote.data(), remote.size());
+  ASSERT_TRUE(remote_region.has_value());
+  ASSERT_TRUE(a_->refresh_regions(path).is_ok());
+  ASSERT_TRUE(wait_until([&] { return !a_->refresh_pending(path); }));
+  auto& source = buffer(pattern(remote.size(), 5));
+  ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
+  const bool rma = !GetParam().tcp_slices_as_messages || a_->paths()[path].type != topology::PathType::kTcp;
+  const bool direct = GetParam().same_host_copy;
+  for (int burst = 0; burst < 2; ++burst) {
+    const std::uint64_t before = a_->flushes_posted();
+    for (int i = 0; i < 8; ++i) {
+      const std::size_t at = static_cast<std::size_t>(burst * 8 + i) * kSlice;
+      ASSERT_TRUE(a_->submit(slice(1 + burst * 8 + i, path, i % 2, Op::kWrite, source.data() + at,
+                                   addr(remote.data()) + at, *remote_region, kSlice),
+                             now())
+                      .is_ok());
+    }
+    ASSERT_TRUE(wait_slices(8 * (burst + 1)));
+    EXPECT_EQ(a_->flushes_posted() - before, rma && !direct ? 2u : 0u) << "burst " << burst;
+  }
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(remote, source);
+}
+
 TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());

@@ -272,8 +272,9 @@ class UcxTransport final : public Transport {
   // already_exists for a slice id in flight; unavailable unless the path is
   // ready; out_of_range when the local range is not inside one registered
   // region or the remote range not inside the peer's region `remote_key`.
-  // Then posts ucp_put_nbx + ucp_ep_flush_nbx (a write completes once its
-  // bytes are at the peer) or ucp_get_nbx.
+  // Then posts ucp_put_nbx or ucp_get_nbx; the writes of a lane since the
+  // last poll share one ucp_ep_flush_nbx, posted by the next poll() or
+  // arm(): a write completes once its bytes are at the peer.
   [[nodiscard]] Status submit(const SliceSubmit& slice, TimeNs now_ns) override;
   // UCX cannot recall a posted RMA and slices are posted at submit, so this
   // never stops one: stopped = false, and its completion still comes.
@@ -301,6 +302,11 @@ class UcxTransport final : public Transport {
   // Connections closed on arrival because max_unauthenticated handshakes
   // were under way.
   [[nodiscard]] std::uint64_t refused_connections() const;
+
+  // Endpoint flushes posted since creation: one per lane per burst of RMA
+  // writes submitted between two polls (or before the loop sleeps), not one
+  // per write.
+  [[nodiscard]] std::uint64_t flushes_posted() const;
 
   // Starts a clean close: the listener stops, every path fails with
   // unavailable and its endpoints close (a forced close under peer-failure

@@ -127,6 +127,8 @@ struct RemoteRegionKeys {
 }  // namespace
 
 struct UcxTransport::State {
+  struct SliceOp;
+
   // One UCP context and worker bound to one NIC (or to UCX's choice).
   struct Rail {
     std::string nic;  // empty: every device UCX finds
@@ -143,6 +145,9 @@ struct UcxTransport::State {
     std::size_t rail = 0;         // ours
     std::size_t remote_rail = 0;  // the peer's, whose rkeys it unpacks
     ucp_ep_h ep = nullptr;        // null once closed
+    // RMA writes posted since the lane's last flush: one flush covers them
+    // all (flush_lanes), posted before the loop next polls or sleeps.
+    std::vector<SliceOp*> unflushed;
   };
 
   // A path's slices on one of our rails, for the stall timeout.
@@ -218,7 +223,7 @@ struct UcxTransport::State {
     std::size_t rail = 0;   // ours, for the stall timeout
     LocalRegion* local = nullptr;
     std::shared_ptr<RemoteRegionKeys> remote;
-    std::array<void*, 2> requests{};  // the RMA and, for writes, the flush
+    void* request = nullptr;  // the RMA, until its callback ran
     int pending = 0;
     ucs_status_t status = UCS_OK;
     // A compressed slice travels as active messages (RMA moves exactly the
@@ -227,6 +232,13 @@ struct UcxTransport::State {
     bool awaiting_reply = false;
     std::uint64_t wire_bytes = 0;
     std::string error;  // why the holder refused it
+  };
+
+  // One flush of a lane, for the writes posted on it since the last one.
+  struct FlushGroup {
+    State* state = nullptr;
+    std::vector<SliceOp*> ops;
+    void* request = nullptr;
   };
 
   struct Outgoing {
@@ -272,6 +284,8 @@ struct UcxTransport::State {
   bool all_ready = true;
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
+  std::unordered_map<FlushGroup*, std::unique_ptr<FlushGroup>> flushes;  // posted, not completed
+  std::uint64_t flushes_posted = 0;
   std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
   WireCodec codec_id = WireCodec::kRaw;
   std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
@@ -460,12 +474,60 @@ struct UcxTransport::State {
 
   static void on_slice_request(void* request, ucs_status_t status, void* user_data) {
     auto* op = static_cast<SliceOp*>(user_data);
-    for (void*& r : op->requests) {
-      if (r == request) r = nullptr;
-    }
+    op->request = nullptr;
     ucp_request_free(request);
-    if (status != UCS_OK && op->status == UCS_OK) op->status = status;
-    if (--op->pending == 0) op->state->finished.push_back(op);
+    op->state->settle(*op, status);
+  }
+
+  static void on_flush(void* request, ucs_status_t status, void* user_data) {
+    auto* group = static_cast<FlushGroup*>(user_data);
+    ucp_request_free(request);
+    group->request = nullptr;
+    State* state = group->state;
+    for (SliceOp* op : group->ops) state->settle(*op, status);
+    state->flushes.erase(group);
+  }
+
+  // One of a slice's requests (its RMA, or the flush that covers its write)
+  // ended; the slice finishes with the last.
+  void settle(SliceOp& op, ucs_status_t status) {
+    if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+    if (--op.pending == 0) finished.push_back(&op);
+  }
+
+  // Posts one flush per lane that has writes posted since its last: a put
+  // completes when its source may be reused, and its bytes are at the peer
+  // only once a flush after it completed. One flush for a lane's whole burst
+  // of writes (a batch, a scheduler tick) instead of one per slice.
+  void flush_lanes() {
+    for (Peer& peer : peers) {
+      for (auto& lane : peer.lanes) {
+        if (lane->unflushed.empty()) continue;
+        auto group = std::make_unique<FlushGroup>();
+        group->state = this;
+        group->ops = std::exchange(lane->unflushed, {});
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        param.cb.send = &State::on_flush;
+        param.user_data = group.get();
+        void* f = ucp_ep_flush_nbx(lane->ep, &param);
+        ++flushes_posted;
+        if (f == nullptr || UCS_PTR_IS_ERR(f)) {
+          const ucs_status_t st = f == nullptr ? UCS_OK : UCS_PTR_STATUS(f);
+          for (SliceOp* op : group->ops) settle(*op, st);
+          continue;
+        }
+        group->request = f;
+        FlushGroup* key = group.get();
+        flushes.emplace(key, std::move(group));
+      }
+    }
+  }
+
+  // A lane closes with writes that no flush covers yet: they fail (a forced
+  // close cancels their puts too).
+  void drop_unflushed(Lane& lane) {
+    for (SliceOp* op : std::exchange(lane.unflushed, {})) settle(*op, UCS_ERR_CONNECTION_RESET);
   }
 
   static void on_message_sent(void* request, ucs_status_t status, void* user_data) {
@@ -663,6 +725,7 @@ struct UcxTransport::State {
       peer.control.reset();  // the listener sees us go
     }
     for (auto& lane : peer.lanes) {
+      drop_unflushed(*lane);
       if (lane->ep != nullptr) {
         close_endpoint(lane->ep);
         lane->ep = nullptr;
@@ -699,6 +762,7 @@ struct UcxTransport::State {
     peer.rails[rail].failed = true;
     for (auto& lane : peer.lanes) {
       if (lane->rail != rail || lane->ep == nullptr) continue;
+      drop_unflushed(*lane);
       close_endpoint(lane->ep);
       lane->ep = nullptr;
     }
@@ -1671,10 +1735,12 @@ struct UcxTransport::State {
     }
     // Whatever UCX still holds must not call back into freed records.
     for (auto& [id, op] : slices) {
-      for (void* r : op->requests) {
-        if (r != nullptr) ucp_request_free(r);
-      }
+      if (op->request != nullptr) ucp_request_free(op->request);
     }
+    for (auto& [key, group] : flushes) {
+      if (group->request != nullptr) ucp_request_free(group->request);
+    }
+    flushes.clear();
     for (auto& [msg, holder] : outgoing) {
       if (holder->request != nullptr) ucp_request_free(holder->request);
     }
@@ -2089,6 +2155,7 @@ int UcxTransport::event_fd() const { return state_->poller->fd(); }
 bool UcxTransport::arm() {
   State& s = *state_;
   if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty()) return false;
+  s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
   // Revocations and handshakes have deadlines (next_event_ns); frames queued
   // since the last poll go now, or the poller watches for writability.
   s.flush_control();
@@ -2262,24 +2329,14 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
                                ucs_status_string(UCS_PTR_STATUS(rma)));
   }
   if (rma != nullptr) {
-    op->requests[0] = rma;
+    op->request = rma;
     ++op->pending;
   }
   if (m.op == Op::kWrite) {
-    // A put completes when its source buffer may be reused; the bytes are at
-    // the peer only after a flush. The flush covers this put (and earlier
-    // ones on the endpoint), so the slice completes when both did.
-    ucp_request_param_t flush{};
-    flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    flush.cb.send = &State::on_slice_request;
-    flush.user_data = op.get();
-    void* f = ucp_ep_flush_nbx(ep, &flush);
-    if (UCS_PTR_IS_ERR(f)) {
-      op->status = UCS_PTR_STATUS(f);
-    } else if (f != nullptr) {
-      op->requests[1] = f;
-      ++op->pending;
-    }
+    // Its bytes are at the peer once a flush after the put completed: the
+    // lane's next flush (flush_lanes, before the loop polls or sleeps).
+    ++op->pending;
+    peer.lanes[lane]->unflushed.push_back(op.get());
   }
   ++local->inflight;
   State::note_posted(peer, op->rail, now_ns);
@@ -2307,6 +2364,7 @@ Status UcxTransport::set_codec(std::shared_ptr<const Codec> codec) {
 
 void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   State& s = *state_;
+  s.flush_lanes();
   s.progress();
   s.handle_recorded();
   s.reap_closing();
@@ -2406,6 +2464,8 @@ bool UcxTransport::path_healthy(PathId path, TimeNs /*now_ns*/) const {
 std::size_t UcxTransport::slices_in_flight() const { return state_->slices.size(); }
 
 std::uint64_t UcxTransport::refused_connections() const { return state_->refused_connections; }
+
+std::uint64_t UcxTransport::flushes_posted() const { return state_->flushes_posted; }
 
 void UcxTransport::shutdown() { state_->begin_shutdown(); }
 
