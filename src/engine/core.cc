@@ -1,6 +1,12 @@
 #include "engine/core.h"
 
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
 #include "baton/topology/probe.h"
+#include "engine/nic_choice.h"
 
 namespace baton::engine {
 namespace {
@@ -54,6 +60,15 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
   core->graph = std::move(*graph);
   const sched::SchedPolicy& policy = config.policy;
   if (config.real) {
+    if (config.ucx.nics == std::vector<std::string>{"auto"}) {
+      // The rails from this machine's topology, NUMA-local to the thread
+      // that creates the engine; one NIC or none: UCX's own choice.
+      config.ucx.nics = rail_nics(*facts, current_numa_node());
+      if (config.ucx.nics.size() < 2) config.ucx.nics.clear();
+      config.ucx.lanes_per_peer = std::max<int>(config.ucx.lanes_per_peer, static_cast<int>(config.ucx.nics.size()));
+      spdlog::info("engine: NICs from the topology: {}",
+                   config.ucx.nics.empty() ? "fewer than two, UCX chooses" : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
+    }
     auto ucx = transport::UcxTransport::create(config.ucx);
     if (!ucx) return std::unexpected(ucx.error());
     // VRAM slices are staged through host memory (UCX here cannot reach GPUs).

@@ -339,6 +339,29 @@ TEST(UcxEngineValidation, APolicyFileIsLoadedOrItsErrorReturned) {
   EXPECT_NE(refused.error().message().find("bad_policy.yaml:3:"), std::string::npos) << refused.error().message();
 }
 
+// nics {"auto"}: the rails come from the engine's topology. On the
+// nvswitch8 model that is its RDMA NICs, which this machine lacks: the
+// refusal names the first, so the choice was the topology's. On this
+// machine's probe (one NIC or none) UCX keeps its own choice and the engine
+// runs.
+TEST(UcxEngineValidation, AutoNicsComeFromTheTopology) {
+  EngineConfig c = ucx_config();
+  c.ucx.nics = {"auto"};
+  c.topology_model = "nvswitch8";
+  auto refused = Engine::create(c);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("NIC \"mlx5_"), std::string::npos) << refused.error().message();
+  EXPECT_NE(refused.error().message().find(":1\": no such RDMA device"), std::string::npos)
+      << refused.error().message();
+  c.topology_model.clear();
+  auto probed = Engine::create(c);
+  if (!probed.has_value() && probed.error().message().find("NIC") != std::string::npos) {
+    GTEST_SKIP() << "this machine has NICs of its own for rails: " << probed.error().message();
+  }
+  EXPECT_TRUE(probed.has_value()) << probed.error().to_string();
+}
+
 TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
   Side local(64 << 20, kLocalSalt);
   auto doomed = std::make_unique<Side>(64 << 20, kTargetSalt);

@@ -29,8 +29,8 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
   app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64));
   app.add_option("--nics", ucx.nics,
                  "NICs to carry slices, one UCP context each (eth1,eth2 or mlx5_0:1,...): lane i on NIC i mod N, "
-                 "paired by order with the peer's; a NIC that fails hands its lanes to the others (default: UCX's "
-                 "choice)")
+                 "paired by order with the peer's; a NIC that fails hands its lanes to the others; auto: the "
+                 "topology's NICs, NUMA-local (default: UCX's choice)")
       ->delimiter(',');
   app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
                "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");

@@ -34,6 +34,10 @@ struct EngineConfig {
   // Listen address (default 127.0.0.1:0, an ephemeral port), the deployment
   // secret (needed to listen beyond loopback), lanes (UCP endpoints) per
   // peer, UCX_TLS, peer-failure detection, handshake and revoke timeouts.
+  // ucx.nics {"auto"}: the rails' NICs come from the topology below (its
+  // RDMA NICs with port 1, else its Ethernet ones, those of the creating
+  // thread's NUMA node first; fewer than two: UCX's own choice), with a
+  // lane for each.
   transport::UcxConfig ucx{};
   // "host:port" to serve GET /metrics (Prometheus text) on; port 0 picks a
   // free one (metrics_address()). Empty: no HTTP server.
