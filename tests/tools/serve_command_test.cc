@@ -621,18 +621,21 @@ TEST(BenchCompress, OnASlowLinkCompressionPaysWhereTheDataShrinksAndNowhereElse)
   EXPECT_GT(fp16["auto_gbps"].get<double>(), 0.8 * fp16["plain_gbps"].get<double>());
 }
 
-// A `baton serve` in namespace baton-far, behind the veth link of
+// A `baton serve` in namespace baton-far, behind the veth link(s) of
 // scripts/netns-link (with a secret: it listens beyond loopback); the test
 // runs its initiator in baton-near. Skipped where namespaces cannot be made.
-class ServeProcessLink : public ::testing::Test {
+class NetnsServe : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (std::system((link_ + " up >/dev/null 2>&1").c_str()) != 0) {
+  // `link_args`: what follows `scripts/netns-link up`; `serve_args`: more
+  // options for the serve.
+  void start(const std::string& link_args, std::vector<std::string> serve_args) {
+    if (std::system((link_ + " up " + link_args + " >/dev/null 2>&1").c_str()) != 0) {
       GTEST_SKIP() << "cannot create a network namespace here (needs root and iproute2)";
     }
     up_ = true;
-    auto started = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret_},
-                                     BATON_BINARY, "baton-far");
+    std::vector<std::string> args{"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret_};
+    args.insert(args.end(), serve_args.begin(), serve_args.end());
+    auto started = ServeChild::start(args, BATON_BINARY, "baton-far");
     ASSERT_TRUE(started.has_value()) << started.error().to_string();
     child_.emplace(std::move(*started));
   }
@@ -655,6 +658,12 @@ class ServeProcessLink : public ::testing::Test {
   std::optional<ServeChild> child_;
 };
 
+// One link shaped to 1 Gbit/s.
+class ServeProcessLink : public NetnsServe {
+ protected:
+  void SetUp() override { start("", {}); }
+};
+
 // A link that goes down under a running transfer (between two network
 // namespaces): UCX reports nothing, so the stall timeout must fail the path,
 // and every request then ends unavailable instead of waiting forever.
@@ -674,28 +683,11 @@ TEST_F(ServeProcessLink, ALinkThatGoesDownFailsThePathAndEveryRequestEnds) {
 // baton-far0 on 10.77.0.0/30 and baton-near1/baton-far1 on 10.77.1.0/30),
 // one rail each (--nics) on both engines. Unshaped (100gbit) so that the
 // NICs, not the token bucket, share the load.
-class ServeProcessTwoNics : public ::testing::Test {
+class ServeProcessTwoNics : public NetnsServe {
  protected:
-  void SetUp() override {
-    if (std::system((link_ + " up 100gbit 0 2 >/dev/null 2>&1").c_str()) != 0) {
-      GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
-    }
-    up_ = true;
-    auto started = ServeChild::start({"--buffer-size", "64MiB", "--listen", "10.77.0.2:0", "--token-file", secret_,
-                                      "--nics", "baton-far0,baton-far1"},
-                                     BATON_BINARY, "baton-far");
-    ASSERT_TRUE(started.has_value()) << started.error().to_string();
-    child_.emplace(std::move(*started));
-  }
-  void TearDown() override {
-    if (child_) (void)child_->stop();
-    if (up_) (void)std::system((link_ + " down").c_str());
-  }
-  CommandRun bench(const std::string& options) {
-    return run_baton(fmt::format("bench throughput --target {} {} --token-file {} --no-same-host-copy --nics "
-                                 "baton-near0,baton-near1 --json -",
-                                 child_->address(), options, secret_),
-                     "ip netns exec baton-near");
+  void SetUp() override { start("100gbit 0 2", {"--nics", "baton-far0,baton-far1"}); }
+  CommandRun bench_nics(const std::string& options) {
+    return bench(options + " --nics baton-near0,baton-near1 --json -");
   }
   // Bytes the near side's NIC `i` has received (a read's data arrives there).
   static std::uint64_t received(int i) {
@@ -707,17 +699,11 @@ class ServeProcessTwoNics : public ::testing::Test {
     ::unlink(file.c_str());
     return status == 0 && !text.empty() ? std::stoull(text) : 0;
   }
-
-  const NetnsLock lock_;
-  const std::string link_ = std::string(BATON_SOURCE_DIR) + "/scripts/netns-link";
-  const std::string secret_ = secret_file();
-  bool up_ = false;
-  std::optional<ServeChild> child_;
 };
 
 TEST_F(ServeProcessTwoNics, ALargeReadIsCarriedByBothNics) {
   const std::uint64_t before0 = received(0), before1 = received(1);
-  const CommandRun r = bench("--op read --block-size 8MiB --batch-size 4 --duration 2s");
+  const CommandRun r = bench_nics("--op read --block-size 8MiB --batch-size 4 --duration 2s");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_of(r);
   EXPECT_TRUE(j["verified"].get<bool>());
@@ -740,7 +726,7 @@ TEST_F(ServeProcessTwoNics, ADeadNicsLanesFailOverToTheOther) {
     at_cut0 = received(0);
     (void)std::system("ip netns exec baton-near ip link set baton-near1 down");
   });
-  const CommandRun r = bench("--op read --block-size 1MiB --batch-size 16 --duration 4s --stall-timeout 500ms");
+  const CommandRun r = bench_nics("--op read --block-size 1MiB --batch-size 16 --duration 4s --stall-timeout 500ms");
   cut.join();
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(json_of(r)["verified"].get<bool>());

@@ -266,15 +266,13 @@ TEST_P(UcxTransportTest, PeersWithDifferentRailCountsPairTheirLanes) {
   auto initiator = UcxTransport::create(three);
   ASSERT_TRUE(initiator.has_value()) << initiator.error().to_string();
   a_ = std::move(*initiator);
+  constexpr std::size_t kSlice = 100'003;
+  auto& remote = buffer(5 * kSlice, 0);
+  auto remote_region = expose(remote.data(), remote.size());  // the welcome carries its rkeys
+  ASSERT_TRUE(remote_region.has_value());
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(a_->paths()[path].lanes, 5);
-  constexpr std::size_t kSlice = 100'003;
-  auto& remote = buffer(5 * kSlice, 0);
-  auto remote_region = expose(remote.data(), remote.size());
-  ASSERT_TRUE(remote_region.has_value());
-  ASSERT_TRUE(a_->refresh_regions(path).is_ok());
-  ASSERT_TRUE(wait_until([&] { return !a_->refresh_pending(path); }));
   auto& source = buffer(pattern(remote.size(), 11));
   auto& back = buffer(remote.size(), 0);
   ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
@@ -304,14 +302,12 @@ TEST_P(UcxTransportTest, PeersWithDifferentRailCountsPairTheirLanes) {
 // completes when a flush after it did); Baton's messages and the same-host
 // copy need none.
 TEST_P(UcxTransportTest, AnRmaWriteBurstTakesOneFlushPerLane) {
-  const PathId path = connect_ready();
-  ASSERT_FALSE(HasFailure());
   constexpr std::size_t kSlice = 65'536;
   auto& remote = buffer(16 * kSlice, 0);
   auto remote_region = expose(remote.data(), remote.size());
   ASSERT_TRUE(remote_region.has_value());
-  ASSERT_TRUE(a_->refresh_regions(path).is_ok());
-  ASSERT_TRUE(wait_until([&] { return !a_->refresh_pending(path); }));
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
   auto& source = buffer(pattern(remote.size(), 5));
   ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
   const bool rma = !GetParam().tcp_slices_as_messages || a_->paths()[path].type != topology::PathType::kTcp;
