@@ -230,6 +230,12 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
       c.ucx.secret_file = field(*config, offsetof(baton_engine_config, secret_file));
       c.policy_file = field(*config, offsetof(baton_engine_config, policy_file));
       c.metrics_address = field(*config, offsetof(baton_engine_config, metrics_address));
+      const std::string nics = field(*config, offsetof(baton_engine_config, nics));
+      for (std::size_t at = 0; !nics.empty() && at <= nics.size();) {
+        const std::size_t comma = std::min(nics.find(',', at), nics.size());
+        c.ucx.nics.push_back(nics.substr(at, comma - at));  // an empty name is refused by create
+        at = comma + 1;
+      }
     }
     auto created = engine::Engine::create(std::move(c));
     if (!created) return fail(created.error());

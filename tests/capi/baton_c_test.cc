@@ -152,6 +152,17 @@ TEST(CApi, CreateChecksItsArguments) {
   config.listen_address = "not an address";
   EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
 
+  config.listen_address = nullptr;
+  config.nics = "no-such-nic0";
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  EXPECT_NE(last_error().find("no such network interface"), std::string::npos) << last_error();
+  config.nics = "lo,";  // an empty name after the comma
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  config.nics = "lo,lo";  // two rails on loopback
+  ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+  config.nics = nullptr;
+
   config.listen_address = "";  // "" keeps the default
   config.metrics_address = "127.0.0.1:0";
   ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();

@@ -86,6 +86,10 @@ typedef struct baton_engine_config {
   const char* secret_file;     /* the deployment secret (chmod 600); default: $BATON_TOKEN_FILE, else loopback only */
   const char* policy_file;     /* a YAML scheduling policy (configs/sched_policy.yaml); default: built in */
   const char* metrics_address; /* "host:port" to serve GET /metrics on (port 0: a free one); default: none */
+  /* The NICs that carry slices, comma-separated, one UCP context each
+   * ("eth1,eth2", "mlx5_0:1,mlx5_1:1"), or "auto" (the topology's); default:
+   * UCX's own choice. Added after the first layout: `size` tells it apart. */
+  const char* nics;
 } baton_engine_config;
 
 /* Sets `size` and every field to its default. */
