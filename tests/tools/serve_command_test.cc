@@ -562,6 +562,21 @@ TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
   }
 }
 
+// NICs that are not this machine's: the engine refuses them by name, and a
+// spawned serve that refuses them is reported as exited, not as slow.
+TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsExited) {
+  CommandRun r = run_baton("serve --buffer-size 1MiB --nics no-such-nic0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("NIC \"no-such-nic0\": no such network interface"), std::string::npos) << r.err;
+  r = run_baton("serve --buffer-size 1MiB --nics lo,lo,lo");  // two lanes by default
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("2 lanes for 3 NICs"), std::string::npos) << r.err;
+  r = run_baton("bench throughput --spawn --nics no-such-nic0 --duration 1s");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no such network interface"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited before giving its address"), std::string::npos) << r.err;
+}
+
 // scripts/netns-link's namespaces have fixed names: a test that uses them
 // holds this lock (as scripts/bench-compress does), so ctest -j runs them one
 // at a time.

@@ -54,9 +54,12 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
     pollfd fd{out[0], POLLIN, 0};
     char chunk[256];
     ssize_t n = 0;
-    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0 ||
-        (n = ::read(out[0], chunk, sizeof chunk)) <= 0) {
+    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0) {
       return std::unexpected(Status::unavailable("serve: the child (pid {}) gave no address within 20 s", pid));
+    }
+    if ((n = ::read(out[0], chunk, sizeof chunk)) <= 0) {
+      return std::unexpected(
+          Status::unavailable("serve: the child (pid {}) exited before giving its address (its error is above)", pid));
     }
     text.append(chunk, static_cast<std::size_t>(n));
   }

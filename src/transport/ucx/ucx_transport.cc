@@ -285,6 +285,7 @@ struct UcxTransport::State {
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
   std::unordered_map<FlushGroup*, std::unique_ptr<FlushGroup>> flushes;  // posted, not completed
+  std::vector<Lane*> to_flush;  // lanes whose unflushed went from empty to not: flush_lanes walks only these
   std::uint64_t flushes_posted = 0;
   std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
   WireCodec codec_id = WireCodec::kRaw;
@@ -500,27 +501,25 @@ struct UcxTransport::State {
   // only once a flush after it completed. One flush for a lane's whole burst
   // of writes (a batch, a scheduler tick) instead of one per slice.
   void flush_lanes() {
-    for (Peer& peer : peers) {
-      for (auto& lane : peer.lanes) {
-        if (lane->unflushed.empty()) continue;
-        auto group = std::make_unique<FlushGroup>();
-        group->state = this;
-        group->ops = std::exchange(lane->unflushed, {});
-        ucp_request_param_t param{};
-        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        param.cb.send = &State::on_flush;
-        param.user_data = group.get();
-        void* f = ucp_ep_flush_nbx(lane->ep, &param);
-        ++flushes_posted;
-        if (f == nullptr || UCS_PTR_IS_ERR(f)) {
-          const ucs_status_t st = f == nullptr ? UCS_OK : UCS_PTR_STATUS(f);
-          for (SliceOp* op : group->ops) settle(*op, st);
-          continue;
-        }
-        group->request = f;
-        FlushGroup* key = group.get();
-        flushes.emplace(key, std::move(group));
+    for (Lane* lane : std::exchange(to_flush, {})) {
+      if (lane->unflushed.empty()) continue;  // it closed since
+      auto group = std::make_unique<FlushGroup>();
+      group->state = this;
+      group->ops = std::exchange(lane->unflushed, {});
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = &State::on_flush;
+      param.user_data = group.get();
+      void* f = ucp_ep_flush_nbx(lane->ep, &param);
+      ++flushes_posted;
+      if (f == nullptr || UCS_PTR_IS_ERR(f)) {
+        const ucs_status_t st = f == nullptr ? UCS_OK : UCS_PTR_STATUS(f);
+        for (SliceOp* op : group->ops) settle(*op, st);
+        continue;
       }
+      group->request = f;
+      FlushGroup* key = group.get();
+      flushes.emplace(key, std::move(group));
     }
   }
 
@@ -1747,6 +1746,7 @@ struct UcxTransport::State {
     // rkeys live in the worker's memory pools: release them before it.
     finished.clear();
     slices.clear();
+    to_flush.clear();
     peers.clear();
     for (auto& [base, r] : regions) unmap(r);
     regions.clear();
@@ -2336,7 +2336,9 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     // Its bytes are at the peer once a flush after the put completed: the
     // lane's next flush (flush_lanes, before the loop polls or sleeps).
     ++op->pending;
-    peer.lanes[lane]->unflushed.push_back(op.get());
+    State::Lane& l = *peer.lanes[lane];
+    if (l.unflushed.empty()) s.to_flush.push_back(&l);
+    l.unflushed.push_back(op.get());
   }
   ++local->inflight;
   State::note_posted(peer, op->rail, now_ns);
