@@ -69,6 +69,15 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
       spdlog::info("engine: NICs from the topology: {}",
                    config.ucx.nics.empty() ? "fewer than two, UCX chooses" : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
     }
+    // A TCP slice crosses as one UCX segment, whatever the policy's slice
+    // size (the descriptor and headers fit in the headroom).
+    if (config.ucx.tcp_segment_bytes != 0) {
+      constexpr std::uint64_t kHeadroom = 4 << 10;
+      constexpr std::uint64_t kMostSegment = 64 << 20;
+      config.ucx.tcp_segment_bytes =
+          std::max(config.ucx.tcp_segment_bytes,
+                   std::min(policy.slice_for(topology::PathType::kTcp) + kHeadroom, kMostSegment));
+    }
     auto ucx = transport::UcxTransport::create(config.ucx);
     if (!ucx) return std::unexpected(ucx.error());
     // VRAM slices are staged through host memory (UCX here cannot reach GPUs).

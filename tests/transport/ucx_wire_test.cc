@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "transport/ucx/buffer_pool.h"
 #include "transport/ucx/socket_address.h"
 
 namespace baton::transport::ucx {
@@ -63,6 +64,60 @@ TEST(UcxWire, KeysRoundTripAndMalformedAreRefused) {
   auto bytes = encode_keys({3, 5});
   bytes.pop_back();
   EXPECT_FALSE(decode_keys(bytes).has_value());
+}
+
+TEST(UcxWire, SliceRoundTripsIntoAReusedBuffer) {
+  const SliceDescriptor d{9, WireCodec::kRaw, 0, 0x1000, 5};
+  const std::vector<std::uint8_t> data{1, 2, 3, 4, 5};
+  std::vector<std::uint8_t> reuse(4096, 0xee);
+  const auto* memory = reuse.data();
+  const auto bytes = encode_slice(d, data, std::move(reuse));
+  EXPECT_EQ(bytes.data(), memory);  // written where the old buffer was, nothing of it left
+  ASSERT_EQ(bytes.size(), kSliceDescriptorBytes + data.size());
+  std::size_t at = 0;
+  auto back = decode_slice(bytes, at);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->key, 9u);
+  EXPECT_EQ(back->addr, 0x1000u);
+  EXPECT_EQ(back->payload_len, 5u);
+  EXPECT_EQ(std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end()), data);
+  // A truncated descriptor is refused, not read past.
+  EXPECT_FALSE(decode_slice(std::span(bytes).first(kSliceDescriptorBytes - 1), at).has_value());
+}
+
+TEST(UcxBufferPool, ReusesLargeBuffersWithinItsBound) {
+  BufferPool pool(3 * BufferPool::kMinKept);
+  auto a = pool.take(BufferPool::kMinKept);
+  ASSERT_GE(a.capacity(), BufferPool::kMinKept);
+  EXPECT_TRUE(a.empty());
+  a.assign(100, 7);
+  const auto* memory = a.data();
+  pool.give(std::move(a));
+  EXPECT_EQ(pool.kept_bytes(), BufferPool::kMinKept);
+  // Small requests do not take a large buffer: malloc serves them.
+  auto small = pool.take(16);
+  EXPECT_NE(small.data(), memory);
+  EXPECT_EQ(pool.kept_bytes(), BufferPool::kMinKept);
+  // A large one gets the kept buffer back, empty.
+  auto again = pool.take(BufferPool::kMinKept);
+  EXPECT_TRUE(again.empty());
+  EXPECT_EQ(again.data(), memory);
+  EXPECT_EQ(pool.kept_bytes(), 0u);
+  // One too small for the request is not handed out.
+  pool.give(std::move(again));
+  auto bigger = pool.take(2 * BufferPool::kMinKept);
+  EXPECT_GE(bigger.capacity(), 2 * BufferPool::kMinKept);
+  EXPECT_EQ(pool.kept_bytes(), BufferPool::kMinKept);
+  // Past the bound, and below kMinKept, buffers go back to malloc.
+  pool.give(std::move(bigger));
+  EXPECT_EQ(pool.kept_bytes(), 3 * BufferPool::kMinKept);
+  pool.give(pool.take(BufferPool::kMinKept * 2));  // would be 4 x: dropped
+  EXPECT_LE(pool.kept_bytes(), 3 * BufferPool::kMinKept);
+  std::vector<std::uint8_t> tiny;
+  tiny.reserve(1024);
+  const std::size_t before = pool.kept_bytes();
+  pool.give(std::move(tiny));
+  EXPECT_EQ(pool.kept_bytes(), before);
 }
 
 TEST(UcxSocketAddress, ParsesAndFormats) {

@@ -83,6 +83,13 @@ struct UcxConfig {
   // RMA, which UCX 1.13 turns into an abort of the holder when an initiator
   // dies mid-transfer. Off: UCX's RMA everywhere (slightly less copying).
   bool tcp_slices_as_messages = true;
+  // UCX's TCP segment (UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE, unless
+  // the environment sets them): a slice message that fits in one crosses as
+  // one send and is taken from UCX's receive buffer. UCX's own 8 KiB cut a
+  // 256 KiB slice into 32 fragments reassembled in freshly allocated memory,
+  // which made TCP paths 8x slower on a VM (docs/results.md). 0: UCX's
+  // default; else 8 KiB .. 64 MiB.
+  std::uint64_t tcp_segment_bytes = 512 << 10;
   // A connect whose handshake has not finished by then fails (unavailable);
   // a connection to our listener that has not proved the secret by then is closed.
   std::int64_t handshake_timeout_ms = 5000;

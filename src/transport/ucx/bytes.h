@@ -5,12 +5,16 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace baton::transport::ucx {
 
 class Writer {
  public:
+  Writer() = default;
+  // Writes into `reuse`'s memory (emptied first) instead of a new buffer.
+  explicit Writer(std::vector<std::uint8_t> reuse) : out_(std::move(reuse)) { out_.clear(); }
   template <typename T>
   void put(T value) {
     const auto at = out_.size();

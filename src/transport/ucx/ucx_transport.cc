@@ -52,6 +52,7 @@
 #include "baton/transport/codec.h"
 #include "baton/transport/secret.h"
 #include "transport/ucx/auth.h"
+#include "transport/ucx/buffer_pool.h"
 #include "transport/ucx/control_channel.h"
 #include "transport/ucx/control_wire.h"
 #include "transport/ucx/same_host.h"
@@ -79,6 +80,10 @@ constexpr int kTeardownRounds = 20'000;
 // Compressed-read replies a holder keeps queued for the wire, at most: a
 // legitimate initiator has a few MiB in flight per path.
 constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
+// Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
+constexpr std::size_t kPooledBufferBytes = 64 << 20;
+constexpr std::uint64_t kMinTcpSegmentBytes = 8 << 10;   // UCX's own default
+constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buffer per connection at most
 
 Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
@@ -124,9 +129,31 @@ struct RemoteRegionKeys {
   }
 };
 
+// Whether UCX may open TCP with these transports on this NIC: its default
+// and "all" include it, an RDMA device and port ("mlx5_0:1") does not.
+bool may_use_tcp(std::string_view tls, std::string_view nic) {
+  if (nic.find(':') != std::string_view::npos) return false;
+  if (tls.empty() || tls == "all") return true;
+  return tls.find("tcp") != std::string_view::npos && !tls.starts_with('^');
+}
+
+// A payload UCX lent us (UCP_AM_RECV_ATTR_FLAG_DATA): kept without a copy
+// until the message was acted on, then handed back to its worker.
+struct ReleaseAmData {
+  ucp_worker_h worker = nullptr;
+  void operator()(void* data) const { ucp_am_data_release(worker, data); }
+};
+using HeldAmData = std::unique_ptr<void, ReleaseAmData>;
+
 }  // namespace
 
 struct UcxTransport::State {
+  // What an active-message handler of one rail needs.
+  struct HandlerArg {
+    State* state = nullptr;
+    ucp_worker_h worker = nullptr;
+  };
+
   struct SliceOp;
 
   // One UCP context and worker bound to one NIC (or to UCX's choice).
@@ -136,6 +163,7 @@ struct UcxTransport::State {
     ucp_worker_h worker = nullptr;
     std::vector<std::uint8_t> worker_address;
     int worker_fd = -1;
+    std::unique_ptr<HandlerArg> handler_arg;  // a stable address for UCX
   };
 
   struct Lane {
@@ -252,8 +280,11 @@ struct UcxTransport::State {
     MessageKind kind = MessageKind::kQuery;
     ucp_ep_h reply_ep = nullptr;
     std::vector<std::uint8_t> header;
-    std::vector<std::uint8_t> payload;
+    std::span<const std::uint8_t> payload;  // into `held` or `copy`
+    HeldAmData held;
+    std::vector<std::uint8_t> copy;  // when UCX could not lend it
   };
+
 
   UcxConfig config;
   std::string secret;
@@ -293,6 +324,7 @@ struct UcxTransport::State {
   std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
   std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
+  ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
 
@@ -368,6 +400,20 @@ struct UcxTransport::State {
                                              ucs_status_string(s)));
       }
     }
+    // One segment per slice message (UcxConfig::tcp_segment_bytes); what the
+    // environment sets wins. Only where TCP may open: UCX warns about a
+    // setting no transport took.
+    if (cfg.tcp_segment_bytes != 0 && may_use_tcp(cfg.tls, nic)) {
+      const std::string bytes = std::to_string(cfg.tcp_segment_bytes);
+      for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
+        if (std::getenv(fmt::format("UCX_TCP_{}", key).c_str()) != nullptr) continue;
+        if (ucs_status_t s = ucp_config_modify(ucp_config, key, bytes.c_str()); s != UCS_OK) {
+          ucp_config_release(ucp_config);
+          return fail(Status::invalid_argument("UcxTransport::create: {}={} refused by UCX: {}", key, bytes,
+                                               ucs_status_string(s)));
+        }
+      }
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -396,6 +442,7 @@ struct UcxTransport::State {
     }
     const auto* bytes = reinterpret_cast<const std::uint8_t*>(address);
     rail.worker_address.assign(bytes, bytes + address_length);
+    rail.handler_arg = std::make_unique<HandlerArg>(HandlerArg{state, rail.worker});
     ucp_worker_release_address(rail.worker, address);
     if (rail.worker_address.size() > ucx::kMaxWorkerAddressBytes) {
       return fail(Status::unavailable("UcxTransport::create: UCX's worker address has {} bytes (at most {} travel)",
@@ -412,7 +459,7 @@ struct UcxTransport::State {
       p.id = static_cast<unsigned>(kind);
       p.flags = UCP_AM_FLAG_WHOLE_MSG;
       p.cb = cb;
-      p.arg = state;
+      p.arg = rail.handler_arg.get();
       if (ucs_status_t s = ucp_worker_set_am_recv_handler(rail.worker, &p); s != UCS_OK) {
         return fail(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
       }
@@ -536,13 +583,15 @@ struct UcxTransport::State {
       spdlog::debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
     }
     msg->state->outgoing_bytes -= msg->payload.size();
+    msg->state->buffers.give(std::move(msg->payload));
     msg->state->outgoing.erase(msg);
   }
 
   template <MessageKind kKind>
   static ucs_status_t on_message(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param) {
-    auto* state = static_cast<State*>(arg);
+    const auto& handler = *static_cast<const HandlerArg*>(arg);
+    State* state = handler.state;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
       // We send every handshake message eager; a rendezvous one is not ours.
       spdlog::warn("ucx: dropped a rendezvous handshake message of {} bytes", length);
@@ -554,9 +603,19 @@ struct UcxTransport::State {
     const auto* h = static_cast<const std::uint8_t*>(header);
     const auto* d = static_cast<const std::uint8_t*>(data);
     if (header_length > 0) in.header.assign(h, h + header_length);
-    if (length > 0) in.payload.assign(d, d + length);
+    // A slice's bytes are kept where UCX assembled them, not copied again
+    // (over TCP this copy, into fresh memory, cost more than the socket).
+    const bool lend = length > 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    if (lend) {
+      in.held = HeldAmData(data, ReleaseAmData{handler.worker});
+      in.payload = std::span(d, length);
+    } else if (length > 0) {
+      in.copy = state->buffers.take(length);
+      in.copy.assign(d, d + length);
+      in.payload = in.copy;
+    }
     state->inbox.push_back(std::move(in));
-    return UCS_OK;
+    return lend ? UCS_INPROGRESS : UCS_OK;
   }
 
   // --- helpers ----------------------------------------------------------------
@@ -623,12 +682,14 @@ struct UcxTransport::State {
     if (UCS_PTR_IS_ERR(request)) {
       return ucx_failure("ucx handshake", "ucp_am_send_nbx", UCS_PTR_STATUS(request));
     }
-    if (request != nullptr) {
-      msg->request = request;
-      outgoing_bytes += msg->payload.size();
-      Outgoing* key = msg.get();
-      outgoing.emplace(key, std::move(msg));
+    if (request == nullptr) {  // sent already
+      buffers.give(std::move(msg->payload));
+      return Status::ok();
     }
+    msg->request = request;
+    outgoing_bytes += msg->payload.size();
+    Outgoing* key = msg.get();
+    outgoing.emplace(key, std::move(msg));
     return Status::ok();
   }
 
@@ -881,7 +942,8 @@ struct UcxTransport::State {
     auto d = ucx::decode_slice(in.payload, at);
     SliceDescriptor reply;
     Status why;
-    std::vector<std::uint8_t> data;
+    std::vector<std::uint8_t> packed;       // compressed bytes, or why it failed
+    std::span<const std::uint8_t> data;     // what follows the descriptor
     if (!d) {
       why = d.error();
     } else if (!session->sent.contains(d->key) && !revoking_for(d->key, session_by_ep.at(in.reply_ep))) {
@@ -893,23 +955,27 @@ struct UcxTransport::State {
       if (!range) {
         why = range.error();
       } else if (in.kind == MessageKind::kWriteData) {
-        why = unpack(*d, std::span(in.payload).subspan(at), *range);
+        why = unpack(*d, in.payload.subspan(at), *range);
       } else if (outgoing_bytes + d->payload_len > kMaxQueuedReplyBytes) {
         // A peer asking faster than the wire drains would make us copy
         // without bound: refuse, it retries the slice.
         why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})", outgoing_bytes,
                                          kMaxQueuedReplyBytes);
+      } else if (d->codec == WireCodec::kRaw) {
+        data = std::span(reinterpret_cast<const std::uint8_t*>(*range), d->payload_len);  // no copy before the reply's
       } else {
-        auto [id, packed] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
+        auto [id, bytes] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
         reply.codec = id;
-        data = std::move(packed);
+        packed = std::move(bytes);
+        data = packed;
       }
     }
     if (!why.is_ok()) {
       reply.failed = 1;
       reply.payload_len = std::max<std::uint64_t>(reply.payload_len, 1);
       const std::string text = why.message();
-      data.assign(text.begin(), text.end());
+      packed.assign(text.begin(), text.end());
+      data = packed;
     }
     const MessageKind kind = in.kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
     // The back lane of the rail the slice came on; another when that one failed.
@@ -921,7 +987,8 @@ struct UcxTransport::State {
       spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
       return;
     }
-    if (Status s = send_message(back, kind, header, ucx::encode_slice(reply, data)); !s.is_ok()) {
+    auto payload = ucx::encode_slice(reply, data, buffers.take(ucx::kSliceDescriptorBytes + data.size()));
+    if (Status s = send_message(back, kind, header, std::move(payload)); !s.is_ok()) {
       spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
     }
   }
@@ -941,7 +1008,7 @@ struct UcxTransport::State {
       finish_compressed(op, UCS_ERR_INVALID_PARAM, d.error().message());
       return;
     }
-    const auto data = std::span(in.payload).subspan(at);
+    const auto data = in.payload.subspan(at);
     if (d->failed != 0) {
       finish_compressed(op, UCS_ERR_REJECTED, "the holder refused: " + std::string(data.begin(), data.end()));
       return;
@@ -1145,6 +1212,7 @@ struct UcxTransport::State {
           case MessageKind::kWriteDone:
           case MessageKind::kReadData: handle_slice_reply(in, *header); break;
         }
+        buffers.give(std::move(in.copy));
       }
     }
   }
@@ -1750,6 +1818,7 @@ struct UcxTransport::State {
     peers.clear();
     for (auto& [base, r] : regions) unmap(r);
     regions.clear();
+    inbox.clear();  // payloads UCX lent go back to their workers first
     for (Rail& rail : rails) ucp_worker_destroy(rail.worker);
     outgoing.clear();
     for (Rail& rail : rails) ucp_cleanup(rail.context);
@@ -1823,6 +1892,12 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   if (config.max_unauthenticated < 1) {
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::create: max_unauthenticated is {} (expected >= 1)", config.max_unauthenticated));
+  }
+  if (config.tcp_segment_bytes != 0 &&
+      (config.tcp_segment_bytes < kMinTcpSegmentBytes || config.tcp_segment_bytes > kMaxTcpSegmentBytes)) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: tcp_segment_bytes is {} (expected 0 for UCX's default, or {} .. {})",
+        config.tcp_segment_bytes, kMinTcpSegmentBytes, kMaxTcpSegmentBytes));
   }
   if (Status s = check_nics(config); !s.is_ok()) return std::unexpected(s);
   auto listen = ucx::parse_socket_address(config.listen_address);
@@ -2294,7 +2369,8 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
       payload = ucx::encode_slice(d, packed);
     } else if (as_messages) {
       d.codec = WireCodec::kRaw;
-      payload = ucx::encode_slice(d, std::span(reinterpret_cast<const std::uint8_t*>(bytes), slice.bytes));
+      payload = ucx::encode_slice(d, std::span(reinterpret_cast<const std::uint8_t*>(bytes), slice.bytes),
+                                  s.buffers.take(ucx::kSliceDescriptorBytes + slice.bytes));
     }
     if (!payload.empty()) {
       MessageHeader header;

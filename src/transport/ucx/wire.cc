@@ -39,8 +39,10 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
   return h;
 }
 
-std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data) {
-  Writer w;
+std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data,
+                                       std::vector<std::uint8_t> into) {
+  into.reserve(kSliceDescriptorBytes + data.size());
+  Writer w(std::move(into));
   w.put(d.key);
   w.put(static_cast<std::uint8_t>(d.codec));
   w.put(d.failed);

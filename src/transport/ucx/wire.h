@@ -96,9 +96,11 @@ inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
 [[nodiscard]] std::vector<std::uint8_t> encode_keys(const std::vector<std::uint32_t>& keys);
 [[nodiscard]] Result<std::vector<std::uint32_t>> decode_keys(std::span<const std::uint8_t> bytes);
 
-// A descriptor and the bytes after it; decode checks the codec and the size
-// bound and hands back where the data starts.
-[[nodiscard]] std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data);
+// A descriptor and the bytes after it (written into `into`'s memory, whose
+// capacity is reused); decode checks the codec and the size bound and hands
+// back where the data starts.
+[[nodiscard]] std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data,
+                                                   std::vector<std::uint8_t> into = {});
 [[nodiscard]] Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::size_t& data_offset);
 
 
