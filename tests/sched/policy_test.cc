@@ -83,10 +83,11 @@ TEST(SchedPolicyDefaults, DocumentedValues) {
   }
   for (PathType path : kAllPaths) {
     const bool fabric = path == PathType::kNvlink || path == PathType::kNvswitch;
+    const bool tcp = path == PathType::kTcp;  // a byte budget: 1 MiB of any slices
     const PathCredits& c = p.credits_for(path);
     EXPECT_EQ(c.lanes, fabric ? 4 : 2) << to_string(path);
-    EXPECT_EQ(c.slices_per_lane, 2) << to_string(path);
-    EXPECT_EQ(c.inflight_bytes, fabric ? 8 * kMiB : 4 * kMiB) << to_string(path);
+    EXPECT_EQ(c.slices_per_lane, tcp ? 8 : 2) << to_string(path);
+    EXPECT_EQ(c.inflight_bytes, fabric ? 8 * kMiB : tcp ? kMiB : 4 * kMiB) << to_string(path);
   }
 }
 
@@ -184,7 +185,7 @@ TEST(SchedPolicyParse, CreditsMergeKeyByKey) {
   for (PathType path : kAllPaths) {
     if (path == PathType::kNvswitch) continue;
     EXPECT_EQ(p.credits_for(path).lanes, 3) << to_string(path);
-    EXPECT_EQ(p.credits_for(path).slices_per_lane, 2) << to_string(path);
+    EXPECT_EQ(p.credits_for(path).slices_per_lane, path == PathType::kTcp ? 8 : 2) << to_string(path);
     EXPECT_EQ(p.credits_for(path).inflight_bytes, 16 * kMiB) << to_string(path);
   }
 }
@@ -194,7 +195,7 @@ TEST(SchedPolicyParse, CreditsPerPathOnlyKeepsThatPathsBuiltIns) {
   EXPECT_EQ(p.credits_for(PathType::kNvlink).lanes, 4);
   EXPECT_EQ(p.credits_for(PathType::kNvlink).slices_per_lane, 5);
   EXPECT_EQ(p.credits_for(PathType::kNvlink).inflight_bytes, 8 * kMiB);
-  EXPECT_EQ(p.credits_for(PathType::kTcp).slices_per_lane, 2);
+  EXPECT_EQ(p.credits_for(PathType::kTcp).slices_per_lane, 8);
 }
 
 // ---- Bad values: origin, line, dotted key, quoted value ----------------------
@@ -250,7 +251,7 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
        "(512 KiB)"},
       // A slice larger than the built-in inflight budget: the slice line is the one to change.
       {"slice_size:\n  tcp: 8MiB\n",
-       "<string>:2: slice_size.tcp: \"8MiB\" is larger than the tcp inflight_bytes (4 MiB)"},
+       "<string>:2: slice_size.tcp: \"8MiB\" is larger than the tcp inflight_bytes (1 MiB)"},
       {"credits:\n  nvlink: 4\n", "<string>:2: credits.nvlink: expected a mapping, got \"4\""},
       {"credits:\n  infiniband: {lanes: 2}\n", "<string>:2: credits: unknown path \"infiniband\""},
       {"policy: fastest\n", "<string>:1: policy: unknown policy \"fastest\" (expected deadline_aware, "
