@@ -577,6 +577,17 @@ TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsE
   EXPECT_NE(r.err.find("exited before giving its address"), std::string::npos) << r.err;
 }
 
+// UCX prints its warnings on stdout, where a spawned serve gives its
+// address: lines before the address are passed on, not taken for it.
+TEST(ServeChildStart, UcxWarningsBeforeTheAddressAreSkipped) {
+  ASSERT_EQ(::setenv("UCX_BATON_TEST_NO_SUCH_SETTING", "1", 1), 0);  // UCX warns: an unused variable
+  auto child = ServeChild::start({"--buffer-size", "1MiB"}, BATON_BINARY);
+  ::unsetenv("UCX_BATON_TEST_NO_SUCH_SETTING");
+  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+  EXPECT_TRUE(child->address().starts_with("127.0.0.1:")) << child->address();
+  EXPECT_TRUE(child->stop().is_ok());
+}
+
 // scripts/netns-link's namespaces have fixed names: a test that uses them
 // holds this lock (as scripts/bench-compress does), so ctest -j runs them one
 // at a time.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 #include <chrono>
@@ -46,10 +47,26 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
   }
   ::close(out[1]);
   ServeChild child(pid, out[0]);
-  // Read until the "address …" line, within a bound.
+  // Read until the "address …" line, within a bound. Lines before it are
+  // passed on to our stderr: UCX prints its warnings on stdout.
+  constexpr std::size_t kMostBeforeAddress = 64 << 10;
   std::string text;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (text.find('\n') == std::string::npos) {
+  for (;;) {
+    if (const auto eol = text.find('\n'); eol != std::string::npos) {
+      const std::string line = text.substr(0, eol);
+      text.erase(0, eol + 1);
+      if (line.starts_with("address ")) {
+        child.address_ = line.substr(8);
+        return child;
+      }
+      std::fprintf(stderr, "serve (pid %d): %s\n", static_cast<int>(pid), line.c_str());
+      continue;
+    }
+    if (text.size() > kMostBeforeAddress) {
+      return std::unexpected(Status::unavailable("serve: the child (pid {}) wrote {} bytes without an address line",
+                                                 pid, text.size()));
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd fd{out[0], POLLIN, 0};
     char chunk[256];
@@ -63,12 +80,6 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
     }
     text.append(chunk, static_cast<std::size_t>(n));
   }
-  const std::string line = text.substr(0, text.find('\n'));
-  if (!line.starts_with("address ")) {
-    return std::unexpected(Status::unavailable("serve: unexpected first line \"{}\"", line));
-  }
-  child.address_ = line.substr(8);
-  return child;
 }
 
 ServeChild::ServeChild(ServeChild&& other) noexcept
