@@ -286,6 +286,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   // Counted here, added to the shared counters once per batch: a locked add
   // per request was a third of this function (perf).
   std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
+  ended.status.requests.reserve(copies.size());
   for (std::size_t i = 0; i < copies.size(); ++i) {
     const Request& r = batch.requests[i];
     const int op = r.op == Op::kRead ? 0 : 1;

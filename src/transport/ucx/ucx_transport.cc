@@ -2480,20 +2480,37 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<S
     pid_t pid = 0;
   };
   std::vector<Resolved> resolved(copies.size());
+  // A batch mostly names one peer and the same two regions: each lookup is
+  // redone only when its key changes from the copy before.
+  const State::DirectTable::Peer* peer = nullptr;
+  std::string_view peer_name;
+  const State::DirectTable::Local* local = nullptr;
+  const State::DirectTable::Remote* remote = nullptr;
   for (std::size_t i = 0; i < copies.size(); ++i) {  // everything checked before anything is copied
     const DirectCopy& c = copies[i];
-    const auto peer = table->peers.find(c.peer);
-    if (peer == table->peers.end()) return refuse(i, "not a ready same-host peer");
-    const auto local = table->locals.find(c.local);
-    const auto remote = peer->second.regions.find(c.remote);
-    if (local == table->locals.end() || remote == peer->second.regions.end()) return refuse(i, "unknown region");
-    const std::uint64_t local_room = local->second.length, remote_room = remote->second.length;
+    if (peer == nullptr || c.peer != peer_name) {
+      const auto it = table->peers.find(c.peer);
+      if (it == table->peers.end()) return refuse(i, "not a ready same-host peer");
+      peer = &it->second;
+      peer_name = it->first;
+      remote = nullptr;
+    }
+    if (local == nullptr || i == 0 || c.local != copies[i - 1].local) {
+      const auto it = table->locals.find(c.local);
+      local = it == table->locals.end() ? nullptr : &it->second;
+    }
+    if (remote == nullptr || c.remote != copies[i - 1].remote) {
+      const auto it = peer->regions.find(c.remote);
+      remote = it == peer->regions.end() ? nullptr : &it->second;
+    }
+    if (local == nullptr || remote == nullptr) return refuse(i, "unknown region");
+    const std::uint64_t local_room = local->length, remote_room = remote->length;
     if (c.bytes == 0 || c.local_offset > local_room || c.bytes > local_room - c.local_offset ||
         c.remote_offset > remote_room || c.bytes > remote_room - c.remote_offset) {
       return refuse(i, "a range outside its region");
     }
     if (c.op != Op::kRead && c.op != Op::kWrite) return refuse(i, "unknown op");
-    resolved[i] = {local->second.base + c.local_offset, &remote->second, peer->second.pid};
+    resolved[i] = {local->base + c.local_offset, remote, peer->pid};
   }
   for (std::size_t i = 0; i < copies.size(); ++i) {
     const DirectCopy& c = copies[i];
