@@ -296,9 +296,8 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     } else {
       ++failed[op];
     }
-    sched::RequestStatus s;
+    sched::RequestStatus& s = ended.status.requests.emplace_back();
     s.state = results[i].is_ok() ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
-    s.status = results[i];
     s.qos = r.qos;
     s.bytes = r.length;
     s.bytes_done = results[i].is_ok() ? r.length : 0;
@@ -309,7 +308,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     ended.status.bytes += s.bytes;
     ended.status.bytes_done += s.bytes_done;
     if (ended.status.status.is_ok() && !results[i].is_ok()) ended.status.status = results[i];
-    ended.status.requests.push_back(std::move(s));
+    if (!results[i].is_ok()) s.status = std::move(results[i]);  // an ok one is already there
   }
   DirectCounts& n = direct_counts_;
   n.batches.fetch_add(1, std::memory_order_relaxed);

@@ -2522,7 +2522,7 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<S
       } else {
         std::memcpy(there, r.local, c.bytes);
       }
-      results[i] = Status::ok();
+      if (!results[i].is_ok()) results[i] = Status::ok();  // a caller's reused span
     } else {
       results[i] = ucx::cma_copy(r.pid, c.op, r.local, r.remote->base + c.remote_offset, c.bytes);
     }
