@@ -285,7 +285,6 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> copy;  // when UCX could not lend it
   };
 
-
   UcxConfig config;
   std::string secret;
   std::string address;
