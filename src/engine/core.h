@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 #include <functional>
 #include <future>
 #include <memory>
@@ -48,11 +49,14 @@ struct CoreConfig {
 inline constexpr auto kCallerSpin = std::chrono::microseconds(30);
 inline constexpr auto kBatchWaitSpin = std::chrono::microseconds(250);
 
+// `yield`: between looks, give the core to another runnable thread (the
+// loop, or a peer process, on a machine with fewer cores than busy threads).
 template <typename F>
-bool spin_until(F ready, std::chrono::microseconds spin = kCallerSpin) {
+bool spin_until(F ready, std::chrono::microseconds spin = kCallerSpin, bool yield = false) {
   const auto until = std::chrono::steady_clock::now() + spin;
   do {
     if (ready()) return true;
+    if (yield) std::this_thread::yield();
   } while (std::chrono::steady_clock::now() < until);
   return false;
 }

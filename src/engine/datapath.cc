@@ -341,6 +341,7 @@ void Datapath::publish_ended(std::uint64_t id, Ended ended) {
     running_.erase(id);
     ended_.emplace(id, std::move(ended));
   }
+  ended_count_.fetch_add(1, std::memory_order_release);
   ended_cv_.notify_all();
   if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
     const std::uint64_t one = 1;

@@ -80,6 +80,9 @@ class Datapath {
   [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
   // Whether batch `id` ended, without waiting (a waiter's spin: no syscall).
   [[nodiscard]] bool ended(std::uint64_t id);
+  // How many batches ended so far: a waiter's spin reads this, not the mutex
+  // the loop publishes under, and looks up its batch only when it moved.
+  [[nodiscard]] std::uint64_t ended_count() const { return ended_count_.load(std::memory_order_acquire); }
   // Whether `id` names a batch not yet released (running or ended).
   [[nodiscard]] bool known(std::uint64_t id);
   // The final status of an ended batch, without the loop; nullopt while it
@@ -167,6 +170,7 @@ class Datapath {
   const int ended_fd_;
   std::mutex ended_mutex_;
   std::condition_variable ended_cv_;
+  std::atomic<std::uint64_t> ended_count_{0};
   struct Ended {
     BatchStatus status;
     bool clean = false;   // no slice of it still on the wire
