@@ -73,10 +73,9 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
     // size (the descriptor and headers fit in the headroom).
     if (config.ucx.tcp_segment_bytes != 0) {
       constexpr std::uint64_t kHeadroom = 4 << 10;
-      constexpr std::uint64_t kMostSegment = 64 << 20;
       config.ucx.tcp_segment_bytes =
-          std::max(config.ucx.tcp_segment_bytes,
-                   std::min(policy.slice_for(topology::PathType::kTcp) + kHeadroom, kMostSegment));
+          std::max(config.ucx.tcp_segment_bytes, std::min(policy.slice_for(topology::PathType::kTcp) + kHeadroom,
+                                                          transport::kMaxTcpSegmentBytes));
     }
     auto ucx = transport::UcxTransport::create(config.ucx);
     if (!ucx) return std::unexpected(ucx.error());

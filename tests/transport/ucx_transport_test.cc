@@ -141,6 +141,34 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     return *path;
   }
 
+  // What a write-then-read-back test needs: a zeroed region of `bytes` the
+  // holder exposed, a ready path to it, and this side's registered source
+  // (a pattern) and read-back buffers. Failures are recorded: the caller
+  // checks HasFailure(), then skips unless the path has its flavour's transport.
+  struct RoundTrip {
+    std::vector<std::uint8_t>* remote = nullptr;
+    RegionHandle remote_region = 0;
+    PathId path = 0;
+    std::vector<std::uint8_t> source;
+    std::vector<std::uint8_t>* local = nullptr;
+    std::vector<std::uint8_t>* back = nullptr;
+  };
+  RoundTrip round_trip(std::size_t bytes, std::uint8_t seed) {
+    RoundTrip rt;
+    rt.remote = &buffer(bytes, 0);
+    auto region = expose(rt.remote->data(), bytes);
+    EXPECT_TRUE(region.has_value()) << region.error().to_string();
+    if (!region) return rt;
+    rt.remote_region = *region;
+    rt.path = connect_ready();
+    rt.source = pattern(bytes, seed);
+    rt.local = &buffer(rt.source);
+    rt.back = &buffer(bytes, 0);
+    EXPECT_TRUE(a_->register_memory(rt.local->data(), bytes).has_value());
+    EXPECT_TRUE(a_->register_memory(rt.back->data(), bytes).has_value());
+    return rt;
+  }
+
   bool wait_slices(std::size_t count, std::chrono::milliseconds limit = 5s) {
     return wait_until([&] { return done_a_.size() >= count; }, limit);
   }
@@ -205,24 +233,17 @@ TEST_P(UcxTransportTest, HandshakeLearnsThePeersRegionsAndTransport) {
 
 TEST_P(UcxTransportTest, WritesAndReadsOnSeveralLanesAreByteExact) {
   constexpr std::size_t kBytes = 1 << 20;
-  auto& remote = buffer(kBytes, 0);
-  auto remote_region = expose(remote.data(), remote.size());
-  ASSERT_TRUE(remote_region.has_value());
-  const PathId path = connect_ready();
+  const RoundTrip rt = round_trip(kBytes, 7);
   ASSERT_FALSE(HasFailure());
-  SKIP_UNLESS_FLAVOR_TRANSPORT(path);
-
-  const auto source = pattern(kBytes, 7);
-  auto& local = buffer(source);
-  auto& back = buffer(kBytes, 0);
-  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
-  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(rt.path);
+  const auto& [remote_buffer, remote_region, path, source, local_buffer, back_buffer] = rt;
+  auto &remote = *remote_buffer, &local = *local_buffer, &back = *back_buffer;
 
   // Writes: 8 slices of 128 KiB, alternating lanes.
   constexpr std::size_t kSlice = kBytes / 8;
   for (SliceId i = 0; i < 8; ++i) {
     ASSERT_TRUE(a_->submit(slice(i, path, static_cast<int>(i % 2), Op::kWrite, local.data() + i * kSlice,
-                                 addr(remote.data()) + i * kSlice, *remote_region, kSlice),
+                                 addr(remote.data()) + i * kSlice, remote_region, kSlice),
                            now())
                     .is_ok());
   }
@@ -237,7 +258,7 @@ TEST_P(UcxTransportTest, WritesAndReadsOnSeveralLanesAreByteExact) {
   std::size_t offset = 0;
   for (SliceId i = 0; i < sizes.size(); ++i) {
     ASSERT_TRUE(a_->submit(slice(100 + i, path, static_cast<int>(i % 2), Op::kRead, back.data() + offset,
-                                 addr(remote.data()) + offset, *remote_region, sizes[i]),
+                                 addr(remote.data()) + offset, remote_region, sizes[i]),
                            now())
                     .is_ok());
     offset += sizes[i];
@@ -271,17 +292,11 @@ TEST_P(UcxTransportTest, SlicesLongerAndShorterThanATcpSegmentArriveWhole) {
     a_ = std::move(*initiator);
     done_a_.clear();
     constexpr std::size_t kBytes = 3 << 20;
-    auto& remote = buffer(kBytes, 0);
-    auto remote_region = expose(remote.data(), remote.size());
-    ASSERT_TRUE(remote_region.has_value());
-    const PathId path = connect_ready();
+    const RoundTrip rt = round_trip(kBytes, static_cast<std::uint8_t>(segment >> 10));
     ASSERT_FALSE(HasFailure());
-    SKIP_UNLESS_FLAVOR_TRANSPORT(path);
-    const auto source = pattern(kBytes, static_cast<std::uint8_t>(segment >> 10));
-    auto& local = buffer(source);
-    auto& back = buffer(kBytes, 0);
-    ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
-    ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+    SKIP_UNLESS_FLAVOR_TRANSPORT(rt.path);
+    const auto& [remote_buffer, remote_region, path, source, local_buffer, back_buffer] = rt;
+    auto &remote = *remote_buffer, &local = *local_buffer, &back = *back_buffer;
     // 1 MiB, then 8 KiB + 1, then the rest: longer than either segment,
     // about one small segment, and longer than a large one.
     const std::vector<std::size_t> sizes{1 << 20, (8 << 10) + 1, kBytes - (1 << 20) - (8 << 10) - 1};
@@ -290,7 +305,7 @@ TEST_P(UcxTransportTest, SlicesLongerAndShorterThanATcpSegmentArriveWhole) {
       for (SliceId i = 0; i < sizes.size(); ++i) {
         void* mine = op == Op::kWrite ? local.data() + offset : back.data() + offset;
         ASSERT_TRUE(a_->submit(slice(i + (op == Op::kRead ? 10 : 0), path, static_cast<int>(i % 2), op, mine,
-                                     addr(remote.data()) + offset, *remote_region, sizes[i]),
+                                     addr(remote.data()) + offset, remote_region, sizes[i]),
                                now())
                         .is_ok());
         offset += sizes[i];

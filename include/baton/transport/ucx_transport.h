@@ -24,6 +24,9 @@
 
 namespace baton::transport {
 
+inline constexpr std::uint64_t kMinTcpSegmentBytes = 8 << 10;   // UCX's own default
+inline constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buffer per connection at most
+
 struct UcxConfig {
   // Where peers reach us: "host:port"; port 0 picks a free one (see address()).
   std::string listen_address = "127.0.0.1:0";
@@ -88,7 +91,7 @@ struct UcxConfig {
   // one send and is taken from UCX's receive buffer. UCX's own 8 KiB cut a
   // 256 KiB slice into 32 fragments reassembled in freshly allocated memory,
   // which made TCP paths 8x slower on a VM (docs/results.md). 0: UCX's
-  // default; else 8 KiB .. 64 MiB.
+  // default; else kMinTcpSegmentBytes .. kMaxTcpSegmentBytes.
   std::uint64_t tcp_segment_bytes = 512 << 10;
   // A connect whose handshake has not finished by then fails (unavailable);
   // a connection to our listener that has not proved the secret by then is closed.

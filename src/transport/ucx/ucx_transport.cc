@@ -82,8 +82,6 @@ constexpr int kTeardownRounds = 20'000;
 constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 constexpr std::size_t kPooledBufferBytes = 64 << 20;
-constexpr std::uint64_t kMinTcpSegmentBytes = 8 << 10;   // UCX's own default
-constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buffer per connection at most
 
 Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
