@@ -12,6 +12,9 @@
 namespace baton::engine {
 namespace {
 
+// Entries a thread keeps of submit_direct's scratch between batches.
+constexpr std::size_t kScratchKept = 4096;
+
 bool ended_state(sched::RequestState s) {
   return s != sched::RequestState::kQueued && s != sched::RequestState::kRunning;
 }
@@ -260,8 +263,13 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
                                                           std::uint64_t max_bytes) {
   if (batch.requests.empty() || batch.notification.size() > transport::kMaxNotificationBytes) return std::nullopt;
   if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
-  std::vector<transport::UcxTransport::DirectCopy> copies;
-  copies.reserve(batch.requests.size());
+  // Scratch kept per thread: a batch of small requests paid an allocation
+  // for each of these (callgrind).
+  thread_local std::vector<transport::UcxTransport::DirectCopy> copies;
+  thread_local std::vector<Status> results;
+  if (copies.capacity() > kScratchKept) copies = {};  // one huge batch does not pin its memory
+  if (results.capacity() > kScratchKept) results = {};
+  copies.clear();
   std::uint64_t bytes = 0;
   for (const Request& r : batch.requests) {
     if (r.length > max_bytes - bytes || r.timeout_ns < 0) return std::nullopt;
@@ -274,41 +282,54 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     bytes += r.length;
     copies.push_back({r.peer, r.op, r.local_region, r.local_offset, r.remote_region, r.remote_offset, r.length});
   }
-  std::vector<Status> results(copies.size());
+  results.resize(copies.size());  // copy_direct sets each, ok or not
   if (!ucx_.copy_direct(copies, results).is_ok()) return std::nullopt;
   const TimeNs done_ns = clock_ ? clock_() : now_ns;
 
   const std::uint64_t id = next_batch_.fetch_add(1);
-  Ended ended;
+  EndedNode node = spare_ended_node();
+  Ended& ended = node.mapped();
   ended.clean = true;
   ended.direct = true;
   ended.status.done = true;
+  ended.status.status = Status::ok();
+  ended.status.bytes = 0;
+  ended.status.bytes_done = 0;
   // Counted here, added to the shared counters once per batch: a locked add
   // per request was a third of this function (perf).
   std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
-  ended.status.requests.reserve(copies.size());
+  // A reused node keeps its statuses: overwritten in place, not rebuilt.
+  ended.status.requests.resize(copies.size());
   for (std::size_t i = 0; i < copies.size(); ++i) {
     const Request& r = batch.requests[i];
     const int op = r.op == Op::kRead ? 0 : 1;
-    if (results[i].is_ok()) {
+    const bool ok = results[i].is_ok();
+    if (ok) {
       ++completed[op];
       bytes_done[op] += r.length;
     } else {
       ++failed[op];
     }
-    sched::RequestStatus& s = ended.status.requests.emplace_back();
-    s.state = results[i].is_ok() ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
+    sched::RequestStatus& s = ended.status.requests[i];
+    s.state = ok ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
     s.qos = r.qos;
     s.bytes = r.length;
-    s.bytes_done = results[i].is_ok() ? r.length : 0;
+    s.bytes_done = ok ? r.length : 0;
     s.bytes_unsent = r.length - s.bytes_done;
     s.deadline_ns = r.deadline_ns;
     s.submitted_ns = now_ns;
     s.completed_ns = done_ns;
+    s.slices_spilled = 0;
+    s.slices_preempted = 0;
     ended.status.bytes += s.bytes;
     ended.status.bytes_done += s.bytes_done;
-    if (ended.status.status.is_ok() && !results[i].is_ok()) ended.status.status = results[i];
-    if (!results[i].is_ok()) s.status = std::move(results[i]);  // an ok one is already there
+    if (ok) {
+      if (!s.status.is_ok()) s.status = Status::ok();
+    } else {
+      if (ended.status.status.is_ok()) ended.status.status = results[i];
+      s.status = std::move(results[i]);
+      results[i] = Status::ok();
+    }
   }
   DirectCounts& n = direct_counts_;
   n.batches.fetch_add(1, std::memory_order_relaxed);
@@ -318,7 +339,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     if (bytes_done[op] != 0) n.bytes[op].fetch_add(bytes_done[op], std::memory_order_relaxed);
   }
   if (batch.notification.empty() || !ended.status.status.is_ok()) {
-    publish_ended(id, std::move(ended));
+    publish_ended(id, std::move(node));
     return BatchHandle{id};
   }
   // As on the loop's path, the batch ends once its notification is on its
@@ -327,19 +348,40 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     std::lock_guard lock(ended_mutex_);
     running_.insert(id);
   }
-  loop_.post([this, id, ended = std::move(ended), peer = batch.requests[0].peer,
-              message = batch.notification](admission::AdmissionController&, TimeNs) mutable {
+  loop_.post([this, id, node = std::make_shared<EndedNode>(std::move(node)), peer = batch.requests[0].peer,
+              message = batch.notification](admission::AdmissionController&, TimeNs) {
     notify_direct(peer, message);
-    publish_ended(id, std::move(ended));
+    publish_ended(id, std::move(*node));
   });
   return BatchHandle{id};
 }
 
+Datapath::EndedNode Datapath::spare_ended_node() {
+  {
+    std::lock_guard lock(ended_mutex_);
+    if (!spare_ended_.empty()) {
+      EndedNode node = std::move(spare_ended_.back());
+      spare_ended_.pop_back();
+      return node;
+    }
+  }
+  EndedMap one;
+  one.emplace(0, Ended{});
+  return one.extract(one.begin());
+}
+
 void Datapath::publish_ended(std::uint64_t id, Ended ended) {
+  EndedNode node = spare_ended_node();
+  node.mapped() = std::move(ended);
+  publish_ended(id, std::move(node));
+}
+
+void Datapath::publish_ended(std::uint64_t id, EndedNode node) {
+  node.key() = id;
   {
     std::lock_guard lock(ended_mutex_);
     running_.erase(id);
-    ended_.emplace(id, std::move(ended));
+    ended_.insert(std::move(node));
   }
   ended_count_.fetch_add(1, std::memory_order_release);
   ended_cv_.notify_all();
@@ -548,7 +590,8 @@ Datapath::Taken Datapath::take_ended_if_clean(std::uint64_t id) {
   auto it = ended_.find(id);
   if (it == ended_.end() || !it->second.clean) return Taken::kNo;
   const Taken taken = it->second.direct ? Taken::kDirect : Taken::kLoop;
-  ended_.erase(it);
+  EndedNode node = ended_.extract(it);
+  if (spare_ended_.size() < kSpareEnded) spare_ended_.push_back(std::move(node));
   return taken;
 }
 

@@ -146,13 +146,13 @@ Result<BatchStatus> Engine::poll(BatchHandle batch) {
 }
 
 Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   // The spin reads the count of ended batches and looks its batch up (under
   // the loop's mutex) only when that moved; it yields between looks, since
   // a waiter that spins on a busy machine takes the core the loop needs.
   Datapath& datapath = *state_->datapath;
   std::uint64_t seen = datapath.ended_count();
   if (datapath.ended(batch.id)) return Status::ok();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   auto ended_now = [&] {
     const std::uint64_t count = datapath.ended_count();
     if (count == seen) return false;

@@ -116,6 +116,60 @@ TEST(DirectCopy, SameHostBatchesEndWhenSubmitReturnsByteExact) {
   EXPECT_EQ(p.initiator->stats().slices_posted, 0u);  // the scheduler never saw them
 }
 
+// A released batch's record is reused for the next one (no allocation per
+// batch): what a poll reports is the new batch's, never a remnant of a
+// longer or different one before it, whether the batches are released in
+// order or not.
+TEST(DirectCopy, ReusedRecordsReportOnlyTheirOwnBatch) {
+  Pair p;
+  const std::vector<std::size_t> sizes = {5, 1, 3, 8, 2, 1, 6};
+  std::vector<BatchHandle> held;  // some released late, out of order
+  for (std::size_t round = 0; round < sizes.size() * 3; ++round) {
+    const std::size_t n = sizes[round % sizes.size()];
+    Batch batch;
+    for (std::size_t i = 0; i < n; ++i) {
+      Request r = p.request(i % 2 == 0 ? Op::kRead : Op::kWrite, i * 4096, p.allocated, i * 4096, 1024 + round + i);
+      r.qos = i % 2 == 0 ? sched::QosClass::kDecodeCritical : sched::QosClass::kBackground;
+      r.deadline_ns = i == 0 ? p.initiator->now_ns() + 60 * kSecond : 0;
+      batch.requests.push_back(r);
+    }
+    auto h = p.initiator->submit(batch);
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    auto st = p.initiator->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->done);
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    ASSERT_EQ(st->requests.size(), n) << "round " << round;
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const sched::RequestStatus& s = st->requests[i];
+      EXPECT_EQ(s.state, sched::RequestState::kCompleted);
+      EXPECT_TRUE(s.status.is_ok());
+      EXPECT_EQ(s.bytes, batch.requests[i].length);
+      EXPECT_EQ(s.bytes_done, s.bytes);
+      EXPECT_EQ(s.bytes_unsent, 0u);
+      EXPECT_EQ(s.qos, batch.requests[i].qos);
+      EXPECT_EQ(s.deadline_ns, batch.requests[i].deadline_ns);
+      EXPECT_EQ(s.slices_spilled, 0u);
+      EXPECT_EQ(s.slices_preempted, 0u);
+      EXPECT_GE(s.completed_ns, s.submitted_ns);
+      bytes += s.bytes;
+    }
+    EXPECT_EQ(st->bytes, bytes);
+    EXPECT_EQ(st->bytes_done, bytes);
+    if (round % 3 == 0) {
+      held.push_back(*h);
+    } else {
+      EXPECT_TRUE(p.initiator->release(*h).is_ok());
+    }
+    if (held.size() == 3) {
+      for (auto it = held.rbegin(); it != held.rend(); ++it) EXPECT_TRUE(p.initiator->release(*it).is_ok());
+      held.clear();
+    }
+  }
+  for (BatchHandle h : held) EXPECT_TRUE(p.initiator->release(h).is_ok());
+}
+
 TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
   Pair off(0);
   EXPECT_TRUE(off.initiator->submit(Batch{{off.request(Op::kRead, 0, off.held_region, 0, 4096)}, {}}).has_value());

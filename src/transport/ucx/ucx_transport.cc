@@ -2476,7 +2476,9 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<S
     const State::DirectTable::Remote* remote = nullptr;
     pid_t pid = 0;
   };
-  std::vector<Resolved> resolved(copies.size());
+  thread_local std::vector<Resolved> resolved;  // per thread: no allocation per batch
+  if (resolved.capacity() > 4096) resolved = {};   // ... nor does one huge batch stay pinned
+  resolved.resize(copies.size());
   // A batch mostly names one peer and the same two regions: each lookup is
   // redone only when its key changes from the copy before.
   const State::DirectTable::Peer* peer = nullptr;
