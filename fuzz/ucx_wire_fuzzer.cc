@@ -1,6 +1,6 @@
 // libFuzzer target for the UCX transport's message decoders: any bytes a
 // peer can send as a header, a region table, a key list or a
-// compressed slice's descriptor must decode to something that re-encodes to
+// compressed slice's descriptor or a bundle of slices must decode to something that re-encodes to
 // the same bytes' meaning, or to a clear Status — never a crash or a huge
 // allocation.
 #include <cstddef>
@@ -31,6 +31,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t again = 0;
     auto round = ucx::decode_slice(ucx::encode_slice(*d, bytes.subspan(at)), again);
     if (!round || round->addr != d->addr || round->key != d->key || again != at) std::abort();
+  }
+  if (auto entries = ucx::decode_bundle(bytes)) {
+    if (entries->empty() || entries->size() > ucx::kMaxBundleEntries) std::abort();
+    auto again = ucx::begin_bundle();
+    for (const ucx::BundleEntry& e : *entries) {
+      if (e.data.data() < data || e.data.data() + e.data.size() > data + size) std::abort();
+      ucx::add_to_bundle(again, e.kind, e.seq, e.descriptor, e.data);
+    }
+    auto round = ucx::decode_bundle(again);
+    if (!round || round->size() != entries->size()) std::abort();
+    for (std::size_t i = 0; i < round->size(); ++i) {
+      const auto& a = (*round)[i];
+      const auto& b = (*entries)[i];
+      if (a.seq != b.seq || a.kind != b.kind || a.descriptor.addr != b.descriptor.addr ||
+          a.data.size() != b.data.size()) {
+        std::abort();
+      }
+    }
+  } else if (entries.error().message().empty()) {
+    std::abort();
   }
   return 0;
 }

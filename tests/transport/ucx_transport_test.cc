@@ -394,6 +394,72 @@ TEST_P(UcxTransportTest, AnRmaWriteBurstTakesOneFlushPerLane) {
   EXPECT_EQ(remote, source);
 }
 
+// Small raw slices sent as Baton's messages (TCP) travel in one bundle per
+// lane per burst, answered in one bundle: writes and reads mixed, of sizes
+// around the bundling bound (16 KiB), byte-exact. A burst larger than a
+// bundle holds goes as more than one. Other flavours send none.
+TEST_P(UcxTransportTest, SmallMessageSlicesOfABurstTravelAsOneBundlePerLane) {
+  const std::vector<std::size_t> sizes = {1, 4096, 16384, 16385, 333, 8192, 16383, 2, 4096, 100'000};
+  std::size_t total = 0;
+  for (std::size_t n : sizes) total += n;
+  auto& remote = buffer(pattern(2 * total, 3));
+  auto remote_region = expose(remote.data(), remote.size());
+  ASSERT_TRUE(remote_region.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  const std::vector<std::uint8_t> expected_remote = [&] {
+    std::vector<std::uint8_t> v = remote;
+    const auto src = pattern(total, 9);
+    std::copy(src.begin(), src.end(), v.begin());  // the writes land in the first half
+    return v;
+  }();
+  auto& source = buffer(pattern(total, 9));
+  auto& back = buffer(total, 0);
+  ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  const bool bundles = GetParam().tcp_slices_as_messages && !GetParam().same_host_copy &&
+                       a_->paths()[path].type == topology::PathType::kTcp;
+  // Writes into the first half, reads of the second half, alternating lanes.
+  const std::uint64_t before = a_->bundles_sent();
+  std::size_t at = 0;
+  SliceId id = 1;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int lane = static_cast<int>(i % 2);
+    ASSERT_TRUE(a_->submit(slice(id++, path, lane, Op::kWrite, source.data() + at, addr(remote.data()) + at,
+                                 *remote_region, sizes[i]),
+                           now())
+                    .is_ok());
+    ASSERT_TRUE(a_->submit(slice(id++, path, lane, Op::kRead, back.data() + at, addr(remote.data()) + total + at,
+                                 *remote_region, sizes[i]),
+                           now())
+                    .is_ok());
+    at += sizes[i];
+  }
+  ASSERT_TRUE(wait_slices(2 * sizes.size()));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(remote, expected_remote);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), remote.begin() + static_cast<std::ptrdiff_t>(total)));
+  // 8 of the 10 sizes bundle (16 385 and 100 000 do not): lane 1's in one
+  // bundle (24 580 bytes), lane 0's in two (a bundle goes at 64 KiB).
+  EXPECT_EQ(a_->bundles_sent() - before, bundles ? 3u : 0u);
+
+  // A burst of more than a bundle holds (64 KiB of payload) on one lane.
+  done_a_.clear();
+  const std::uint64_t again = a_->bundles_sent();
+  constexpr std::size_t kSmall = 4096;
+  const std::size_t count = std::min<std::size_t>(total / kSmall, 40);  // 160 KiB: three bundles
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kRead, back.data() + i * kSmall, addr(remote.data()) + i * kSmall,
+                                 *remote_region, kSmall),
+                           now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(count));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(count * kSmall), remote.begin()));
+  EXPECT_EQ(a_->bundles_sent() - again, bundles ? 3u : 0u);
+}
+
 TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());

@@ -85,6 +85,71 @@ TEST(UcxWire, SliceRoundTripsIntoAReusedBuffer) {
   EXPECT_FALSE(decode_slice(std::span(bytes).first(kSliceDescriptorBytes - 1), at).has_value());
 }
 
+TEST(UcxWire, BundlesRoundTripEveryEntry) {
+  const std::vector<std::uint8_t> data{1, 2, 3, 4, 5};
+  const std::string why = "region 3 is not exported to x";
+  auto bundle = begin_bundle();
+  EXPECT_EQ(bundle_entries(bundle), 0u);
+  add_to_bundle(bundle, MessageKind::kWriteData, 7, {9, WireCodec::kRaw, 0, 0x1000, 5}, data);
+  add_to_bundle(bundle, MessageKind::kReadAsk, 8, {9, WireCodec::kRaw, 0, 0x2000, 4096}, {});
+  add_to_bundle(bundle, MessageKind::kReadData, 1ull << 40, {3, WireCodec::kRaw, 1, 0x10, 1},
+                std::span(reinterpret_cast<const std::uint8_t*>(why.data()), why.size()));
+  EXPECT_EQ(bundle_entries(bundle), 3u);
+  EXPECT_EQ(bundle.size(), 4 + 3 * kBundleEntryBytes + data.size() + why.size());
+  auto back = decode_bundle(bundle);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  ASSERT_EQ(back->size(), 3u);
+  EXPECT_EQ((*back)[0].kind, MessageKind::kWriteData);
+  EXPECT_EQ((*back)[0].seq, 7u);
+  EXPECT_EQ((*back)[0].descriptor.addr, 0x1000u);
+  EXPECT_EQ(std::vector<std::uint8_t>((*back)[0].data.begin(), (*back)[0].data.end()), data);
+  EXPECT_EQ((*back)[1].kind, MessageKind::kReadAsk);
+  EXPECT_EQ((*back)[1].descriptor.payload_len, 4096u);
+  EXPECT_TRUE((*back)[1].data.empty());
+  EXPECT_EQ((*back)[2].seq, 1ull << 40);
+  EXPECT_EQ((*back)[2].descriptor.failed, 1);
+  EXPECT_EQ(std::string((*back)[2].data.begin(), (*back)[2].data.end()), why);
+  // Reused memory: a new bundle starts empty in it.
+  const auto* memory = bundle.data();
+  auto again = begin_bundle(std::move(bundle));
+  EXPECT_EQ(again.data(), memory);
+  EXPECT_EQ(bundle_entries(again), 0u);
+}
+
+TEST(UcxWire, MalformedBundlesAreRefused) {
+  auto good = begin_bundle();
+  add_to_bundle(good, MessageKind::kWriteData, 7, {9, WireCodec::kRaw, 0, 0x1000, 3}, std::vector<std::uint8_t>{1, 2, 3});
+  ASSERT_TRUE(decode_bundle(good).has_value());
+  auto refused = [](std::vector<std::uint8_t> bytes) {
+    auto r = decode_bundle(bytes);
+    return !r.has_value() && r.error().code() == StatusCode::kInvalidArgument && !r.error().message().empty();
+  };
+  EXPECT_TRUE(refused({}));                          // no count
+  EXPECT_TRUE(refused(begin_bundle()));              // no entries
+  EXPECT_TRUE(refused({good.begin(), good.end() - 1}));  // data cut short
+  auto trailing = good;
+  trailing.push_back(0);
+  EXPECT_TRUE(refused(trailing));
+  auto more = good;
+  more[0] = 2;  // claims a second entry that is not there
+  EXPECT_TRUE(refused(more));
+  auto huge = good;
+  huge[0] = 0xff;
+  huge[1] = 0xff;  // 65 535 entries: over the bound, refused before reading them
+  EXPECT_TRUE(refused(huge));
+  auto kind = good;
+  kind[4] = 4;  // not a slice message
+  EXPECT_TRUE(refused(kind));
+  kind[4] = 11;
+  EXPECT_TRUE(refused(kind));
+  auto length = good;
+  length[4 + 9] = 0xff;  // data bytes beyond the message
+  EXPECT_TRUE(refused(length));
+  auto codec = good;
+  codec[4 + 13 + 4] = 9;  // unknown codec in the descriptor
+  EXPECT_TRUE(refused(codec));
+}
+
 TEST(UcxBufferPool, ReusesLargeBuffersWithinItsBound) {
   BufferPool pool(3 * BufferPool::kMinKept);
   auto a = pool.take(BufferPool::kMinKept);

@@ -317,6 +317,9 @@ class UcxTransport final : public Transport {
   // writes submitted between two polls (or before the loop sleeps), not one
   // per write.
   [[nodiscard]] std::uint64_t flushes_posted() const;
+  // Bundles sent since creation: one per lane per burst of small message
+  // slices (TCP), not one message per slice.
+  [[nodiscard]] std::uint64_t bundles_sent() const;
 
   // Starts a clean close: the listener stops, every path fails with
   // unavailable and its endpoints close (a forced close under peer-failure

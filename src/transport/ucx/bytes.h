@@ -15,6 +15,9 @@ class Writer {
   Writer() = default;
   // Writes into `reuse`'s memory (emptied first) instead of a new buffer.
   explicit Writer(std::vector<std::uint8_t> reuse) : out_(std::move(reuse)) { out_.clear(); }
+  // Appends to `bytes` (kept) instead.
+  enum Append { kAppend };
+  Writer(std::vector<std::uint8_t> bytes, Append) : out_(std::move(bytes)) {}
   template <typename T>
   void put(T value) {
     const auto at = out_.size();

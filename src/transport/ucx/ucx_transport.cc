@@ -82,6 +82,11 @@ constexpr int kTeardownRounds = 20'000;
 constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 constexpr std::size_t kPooledBufferBytes = 64 << 20;
+// Raw message slices up to this size travel in a lane's bundle (wire.h);
+// a bundle goes once it carries this many bytes, or at the loop's next
+// poll or sleep (flush_lanes). Both within one TCP segment.
+constexpr std::uint64_t kMaxBundledSliceBytes = 16 << 10;
+constexpr std::size_t kBundleBytes = 64 << 10;
 
 Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
@@ -174,6 +179,11 @@ struct UcxTransport::State {
     // RMA writes posted since the lane's last flush: one flush covers them
     // all (flush_lanes), posted before the loop next polls or sleeps.
     std::vector<SliceOp*> unflushed;
+    // Small message slices posted since then: one bundle, sent by
+    // flush_lanes too. Their ids, to fail them if it cannot be sent.
+    std::vector<std::uint8_t> bundle;
+    std::vector<SliceId> bundled;
+    std::uint64_t bundled_bytes = 0;  // their payloads (a read's is what it asks for)
   };
 
   // A path's slices on one of our rails, for the stall timeout.
@@ -313,8 +323,9 @@ struct UcxTransport::State {
 
   std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
   std::unordered_map<FlushGroup*, std::unique_ptr<FlushGroup>> flushes;  // posted, not completed
-  std::vector<Lane*> to_flush;  // lanes whose unflushed went from empty to not: flush_lanes walks only these
+  std::vector<Lane*> to_flush;  // lanes whose unflushed or bundled went from empty to not: flush_lanes walks these
   std::uint64_t flushes_posted = 0;
+  std::uint64_t bundles_sent = 0;
   std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
   WireCodec codec_id = WireCodec::kRaw;
   std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
@@ -449,7 +460,9 @@ struct UcxTransport::State {
                             std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
                             std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
                             std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
-                            std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>}}) {
+                            std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>},
+                            std::pair{MessageKind::kSliceBundle, &State::on_message<MessageKind::kSliceBundle>},
+                            std::pair{MessageKind::kReplyBundle, &State::on_message<MessageKind::kReplyBundle>}}) {
       ucp_am_handler_param_t p{};
       p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -546,6 +559,7 @@ struct UcxTransport::State {
   // of writes (a batch, a scheduler tick) instead of one per slice.
   void flush_lanes() {
     for (Lane* lane : std::exchange(to_flush, {})) {
+      if (!lane->bundled.empty()) send_bundle(*lane);
       if (lane->unflushed.empty()) continue;  // it closed since
       auto group = std::make_unique<FlushGroup>();
       group->state = this;
@@ -568,9 +582,45 @@ struct UcxTransport::State {
   }
 
   // A lane closes with writes that no flush covers yet: they fail (a forced
-  // close cancels their puts too).
+  // close cancels their puts too). Its unsent bundle goes unsent: its slices
+  // await a reply, and the caller fails those.
   void drop_unflushed(Lane& lane) {
     for (SliceOp* op : std::exchange(lane.unflushed, {})) settle(*op, UCS_ERR_CONNECTION_RESET);
+    buffers.give(std::exchange(lane.bundle, {}));
+    lane.bundled.clear();
+    lane.bundled_bytes = 0;
+  }
+
+  // Adds a small raw slice to its lane's bundle; the bundle goes when full,
+  // else with the lane's flush.
+  void add_to_bundle(Lane& lane, MessageKind kind, const SliceOp& op, const SliceDescriptor& d,
+                     std::span<const std::uint8_t> data) {
+    if (lane.bundled.empty()) {
+      lane.bundle = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
+      if (lane.unflushed.empty()) to_flush.push_back(&lane);
+    }
+    ucx::add_to_bundle(lane.bundle, kind, op.submit.id, d, data);
+    lane.bundled.push_back(op.submit.id);
+    lane.bundled_bytes += op.submit.bytes;
+    if (lane.bundled_bytes >= kBundleBytes || lane.bundled.size() == ucx::kMaxBundleEntries) send_bundle(lane);
+  }
+
+  void send_bundle(Lane& lane) {
+    const std::vector<SliceId> ids = std::exchange(lane.bundled, {});
+    lane.bundled_bytes = 0;
+    if (ids.empty() || lane.ep == nullptr) return;
+    MessageHeader header;
+    header.path = lane.path;
+    header.lane = static_cast<std::uint32_t>(lane.index);
+    Status sent = send_message(lane.ep, MessageKind::kSliceBundle, header, std::exchange(lane.bundle, {}));
+    ++bundles_sent;
+    if (sent.is_ok()) return;
+    for (SliceId id : ids) {
+      const auto it = slices.find(id);
+      if (it != slices.end() && it->second->awaiting_reply) {
+        finish_compressed(*it->second, UCS_ERR_IO_ERROR, "its bundle was not sent: " + sent.message());
+      }
+    }
   }
 
   static void on_message_sent(void* request, ucs_status_t status, void* user_data) {
@@ -928,7 +978,65 @@ struct UcxTransport::State {
     return it == session_by_ep.end() ? nullptr : &sessions.at(it->second);
   }
 
-  // The holder's side: a bound lane asks to write or read.
+  // What the holder answers one slice (kWriteData or kReadAsk): a write
+  // lands now; a read's bytes are in `data` (into the region, or `packed`).
+  // `queued`: reply bytes being gathered that are not in outgoing_bytes yet.
+  struct Answer {
+    MessageKind kind = MessageKind::kWriteDone;
+    SliceDescriptor reply;
+    std::vector<std::uint8_t> packed;     // compressed bytes, or why it failed
+    std::span<const std::uint8_t> data;   // what follows the descriptor
+  };
+  Answer answer_slice(const Session& session, ucp_ep_h from, MessageKind kind, const Result<SliceDescriptor>& d,
+                      std::span<const std::uint8_t> payload, std::uint64_t queued) {
+    Answer a;
+    a.kind = kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
+    Status why;
+    if (!d) {
+      why = d.error();
+    } else if (!session.sent.contains(d->key) && !revoking_for(d->key, session_by_ep.at(from))) {
+      a.reply = *d;
+      why = Status::permission_denied("region {} is not exported to {}", d->key, session.name);
+    } else {
+      a.reply = *d;
+      auto range = local_range(d->key, d->addr, d->payload_len);
+      if (!range) {
+        why = range.error();
+      } else if (kind == MessageKind::kWriteData) {
+        why = unpack(*d, payload, *range);
+      } else if (outgoing_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
+        // A peer asking faster than the wire drains would make us copy
+        // without bound: refuse, it retries the slice.
+        why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
+                                         outgoing_bytes + queued, kMaxQueuedReplyBytes);
+      } else if (d->codec == WireCodec::kRaw) {
+        a.data = std::span(reinterpret_cast<const std::uint8_t*>(*range), d->payload_len);  // no copy before the reply's
+      } else {
+        auto [id, bytes] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
+        a.reply.codec = id;
+        a.packed = std::move(bytes);
+        a.data = a.packed;
+      }
+    }
+    if (!why.is_ok()) {
+      a.reply.failed = 1;
+      a.reply.payload_len = std::max<std::uint64_t>(a.reply.payload_len, 1);
+      const std::string text = why.message();
+      a.packed.assign(text.begin(), text.end());
+      a.data = a.packed;
+    }
+    return a;
+  }
+
+  // The back lane of the rail a slice came on; another when that one failed.
+  static ucp_ep_h back_endpoint(const Session& session, std::uint32_t lane) {
+    for (std::size_t i = 0; i < session.back.size(); ++i) {
+      if (ucp_ep_h ep = session.back[(lane + i) % session.back.size()]->ep) return ep;
+    }
+    return nullptr;
+  }
+
+  // The holder's side: a bound lane asks to write or read one slice.
   void handle_slice_request(const Inbound& in, const MessageHeader& header) {
     Session* session = session_of(in.reply_ep);
     if (session == nullptr) {
@@ -937,81 +1045,79 @@ struct UcxTransport::State {
     }
     std::size_t at = 0;
     auto d = ucx::decode_slice(in.payload, at);
-    SliceDescriptor reply;
-    Status why;
-    std::vector<std::uint8_t> packed;       // compressed bytes, or why it failed
-    std::span<const std::uint8_t> data;     // what follows the descriptor
-    if (!d) {
-      why = d.error();
-    } else if (!session->sent.contains(d->key) && !revoking_for(d->key, session_by_ep.at(in.reply_ep))) {
-      reply = *d;
-      why = Status::permission_denied("region {} is not exported to {}", d->key, session->name);
-    } else {
-      reply = *d;
-      auto range = local_range(d->key, d->addr, d->payload_len);
-      if (!range) {
-        why = range.error();
-      } else if (in.kind == MessageKind::kWriteData) {
-        why = unpack(*d, in.payload.subspan(at), *range);
-      } else if (outgoing_bytes + d->payload_len > kMaxQueuedReplyBytes) {
-        // A peer asking faster than the wire drains would make us copy
-        // without bound: refuse, it retries the slice.
-        why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})", outgoing_bytes,
-                                         kMaxQueuedReplyBytes);
-      } else if (d->codec == WireCodec::kRaw) {
-        data = std::span(reinterpret_cast<const std::uint8_t*>(*range), d->payload_len);  // no copy before the reply's
-      } else {
-        auto [id, bytes] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
-        reply.codec = id;
-        packed = std::move(bytes);
-        data = packed;
-      }
-    }
-    if (!why.is_ok()) {
-      reply.failed = 1;
-      reply.payload_len = std::max<std::uint64_t>(reply.payload_len, 1);
-      const std::string text = why.message();
-      packed.assign(text.begin(), text.end());
-      data = packed;
-    }
-    const MessageKind kind = in.kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
-    // The back lane of the rail the slice came on; another when that one failed.
-    ucp_ep_h back = nullptr;
-    for (std::size_t i = 0; i < session->back.size() && back == nullptr; ++i) {
-      back = session->back[(header.lane + i) % session->back.size()]->ep;
-    }
+    const Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0);
+    ucp_ep_h back = back_endpoint(*session, header.lane);
     if (back == nullptr) {
       spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
       return;
     }
-    auto payload = ucx::encode_slice(reply, data, buffers.take(ucx::kSliceDescriptorBytes + data.size()));
-    if (Status s = send_message(back, kind, header, std::move(payload)); !s.is_ok()) {
+    auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+    if (Status s = send_message(back, a.kind, header, std::move(payload)); !s.is_ok()) {
       spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
     }
   }
 
-  // The initiator's side: the holder answered a compressed slice.
-  void handle_slice_reply(const Inbound& in, const MessageHeader& header) {
-    Lane* lane = lane_of(header);
-    const auto it = slices.find(header.seq);
-    if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path) {
-      spdlog::warn("ucx: a reply for compressed slice {} that is not waiting for one; dropped", header.seq);
+  // The holder's side: a bundle of small slices, answered as one bundle
+  // (more than one when the replies outgrow kBundleBytes).
+  void handle_bundle(const Inbound& in, const MessageHeader& header) {
+    Session* session = session_of(in.reply_ep);
+    if (session == nullptr) {
+      spdlog::warn("ucx: a bundle from an endpoint no authenticated peer bound; dropped");
+      return;
+    }
+    auto entries = ucx::decode_bundle(in.payload);
+    if (!entries) {
+      // Its slices stall and fail on the initiator's stall timeout: only a
+      // corrupt or hostile peer sends one.
+      spdlog::warn("ucx: dropped a bundle from {}: {}", session->name, entries.error().message());
+      return;
+    }
+    ucp_ep_h back = back_endpoint(*session, header.lane);
+    if (back == nullptr) {
+      spdlog::warn("ucx: replies to a bundle not sent: no endpoint to {} left", session->name);
+      return;
+    }
+    std::vector<std::uint8_t> reply;
+    auto send = [&] {
+      if (Status s = send_message(back, MessageKind::kReplyBundle, header, std::move(reply)); !s.is_ok()) {
+        spdlog::warn("ucx: replies to a bundle not sent: {}", s.message());
+      }
+      reply = {};
+    };
+    for (const ucx::BundleEntry& e : *entries) {
+      if (e.kind != MessageKind::kWriteData && e.kind != MessageKind::kReadAsk) {
+        spdlog::warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
+                     static_cast<unsigned>(e.kind));
+        continue;
+      }
+      const Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size());
+      if (reply.empty()) reply = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
+      ucx::add_to_bundle(reply, a.kind, e.seq, a.reply, a.data);
+      if (reply.size() >= kBundleBytes || ucx::bundle_entries(reply) == ucx::kMaxBundleEntries) send();
+    }
+    if (!reply.empty()) send();
+  }
+
+  // The initiator's side: the holder answered slice `seq` on `lane`.
+  void take_answer(Lane* lane, std::uint64_t seq, MessageKind kind, const Result<SliceDescriptor>& d,
+                   std::span<const std::uint8_t> data, std::size_t wire_bytes) {
+    const auto it = slices.find(seq);
+    if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path ||
+        (kind == MessageKind::kReadData) != (it->second->submit.memory.op == Op::kRead)) {
+      spdlog::warn("ucx: a reply for slice {} that is not waiting for one; dropped", seq);
       return;
     }
     SliceOp& op = *it->second;
-    std::size_t at = 0;
-    auto d = ucx::decode_slice(in.payload, at);
     if (!d) {
       finish_compressed(op, UCS_ERR_INVALID_PARAM, d.error().message());
       return;
     }
-    const auto data = in.payload.subspan(at);
     if (d->failed != 0) {
       finish_compressed(op, UCS_ERR_REJECTED, "the holder refused: " + std::string(data.begin(), data.end()));
       return;
     }
-    if (in.kind == MessageKind::kReadData) {
-      op.wire_bytes += in.payload.size();
+    if (kind == MessageKind::kReadData) {
+      op.wire_bytes += wire_bytes;
       if (d->payload_len != op.submit.bytes) {
         finish_compressed(op, UCS_ERR_INVALID_PARAM, fmt::format("{} bytes came back, {} asked", d->payload_len,
                                                                  op.submit.bytes));
@@ -1023,6 +1129,28 @@ struct UcxTransport::State {
       }
     }
     finish_compressed(op, UCS_OK, {});
+  }
+
+  void handle_slice_reply(const Inbound& in, const MessageHeader& header) {
+    std::size_t at = 0;
+    auto d = ucx::decode_slice(in.payload, at);
+    take_answer(lane_of(header), header.seq, in.kind, d, in.payload.subspan(d ? at : 0), in.payload.size());
+  }
+
+  void handle_bundle_reply(const Inbound& in, const MessageHeader& header) {
+    Lane* lane = lane_of(header);
+    auto entries = ucx::decode_bundle(in.payload);
+    if (!entries) {
+      spdlog::warn("ucx: dropped a reply bundle: {}", entries.error().message());
+      return;
+    }
+    for (const ucx::BundleEntry& e : *entries) {
+      if (e.kind != MessageKind::kWriteDone && e.kind != MessageKind::kReadData) {
+        spdlog::warn("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind));
+        continue;
+      }
+      take_answer(lane, e.seq, e.kind, e.descriptor, e.data, ucx::kBundleEntryBytes + e.data.size());
+    }
   }
 
   // Replaces the peer's region table by `descriptors`, unpacking the rkeys
@@ -1208,6 +1336,8 @@ struct UcxTransport::State {
           case MessageKind::kReadAsk: handle_slice_request(in, *header); break;
           case MessageKind::kWriteDone:
           case MessageKind::kReadData: handle_slice_reply(in, *header); break;
+          case MessageKind::kSliceBundle: handle_bundle(in, *header); break;
+          case MessageKind::kReplyBundle: handle_bundle_reply(in, *header); break;
         }
         buffers.give(std::move(in.copy));
       }
@@ -2357,6 +2487,20 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     SliceDescriptor d{m.remote_key, compress ? s.codec_id : WireCodec::kRaw, 0, m.remote_addr, slice.bytes};
     std::vector<std::uint8_t> payload;
     const auto* bytes = static_cast<const std::byte*>(m.local);
+    if (!compress && slice.bytes <= kMaxBundledSliceBytes) {
+      // A small raw slice waits for the rest of this turn's in its lane's bundle.
+      const auto data = m.op == Op::kRead ? std::span<const std::uint8_t>()
+                                          : std::span(reinterpret_cast<const std::uint8_t*>(bytes), slice.bytes);
+      op->awaiting_reply = true;
+      op->wire_bytes = ucx::kBundleEntryBytes + data.size();
+      State::SliceOp& posted = *op;
+      ++local->inflight;
+      State::note_posted(peer, op->rail, now_ns);
+      s.slices.emplace(slice.id, std::move(op));
+      s.add_to_bundle(*peer.lanes[lane], m.op == Op::kRead ? MessageKind::kReadAsk : MessageKind::kWriteData, posted,
+                      d, data);
+      return Status::ok();
+    }
     if (m.op == Op::kRead) {
       payload = ucx::encode_slice(d, {});
     } else if (auto [id, packed] = compress ? s.pack(s.codec_id, s.codec.get(), bytes, slice.bytes)
@@ -2560,6 +2704,7 @@ std::size_t UcxTransport::slices_in_flight() const { return state_->slices.size(
 std::uint64_t UcxTransport::refused_connections() const { return state_->refused_connections; }
 
 std::uint64_t UcxTransport::flushes_posted() const { return state_->flushes_posted; }
+std::uint64_t UcxTransport::bundles_sent() const { return state_->bundles_sent; }
 
 void UcxTransport::shutdown() { state_->begin_shutdown(); }
 

@@ -1,5 +1,7 @@
 #include "transport/ucx/wire.h"
 
+#include <cstring>
+
 #include "transport/ucx/bytes.h"
 
 namespace baton::transport::ucx {
@@ -39,10 +41,9 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
   return h;
 }
 
-std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data,
-                                       std::vector<std::uint8_t> into) {
-  into.reserve(kSliceDescriptorBytes + data.size());
-  Writer w(std::move(into));
+namespace {
+
+void put_slice(Writer& w, const SliceDescriptor& d, std::span<const std::uint8_t> data) {
   w.put(d.key);
   w.put(static_cast<std::uint8_t>(d.codec));
   w.put(d.failed);
@@ -50,6 +51,15 @@ std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const
   w.put(d.addr);
   w.put(d.payload_len);
   w.bytes(data);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data,
+                                       std::vector<std::uint8_t> into) {
+  into.reserve(kSliceDescriptorBytes + data.size());
+  Writer w(std::move(into));
+  put_slice(w, d, data);
   return w.take();
 }
 
@@ -74,6 +84,71 @@ Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::s
   }
   data_offset = r.offset();
   return d;
+}
+
+std::vector<std::uint8_t> begin_bundle(std::vector<std::uint8_t> into) {
+  Writer w(std::move(into));
+  w.put(std::uint32_t{0});
+  return w.take();
+}
+
+void add_to_bundle(std::vector<std::uint8_t>& bundle, MessageKind kind, std::uint64_t seq, const SliceDescriptor& d,
+                   std::span<const std::uint8_t> data) {
+  std::uint32_t count = 0;
+  std::memcpy(&count, bundle.data(), sizeof count);
+  ++count;
+  std::memcpy(bundle.data(), &count, sizeof count);
+  Writer w(std::move(bundle), Writer::kAppend);
+  w.put(static_cast<std::uint8_t>(kind));
+  w.put(seq);
+  w.put(static_cast<std::uint32_t>(data.size()));
+  put_slice(w, d, data);
+  bundle = w.take();
+}
+
+std::size_t bundle_entries(std::span<const std::uint8_t> bundle) {
+  std::uint32_t count = 0;
+  if (bundle.size() >= sizeof count) std::memcpy(&count, bundle.data(), sizeof count);
+  return count;
+}
+
+Result<std::vector<BundleEntry>> decode_bundle(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes);
+  std::uint32_t count = 0;
+  if (!r.get(count) || count == 0 || count > kMaxBundleEntries) {
+    return std::unexpected(Status::invalid_argument("ucx bundle: {} entries (expected 1..{})", count, kMaxBundleEntries));
+  }
+  std::vector<BundleEntry> out;
+  out.reserve(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint8_t kind = 0;
+    BundleEntry e;
+    std::uint32_t data_bytes = 0;
+    if (!r.get(kind) || !r.get(e.seq) || !r.get(data_bytes)) {
+      return std::unexpected(Status::invalid_argument("ucx bundle: entry {} of {} truncated", i, count));
+    }
+    if (kind < static_cast<std::uint8_t>(MessageKind::kWriteData) ||
+        kind > static_cast<std::uint8_t>(MessageKind::kReadData)) {
+      return std::unexpected(Status::invalid_argument("ucx bundle: entry {} has kind {} (expected 5..8)", i, kind));
+    }
+    e.kind = static_cast<MessageKind>(kind);
+    const auto rest = r.rest();
+    if (rest.size() < kSliceDescriptorBytes || rest.size() - kSliceDescriptorBytes < data_bytes) {
+      return std::unexpected(Status::invalid_argument("ucx bundle: entry {} claims {} data bytes, {} left", i,
+                                                      data_bytes, rest.size()));
+    }
+    std::size_t at = 0;
+    auto d = decode_slice(rest.first(kSliceDescriptorBytes + data_bytes), at);
+    if (!d) return std::unexpected(Status::invalid_argument("ucx bundle: entry {}: {}", i, d.error().message()));
+    e.descriptor = *d;
+    e.data = rest.subspan(at, data_bytes);
+    (void)r.skip(kSliceDescriptorBytes + data_bytes);
+    out.push_back(e);
+  }
+  if (r.left() != 0) {
+    return std::unexpected(Status::invalid_argument("ucx bundle: {} bytes after its {} entries", r.left(), count));
+  }
+  return out;
 }
 
 std::vector<std::uint8_t> encode_regions(const std::vector<RegionDescriptor>& regions) {

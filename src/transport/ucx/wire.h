@@ -18,7 +18,7 @@
 namespace baton::transport::ucx {
 
 inline constexpr std::uint32_t kWireMagic = 0x4e544142;  // "BATN"
-inline constexpr std::uint16_t kWireVersion = 1;
+inline constexpr std::uint16_t kWireVersion = 2;  // 2: bundles
 
 // Active message ids (the transport owns its worker, so no one else uses them).
 enum class MessageKind : unsigned {
@@ -32,6 +32,12 @@ enum class MessageKind : unsigned {
   kWriteDone = 6,  // holder → initiator: written, or why not (text after the descriptor)
   kReadAsk = 7,    // initiator → holder: send [addr, +payload_len), compressed with `codec`
   kReadData = 8,   // holder → initiator: those bytes (compressed or raw), or why not
+  // Small raw slices of one lane, posted in one loop turn, travel together
+  // and are answered together: over TCP every message is a send and a
+  // wake-up on each side, which capped 4 KiB requests at one message and
+  // one answer each. Payload: a bundle (encode_bundle); header.seq is 0.
+  kSliceBundle = 9,   // initiator → holder: kWriteData / kReadAsk entries
+  kReplyBundle = 10,  // holder → initiator: kWriteDone / kReadData entries
 };
 
 // How a compressed slice's bytes travel: 0 raw (the codec could not shrink
@@ -102,6 +108,26 @@ inline constexpr std::size_t kMaxPendingNotifications = 1 << 16;
 [[nodiscard]] std::vector<std::uint8_t> encode_slice(const SliceDescriptor& d, std::span<const std::uint8_t> data,
                                                    std::vector<std::uint8_t> into = {});
 [[nodiscard]] Result<SliceDescriptor> decode_slice(std::span<const std::uint8_t> bytes, std::size_t& data_offset);
+
+// A bundle: u32 count, then per entry u8 kind, u64 seq (the initiator's
+// slice id), u32 data bytes, a descriptor and the data. Entries are what a
+// kWriteData … kReadData message would carry, one slice each.
+struct BundleEntry {
+  MessageKind kind = MessageKind::kWriteData;
+  std::uint64_t seq = 0;
+  SliceDescriptor descriptor;
+  std::span<const std::uint8_t> data;  // into the decoded bytes
+};
+inline constexpr std::size_t kMaxBundleEntries = 256;
+inline constexpr std::size_t kBundleEntryBytes = 13 + kSliceDescriptorBytes;  // before its data
+// Starts a bundle in `into`'s memory (emptied first), then appends entries.
+[[nodiscard]] std::vector<std::uint8_t> begin_bundle(std::vector<std::uint8_t> into = {});
+void add_to_bundle(std::vector<std::uint8_t>& bundle, MessageKind kind, std::uint64_t seq, const SliceDescriptor& d,
+                   std::span<const std::uint8_t> data);
+[[nodiscard]] std::size_t bundle_entries(std::span<const std::uint8_t> bundle);
+// Every entry checked (kind 5..8, descriptor as decode_slice, data inside
+// the bytes, 1..kMaxBundleEntries entries, nothing after the last).
+[[nodiscard]] Result<std::vector<BundleEntry>> decode_bundle(std::span<const std::uint8_t> bytes);
 
 
 }  // namespace baton::transport::ucx
