@@ -159,6 +159,23 @@ def test_a_same_host_batch_has_ended_when_submit_returns(holder):
         baton.Engine(direct_copy_max_bytes=-1)
 
 
+def test_copy_threads_carry_batches_that_take_the_loop(holder):
+    """Same-host copies posted by the loop run on datapath threads when asked; the bytes are the same."""
+    for threads in (0, 2):
+        with baton.Engine(direct_copy_max_bytes=0, copy_threads=threads) as e:
+            peer = e.connect(holder.address)
+            local = np.zeros(SIZE, dtype=np.uint8)
+            region = e.register(local)
+            batch = e.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE)])
+            batch.wait(timeout=30)
+            assert batch.status == "ok"
+            assert np.array_equal(local, pattern(SIZE, 7))
+            batch.release()
+    for bad in (-2, 65):
+        with pytest.raises(baton.InvalidArgument):
+            baton.Engine(copy_threads=bad)
+
+
 def test_cancel_ends_the_batch(holder, engine):
     peer = engine.connect(holder.address)
     local = np.zeros(SIZE, dtype=np.uint8)

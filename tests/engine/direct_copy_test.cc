@@ -20,9 +20,10 @@ namespace {
 
 constexpr TimeNs kSecond = 1'000'000'000;
 
-std::unique_ptr<Engine> make_engine(std::uint64_t direct_copy_max_bytes = 16 << 20) {
+std::unique_ptr<Engine> make_engine(std::uint64_t direct_copy_max_bytes = 16 << 20, int copy_threads = 0) {
   EngineConfig config;
   config.ucx.direct_copy_max_bytes = direct_copy_max_bytes;
+  config.ucx.copy_threads = copy_threads;
   auto e = Engine::create(config);
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return e ? std::move(*e) : nullptr;
@@ -46,7 +47,8 @@ struct Pair {
   Region held_region, allocated, mine_region;
   Peer peer;
 
-  explicit Pair(std::uint64_t direct_copy_max_bytes = 16 << 20) : initiator(make_engine(direct_copy_max_bytes)) {
+  explicit Pair(std::uint64_t direct_copy_max_bytes = 16 << 20, int copy_threads = 0)
+      : initiator(make_engine(direct_copy_max_bytes, copy_threads)) {
     fill_pattern(held, 1);
     fill_pattern(mine, 2);
     held_region = *holder->register_memory(held.data(), held.size());
@@ -184,6 +186,35 @@ TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
     EXPECT_EQ(counter(m, "baton_engine_batches_total"), 1);
     EXPECT_GT(p->initiator->stats().slices_posted, 0u);
   }
+}
+
+// Batches that take the loop copy on datapath threads when there are some
+// (UcxConfig::copy_threads): byte-exact both ways, with batches of several
+// requests split into slices over both lanes, and the scheduler counting
+// them as any other.
+TEST(DirectCopy, LoopBatchesCopyOnDatapathThreadsByteExact) {
+  Pair p(0, 2);
+  for (int round = 0; round < 6; ++round) {
+    const Op op = round % 2 == 0 ? Op::kRead : Op::kWrite;
+    std::span<std::byte> theirs = p.allocated_bytes();
+    std::span<std::byte> source = op == Op::kRead ? theirs : std::span<std::byte>(p.mine);
+    fill_pattern(source, 40 + round);
+    Batch batch;
+    for (std::uint64_t i = 0; i < 4; ++i) {
+      batch.requests.push_back(p.request(op, i * (Pair::kBytes / 4), p.allocated, i * (Pair::kBytes / 4), Pair::kBytes / 4));
+    }
+    auto h = p.initiator->submit(batch);
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
+    auto st = p.initiator->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    EXPECT_EQ(st->bytes_done, Pair::kBytes);
+    std::span<std::byte> sink = op == Op::kRead ? std::span<std::byte>(p.mine) : theirs;
+    EXPECT_FALSE(pattern_mismatch(sink, 40 + round).has_value()) << "round " << round;
+    EXPECT_TRUE(p.initiator->release(*h).is_ok());
+  }
+  EXPECT_GE(p.initiator->stats().slices_posted, 24u);  // all through the loop: a slice or more per request
 }
 
 TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {

@@ -30,6 +30,7 @@ struct Flavor {
   bool tcp_slices_as_messages = true;
   bool same_host_copy = false;
   std::vector<std::string> nics;  // rails (UcxConfig::nics)
+  int copy_threads = 0;           // UcxConfig::copy_threads
 };
 
 // Test names and ctest entries show the flavour, not its bytes.
@@ -44,6 +45,8 @@ const Flavor kShm{"shm", "sm,tcp", false, topology::PathType::kShm, true, false,
 const Flavor kTcpRma{"tcp_rma", "tcp", true, topology::PathType::kTcp, false, false, {}};
 // The default: a peer of this host gets Baton's own copy (same_host.h).
 const Flavor kDirect{"direct", "", true, topology::PathType::kShm, true, true, {}};
+// The same, its copies on two datapath threads.
+const Flavor kDirectThreads{"direct_threads", "", true, topology::PathType::kShm, true, true, {}, 2};
 // Two rails (a UCP context and worker each) on loopback: lane 0 on the first,
 // lane 1 on the second, every region mapped on both; with Baton's messages
 // and with UCX's RMA (each rail's rkeys).
@@ -74,6 +77,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     c.tcp_slices_as_messages = GetParam().tcp_slices_as_messages;
     c.same_host_copy = GetParam().same_host_copy;
     c.nics = GetParam().nics;
+    c.copy_threads = GetParam().copy_threads;
     return c;
   }
 
@@ -460,6 +464,58 @@ TEST_P(UcxTransportTest, SmallMessageSlicesOfABurstTravelAsOneBundlePerLane) {
   EXPECT_EQ(a_->bundles_sent() - again, bundles ? 3u : 0u);
 }
 
+// With copy threads, same-host copies of 32 KiB and more run on them, each
+// lane's in order (a read after a write of the same bytes on one lane sees
+// the write); shorter ones stay on the loop. Without, none does.
+TEST_P(UcxTransportTest, LargeSameHostCopiesRunOnDatapathThreadsInLaneOrder) {
+  constexpr std::size_t kSlice = 64 << 10;
+  constexpr std::size_t kBytes = 8 * kSlice;
+  // Memory the holder allocated: a same-host peer maps it (CMA copies stay
+  // on their own thread).
+  auto allocated = b_->allocate_memory(kBytes);
+  ASSERT_TRUE(allocated.has_value()) << allocated.error().to_string();
+  ASSERT_TRUE(b_->export_region(allocated->handle).is_ok());
+  const std::span<std::uint8_t> remote(static_cast<std::uint8_t*>(allocated->address), kBytes);
+  std::ranges::fill(remote, 0);
+  const std::optional<RegionHandle> remote_region = allocated->handle;
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(a_->copy_threads(), GetParam().copy_threads);
+  auto& source = buffer(pattern(kBytes, 2));
+  auto& back = buffer(kBytes, 0);
+  ASSERT_TRUE(a_->register_memory(source.data(), source.size()).has_value());
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  SliceId id = 1;
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < 8; ++i) {
+      const int lane = static_cast<int>(i % 2);
+      const std::size_t at = i * kSlice;
+      ASSERT_TRUE(a_->submit(slice(id++, path, lane, Op::kWrite, source.data() + at, addr(remote.data()) + at,
+                                   *remote_region, kSlice),
+                             now())
+                      .is_ok());
+      ASSERT_TRUE(a_->submit(slice(id++, path, lane, Op::kRead, back.data() + at, addr(remote.data()) + at,
+                                   *remote_region, kSlice),
+                             now())
+                      .is_ok());
+    }
+    ASSERT_TRUE(wait_slices(16 * (round + 1)));
+    EXPECT_TRUE(std::ranges::equal(remote, source)) << "round " << round;
+    EXPECT_EQ(back, source) << "round " << round;  // each read followed its lane's write
+    std::ranges::fill(back, 0);
+  }
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  const bool threads = GetParam().copy_threads > 0 && a_->paths()[path].type == topology::PathType::kShm &&
+                       GetParam().same_host_copy;
+  EXPECT_EQ(a_->thread_copies(), threads ? 48u : 0u);
+  // A short copy stays on the loop.
+  ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kRead, back.data(), addr(remote.data()), *remote_region, 4096),
+                         now())
+                  .is_ok());
+  ASSERT_TRUE(wait_slices(49));
+  EXPECT_EQ(a_->thread_copies(), threads ? 48u : 0u);
+}
+
 TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -637,6 +693,15 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
     ASSERT_FALSE(made.has_value());
     EXPECT_EQ(made.error().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(made.error().message().find("tcp_segment_bytes is " + std::to_string(segment)), std::string::npos)
+        << made.error().message();
+  }
+  for (const int threads : {-2, 65}) {
+    bad = config();
+    bad.copy_threads = threads;
+    const auto made = UcxTransport::create(bad);
+    ASSERT_FALSE(made.has_value());
+    EXPECT_EQ(made.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(made.error().message().find("copy_threads is " + std::to_string(threads)), std::string::npos)
         << made.error().message();
   }
   bad = config();
@@ -930,7 +995,7 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   EXPECT_EQ(remote, local);
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kRails, kRmaRails),
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kDirectThreads, kRails, kRmaRails),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
 
 }  // namespace

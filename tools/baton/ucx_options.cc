@@ -46,6 +46,10 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
          },
          "Copy same-host batches of at most this size on the submitting thread, without the loop, while the "
          "loop holds no request (size; 0: always through the loop; default 16MiB)");
+  app.add_option("--copy-threads", ucx.copy_threads,
+                 "Datapath threads for same-host copies that take the loop (-1: one per 8 cores, at most 4, none "
+                 "below 8 cores; 0: none)")
+      ->check(CLI::Range(-1, 64));
   app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {

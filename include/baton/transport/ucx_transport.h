@@ -81,6 +81,15 @@ struct UcxConfig {
   // most this many bytes and the loop has no request of its own in flight
   // (so no scheduling decision is skipped). 0: every batch takes the loop.
   std::uint64_t direct_copy_max_bytes = 16ULL << 20;
+  // Datapath threads for the same-host copies the loop posts (batches that
+  // take the loop: larger than direct_copy_max_bytes, or while the loop
+  // holds requests): each lane of a same-host path copies on one of them,
+  // in order, so the loop schedules while they copy. Slices under 32 KiB,
+  // and CMA copies, stay where they were. -1: one per 8 cores, at most 4,
+  // none below 8 cores — on this 2-core VM a thread lifted bulk copies
+  // through the loop 1.4-1.6x but took the core that decode requests
+  // needed (deadline-aware p99 3x worse; docs/results.md); 0: none; at most 64.
+  int copy_threads = -1;
   // On TCP paths, slices travel as Baton's active messages (the holder's
   // engine copies them in or out and answers) instead of UCX's software
   // RMA, which UCX 1.13 turns into an abort of the holder when an initiator
@@ -320,6 +329,10 @@ class UcxTransport final : public Transport {
   // Bundles sent since creation: one per lane per burst of small message
   // slices (TCP), not one message per slice.
   [[nodiscard]] std::uint64_t bundles_sent() const;
+  // Same-host copies done on datapath threads (UcxConfig::copy_threads),
+  // and how many threads there are.
+  [[nodiscard]] std::uint64_t thread_copies() const;
+  [[nodiscard]] int copy_threads() const;
 
   // Starts a clean close: the listener stops, every path fails with
   // unavailable and its endpoints close (a forced close under peer-failure

@@ -44,6 +44,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "baton/common/address_ranges.h"
@@ -55,6 +56,7 @@
 #include "transport/ucx/buffer_pool.h"
 #include "transport/ucx/control_channel.h"
 #include "transport/ucx/control_wire.h"
+#include "transport/ucx/copy_workers.h"
 #include "transport/ucx/same_host.h"
 #include "transport/ucx/socket_address.h"
 #include "transport/ucx/wire.h"
@@ -87,6 +89,18 @@ constexpr std::size_t kPooledBufferBytes = 64 << 20;
 // poll or sleep (flush_lanes). Both within one TCP segment.
 constexpr std::uint64_t kMaxBundledSliceBytes = 16 << 10;
 constexpr std::size_t kBundleBytes = 64 << 10;
+// Same-host copies shorter than this stay on the loop even with copy
+// threads: handing one over costs about as much as copying it.
+constexpr std::uint64_t kMinThreadCopyBytes = 32 << 10;
+
+constexpr int kMaxCopyThreads = 64;
+
+// UcxConfig::copy_threads resolved: -1 is one per 8 cores, at most 4.
+int copy_threads_for(const UcxConfig& c) {
+  if (c.copy_threads >= 0) return c.copy_threads;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::min(4, cores / 8);
+}
 
 Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
@@ -368,6 +382,8 @@ struct UcxTransport::State {
   // Recorded by callbacks, acted on by poll().
   std::vector<SliceOp*> finished;
   std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
+  std::unique_ptr<ucx::CopyWorkers> workers;  // UcxConfig::copy_threads; none when 0
+  std::vector<std::uint64_t> worker_done;     // scratch for collect_copies
   std::vector<Inbound> inbox;
   std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
   struct BackError {
@@ -1835,6 +1851,13 @@ struct UcxTransport::State {
   // shows within a millisecond of a SIGKILL, while its control connection
   // closes only after the kernel tore down its memory.
   void collect_copies() {
+    if (workers) {
+      workers->take(worker_done);
+      for (std::uint64_t tag : worker_done) {
+        if (const auto it = slices.find(tag); it != slices.end()) finished.push_back(it->second.get());
+      }
+      worker_done.clear();
+    }
     if (!copier) return;
     for (ucx::CmaCopier::Done& done : copier->take()) {
       const auto it = slices.find(done.tag);
@@ -1918,6 +1941,10 @@ struct UcxTransport::State {
     if (copier) {  // its copies finish first: they write into slices' memory
       poller->forget(copier->fd());
       copier.reset();
+    }
+    if (workers) {  // likewise
+      poller->forget(workers->fd());
+      workers.reset();
     }
     for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
       progress_once();
@@ -2026,6 +2053,11 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
         "UcxTransport::create: tcp_segment_bytes is {} (expected 0 for UCX's default, or {} .. {})",
         config.tcp_segment_bytes, kMinTcpSegmentBytes, kMaxTcpSegmentBytes));
   }
+  if (config.copy_threads < -1 || config.copy_threads > kMaxCopyThreads) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: copy_threads is {} (expected -1 for one per 8 cores, 0 for none, or up to {})",
+        config.copy_threads, kMaxCopyThreads));
+  }
   if (Status s = check_nics(config); !s.is_ok()) return std::unexpected(s);
   auto listen = ucx::parse_socket_address(config.listen_address);
   if (!listen) return std::unexpected(listen.error());
@@ -2089,6 +2121,12 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   }
   state->listener = std::move(*listener);
   state->poller->watch(state->listener->fd(), false);
+  if (const int threads = copy_threads_for(cfg); threads > 0 && cfg.same_host_copy) {
+    auto workers = ucx::CopyWorkers::create(threads);
+    if (!workers) return std::unexpected(workers.error());
+    state->workers = std::move(*workers);
+    state->poller->watch(state->workers->fd(), false);
+  }
   state->address = state->listener->address();
   return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(state)));
 }
@@ -2357,6 +2395,7 @@ int UcxTransport::event_fd() const { return state_->poller->fd(); }
 bool UcxTransport::arm() {
   State& s = *state_;
   if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty()) return false;
+  if (s.workers && !s.workers->arm()) return false;
   s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
   // Revocations and handshakes have deadlines (next_event_ns); frames queued
   // since the last poll go now, or the poller watches for writability.
@@ -2441,6 +2480,17 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     // A peer of this host: the copy is ours, done now (same_host.h).
     if (const auto& mapping = op->remote->mapping) {
       std::byte* there = mapping->address() + (m.remote_addr - remote.base);
+      auto* here = static_cast<std::byte*>(m.local);
+      // On the lane's datapath thread: it completes in collect_copies().
+      if (s.workers && slice.bytes >= kMinThreadCopyBytes &&
+          s.workers->post(slice.path * peer.lanes.size() + static_cast<std::size_t>(slice.lane),
+                          m.op == Op::kRead ? ucx::CopyWorkers::Job{slice.id, here, there, slice.bytes}
+                                            : ucx::CopyWorkers::Job{slice.id, there, here, slice.bytes})) {
+        ++local->inflight;
+        State::note_posted(peer, 0, now_ns);
+        s.slices.emplace(slice.id, std::move(op));
+        return Status::ok();
+      }
       if (m.op == Op::kRead) {
         std::memcpy(m.local, there, slice.bytes);
       } else {
@@ -2705,6 +2755,8 @@ std::uint64_t UcxTransport::refused_connections() const { return state_->refused
 
 std::uint64_t UcxTransport::flushes_posted() const { return state_->flushes_posted; }
 std::uint64_t UcxTransport::bundles_sent() const { return state_->bundles_sent; }
+std::uint64_t UcxTransport::thread_copies() const { return state_->workers ? state_->workers->copies() : 0; }
+int UcxTransport::copy_threads() const { return state_->workers ? static_cast<int>(state_->workers->size()) : 0; }
 
 void UcxTransport::shutdown() { state_->begin_shutdown(); }
 
