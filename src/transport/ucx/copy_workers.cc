@@ -44,8 +44,10 @@ bool CopyWorkers::post(std::size_t worker, const Job& job) {
   Worker& w = *workers_[worker % workers_.size()];
   if (w.outstanding == kDepth || !w.jobs.push(job)) return false;
   ++w.outstanding;
-  // Pairs with the worker's fence between announcing sleep and its last look.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // An RMW on `wake` orders this post against a worker going to sleep (it
+  // does one too between announcing sleep and its last look): one of the
+  // two sees the other. Not a fence: ThreadSanitizer cannot follow those.
+  w.wake.fetch_add(0, std::memory_order_acq_rel);
   if (w.sleeping.load(std::memory_order_relaxed)) {
     w.wake.fetch_add(1, std::memory_order_release);
     w.wake.notify_one();
@@ -67,9 +69,9 @@ void CopyWorkers::take(std::vector<std::uint64_t>& done) {
 }
 
 bool CopyWorkers::arm() {
-  armed_.store(true, std::memory_order_relaxed);
-  // Pairs with the worker's fence between its push and its look at armed_.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // An RMW, as the worker's after its push: either it sees armed_ or this
+  // sees its completion.
+  armed_.exchange(true, std::memory_order_acq_rel);
   for (auto& w : workers_) {
     if (!w->done.empty()) {
       armed_.store(false, std::memory_order_relaxed);
@@ -86,11 +88,11 @@ void CopyWorkers::run(Worker& w) {
       copies_.fetch_add(1, std::memory_order_relaxed);
       // Never full: the loop posts at most kDepth jobs not taken back.
       (void)w.done.push(job->tag);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (armed_.load(std::memory_order_relaxed) && armed_.exchange(false, std::memory_order_acq_rel)) {
-        signaled_.store(true, std::memory_order_release);
+      if (armed_.exchange(false, std::memory_order_acq_rel)) {
+        // Written, then flagged: take() reads the eventfd only once flagged.
         const std::uint64_t one = 1;
         (void)!write(event_.get(), &one, sizeof one);
+        signaled_.store(true, std::memory_order_release);
       }
       continue;
     }
@@ -103,7 +105,7 @@ void CopyWorkers::run(Worker& w) {
     if (found) continue;
     const std::uint32_t seen = w.wake.load(std::memory_order_acquire);
     w.sleeping.store(true, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    w.wake.fetch_add(0, std::memory_order_acq_rel);  // see post()
     if (w.jobs.empty() && !stop_.load(std::memory_order_acquire)) w.wake.wait(seen, std::memory_order_acquire);
     w.sleeping.store(false, std::memory_order_relaxed);
   }
