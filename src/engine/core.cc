@@ -14,7 +14,7 @@ namespace {
 // Permille buckets: 0.1 … 1.0 in tenths, then the infeasible range.
 const std::vector<double> kMluPermilleBuckets{100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000, 5000, 10000};
 
-void declare_metrics(MetricsRegistry& m) {
+void declare_metrics(MetricsRegistry& m, bool ucx) {
   (void)m.declare_histogram("baton_admission_mlu_permille", "Feasibility ratio (MLU x 1000) at submit, per op",
                             kMluPermilleBuckets);
   (void)m.declare_counter("baton_admission_admitted_total", "Requests handed to the scheduler");
@@ -32,6 +32,10 @@ void declare_metrics(MetricsRegistry& m) {
   (void)m.declare_counter("baton_sched_wire_bytes_completed_total",
                           "Bytes that carried them over the wire (fewer when compressed)");
   (void)m.declare_counter("baton_sched_starvation_promotions_total", "Slices served first by the starvation bound");
+  if (!ucx) return;
+  (void)m.declare_counter("baton_ucx_flushes_posted_total", "Endpoint flushes for RMA writes (one per lane per burst)");
+  (void)m.declare_counter("baton_ucx_bundles_sent_total", "Bundles of small TCP slices sent (one message each)");
+  (void)m.declare_counter("baton_ucx_thread_copies_total", "Same-host copies done on datapath threads");
 }
 
 }  // namespace
@@ -104,7 +108,7 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
   core->admission = std::move(*admission);
   core->scheduler->set_finish_hook([a = core->admission.get()](sched::RequestId id) { a->on_finish(id); });
   core->loop = std::make_unique<EngineLoop>(*core->scheduler, *core->admission, *core->transport);
-  declare_metrics(core->metrics);
+  declare_metrics(core->metrics, core->ucx != nullptr);
   core->admission->set_mlu_observer([m = &core->metrics](double mlu, transport::Op op) {
     m->observe("baton_admission_mlu_permille", {{"op", op == transport::Op::kRead ? "read" : "write"}}, mlu * 1000.0);
   });
@@ -143,6 +147,13 @@ std::string Core::metrics_text() {
     m.add("baton_sched_wire_bytes_completed_total", {}, s.wire_bytes_completed - es.wire_bytes_completed);
     m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
     es = s;
+    if (ucx) {
+      const UcxCounts now{ucx->flushes_posted(), ucx->bundles_sent(), ucx->thread_copies()};
+      m.add("baton_ucx_flushes_posted_total", {}, static_cast<double>(now.flushes - exported_ucx.flushes));
+      m.add("baton_ucx_bundles_sent_total", {}, static_cast<double>(now.bundles - exported_ucx.bundles));
+      m.add("baton_ucx_thread_copies_total", {}, static_cast<double>(now.thread_copies - exported_ucx.thread_copies));
+      exported_ucx = now;
+    }
     return m.text();
   });
 }

@@ -118,6 +118,12 @@ struct Core {
   std::function<void()> before_metrics;
   admission::AdmissionStats exported_admission;
   sched::SchedStats exported_sched;
+  struct UcxCounts {  // the transport's counters, as last added to the metrics
+    std::uint64_t flushes = 0;
+    std::uint64_t bundles = 0;
+    std::uint64_t thread_copies = 0;
+  };
+  UcxCounts exported_ucx;
 };
 
 }  // namespace baton::engine

@@ -116,6 +116,7 @@ TEST(DirectCopy, SameHostBatchesEndWhenSubmitReturnsByteExact) {
   EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"read\",state=\"completed\"}"), 20);
   EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), 20);
   EXPECT_EQ(p.initiator->stats().slices_posted, 0u);  // the scheduler never saw them
+  EXPECT_EQ(counter(m, "baton_ucx_thread_copies_total"), 0);  // nor did a copy thread
 }
 
 // A released batch's record is reused for the next one (no allocation per
@@ -214,7 +215,12 @@ TEST(DirectCopy, LoopBatchesCopyOnDatapathThreadsByteExact) {
     EXPECT_FALSE(pattern_mismatch(sink, 40 + round).has_value()) << "round " << round;
     EXPECT_TRUE(p.initiator->release(*h).is_ok());
   }
-  EXPECT_GE(p.initiator->stats().slices_posted, 24u);  // all through the loop: a slice or more per request
+  const std::uint64_t slices = p.initiator->stats().slices_posted;
+  EXPECT_GE(slices, 24u);  // all through the loop: a slice or more per request
+  // Every one of them 32 KiB or more: each copied on a thread, and counted.
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_ucx_thread_copies_total"), static_cast<double>(slices));
+  // A second scrape adds nothing again.
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_ucx_thread_copies_total"), static_cast<double>(slices));
 }
 
 TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {

@@ -185,6 +185,39 @@ TEST(UcxEngineBatch, ManyBatchesFromSeveralThreadsAllLand) {
   EXPECT_FALSE(pattern_mismatch(local.buffer, kTargetSalt).has_value());
 }
 
+// The value of `name value` in Prometheus text; -1 when absent.
+double metric(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
+}
+
+// Over TCP a batch of small requests crosses in bundles (several slices a
+// message), byte-exact both ways, and the engine's metrics count them.
+TEST(UcxEngineBatch, SmallTcpRequestsTravelInBundlesByteExact) {
+  constexpr std::size_t kBlock = 4096, kBlocks = 32;
+  Side target(2 * kBlock * kBlocks, kTargetSalt, "tcp");
+  Side local(2 * kBlock * kBlocks, kLocalSalt, "tcp");
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  Batch b;
+  for (std::size_t i = 0; i < kBlocks; ++i) {
+    b.requests.push_back(request(Op::kRead, local, i * kBlock, *peer, target, i * kBlock, kBlock));
+    const std::size_t at = (kBlocks + i) * kBlock;
+    b.requests.push_back(request(Op::kWrite, local, at, *peer, target, at, kBlock));
+  }
+  ASSERT_TRUE(run(*local.engine, b).is_ok());
+  const std::size_t half = kBlock * kBlocks;
+  EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(half), kTargetSalt).has_value());   // read
+  EXPECT_FALSE(pattern_mismatch(std::span(target.buffer).subspan(half), kLocalSalt, half).has_value());  // written
+  const std::string m = local.engine->metrics_text();
+  const double slices = metric(m, "baton_sched_slices_posted_total");
+  const double bundles = metric(m, "baton_ucx_bundles_sent_total");
+  EXPECT_EQ(slices, 2.0 * kBlocks);
+  EXPECT_GE(bundles, 2.0);              // at least one per lane
+  EXPECT_LE(bundles * 2, slices) << m;  // two slices or more per message, on average
+  EXPECT_EQ(metric(m, "baton_ucx_thread_copies_total"), 0.0);
+}
+
 TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   Side target(64 << 20, kTargetSalt);
   Side local(64 << 20, kLocalSalt);
