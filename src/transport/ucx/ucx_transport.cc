@@ -629,8 +629,10 @@ struct UcxTransport::State {
     header.path = lane.path;
     header.lane = static_cast<std::uint32_t>(lane.index);
     Status sent = send_message(lane.ep, MessageKind::kSliceBundle, header, std::exchange(lane.bundle, {}));
-    ++bundles_sent;
-    if (sent.is_ok()) return;
+    if (sent.is_ok()) {
+      ++bundles_sent;
+      return;
+    }
     for (SliceId id : ids) {
       const auto it = slices.find(id);
       if (it != slices.end() && it->second->awaiting_reply) {
