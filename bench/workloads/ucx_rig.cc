@@ -52,10 +52,11 @@ Result<TimeNs> run_batch(engine::Engine& e, const engine::Batch& batch, TimeNs t
   if (!h) return std::unexpected(h.error());
   if (Status s = e.wait(*h, timeout_ns); !s.is_ok()) return std::unexpected(s);
   const TimeNs took = e.now_ns() - start;
-  auto st = e.poll(*h);
+  thread_local engine::BatchStatus st;  // reused, as a connector's poll loop would
+  const Status polled = e.poll(*h, st);
   (void)e.release(*h);
-  if (!st) return std::unexpected(st.error());
-  if (!st->status.is_ok()) return std::unexpected(st->status);
+  if (!polled.is_ok()) return std::unexpected(polled);
+  if (!st.status.is_ok()) return std::unexpected(st.status);
   return took;
 }
 

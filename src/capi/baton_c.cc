@@ -427,11 +427,12 @@ int baton_submit(baton_engine* handle, const baton_request* requests, size_t cou
 int baton_poll(baton_engine* handle, uint64_t batch, baton_batch_status* status) {
   return with_engine("baton_poll", handle, [&](EngineBox& box) -> int {
     if (status == nullptr) return misuse("baton_poll: status is NULL");
-    auto s = box.engine->poll(engine::BatchHandle{batch});
-    if (!s) return fail(s.error());
-    *status = baton_batch_status{s->done ? 1 : 0, static_cast<int32_t>(s->status.code()), s->bytes, s->bytes_done};
+    thread_local engine::BatchStatus s;  // reused: a C poll loop allocates nothing
+    if (Status polled = box.engine->poll(engine::BatchHandle{batch}, s); !polled.is_ok()) return fail(polled);
+    *status = baton_batch_status{s.done ? 1 : 0, static_cast<int32_t>(s.status.code()), s.bytes, s.bytes_done};
     // The batch's failure, for the caller to read: the call itself succeeded.
-    if (!s->status.is_ok()) (void)fail(s->status);
+    if (!s.status.is_ok()) (void)fail(s.status);
+    if (s.requests.capacity() > 4096) s.requests = {};  // one huge batch does not pin its memory
     return BATON_OK;
   });
 }

@@ -30,7 +30,7 @@ std::string_view to_string(StatusCode code) {
 
 std::string Status::to_string() const {
   if (is_ok()) return "ok";
-  return fmt::format("{}: {}", baton::to_string(code_), message_);
+  return fmt::format("{}: {}", baton::to_string(code_), message());
 }
 
 }  // namespace baton

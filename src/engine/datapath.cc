@@ -370,12 +370,6 @@ Datapath::EndedNode Datapath::spare_ended_node() {
   return one.extract(one.begin());
 }
 
-void Datapath::publish_ended(std::uint64_t id, Ended ended) {
-  EndedNode node = spare_ended_node();
-  node.mapped() = std::move(ended);
-  publish_ended(id, std::move(node));
-}
-
 void Datapath::publish_ended(std::uint64_t id, EndedNode node) {
   node.key() = id;
   {
@@ -419,21 +413,24 @@ void Datapath::flush_direct_metrics() {
   }
 }
 
-Result<BatchStatus> Datapath::poll(BatchHandle handle) const {
+Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
   auto it = batches_.find(handle.id);
-  if (it == batches_.end()) return std::unexpected(Status::not_found("poll: no batch {}", handle.id));
+  if (it == batches_.end()) return Status::not_found("poll: no batch {}", handle.id);
   const BatchRecord& b = it->second;
-  BatchStatus out;
   out.done = b.ended;
+  out.status = Status::ok();
+  out.bytes = 0;
+  out.bytes_done = 0;
+  out.requests.clear();
   for (sched::RequestId id : b.requests) {
     auto s = admission_.status(id);
-    if (!s) return std::unexpected(s.error());
+    if (!s) return s.error();
     out.bytes += s->bytes;
     out.bytes_done += s->bytes_done;
     if (out.done && out.status.is_ok() && s->state != sched::RequestState::kCompleted) out.status = s->status;
     out.requests.push_back(std::move(*s));
   }
-  return out;
+  return Status::ok();
 }
 
 Status Datapath::cancel(BatchHandle handle, TimeNs now_ns) {
@@ -513,14 +510,16 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     }
   }
   b.ended = true;
-  Ended snapshot;
+  EndedNode node = spare_ended_node();  // a released batch's, its storage reused
+  Ended& snapshot = node.mapped();
   snapshot.clean = true;
+  snapshot.direct = false;
   for (sched::RequestId rid : b.requests) {
     auto p = scheduler_.progress(rid);
     if (p && !p->posted.empty()) snapshot.clean = false;
   }
-  if (auto st = poll(BatchHandle{id})) snapshot.status = std::move(*st);
-  publish_ended(id, std::move(snapshot));
+  if (!poll(BatchHandle{id}, snapshot.status).is_ok()) snapshot.status = {};
+  publish_ended(id, std::move(node));
 }
 
 Datapath::~Datapath() {
@@ -578,11 +577,12 @@ bool Datapath::known(std::uint64_t id) {
   return running_.contains(id) || ended_.contains(id);
 }
 
-std::optional<BatchStatus> Datapath::ended_status(std::uint64_t id) {
+bool Datapath::ended_status(std::uint64_t id, BatchStatus& out) {
   std::lock_guard lock(ended_mutex_);
   auto it = ended_.find(id);
-  if (it == ended_.end()) return std::nullopt;
-  return it->second.status;
+  if (it == ended_.end()) return false;
+  out = it->second.status;  // copy-assigned: out's vector keeps its capacity
+  return true;
 }
 
 Datapath::Taken Datapath::take_ended_if_clean(std::uint64_t id) {

@@ -45,7 +45,8 @@ class Datapath {
   void refresh(const Peer& peer, std::function<void(Status)> done);
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer) const;
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch, TimeNs now_ns);
-  [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch) const;
+  // Into `out`, reusing its storage (a poll loop allocates nothing).
+  [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out) const;
   [[nodiscard]] Status cancel(BatchHandle batch, TimeNs now_ns);
   [[nodiscard]] Status release(BatchHandle batch);
   // The scheduler's finish hook, after admission's.
@@ -85,9 +86,9 @@ class Datapath {
   [[nodiscard]] std::uint64_t ended_count() const { return ended_count_.load(std::memory_order_acquire); }
   // Whether `id` names a batch not yet released (running or ended).
   [[nodiscard]] bool known(std::uint64_t id);
-  // The final status of an ended batch, without the loop; nullopt while it
-  // runs (or when unknown).
-  [[nodiscard]] std::optional<BatchStatus> ended_status(std::uint64_t id);
+  // The final status of an ended batch into `out` (its storage reused),
+  // without the loop; false while it runs (or when unknown).
+  [[nodiscard]] bool ended_status(std::uint64_t id, BatchStatus& out);
   // Drops an ended batch's final status when none of its slices is still on
   // the wire, so the loop's release() cannot refuse: kLoop when the loop
   // still holds its record, kDirect when it never had one.
@@ -179,7 +180,6 @@ class Datapath {
   using EndedMap = std::unordered_map<std::uint64_t, Ended>;
   using EndedNode = EndedMap::node_type;
   // Makes an ended batch's final status visible to waiting threads.
-  void publish_ended(std::uint64_t id, Ended ended);
   void publish_ended(std::uint64_t id, EndedNode node);
   // A released batch's node, its statuses' memory kept, or a new one: a
   // small direct batch paid two allocations for them (callgrind).

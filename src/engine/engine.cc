@@ -137,11 +137,17 @@ Result<BatchHandle> Engine::submit(const Batch& batch) {
 }
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {
-  if (auto ended = state_->datapath->ended_status(batch.id)) return std::move(*ended);
-  return state_->core->on_loop([&]() -> Result<BatchStatus> {
+  BatchStatus out;
+  if (Status s = poll(batch, out); !s.is_ok()) return std::unexpected(std::move(s));
+  return out;
+}
+
+Status Engine::poll(BatchHandle batch, BatchStatus& out) {
+  if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
+  return state_->core->on_loop([&]() -> Status {
     // A direct batch with a notification ends on the loop, maybe just now.
-    if (auto ended = state_->datapath->ended_status(batch.id)) return std::move(*ended);
-    return state_->datapath->poll(batch);
+    if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
+    return state_->datapath->poll(batch, out);
   });
 }
 

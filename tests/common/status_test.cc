@@ -20,6 +20,27 @@ TEST(Status, FactoriesFormatTheMessage) {
   EXPECT_EQ(s.to_string(), "invalid_argument: register_memory: length is 0 (address 0x10)");
 }
 
+// The message is shared between copies; a copy, an assignment or a move
+// never changes what either side says, and equality compares the text.
+TEST(Status, CopiesAndMovesKeepTheirOwnCodeAndMessage) {
+  Status a = Status::timeout("wait: batch {} still running", 7);
+  const Status copy = a;
+  EXPECT_EQ(copy, a);
+  EXPECT_EQ(copy.message(), "wait: batch 7 still running");
+  a = Status::ok();
+  EXPECT_TRUE(a.is_ok());
+  EXPECT_EQ(a.message(), "");
+  EXPECT_EQ(copy.message(), "wait: batch 7 still running");  // unchanged by a's reassignment
+  Status moved = std::move(a = copy);
+  EXPECT_EQ(moved, copy);
+  EXPECT_EQ(Status::timeout("wait: batch {} still running", 7), copy);  // equal text, separate strings
+  EXPECT_NE(Status::timeout("wait: batch 8 still running"), copy);
+  EXPECT_NE(Status::cancelled("wait: batch 7 still running"), copy);
+  EXPECT_EQ(Status(StatusCode::kInternal, ""), Status(StatusCode::kInternal, std::string()));
+  EXPECT_EQ(Status(StatusCode::kInternal, "").message(), "");
+  EXPECT_NE(Status(StatusCode::kInternal, ""), Status::ok());
+}
+
 TEST(Status, EveryCodeHasItsSnakeCaseName) {
   const std::pair<Status, std::string_view> cases[] = {
       {Status::invalid_argument("x"), "invalid_argument"},

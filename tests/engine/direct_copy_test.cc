@@ -173,6 +173,55 @@ TEST(DirectCopy, ReusedRecordsReportOnlyTheirOwnBatch) {
   for (BatchHandle h : held) EXPECT_TRUE(p.initiator->release(h).is_ok());
 }
 
+// poll(handle, out) reuses `out`: whatever it held before (a longer batch,
+// a failure, another batch's figures), it reports exactly what poll(handle)
+// reports, for a direct batch and for one that took the loop.
+TEST(DirectCopy, PollIntoAReusedStatusReportsOnlyThisBatch) {
+  for (const std::uint64_t direct_max : {std::uint64_t{16} << 20, std::uint64_t{0}}) {
+    SCOPED_TRACE(direct_max == 0 ? "through the loop" : "direct");
+    Pair p(direct_max);
+    BatchStatus out;
+    out.done = false;
+    out.status = Status::internal("left over");
+    out.bytes = out.bytes_done = 999;
+    out.requests.resize(9);
+    for (auto& s : out.requests) {
+      s.state = sched::RequestState::kFailed;
+      s.status = Status::unavailable("left over");
+      s.bytes_done = 77;
+    }
+    for (const std::size_t n : {std::size_t{5}, std::size_t{1}, std::size_t{3}}) {
+      Batch batch;
+      for (std::size_t i = 0; i < n; ++i) {
+        batch.requests.push_back(p.request(i % 2 == 0 ? Op::kRead : Op::kWrite, i * 8192, p.allocated, i * 8192, 100 + i));
+      }
+      auto h = p.initiator->submit(batch);
+      ASSERT_TRUE(h.has_value()) << h.error().to_string();
+      ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
+      ASSERT_TRUE(p.initiator->poll(*h, out).is_ok());
+      auto fresh = p.initiator->poll(*h);
+      ASSERT_TRUE(fresh.has_value());
+      EXPECT_TRUE(out.done);
+      EXPECT_TRUE(out.status.is_ok()) << out.status.to_string();
+      EXPECT_EQ(out.status, fresh->status);
+      EXPECT_EQ(out.bytes, fresh->bytes);
+      EXPECT_EQ(out.bytes_done, fresh->bytes_done);
+      std::uint64_t bytes = 0;
+      for (const Request& r : batch.requests) bytes += r.length;
+      EXPECT_EQ(out.bytes_done, bytes);
+      ASSERT_EQ(out.requests.size(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(out.requests[i].state, sched::RequestState::kCompleted) << i;
+        EXPECT_TRUE(out.requests[i].status.is_ok()) << i;
+        EXPECT_EQ(out.requests[i].bytes_done, batch.requests[i].length) << i;
+        EXPECT_EQ(out.requests[i].completed_ns, fresh->requests[i].completed_ns) << i;
+      }
+      EXPECT_TRUE(p.initiator->release(*h).is_ok());
+      EXPECT_EQ(p.initiator->poll(*h, out).code(), StatusCode::kNotFound);
+    }
+  }
+}
+
 TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
   Pair off(0);
   EXPECT_TRUE(off.initiator->submit(Batch{{off.request(Op::kRead, 0, off.held_region, 0, 4096)}, {}}).has_value());

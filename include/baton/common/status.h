@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <expected>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,7 +41,8 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // ok
   Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+      : code_(code),
+        message_(message.empty() ? nullptr : std::make_shared<const std::string>(std::move(message))) {}
 
   static Status ok() { return {}; }
 
@@ -66,15 +68,21 @@ class [[nodiscard]] Status {
 
   [[nodiscard]] bool is_ok() const { return code_ == StatusCode::kOk; }
   [[nodiscard]] StatusCode code() const { return code_; }
-  [[nodiscard]] const std::string& message() const { return message_; }
+  [[nodiscard]] const std::string& message() const { return message_ ? *message_ : kNoMessage; }
   // "invalid_argument: parse_size: …", or "ok".
   [[nodiscard]] std::string to_string() const;
 
-  friend bool operator==(const Status&, const Status&) = default;
+  friend bool operator==(const Status& a, const Status& b) {
+    return a.code_ == b.code_ && a.message() == b.message();
+  }
 
  private:
+  static inline const std::string kNoMessage;
   StatusCode code_ = StatusCode::kOk;
-  std::string message_;
+  // Shared and immutable: an ok Status (no message) copies, compares and
+  // destroys as a null pointer, and a failure copied to every request of a
+  // batch shares one string. Hot paths fill a status per request.
+  std::shared_ptr<const std::string> message_;
 };
 
 template <typename T>

@@ -192,6 +192,10 @@ class Engine {
   // A snapshot of every request's state and bytes. not_found for an unknown
   // or released handle.
   [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch);
+  // The same snapshot into `out`, reusing its storage: a loop that polls
+  // many batches allocates nothing (a poll's copy was a tenth of a 4 KiB
+  // same-host request). On an error `out` is unspecified.
+  [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out);
   // Until every request of the batch ended (ok; see poll() for how) or the
   // timeout passed (timeout). Wakes at once when the batch ends.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
