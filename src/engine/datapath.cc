@@ -356,7 +356,13 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   return BatchHandle{id};
 }
 
+Datapath::EndedNode& Datapath::thread_spare() {
+  thread_local EndedNode spare;
+  return spare;
+}
+
 Datapath::EndedNode Datapath::spare_ended_node() {
+  if (EndedNode& mine = thread_spare(); !mine.empty()) return std::move(mine);
   {
     std::lock_guard lock(ended_mutex_);
     if (!spare_ended_.empty()) {
@@ -586,12 +592,22 @@ bool Datapath::ended_status(std::uint64_t id, BatchStatus& out) {
 }
 
 Datapath::Taken Datapath::take_ended_if_clean(std::uint64_t id) {
-  std::lock_guard lock(ended_mutex_);
-  auto it = ended_.find(id);
-  if (it == ended_.end() || !it->second.clean) return Taken::kNo;
-  const Taken taken = it->second.direct ? Taken::kDirect : Taken::kLoop;
-  EndedNode node = ended_.extract(it);
-  if (spare_ended_.size() < kSpareEnded) spare_ended_.push_back(std::move(node));
+  EndedNode node;
+  Taken taken = Taken::kNo;
+  {
+    std::lock_guard lock(ended_mutex_);
+    auto it = ended_.find(id);
+    if (it == ended_.end() || !it->second.clean) return Taken::kNo;
+    taken = it->second.direct ? Taken::kDirect : Taken::kLoop;
+    node = ended_.extract(it);
+    // Kept for a later batch unless it would pin a huge batch's statuses.
+    if (node.mapped().status.requests.capacity() > kScratchKept) return taken;
+    if (!thread_spare().empty()) {
+      if (spare_ended_.size() < kSpareEnded) spare_ended_.push_back(std::move(node));
+      return taken;
+    }
+  }
+  thread_spare() = std::move(node);  // this thread's next batch takes it without the mutex
   return taken;
 }
 

@@ -184,6 +184,9 @@ class Datapath {
   // A released batch's node, its statuses' memory kept, or a new one: a
   // small direct batch paid two allocations for them (callgrind).
   [[nodiscard]] EndedNode spare_ended_node();
+  // One spare node per thread: a thread that submits and releases its own
+  // batches recycles them without the mutex.
+  static EndedNode& thread_spare();
   static constexpr std::size_t kSpareEnded = 64;
   EndedMap ended_;                          // guarded by ended_mutex_
   std::vector<EndedNode> spare_ended_;      // guarded by ended_mutex_

@@ -31,8 +31,10 @@ EngineConfig ucx_config(std::string tls = "") {
   return EngineConfig{.ucx = std::move(ucx)};
 }
 
-std::unique_ptr<Engine> make_engine(std::string tls = "") {
-  auto e = Engine::create(ucx_config(std::move(tls)));
+std::unique_ptr<Engine> make_engine(std::string tls = "", const sched::SchedPolicy& policy = sched::SchedPolicy::defaults()) {
+  EngineConfig config = ucx_config(std::move(tls));
+  config.policy = policy;
+  auto e = Engine::create(std::move(config));
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return e ? std::move(*e) : nullptr;
 }
@@ -45,7 +47,9 @@ struct Side {
   std::unique_ptr<Engine> engine;
   Region region;
 
-  Side(std::size_t bytes, std::uint64_t salt, std::string tls = "") : buffer(bytes), engine(make_engine(std::move(tls))) {
+  Side(std::size_t bytes, std::uint64_t salt, std::string tls = "",
+       const sched::SchedPolicy& policy = sched::SchedPolicy::defaults())
+      : buffer(bytes), engine(make_engine(std::move(tls), policy)) {
     fill_pattern(buffer, salt);
     auto r = engine->register_memory(buffer.data(), buffer.size());
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
@@ -528,9 +532,16 @@ void fill_padded(std::span<std::byte> out, std::uint64_t salt) {
 TEST(UcxEngineCompression, CompressedWritesAndReadsLandByteExactWithFewerBytesOnTheWire) {
   constexpr std::size_t kBytes = 8 << 20;
   Side target(kBytes, kTargetSalt, "tcp");  // compression is for a network path
-  Side local(kBytes, kLocalSalt, "tcp");
-  // A profile that says compression pays on any path here, so the compress
-  // band takes it; what the wire carries is what lz4 makes of the data.
+  // Every request with a deadline is in the compress band from admission
+  // on: with a band that depended on the deadline (2 GB/s needed), the
+  // path's estimate after the writes decided whether the reads began
+  // plain, and on a loaded machine some of their slices went raw.
+  sched::SchedPolicy policy = sched::SchedPolicy::defaults();
+  policy.admission.theta_compress = 0;
+  policy.admission.theta_local = 1e9;
+  Side local(kBytes, kLocalSalt, "tcp", policy);
+  // A profile that says compression pays on any path here; what the wire
+  // carries is what lz4 makes of the data.
   ASSERT_TRUE(local.engine->admission().set_codec(transport::make_lz4_codec(), {4.0, 1000.0, 1000.0}).is_ok());
   auto peer = local.engine->connect(target.engine->address());
   ASSERT_TRUE(peer.has_value());
@@ -539,7 +550,7 @@ TEST(UcxEngineCompression, CompressedWritesAndReadsLandByteExactWithFewerBytesOn
     for (std::uint64_t i = 0; i < 4; ++i) {
       Request r = request(op, local, offset + (i << 20), *peer, target, offset + (i << 20), 1 << 20);
       r.qos = sched::QosClass::kHotKv;
-      r.deadline_ns = local.engine->now_ns() + 4 * 1024 * 1024 / 2;  // ~2 GB/s needed: MLU in the compress band
+      r.deadline_ns = local.engine->now_ns() + 10 * kSecond;  // in the compress band (theta_compress 0)
       b.requests.push_back(r);
     }
     return b;
