@@ -99,17 +99,35 @@ void ok_or_raise(const Status& s) {
 
 // --- the objects ----------------------------------------------------------------
 
+// What the memoryviews of Region.buffer hold for allocate()'s memory: the
+// engine that mapped it, so a view that outlives close() (or the Engine
+// object) still points at mapped memory; the engine goes with the last view.
+struct AllocatedView {
+  std::shared_ptr<engine::Engine> engine;
+  void* base = nullptr;
+  std::size_t length = 0;
+  ~AllocatedView() {
+    py::gil_scoped_release release;  // its loop thread is joined without the GIL
+    engine.reset();
+  }
+};
+
 // A registered buffer: what keeps its memory alive.
 struct RegionState {
   engine::Region region;
   py::object owner;            // the object registered (or None for allocate())
   std::optional<Py_buffer> view;  // held until unregister, so a bytearray cannot move
+  py::object views;            // allocate(): the AllocatedView that Region.buffer's views hold, once asked
   ~RegionState() {
-    if (view) {
+    if (view || views) {
       py::gil_scoped_acquire gil;
-      PyBuffer_Release(&*view);
+      if (view) PyBuffer_Release(&*view);
+      views = py::object();
     }
   }
+  // Whether a memoryview (or an array over one) of Region.buffer still
+  // lives: unregistering would unmap memory it points at.
+  [[nodiscard]] bool has_live_views() const { return views && Py_REFCNT(views.ptr()) > 1; }
 };
 
 struct EngineState {
@@ -127,6 +145,7 @@ struct EngineState {
 struct PyRegion {
   std::shared_ptr<RegionState> state;
   bool allocated = false;
+  std::shared_ptr<EngineState> engine;  // the engine it belongs to, kept alive by the region
 };
 
 struct PyPeer {
@@ -137,7 +156,16 @@ struct PyPeer {
 struct PyRequest {
   engine::Request request;
   std::optional<double> deadline_ms;  // relative to submit
+  std::shared_ptr<EngineState> engine;  // the local region's: a request runs on that engine only
 };
+
+// A region, or a request's local region, of another engine names a handle
+// this engine may also have: refused, never looked up.
+void check_same_engine(const EngineState& s, const std::shared_ptr<EngineState>& owner, const char* call) {
+  if (owner.get() != &s) {
+    raise(StatusCode::kInvalidArgument, std::string(call) + ": the region was registered with another engine");
+  }
+}
 
 struct PyBatch {
   std::shared_ptr<EngineState> engine;
@@ -168,9 +196,19 @@ std::uint64_t non_negative(const char* what, long long v) {
 baton::TimeNs milliseconds_ns(const char* what, std::optional<double> ms) {
   if (!ms) return 0;
   if (!(*ms >= 0) || *ms > 1e12) {
-    raise(StatusCode::kInvalidArgument, std::string(what) + " is " + std::to_string(*ms) + " ms (expected >= 0)");
+    raise(StatusCode::kInvalidArgument, fmt::format("{} is {} ms (expected 0 to 1e12)", what, *ms));
   }
   return static_cast<baton::TimeNs>(*ms * 1e6);
+}
+
+// A timeout in seconds (wait, refresh), checked before it becomes
+// nanoseconds: NaN, negative or beyond a year is refused, not converted.
+baton::TimeNs seconds_ns(const char* what, double s) {
+  constexpr double kYear = 365.0 * 24 * 3600;
+  if (!(s >= 0) || s > kYear) {
+    raise(StatusCode::kInvalidArgument, fmt::format("{} is {} s (expected 0 to {} s, a year)", what, s, kYear));
+  }
+  return static_cast<baton::TimeNs>(s * 1e9);
 }
 
 baton::transport::RegionHandle remote_handle(const py::object& remote) {
@@ -197,13 +235,14 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   PyRequest r;
   r.request.op = parse_op(op);
   if (!local.state) raise(StatusCode::kInvalidArgument, "local: an unregistered region");
+  r.engine = local.engine;
   r.request.local_region = local.state->region.handle;
   r.request.local_offset = non_negative("local_offset", local_offset);
   r.request.peer = peer_address(peer);
   r.request.remote_region = remote_handle(remote);
   r.request.remote_offset = non_negative("remote_offset", remote_offset);
-  r.request.length = non_negative("length", length);
-  if (r.request.length == 0) raise(StatusCode::kInvalidArgument, "length is 0 (expected > 0)");
+  if (length <= 0) raise(StatusCode::kInvalidArgument, "length is " + std::to_string(length) + " (expected > 0)");
+  r.request.length = static_cast<std::uint64_t>(length);
   r.request.qos = parse_qos(qos);
   milliseconds_ns("deadline_ms", deadline_ms);
   r.deadline_ms = deadline_ms;
@@ -212,12 +251,14 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
 }
 
 // Requests with their deadlines made absolute on the engine's clock.
-engine::Batch to_batch(engine::Engine& e, const std::vector<PyRequest>& requests, std::string notification) {
+engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vector<PyRequest>& requests,
+                       std::string notification) {
   engine::Batch b;
   b.notification = std::move(notification);
   b.requests.reserve(requests.size());
   const baton::TimeNs now = e.now_ns();
   for (const PyRequest& r : requests) {
+    check_same_engine(s, r.engine, "submit: local");
     b.requests.push_back(r.request);
     if (r.deadline_ms) b.requests.back().deadline_ns = now + milliseconds_ns("deadline_ms", r.deadline_ms);
   }
@@ -226,8 +267,7 @@ engine::Batch to_batch(engine::Engine& e, const std::vector<PyRequest>& requests
 
 // Wait, then the batch's own failure as an exception; the batch stays known.
 void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> timeout_s) {
-  const baton::TimeNs limit = timeout_s ? static_cast<baton::TimeNs>(*timeout_s * 1e9) : 365LL * 24 * 3600 * 1'000'000'000;
-  if (timeout_s && !(*timeout_s >= 0)) raise(StatusCode::kInvalidArgument, "timeout is negative");
+  const baton::TimeNs limit = seconds_ns("timeout", timeout_s.value_or(365.0 * 24 * 3600));
   Status waited;
   engine::BatchStatus st;
   {
@@ -247,9 +287,10 @@ void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> 
 void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
   auto e = es.get(r.request.op == engine::Op::kRead ? "read" : "write");
   engine::BatchHandle h;
+  engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
   {
     py::gil_scoped_release release;
-    auto submitted = e->submit(to_batch(*e, {r}, {}));
+    auto submitted = e->submit(batch);
     if (!submitted) {
       py::gil_scoped_acquire gil;
       raise(submitted.error());
@@ -327,13 +368,6 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
                                       "bytearray, memoryview), a torch tensor or a GPU array (__cuda_array_interface__)");
 }
 
-py::object memory_view(const engine::Region& r) {
-  PyObject* view = PyMemoryView_FromMemory(reinterpret_cast<char*>(r.base), static_cast<Py_ssize_t>(r.length),
-                                           PyBUF_WRITE);
-  if (view == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(view);
-}
-
 // close() and leaving a `with` block: once, from any thread.
 void close_engine(EngineState& s) {
   std::shared_ptr<engine::Engine> e;
@@ -343,6 +377,9 @@ void close_engine(EngineState& s) {
     e = std::move(s.engine);
     regions.swap(s.regions);
   }
+  // Views of allocated memory keep the engine (and the mapping) from here
+  // on; a region object left over no longer does.
+  for (auto& [handle, region] : regions) region->views = py::object();
   if (e) {
     py::gil_scoped_release release;
     e->shutdown();  // waiters wake; calls in flight finish on their own reference
@@ -379,6 +416,13 @@ PYBIND11_MODULE(_baton, m) {
         return "RemoteRegion(handle=" + std::to_string(r.key) + ", length=" + std::to_string(r.length) + ")";
       });
 
+  py::class_<AllocatedView, std::shared_ptr<AllocatedView>>(
+      m, "_AllocatedView", py::buffer_protocol(), "What Region.buffer's views of allocated memory hold")
+      .def_buffer([](AllocatedView& v) {
+        return py::buffer_info(v.base, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(v.length)}, {py::ssize_t{1}}, /*readonly=*/false);
+      });
+
   py::class_<PyRegion>(m, "Region", "Memory registered with an engine")
       .def_property_readonly("handle", [](const PyRegion& r) { return r.state ? r.state->region.handle : 0; })
       .def_property_readonly("length", [](const PyRegion& r) { return r.state ? r.state->region.length : 0; })
@@ -386,8 +430,17 @@ PYBIND11_MODULE(_baton, m) {
       .def_property_readonly("buffer",
                              [](const PyRegion& r) -> py::object {
                                if (!r.state) raise(StatusCode::kFailedPrecondition, "buffer: unregistered");
-                               if (r.allocated) return memory_view(r.state->region);
-                               return r.state->owner;
+                               if (!r.allocated) return r.state->owner;
+                               if (!r.state->views) {
+                                 auto keeper = std::make_shared<AllocatedView>();
+                                 keeper->engine = r.engine->get("buffer");
+                                 keeper->base = reinterpret_cast<void*>(r.state->region.base);
+                                 keeper->length = r.state->region.length;
+                                 r.state->views = py::cast(keeper);
+                               }
+                               PyObject* view = PyMemoryView_FromObject(r.state->views.ptr());
+                               if (view == nullptr) throw py::error_already_set();
+                               return py::reinterpret_steal<py::object>(view);
                              })
       .def("__repr__", [](const PyRegion& r) {
         return "Region(handle=" + std::to_string(r.state ? r.state->region.handle : 0) +
@@ -502,7 +555,8 @@ PYBIND11_MODULE(_baton, m) {
         return false;
       })
       .def("register",
-           [](EngineState& s, const py::object& obj) {
+           [](std::shared_ptr<EngineState> sp, const py::object& obj) {
+             EngineState& s = *sp;
              auto e = s.get("register");
              void* ptr = nullptr;
              std::size_t length = 0;
@@ -518,13 +572,14 @@ PYBIND11_MODULE(_baton, m) {
              state->region = value_or_raise(std::move(r));
              std::lock_guard lock(s.mutex);
              s.regions[state->region.handle] = state;
-             return PyRegion{state, false};
+             return PyRegion{state, false, sp};
            },
            py::arg("buffer"),
            "Registers a writable buffer (numpy, bytearray, memoryview, CPU torch tensor) or GPU memory (an object "
            "with __cuda_array_interface__: a CUDA torch tensor, a CuPy array)")
       .def("allocate",
-           [](EngineState& s, long long nbytes) {
+           [](std::shared_ptr<EngineState> sp, long long nbytes) {
+             EngineState& s = *sp;
              auto e = s.get("allocate");
              const auto n = non_negative("nbytes", nbytes);
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
@@ -537,12 +592,13 @@ PYBIND11_MODULE(_baton, m) {
              state->owner = py::none();
              std::lock_guard lock(s.mutex);
              s.regions[state->region.handle] = state;
-             return PyRegion{state, true};
+             return PyRegion{state, true, sp};
            },
            py::arg("nbytes"), "Memory the engine allocates and registers (Region.buffer is a writable memoryview)")
       .def("export",
            [](EngineState& s, const PyRegion& r, std::optional<std::vector<std::string>> peers) {
              if (!r.state) raise(StatusCode::kInvalidArgument, "export: an unregistered region");
+             check_same_engine(s, r.engine, "export");
              auto e = s.get("export");
              py::gil_scoped_release release;
              const Status st = e->export_region(r.state->region.handle, peers.value_or(std::vector<std::string>{}));
@@ -554,7 +610,14 @@ PYBIND11_MODULE(_baton, m) {
       .def("unregister",
            [](EngineState& s, PyRegion& r) {
              if (!r.state) raise(StatusCode::kNotFound, "unregister: the region was already unregistered");
+             check_same_engine(s, r.engine, "unregister");
              auto e = s.get("unregister");
+             if (r.state->has_live_views()) {
+               raise(StatusCode::kFailedPrecondition,
+                     "unregister: region " + std::to_string(r.state->region.handle) +
+                         ": memoryviews or arrays of its Region.buffer are still alive (release() or drop them "
+                         "first: unregistering unmaps that memory)");
+             }
              Status st;
              {
                py::gil_scoped_release release;
@@ -580,10 +643,11 @@ PYBIND11_MODULE(_baton, m) {
       .def("refresh",
            [](EngineState& s, const PyPeer& p, double timeout) {
              auto e = s.get("refresh");
+             const baton::TimeNs limit = seconds_ns("refresh: timeout", timeout);
              Status st;
              {
                py::gil_scoped_release release;
-               st = e->refresh(engine::Peer{p.address, {}}, static_cast<baton::TimeNs>(timeout * 1e9));
+               st = e->refresh(engine::Peer{p.address, {}}, limit);
              }
              ok_or_raise(st);
            },
@@ -592,7 +656,7 @@ PYBIND11_MODULE(_baton, m) {
            [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
              auto e = s->get("submit");
              std::string note = notification;
-             engine::Batch b = to_batch(*e, requests, std::move(note));
+             engine::Batch b = to_batch(*s, *e, requests, std::move(note));
              std::uint64_t bytes = 0;
              for (const auto& r : b.requests) bytes += r.length;
              baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));

@@ -1,6 +1,7 @@
 """The `baton` Python module against a second process (holder.py): real UCX
 transfers over loopback, byte-exact, and every exception class."""
 import asyncio
+import gc
 import hashlib
 import os
 import pathlib
@@ -111,6 +112,9 @@ def test_torch_tensors_and_engine_memory(holder, engine):
     assert isinstance(view, memoryview) and not view.readonly and len(view) == 1 << 20
     engine.read(local=block, peer=peer, remote=holder.handle, remote_offset=4096, length=1 << 20)
     assert bytes(view[:16]) == pattern(SIZE, 42)[4096:4096 + 16].tobytes()
+    with pytest.raises(baton.FailedPrecondition):
+        engine.unregister(block)  # the view still points into it
+    view.release()
     engine.unregister(block)
     with pytest.raises(baton.NotFound):
         engine.unregister(block)
@@ -384,3 +388,85 @@ def test_gpu_arrays_go_to_the_engine_as_vram(engine):
         engine.register(GpuArray(4096, strides=(2,)))
     with pytest.raises(baton.InvalidArgument, match="read-only"):
         engine.register(GpuArray(4096, readonly=True))
+
+
+def test_views_of_allocated_memory_stay_valid_and_regions_stay_with_their_engine(holder):
+    # A view of allocate()'s memory keeps it mapped after close(), and after
+    # the Engine object itself is gone; unregister refuses while one lives.
+    e = baton.Engine()
+    a = e.allocate(4096)
+    view = a.buffer
+    view[:4] = b"kept"
+    arr = np.frombuffer(a.buffer, dtype=np.uint8)
+    with pytest.raises(baton.FailedPrecondition, match="still alive"):
+        e.unregister(a)
+    e.close()
+    view[4] = 7
+    assert bytes(view[:5]) == b"kept\x07" and arr[4] == 7
+    with pytest.raises(baton.Unavailable):
+        a.buffer
+    del view, arr
+
+    def make():
+        engine = baton.Engine()
+        return engine.allocate(4096)
+
+    orphan = make()
+    gc.collect()
+    orphan.buffer[0] = 1  # its engine lives on with the region
+    assert orphan.buffer[0] == 1
+
+    e = baton.Engine()
+    a = e.allocate(4096)
+    view = a.buffer
+    view.release()
+    e.unregister(a)  # no view left: unregistered, the memory freed
+    with pytest.raises(baton.FailedPrecondition):
+        a.buffer
+    e.close()
+
+    # A region (or a request over one) of another engine is refused, not
+    # looked up by its handle number in this one.
+    with baton.Engine() as e1, baton.Engine() as e2:
+        mine = np.zeros(1 << 20, dtype=np.uint8)
+        theirs = np.zeros(1 << 20, dtype=np.uint8)
+        r1, r2 = e1.register(mine), e2.register(theirs)
+        assert r1.handle == r2.handle  # the same number in each engine
+        peer = e1.connect(holder.address)
+        with pytest.raises(baton.InvalidArgument, match="another engine"):
+            e1.read(local=r2, peer=peer, remote=holder.handle, length=16)
+        with pytest.raises(baton.InvalidArgument, match="another engine"):
+            e1.submit([baton.Request(op="read", local=r2, peer=peer, remote=holder.handle, length=16)])
+        for call in (lambda: e1.export(r2), lambda: e1.unregister(r2)):
+            with pytest.raises(baton.InvalidArgument, match="another engine"):
+                call()
+        assert not mine.any() and not theirs.any()
+        e1.read(local=r1, peer=peer, remote=holder.handle, length=16)  # its own still works
+        assert mine[:16].tobytes() == pattern(16, 7).tobytes()  # the holder's pattern
+
+
+def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
+    peer = engine.connect(holder.address)
+    for bad in (-1.0, float("nan"), float("inf"), 1e300):
+        with pytest.raises(baton.InvalidArgument, match="timeout is"):
+            engine.refresh(peer, timeout=bad)
+    engine.refresh(peer, timeout=5)
+    local = engine.register(bytearray(4096))
+    batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=4096)])
+    for bad in (-1.0, float("nan"), 1e300):
+        with pytest.raises(baton.InvalidArgument, match="timeout is"):
+            batch.wait(timeout=bad)
+    batch.wait(timeout=30)
+    for bad in ("garbage", "127.0.0.1:99999", "127.0.0.1:0", "host:port:x"):
+        with pytest.raises(baton.InvalidArgument, match="listen address"):
+            engine.export(local, peers=[bad])
+    engine.export(local, peers=["10.1.2.3:7000"])
+    for lanes in (0, 65, 1 << 30):
+        with pytest.raises(baton.InvalidArgument, match="lanes"):
+            baton.Engine(lanes=lanes)
+    kw = dict(op="read", local=local, peer=peer, remote=holder.handle)
+    for length in (0, -1):
+        with pytest.raises(baton.InvalidArgument, match=r"expected > 0"):
+            baton.Request(length=length, **kw)
+    with pytest.raises(baton.InvalidArgument, match=r"1e\+300 ms"):
+        baton.Request(length=16, deadline_ms=1e300, **kw)

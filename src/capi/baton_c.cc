@@ -374,11 +374,18 @@ int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_re
   });
 }
 
+// More would only be a caller's corrupt count: the batch's copy alone would
+// be gigabytes.
+constexpr std::size_t kMaxBatchRequests = std::size_t{1} << 24;
+
 int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
                  size_t notification_length, uint64_t* batch) {
   return with_engine("baton_submit", handle, [&](EngineBox& box) -> int {
     if (batch == nullptr) return misuse("baton_submit: batch is NULL");
     if (requests == nullptr && count != 0) return misuse("baton_submit: requests is NULL with count {}", count);
+    if (count > kMaxBatchRequests) {
+      return invalid("baton_submit: count is {} (expected at most {} requests a batch)", count, kMaxBatchRequests);
+    }
     if (notification == nullptr && notification_length != 0) {
       return misuse("baton_submit: notification is NULL with length {}", notification_length);
     }

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "baton/topology/cost_model.h"
+#include "baton/topology/probe.h"
 
 namespace baton::engine {
 namespace {
@@ -46,6 +47,11 @@ Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKi
   if (kind != MemoryKind::kDram && kind != MemoryKind::kVram) {
     return std::unexpected(Status::invalid_argument("register_memory: unknown memory kind {}", static_cast<int>(kind)));
   }
+  // DRAM: `device` is the NUMA node the caller says the memory is on.
+  if (device < -1 || (kind == MemoryKind::kDram && device != -1 && !topology::has_numa_node(device))) {
+    return std::unexpected(Status::invalid_argument("register_memory: device {} (expected -1 or {} of this machine)",
+                                                    device, kind == MemoryKind::kDram ? "a NUMA node" : "a CUDA device"));
+  }
   // UCX and the VRAM staging each refuse overlaps among their own regions;
   // this covers a range registered as both kinds.
   const auto base = reinterpret_cast<std::uint64_t>(ptr);
@@ -63,7 +69,7 @@ Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKi
 }
 
 Result<Region> Datapath::allocate_memory(std::size_t length, int numa_node) {
-  auto allocated = ucx_.allocate_memory(length);
+  auto allocated = ucx_.allocate_memory(length, numa_node);
   if (!allocated) return std::unexpected(allocated.error());
   Region region{allocated->handle, reinterpret_cast<std::uint64_t>(allocated->address), length, MemoryKind::kDram,
                 numa_node};

@@ -110,6 +110,7 @@ Result<Peer> Engine::connect(std::string_view address) {
 
 Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
   if (state_->closed) return Status::unavailable("refresh: the engine shut down");
+  if (timeout_ns < 0) return Status::invalid_argument("refresh: timeout is {} ns (expected >= 0)", timeout_ns);
   auto done = std::make_shared<std::promise<Status>>();
   auto result = done->get_future();
   state_->core->loop->post([this, done, peer](admission::AdmissionController&, TimeNs) {

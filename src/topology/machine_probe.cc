@@ -135,4 +135,9 @@ Result<TopologyFacts> probe_machine() {
   return merged;
 }
 
+bool has_numa_node(int node) {
+  std::error_code ignored;
+  return node >= 0 && std::filesystem::exists("/sys/devices/system/node/node" + std::to_string(node), ignored);
+}
+
 }  // namespace baton::topology

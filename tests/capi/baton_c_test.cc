@@ -223,6 +223,13 @@ TEST(CApi, BadValuesAreInvalidArgument) {
   EXPECT_EQ(baton_register_memory(e.handle, buffer.data(), 0, BATON_MEMORY_DRAM, -1, &region),
             BATON_INVALID_ARGUMENT);
   EXPECT_EQ(baton_allocate_memory(e.handle, 0, -1, &region), BATON_INVALID_ARGUMENT);
+  // DRAM's device is the NUMA node it is on: -1 or a node of this machine.
+  for (const int device : {-5, 4095}) {
+    EXPECT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, device, &region),
+              BATON_INVALID_ARGUMENT) << device;
+    EXPECT_NE(last_error().find("device " + std::to_string(device)), std::string::npos) << last_error();
+    EXPECT_EQ(baton_allocate_memory(e.handle, 4096, device, &region), BATON_INVALID_ARGUMENT) << device;
+  }
   ASSERT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &region), BATON_OK)
       << last_error();
   EXPECT_EQ(baton_register_memory(e.handle, buffer.data() + 8, 8, BATON_MEMORY_DRAM, -1, &region),
@@ -231,7 +238,14 @@ TEST(CApi, BadValuesAreInvalidArgument) {
   const char* empty_name[] = {""};
   EXPECT_EQ(baton_export_region(e.handle, region.handle, empty_name, 1), BATON_INVALID_ARGUMENT);
 
+  const char* not_addresses[] = {"10.0.0.1:7000", "garbage"};
+  EXPECT_EQ(baton_export_region(e.handle, region.handle, not_addresses, 2), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("garbage"), std::string::npos) << last_error();
+
   baton_request r = request(BATON_OP_READ, region.handle, "127.0.0.1:1", 1, 8);
+  // A corrupt count is refused before anything is read or allocated.
+  EXPECT_EQ(baton_submit(e.handle, &r, SIZE_MAX, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("count is"), std::string::npos) << last_error();
   r.op = 5;
   EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_INVALID_ARGUMENT);
   r.op = BATON_OP_READ;

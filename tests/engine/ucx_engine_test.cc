@@ -2,6 +2,10 @@
 // 127.0.0.1 moving real bytes between registered buffers.
 #include <gtest/gtest.h>
 
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <cstdio>
@@ -579,4 +583,35 @@ TEST(UcxEngineCompression, CompressedWritesAndReadsLandByteExactWithFewerBytesOn
 }
 
 }  // namespace
+// allocate_memory's NUMA node is a placement, not a label: the mapping's
+// policy says "preferably node N" (read back with get_mempolicy), and a node
+// this machine lacks is refused.
+TEST(UcxEngineMemory, AllocatedMemoryPrefersTheNumaNodeAskedFor) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  auto placed = e->allocate_memory(1 << 20, 0);
+  ASSERT_TRUE(placed.has_value()) << placed.error().to_string();
+  EXPECT_EQ(placed->device, 0);
+  auto policy_of = [](std::uint64_t address, unsigned long& nodes) {
+    int mode = -1;
+    nodes = 0;
+    const long rc = syscall(SYS_get_mempolicy, &mode, &nodes, 8 * sizeof nodes, reinterpret_cast<void*>(address),
+                            MPOL_F_ADDR);
+    return rc == 0 ? mode : -1;
+  };
+  unsigned long nodes = 0;
+  EXPECT_EQ(policy_of(placed->base, nodes), MPOL_PREFERRED);
+  EXPECT_EQ(nodes, 1ul);  // node 0
+  auto anywhere = e->allocate_memory(1 << 20);
+  ASSERT_TRUE(anywhere.has_value());
+  EXPECT_EQ(policy_of(anywhere->base, nodes), MPOL_DEFAULT);
+  for (const int bad : {-2, 4095, 1 << 20}) {
+    auto refused = e->allocate_memory(4096, bad);
+    ASSERT_FALSE(refused.has_value()) << bad;
+    EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument) << refused.error().to_string();
+  }
+  EXPECT_TRUE(e->unregister(placed->handle).is_ok());
+  EXPECT_TRUE(e->unregister(anywhere->handle).is_ok());
+}
+
 }  // namespace baton::engine

@@ -387,6 +387,14 @@ TEST_F(UcxSecurityTest, RegionsAreSeenOnlyWhereExported) {
   ASSERT_TRUE(b_->export_region(*for_other, {"10.9.9.9:7000"}).is_ok());
   EXPECT_EQ(b_->export_region(999).code(), StatusCode::kNotFound);
   EXPECT_EQ(b_->export_region(*hidden, {""}).code(), StatusCode::kInvalidArgument);
+  // A peer is named by its listen address: anything else is refused, not
+  // stored as a name no peer can ever present.
+  for (const std::string bad : {"garbage", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:", ":7000", "host:port:x",
+                                "127.0.0.1:70x"}) {
+    const Status refused = b_->export_region(*hidden, {a_->address(), bad});
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.message().find(bad), std::string::npos) << refused.message();
+  }
   const PathId pa = connect(*a_, *b_);
   const PathId pc = connect(*c_, *b_);
   ASSERT_EQ(a_->path_state(pa), PathState::kReady);

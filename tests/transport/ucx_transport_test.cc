@@ -703,6 +703,11 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
     bad.copy_threads = threads;
     expect_refused(bad, "copy_threads is " + std::to_string(threads));
   }
+  for (const int lanes : {65, 1 << 30}) {  // a peer's handshake refuses more than 64
+    bad = config();
+    bad.lanes_per_peer = lanes;
+    expect_refused(bad, "lanes_per_peer is " + std::to_string(lanes));
+  }
   bad = config();
   bad.stall_timeout_ms = -1;
   expect_refused(bad, "stall_timeout_ms is -1");

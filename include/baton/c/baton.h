@@ -118,11 +118,15 @@ typedef struct baton_region {
 } baton_region;
 
 /* Registers [ptr, ptr + length) for transfers (BATON_MEMORY_DRAM or _VRAM;
- * device: GPU index or NUMA node, -1 unsaid). Peers see it once exported. */
+ * device: GPU index, or for DRAM the NUMA node it is on, -1 unsaid; any
+ * other value, or a node this machine lacks, is BATON_INVALID_ARGUMENT).
+ * Peers see it once exported. */
 BATON_C_API int baton_register_memory(baton_engine* engine, void* ptr, size_t length, int kind, int device,
                                       baton_region* region);
-/* Memory the engine allocates and registers (numa_node -1: any); freed by
- * baton_unregister() or with the engine. Same-host peers reach it directly. */
+/* Memory the engine allocates and registers, its pages preferably on NUMA
+ * node numa_node (-1: the kernel's default; a node this machine lacks is
+ * BATON_INVALID_ARGUMENT); freed by baton_unregister() or with the engine.
+ * Same-host peers reach it directly. */
 BATON_C_API int baton_allocate_memory(baton_engine* engine, size_t length, int numa_node, baton_region* region);
 /* Makes a region visible to the peers named (their listen addresses), or to
  * every peer that proves the secret when peer_count is 0. */
@@ -180,9 +184,10 @@ typedef struct baton_batch_status {
   uint64_t bytes_done;
 } baton_batch_status;
 
-/* Validates every request, then queues them all (or none) into *batch.
- * `notification` (at most 4 KiB; NULL when notification_length is 0) goes
- * to the peer once every request completed; it needs a single peer. */
+/* Validates every request, then queues them all (or none) into *batch
+ * (count: at most 2^24). `notification` (at most 4 KiB; NULL when
+ * notification_length is 0) goes to the peer once every request
+ * completed; it needs a single peer. */
 BATON_C_API int baton_submit(baton_engine* engine, const baton_request* requests, size_t count,
                              const void* notification, size_t notification_length, uint64_t* batch);
 /* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */

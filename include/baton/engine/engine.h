@@ -152,8 +152,10 @@ class Engine {
   // Memory the engine allocates and registers (freed by unregister()). On
   // one host a peer then reads and writes it through shared memory
   // directly, without this engine's CPU (it maps the region's memfd); a
-  // caller's buffer from register_memory() is reached with CMA.
-  // invalid_argument for zero length.
+  // caller's buffer from register_memory() is reached with CMA. Its pages
+  // come from NUMA node `numa_node` where that node has memory (-1: the
+  // kernel's default); Region::device says the node asked for.
+  // invalid_argument for zero length or a node this machine does not have.
   [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node = -1);
   // Makes a region visible to peers that proved the deployment secret: all
   // of them (`peers` empty), or those named (their listen addresses, as

@@ -41,6 +41,9 @@ namespace baton::topology {
 // This machine, from the best source available, merged with hwloc.
 [[nodiscard]] Result<TopologyFacts> probe_machine();
 
+// Whether this machine has NUMA node `node` (/sys/devices/system/node).
+[[nodiscard]] bool has_numa_node(int node);
+
 // Synthetic machines: "nvswitch8", "pcie4", "nvlink-pairs".
 [[nodiscard]] std::vector<std::string> model_names();
 [[nodiscard]] Result<TopologyFacts> load_model(std::string_view name);

@@ -30,7 +30,7 @@ inline constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buf
 struct UcxConfig {
   // Where peers reach us: "host:port"; port 0 picks a free one (see address()).
   std::string listen_address = "127.0.0.1:0";
-  // UCP endpoints per peer: the lanes of each path.
+  // UCP endpoints per peer: the lanes of each path (1..64).
   int lanes_per_peer = 2;
   // The NICs to carry slices, one rail each (a UCP context and worker bound
   // to that device, since UCP binds devices per context): a network
@@ -167,15 +167,17 @@ class UcxTransport final : public Transport {
   // without CUDA support in UCX, for one).
   [[nodiscard]] Result<RegionHandle> register_memory(void* addr, std::size_t length,
                                                      MemoryKind kind = MemoryKind::kDram);
-  // Memory UCX allocates and registers (ucp_mem_map with ALLOCATE): on one
-  // host, peers then reach it through shared memory directly (UCX maps the
-  // segment), where a caller's buffer goes through the target's CPU.
-  // Freed by unregister(). invalid_argument for zero length.
+  // Memory this transport allocates (a memfd) and registers: on one host,
+  // peers then map it and copy directly, where a caller's buffer is reached
+  // with CMA. Its pages come from NUMA node `numa_node` where that node has
+  // memory (MPOL_PREFERRED; -1: the kernel's default policy). Freed by
+  // unregister(). invalid_argument for zero length or a node this machine
+  // does not have.
   struct AllocatedRegion {
     RegionHandle handle = 0;
     void* address = nullptr;
   };
-  [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length);
+  [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length, int numa_node = -1);
   // Makes a region visible to peers: to every authenticated peer (`peers`
   // empty) or to those that named themselves so in the handshake (their
   // listen address, e.g. "10.0.0.2:7000"; a claim made by a holder of the

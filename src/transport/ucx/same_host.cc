@@ -1,6 +1,8 @@
 #include "transport/ucx/same_host.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,6 +18,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+
+#include "baton/topology/probe.h"
 
 namespace baton::transport::ucx {
 namespace {
@@ -99,7 +103,28 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 
 Mapping::~Mapping() { unmap(address_, length_); }
 
-Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
+namespace {
+
+// Pages of [address, +length) come from `node` where it has memory. Set
+// before the first touch: shared memory pages are allocated on fault, by
+// the mapping's policy.
+Status prefer_numa_node(void* address, std::size_t length, int node) {
+  constexpr int kMaxNodes = 1024;
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  if (node >= kMaxNodes || !topology::has_numa_node(node)) {
+    return Status::invalid_argument("NUMA node {} is not a node of this machine", node);
+  }
+  unsigned long mask[kMaxNodes / kBits] = {};
+  mask[node / kBits] |= 1UL << (node % kBits);
+  if (syscall(SYS_mbind, address, length, MPOL_PREFERRED, mask, kMaxNodes + 1, 0) != 0) {
+    return Status::unavailable("mbind to NUMA node {}: {}", node, std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<SharedAllocation> SharedAllocation::create(std::size_t length, int numa_node) {
   SharedAllocation a;
   a.fd = UniqueFd(memfd_create("baton-region", MFD_CLOEXEC));
   if (a.fd.get() < 0) return std::unexpected(Status::unavailable("memfd_create: {}", std::strerror(errno)));
@@ -111,6 +136,9 @@ Result<SharedAllocation> SharedAllocation::create(std::size_t length) {
   a.inode = st.st_ino;
   auto mapped = Mapping::of(a.fd.get(), length);
   if (!mapped) return std::unexpected(mapped.error());
+  if (numa_node >= 0) {
+    if (Status s = prefer_numa_node(mapped->address(), length, numa_node); !s.is_ok()) return std::unexpected(s);
+  }
   a.mapping = std::make_shared<const Mapping>(std::move(*mapped));
   return a;
 }

@@ -57,8 +57,10 @@ class Mapping {
 // Anonymous shared memory for a region: a memfd, mapped here. Peers on this
 // host map the same pages (map_peer_memfd).
 struct SharedAllocation {
-  // unavailable when the kernel refuses (memfd_create, ftruncate, mmap).
-  [[nodiscard]] static Result<SharedAllocation> create(std::size_t length);
+  // Its pages preferably on NUMA node `numa_node` (-1: the default policy).
+  // unavailable when the kernel refuses (memfd_create, ftruncate, mmap,
+  // mbind); invalid_argument for a node this machine does not have.
+  [[nodiscard]] static Result<SharedAllocation> create(std::size_t length, int numa_node = -1);
 
   UniqueFd fd;
   std::uint64_t inode = 0;

@@ -9,7 +9,7 @@
 
 namespace baton::transport::ucx {
 
-Result<SocketAddress> parse_socket_address(std::string_view text) {
+Result<HostPort> split_host_port(std::string_view text) {
   const auto colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return std::unexpected(Status::invalid_argument(
@@ -27,6 +27,14 @@ Result<SocketAddress> parse_socket_address(std::string_view text) {
     return std::unexpected(Status::invalid_argument(
         "address \"{}\": port \"{}\" is not a number in 0..65535", text, port_text));
   }
+  if (host.empty()) return std::unexpected(Status::invalid_argument("address \"{}\": empty host", text));
+  return HostPort{host, port};
+}
+
+Result<SocketAddress> parse_socket_address(std::string_view text) {
+  auto split = split_host_port(text);
+  if (!split) return std::unexpected(split.error());
+  const auto [host, port] = *split;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

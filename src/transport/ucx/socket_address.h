@@ -17,6 +17,14 @@ struct SocketAddress {
   [[nodiscard]] const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
 };
 
+// The host and port of "host:port" / "[v6]:port", checked but not resolved
+// (no DNS lookup): port decimal 0…65535, host not empty.
+struct HostPort {
+  std::string_view host;
+  unsigned port = 0;
+};
+[[nodiscard]] Result<HostPort> split_host_port(std::string_view text);
+
 // "127.0.0.1:4000", "[::1]:4000", "node7:4000" (resolved with getaddrinfo,
 // first IPv4 or IPv6 answer). Port: decimal 0…65535. invalid_argument names
 // the text and what was wrong with it.

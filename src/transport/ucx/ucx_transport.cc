@@ -781,7 +781,7 @@ struct UcxTransport::State {
 
   // ucp_mem_map of a caller's range, or (addr null) of memory UCX
   // allocates, then the rkey peers get. The caller checked the range.
-  Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind) {
+  Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind, int numa_node = -1) {
     ucp_mem_map_params_t params{};
     params.field_mask =
         UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
@@ -789,8 +789,8 @@ struct UcxTransport::State {
     // Allocated memory is a memfd, so that same-host peers can map it.
     std::optional<ucx::SharedAllocation> shared;
     if (addr == nullptr) {
-      auto created = ucx::SharedAllocation::create(length);
-      if (!created) return std::unexpected(Status::unavailable("{}: {}", call, created.error().message()));
+      auto created = ucx::SharedAllocation::create(length, numa_node);
+      if (!created) return std::unexpected(Status(created.error().code(), fmt::format("{}: {}", call, created.error().message())));
       shared = std::move(*created);
       addr = shared->mapping->address();
     }
@@ -2029,9 +2029,10 @@ UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(stat
 UcxTransport::~UcxTransport() = default;
 
 Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
-  if (config.lanes_per_peer < 1) {
-    return std::unexpected(Status::invalid_argument("UcxTransport::create: lanes_per_peer is {} (expected >= 1)",
-                                                    config.lanes_per_peer));
+  if (config.lanes_per_peer < 1 || config.lanes_per_peer > ucx::kMaxLanes) {
+    // A peer's handshake refuses more (control_wire.h).
+    return std::unexpected(Status::invalid_argument("UcxTransport::create: lanes_per_peer is {} (expected 1..{})",
+                                                    config.lanes_per_peer, ucx::kMaxLanes));
   }
   if (config.stall_timeout_ms < 0) {
     return std::unexpected(Status::invalid_argument(
@@ -2158,16 +2159,20 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
   return s.map_region(addr, length, kind);
 }
 
-Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length) {
+Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length, int numa_node) {
   if (length == 0) {
     return std::unexpected(Status::invalid_argument("UcxTransport::allocate_memory: length is 0"));
+  }
+  if (numa_node < -1) {
+    return std::unexpected(
+        Status::invalid_argument("UcxTransport::allocate_memory: numa_node is {} (expected -1 or a node)", numa_node));
   }
   // UCX backs it with /dev/shm, which is RAM: too large a size would fill it
   // until the OOM killer picks a victim, and leave the segment behind.
   if (Status s = check_shared_allocation("UcxTransport::allocate_memory", length); !s.is_ok()) {
     return std::unexpected(s);
   }
-  auto handle = state_->map_region(nullptr, length, MemoryKind::kDram);
+  auto handle = state_->map_region(nullptr, length, MemoryKind::kDram, numa_node);
   if (!handle) return std::unexpected(handle.error());
   return AllocatedRegion{*handle, reinterpret_cast<void*>(state_->region_base.at(*handle))};
 }
@@ -2226,6 +2231,12 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
     if (name.empty() || name.size() > ucx::kMaxNameBytes) {
       return Status::invalid_argument("UcxTransport::export_region: peer name \"{}\" (expected 1..{} bytes)", name,
                                       ucx::kMaxNameBytes);
+    }
+    // A peer is named by its listen address, which always has a port.
+    auto split = ucx::split_host_port(name);
+    if (!split || split->port == 0) {
+      return Status::invalid_argument("UcxTransport::export_region: peer \"{}\" is not a listen address: {}", name,
+                                      split ? "port 0" : split.error().message());
     }
   }
   if (peers.empty()) {
