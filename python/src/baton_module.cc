@@ -510,7 +510,7 @@ PYBIND11_MODULE(_baton, m) {
       .def(py::init([](const std::string& listen, std::optional<std::string> ucx_tls, std::optional<std::string> policy_file,
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
                        std::optional<std::string> topology_model, bool peer_failure_detection,
-                       bool same_host_copy, std::uint64_t direct_copy_max_bytes, std::vector<std::string> nics,
+                       bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
                        int copy_threads) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
@@ -522,7 +522,7 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.lanes_per_peer = lanes;
              c.ucx.peer_failure_detection = peer_failure_detection;
              c.ucx.same_host_copy = same_host_copy;
-             c.ucx.direct_copy_max_bytes = direct_copy_max_bytes;
+             c.ucx.direct_copy_max_bytes = non_negative("direct_copy_max_bytes", direct_copy_max_bytes);
              c.ucx.nics = std::move(nics);
              c.ucx.copy_threads = copy_threads;
              auto state = std::make_shared<EngineState>();
@@ -538,7 +538,7 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("policy_file") = py::none(), py::arg("metrics_address") = py::none(),
            py::arg("secret_file") = py::none(), py::arg("lanes") = 2, py::arg("topology_model") = py::none(),
            py::arg("peer_failure_detection") = true, py::arg("same_host_copy") = true,
-           py::arg("direct_copy_max_bytes") = transport::UcxConfig{}.direct_copy_max_bytes,
+           py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
            py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads)
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })

@@ -159,7 +159,7 @@ def test_a_same_host_batch_has_ended_when_submit_returns(holder):
             assert np.array_equal(local, pattern(SIZE, 7))
             batch.release()
             assert ("baton_engine_direct_batches_total 1" in e.metrics_text()) == bool(direct)
-    with pytest.raises(TypeError):
+    with pytest.raises(baton.InvalidArgument):
         baton.Engine(direct_copy_max_bytes=-1)
 
 
@@ -464,6 +464,8 @@ def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
     for lanes in (0, 65, 1 << 30):
         with pytest.raises(baton.InvalidArgument, match="lanes"):
             baton.Engine(lanes=lanes)
+    with pytest.raises(baton.InvalidArgument, match="direct_copy_max_bytes is -1"):
+        baton.Engine(direct_copy_max_bytes=-1)
     kw = dict(op="read", local=local, peer=peer, remote=holder.handle)
     for length in (0, -1):
         with pytest.raises(baton.InvalidArgument, match=r"expected > 0"):

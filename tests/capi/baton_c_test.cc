@@ -338,6 +338,13 @@ TEST(CApi, AShutDownEngineAnswersUnavailable) {
   std::uint64_t batch = 0;
   EXPECT_EQ(baton_submit(e.handle, &r, 1, nullptr, 0, &batch), BATON_UNAVAILABLE);
   EXPECT_EQ(baton_cancel(e.handle, 1), BATON_UNAVAILABLE);
+  // What reads state still answers (baton.h): an unknown batch is not found.
+  baton_batch_status status{};
+  EXPECT_EQ(baton_poll(e.handle, 12345, &status), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_release(e.handle, 12345), BATON_NOT_FOUND);
+  std::size_t needed = 0;
+  EXPECT_EQ(baton_engine_address(e.handle, nullptr, 0, &needed), BATON_OK);
+  EXPECT_GT(needed, 1u);
 }
 
 // Two engines in one process: a read and a write of 1 MiB through the C ABI,

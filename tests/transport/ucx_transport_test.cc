@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -604,6 +605,22 @@ TEST_P(UcxTransportTest, BadRegistrationsAndUnregistrationsAreRefused) {
   auto& memory = buffer(8192);
   EXPECT_EQ(a_->register_memory(nullptr, 10).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->register_memory(memory.data(), 0).error().code(), StatusCode::kInvalidArgument);
+  // Memory this process does not have: refused here, not at the first copy.
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* three = static_cast<std::byte*>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(three, MAP_FAILED);
+  ASSERT_EQ(munmap(three + page, page), 0);  // a hole in the middle
+  for (const auto& [at, bytes] : {std::pair{three, 3 * page}, std::pair{three + page, page}, std::pair{three + page - 1, 2L}}) {
+    const auto refused = a_->register_memory(at, static_cast<std::size_t>(bytes));
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.error().message().find("not all mapped"), std::string::npos) << refused.error().message();
+  }
+  auto mapped_page = a_->register_memory(three + 2 * page, static_cast<std::size_t>(page));  // mapped: fine
+  ASSERT_TRUE(mapped_page.has_value()) << mapped_page.error().to_string();
+  EXPECT_TRUE(a_->unregister(*mapped_page).is_ok());
+  munmap(three, page);
+  munmap(three + 2 * page, page);
   auto first = a_->register_memory(memory.data(), 4096);
   ASSERT_TRUE(first.has_value());
   auto overlap = a_->register_memory(memory.data() + 4000, 4096);

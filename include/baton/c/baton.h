@@ -97,8 +97,12 @@ BATON_C_API void baton_engine_config_init(baton_engine_config* config);
 /* Starts an engine (its loop thread and listener) into *engine. `config`
  * NULL: every default. Errors as Engine::create (the policy file's, UCX's). */
 BATON_C_API int baton_engine_create(const baton_engine_config* config, baton_engine** engine);
-/* Cancels what runs, closes every peer and the listener; later calls on the
- * engine answer BATON_UNAVAILABLE. The handle stays valid until destroyed. */
+/* Cancels what runs, closes every peer and the listener. Later calls that
+ * would start work (register, allocate, export, unregister, connect,
+ * refresh, remote_regions, submit, cancel) answer BATON_UNAVAILABLE; poll,
+ * wait and release still answer for batches submitted before (they ended,
+ * cancelled where they were still running), and the address, event fd and
+ * notification calls still answer. The handle stays valid until destroyed. */
 BATON_C_API int baton_engine_shutdown(baton_engine* engine);
 /* Shuts the engine down and frees it (and the memory it allocated); the
  * handle turns unknown. NULL is ignored. */

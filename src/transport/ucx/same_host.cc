@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -143,6 +144,21 @@ Result<SharedAllocation> SharedAllocation::create(std::size_t length, int numa_n
   return a;
 }
 
+bool all_mapped(const void* addr, std::size_t length) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::uintptr_t at = reinterpret_cast<std::uintptr_t>(addr) & ~(page - 1);
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(addr) + length;
+  constexpr std::size_t kPagesPerCall = 1 << 14;  // 64 MiB of 4 KiB pages a call
+  std::vector<unsigned char> resident(kPagesPerCall);
+  while (at < end) {
+    const std::size_t bytes = std::min<std::uintptr_t>(end - at, kPagesPerCall * page);
+    // ENOMEM: some page of the range is not mapped.
+    if (mincore(reinterpret_cast<void*>(at), bytes, resident.data()) != 0) return false;
+    at += bytes;
+  }
+  return true;
+}
+
 Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size_t length) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   UniqueFd opened(open(path.c_str(), O_RDWR | O_CLOEXEC));
@@ -187,9 +203,10 @@ Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::s
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int e = n < 0 ? errno : EFAULT;
-      return Status::unavailable("{} of {} bytes at {:#x} in process {}: {}{}",
-                                 op == Op::kRead ? "process_vm_readv" : "process_vm_writev", bytes, remote_addr, pid,
-                                 std::strerror(e), e == ESRCH ? " (the peer is gone)" : "");
+      // EFAULT is either side's range: both are named.
+      return Status::unavailable("{} of {} bytes between ours at {} and process {}'s at {:#x}: {}{}",
+                                 op == Op::kRead ? "process_vm_readv" : "process_vm_writev", bytes, local, pid,
+                                 remote_addr, std::strerror(e), e == ESRCH ? " (the peer is gone)" : "");
     }
     done += static_cast<std::size_t>(n);
   }

@@ -68,6 +68,9 @@ struct SharedAllocation {
   std::shared_ptr<const Mapping> mapping;
 };
 
+// Whether every page of [addr, +length) is mapped in this process (mincore).
+[[nodiscard]] bool all_mapped(const void* addr, std::size_t length);
+
 // A peer's memfd mapped here: opens /proc/<pid>/fd/<fd>, checks it is the
 // memfd named (inode) and holds `length` bytes, and maps it. unavailable
 // saying why not (the caller then copies with CMA).

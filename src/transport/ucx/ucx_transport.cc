@@ -2156,6 +2156,12 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
         "UcxTransport::register_memory: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", base, length,
         clash->handle, clash->base, clash->length));
   }
+  // UCX maps an unmapped range without complaint (nothing pins it here);
+  // the first copy would then fail with EFAULT, blaming neither side.
+  if (kind == MemoryKind::kDram && !ucx::all_mapped(addr, length)) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::register_memory: [{}, +{}) is not all mapped memory of this process", addr, length));
+  }
   return s.map_region(addr, length, kind);
 }
 
@@ -2362,7 +2368,7 @@ Result<RemoteRegion> UcxTransport::remote_region(PathId path, RegionHandle key) 
   }
   const auto it = s.peers[path].regions.find(key);
   if (it == s.peers[path].regions.end()) {
-    return std::unexpected(Status::not_found("peer {} has no region {} (refresh_regions() learns new ones)",
+    return std::unexpected(Status::not_found("peer {} has no region {} (a refresh of the peer learns new ones)",
                                              s.peers[path].address, key));
   }
   return it->second->info;
