@@ -47,6 +47,9 @@ double gbps(std::uint64_t bytes, TimeNs ns) { return static_cast<double>(bytes) 
 Status CompressConfig::validate() const {
   if (kinds.empty()) return Status::invalid_argument("compress: no data kinds");
   if (bytes == 0 || block_bytes == 0) return Status::invalid_argument("compress: sizes must be > 0");
+  // The codec frames blocks of at least a page; smaller ones measure the
+  // per-request overhead, and 1-byte blocks take minutes.
+  if (block_bytes < 4096) return Status::invalid_argument("compress: block size {} B is below 4 KiB", block_bytes);
   if (!(slack > 0) || !std::isfinite(slack)) return Status::invalid_argument("compress: slack {} must be > 0", slack);
   if (!(theta_compress >= 0) || !(theta_compress <= 1.5)) {
     return Status::invalid_argument("compress: theta_compress {} must be in [0, 1.5]", theta_compress);

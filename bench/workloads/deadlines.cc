@@ -151,6 +151,7 @@ Result<PolicyRun> run_ucx(const DeadlinesWorkload& w, DeadlinesResult& result, s
     result.link_gbps = *gbps;
   }
   if (all.empty()) {
+    if (Status s = w.within_request_bound(result.link_gbps); !s.is_ok()) return std::unexpected(s);
     result.run_ns = w.run_ns(result.link_gbps);
     all = arrivals(w, result.link_gbps);
   }
@@ -226,6 +227,21 @@ Status DeadlinesWorkload::validate() const {
     return Status::invalid_argument("deadlines: prefill_slack {} must be > 0", prefill_slack);
   }
   if (duration_ns <= 0) return Status::invalid_argument("deadlines: duration {} ns must be > 0", duration_ns);
+  return within_request_bound(link_gbps);
+}
+
+Status DeadlinesWorkload::within_request_bound(double link) const {
+  // Every request is generated up front: 1-byte requests at full load
+  // would be billions, and the run would exhaust memory.
+  constexpr double kMaxRequests = 2e7;
+  const std::uint64_t smallest = std::min({decode_bytes, background_bytes, *std::ranges::min_element(prefill_bytes)});
+  const double requests = load * link * static_cast<double>(duration_ns) / static_cast<double>(smallest);
+  if (requests > kMaxRequests) {
+    return Status::invalid_argument(
+        "deadlines: up to {:.3g} requests ({} B at load {} of {} GB/s for {} ns; at most {:.0e}): raise the sizes "
+        "or shorten the duration",
+        requests, smallest, load, link, duration_ns, kMaxRequests);
+  }
   return Status::ok();
 }
 
@@ -266,6 +282,7 @@ Result<DeadlinesResult> run_deadlines(const DeadlinesWorkload& w, const std::vec
     if (!route) return std::unexpected(route.error());
     result.link_gbps = route->best().cost.bandwidth_gbps;
   }
+  if (Status s = w.within_request_bound(result.link_gbps); !s.is_ok()) return std::unexpected(s);
   result.run_ns = w.run_ns(result.link_gbps);
   const std::vector<Arrival> all = arrivals(w, result.link_gbps);
   for (PolicyKind kind : policies) {

@@ -43,6 +43,9 @@ struct DeadlinesWorkload {
 
   // invalid_argument naming the field.
   [[nodiscard]] Status validate() const;
+  // invalid_argument when the run would generate more than 2e7 requests
+  // on a link of `link_gbps` (validate() checks a given link_gbps).
+  [[nodiscard]] Status within_request_bound(double link_gbps) const;
   // The largest request any class makes: what a peer's region must hold.
   [[nodiscard]] std::uint64_t largest_request_bytes() const;
   // Arrivals stop at duration_ns; the run ends one longest deadline later,

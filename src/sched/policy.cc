@@ -279,6 +279,12 @@ Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) 
       if (!(o.bandwidth_gbps > 0)) {
         return bad_value(line_of(x), key, "bandwidth_gbps is missing or zero (expected GB/s > 0)");
       }
+      // Beyond these a figure is a typo, and its inverse (ns per byte)
+      // overflows or rounds to nothing.
+      if (o.bandwidth_gbps < 1e-3 || o.bandwidth_gbps > 1e5) {
+        return bad_value(line_of(x), key,
+                         fmt::format("bandwidth_gbps {} is outside 0.001 .. 100000 GB/s", o.bandwidth_gbps));
+      }
       policy.cost_model.push_back(o);
     }
   }
@@ -338,7 +344,13 @@ Status PolicyReader::read_slice_size(const Entry& section, SchedPolicy& policy) 
       if (!bytes) return bytes.error();
       if (*bytes == 0) {
         return bad_value(line_of(e), key,
-                         fmt::format("\"{}\" is zero (expected at least 1 byte)", e.value.Scalar()));
+                         fmt::format("\"{}\" is zero (expected at least {} bytes)", e.value.Scalar(), SchedPolicy::kMinSliceBytes));
+      }
+      if (*bytes < SchedPolicy::kMinSliceBytes) {
+        return bad_value(line_of(e), key,
+                         fmt::format("\"{}\" is below the smallest slice, {} bytes (a smaller one costs more to "
+                                     "schedule than to send)",
+                                     e.value.Scalar(), SchedPolicy::kMinSliceBytes));
       }
       for (int i = 0; i < kPathTypeCount; ++i) {
         if (path && i != static_cast<int>(*path)) continue;
@@ -769,8 +781,9 @@ Status SchedPolicy::validate() const {
   for (int i = 0; i < kPathTypeCount; ++i) {
     const std::string_view path = to_string(static_cast<PathType>(i));
     const PathCredits& c = credits[i];
-    if (slice_bytes[i] == 0) {
-      return Status::invalid_argument("SchedPolicy: slice_bytes[{}] is 0 (expected > 0)", path);
+    if (slice_bytes[i] < kMinSliceBytes) {
+      return Status::invalid_argument("SchedPolicy: slice_bytes[{}] is {} (expected at least {})", path,
+                                      slice_bytes[i], kMinSliceBytes);
     }
     if (c.lanes < 1 || c.slices_per_lane < 1) {
       return Status::invalid_argument(

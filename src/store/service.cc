@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <charconv>
 #include <condition_variable>
 #include <limits>
 #include <map>
@@ -170,6 +171,14 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
     return std::unexpected(Status::invalid_argument(
         "store: listen \"{}\": the store serves loopback only (127.0.0.1:PORT) until its RPCs are authenticated",
         config.listen));
+  }
+  // gRPC takes a port modulo 65536 and logs its own errors for the rest.
+  const std::string port_text = config.listen.substr(colon + 1);
+  unsigned number = 0;
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), number);
+  if (port_text.empty() || error != std::errc{} || end != port_text.data() + port_text.size() || number > 65535) {
+    return std::unexpected(Status::invalid_argument("store: listen \"{}\": port \"{}\" is not a number in 0..65535",
+                                                    config.listen, port_text));
   }
   if (config.collect_every_ns <= 0) {
     return std::unexpected(Status::invalid_argument("store: collect_every {} ns (expected above 0)",

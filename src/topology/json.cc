@@ -67,7 +67,8 @@ std::string to_json(const TopologyGraph& graph, int indent) {
   for (const Node* g : gpus) {
     for (const Node* n : nics) add_route(g, n);
   }
-  return j.dump(indent);
+  // Names come from files and probes: a byte that is not UTF-8 is replaced, not thrown.
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace baton::topology

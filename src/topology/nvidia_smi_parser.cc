@@ -115,7 +115,10 @@ std::optional<Cell> parse_cell(std::string_view t) {
   // Drivers before NODE existed called the socket link SOC.
   if (t == "SYS" || t == "SOC") return Cell{false, PciLocality::kSys, 0};
   if (t.size() > 2 && t.substr(0, 2) == "NV") {
-    if (auto n = parse_int(t.substr(2)); n && *n > 0) return Cell{false, PciLocality::kUnknown, *n};
+    // More bonded links than a GPU has ports is not a machine.
+    if (auto n = parse_int(t.substr(2)); n && *n > 0 && *n <= kMaxNvlinksPerGpu) {
+      return Cell{false, PciLocality::kUnknown, *n};
+    }
   }
   return std::nullopt;
 }
@@ -192,7 +195,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       const auto cell = parse_cell(t[c + 1]);
       if (!cell) {
         return error(line.number,
-                     fmt::format("{}-{}: unknown value \"{}\" (expected X, SYS, NODE, PHB, PXB, PIX or NV#)",
+                     fmt::format("{}-{}: unknown value \"{}\" (expected X, SYS, NODE, PHB, PXB, PIX or NV1..NV18)",
                                  columns[r], columns[c], t[c + 1]));
       }
       if (cell->self != (r == c)) {

@@ -233,6 +233,8 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"slice_size:\n  tcp: -1KiB\n", "<string>:2: slice_size.tcp: \"-1KiB\""},
       {"slice_size:\n  default: 0\n", "<string>:2: slice_size.default: \"0\" is zero"},
       {"slice_size:\n  shm: 0KiB\n", "<string>:2: slice_size.shm: \"0KiB\" is zero"},
+      {"slice_size:\n  tcp: 1B\n", "<string>:2: slice_size.tcp: \"1B\" is below the smallest slice, 4096 bytes"},
+      {"slice_size:\n  default: 4095\n", "<string>:2: slice_size.default: \"4095\" is below the smallest slice"},
       {"slice_size:\n  nvlinc: 1MiB\n", "<string>:2: slice_size: unknown path \"nvlinc\""},
       {"slice_size: 64KiB\n", "<string>:1: slice_size: expected a mapping, got \"64KiB\""},
       {"credits:\n  tcp: {lanes: 0}\n", "<string>:2: credits.tcp.lanes: \"0\" is less than 1"},
@@ -483,6 +485,9 @@ TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
   p.slice_bytes[static_cast<int>(PathType::kGdr)] = 0;
   expect_refused(p, "slice_bytes[gdr]");
   p = SchedPolicy::defaults();
+  p.slice_bytes[static_cast<int>(PathType::kTcp)] = 1;  // a billion slices a GiB
+  expect_refused(p, "slice_bytes[tcp] is 1");
+  p = SchedPolicy::defaults();
   p.credits[static_cast<int>(PathType::kTcp)].lanes = 0;
   expect_refused(p, "credits[tcp]");
   p = SchedPolicy::defaults();
@@ -566,6 +571,8 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
                           "cost_model: {nvlink: {nearby: {bandwidth_gbps: 1}}}",
                           "cost_model: {nvlink: {local: {latency_us: 3}}}",
                           "cost_model: {nvlink: {local: {bandwidth_gbps: -2}}}",
+                          "cost_model: {nvlink: {local: {bandwidth_gbps: 1e-300}}}",
+                          "cost_model: {nvlink: {local: {bandwidth_gbps: 1e12}}}",
                           "cost_model: {nvlink: {local: {bandwidth_gbps: 1, speed: 2}}}",
                           "cost_model: {nvlink: {local: 5}}"}) {
     const auto p = parse_policy(bad);

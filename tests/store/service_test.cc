@@ -300,6 +300,13 @@ TEST(StoreService, AStoreThatIsNotThereIsUnavailableAndOnlyLoopbackIsServed) {
       << h.error().to_string();
   EXPECT_EQ(StoreServer::start(*served.store, *served.engine, {.listen = "0.0.0.0:0"}).error().code(),
             StatusCode::kInvalidArgument);
+  // gRPC would bind 99999 as 99999 - 65536, and log its own error for the rest.
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:abc", "127.0.0.1:", "127.0.0.1:80 "}) {
+    auto refused = StoreServer::start(*served.store, *served.engine, {.listen = bad});
+    ASSERT_FALSE(refused.has_value()) << bad;
+    EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.error().message().find("is not a number"), std::string::npos) << refused.error().message();
+  }
   EXPECT_EQ(StoreClient::connect("").error().code(), StatusCode::kInvalidArgument);
 }
 

@@ -41,6 +41,9 @@ TEST(BenchMluSweep, BadInputFailsWithOneLine) {
                                      {"bench mlu-sweep --transport pigeon", "expected sim or ucx"},
                                      {"bench mlu-sweep --transport ucx", "needs one of --target and --spawn"},
                                      {"bench mlu-sweep --transport ucx --spawn --load 0", "--load 0 must be > 0"},
+                                     {"bench mlu-sweep --transport ucx --spawn --load 1e300", "at most 10"},
+                                     {"bench mlu-sweep --duration-ms inf", "at most 3.6e6"},
+                                     {"bench mlu-sweep --deadlines-us nan", "--deadlines-us"},
                                      {"bench mlu-sweep --spawn", "need --transport ucx"}}) {
     const CommandRun r = baton(args);
     EXPECT_NE(r.exit_code, 0) << args;

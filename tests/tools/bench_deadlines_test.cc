@@ -109,6 +109,9 @@ TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
       {"--prefill-sizes 1XB", "--prefill-sizes"},
       {"--prefill-slack 0", "prefill_slack 0 must be > 0"},
       {"--duration-ms 0", "--duration-ms 0 must be > 0"},
+      {"--duration-ms inf", "--duration-ms inf must be > 0 and at most"},  // not an overflowed duration
+      {"--load 1e300", "requests"},             // every request is generated up front: bounded
+      {"--prefill-sizes 1B", "raise the sizes"},
       {"--policies fastest", "unknown policy \"fastest\""},
       {"--transport carrier-pigeon", "expected sim or ucx"},
       {"--transport ucx", "needs one of --target and --spawn"},

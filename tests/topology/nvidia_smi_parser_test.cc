@@ -350,6 +350,7 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"wrong_row_order", "\tGPU0\tGPU1\nGPU1\tNV4\t X \nGPU0\t X \tNV4\n", "line 2: expected the row of \"GPU0\""},
         Malformed{"unknown_cell", "\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tFOO\t X \n", "line 2: GPU0-GPU1: unknown value \"FOO\""},
         Malformed{"nv_zero", "\tGPU0\tGPU1\nGPU0\t X \tNV0\nGPU1\tNV0\t X \n", "unknown value \"NV0\""},
+        Malformed{"nv_beyond_ports", "\tGPU0\tGPU1\nGPU0\t X \tNV99\nGPU1\tNV99\t X \n", "unknown value \"NV99\""},
         Malformed{"x_off_diagonal", "\tGPU0\tGPU1\nGPU0\t X \t X \nGPU1\t X \t X \n", "X off the diagonal"},
         Malformed{"no_x_on_diagonal", "\tGPU0\tGPU1\nGPU0\tSYS\tSYS\nGPU1\tSYS\t X \n", "on the diagonal must be X"},
         Malformed{"short_row", "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\nGPU1\tNV4\t X \tSYS\nGPU2\tSYS\tSYS\t X \n",

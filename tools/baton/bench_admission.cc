@@ -41,11 +41,13 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
   };
   workloads::MluSweepConfig c;
   c.seed = o.seed;
-  if (!(o.duration_ms > 0)) return fail(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
+  if (!(o.duration_ms > 0 && o.duration_ms <= 3.6e6)) {  // inf and 1e300 would overflow the nanoseconds
+    return fail(Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", o.duration_ms));
+  }
   c.duration_ns = static_cast<TimeNs>(o.duration_ms * 1e6);
   c.deadlines_ns.clear();
   for (double us : o.deadlines_us) {
-    if (!(us > 0)) return fail(Status::invalid_argument("--deadlines-us: {} must be > 0", us));
+    if (!(us > 0 && us <= 3.6e9)) return fail(Status::invalid_argument("--deadlines-us: {} must be > 0 and at most 3.6e9 (an hour)", us));
     c.deadlines_ns.push_back(static_cast<TimeNs>(us * 1e3));
   }
   if (!o.request_size.empty()) {
@@ -55,7 +57,9 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
   }
   PeerOptions peer = o.peer;
   if (peer.real()) {
-    if (!(o.load > 0) || !std::isfinite(o.load)) return fail(Status::invalid_argument("--load {} must be > 0", o.load));
+    if (!(o.load > 0 && o.load <= 10)) {  // the streams' batches grow with it
+      return fail(Status::invalid_argument("--load {} must be > 0 and at most 10", o.load));
+    }
     c.load = o.load;
     // The sweep loads a network link to its MLU; a same-host copy has no
     // link to load (arrivals at its ~30 GB/s outrun admission's per-request

@@ -105,8 +105,9 @@ Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
 }
 
 Result<workloads::MixedWorkload> workload(const SchedBenchOptions& o) {
-  if (!(o.duration_ms > 0)) {
-    return std::unexpected(Status::invalid_argument("--duration-ms {} must be > 0", o.duration_ms));
+  if (!(o.duration_ms > 0 && o.duration_ms <= 3.6e6)) {  // inf and 1e300 would overflow the nanoseconds
+    return std::unexpected(
+        Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", o.duration_ms));
   }
   workloads::MixedWorkload w = o.workload;
   for (auto [text, field, name] : {std::tuple{&o.prefill_size, &w.prefill_bytes, "--prefill-size"},

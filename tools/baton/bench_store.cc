@@ -85,7 +85,7 @@ int run_store_bench(const StoreBenchOptions& o) {
   if (!lock_timeout || *lock_timeout <= 0) {
     return fail(2, fmt::format("--lock-timeout \"{}\": expected a positive duration", o.lock_timeout));
   }
-  if (o.abandon < 0 || o.cut < 0 || o.abandon + o.cut > 1) {
+  if (!(o.abandon >= 0 && o.cut >= 0 && o.abandon + o.cut <= 1)) {  // NaN fails too
     return fail(2, fmt::format("--abandon {} and --cut {}: shares in [0, 1] that add up to at most 1", o.abandon, o.cut));
   }
   auto child = ServeChild::start({"--namespace", fmt::format("kv:{}x{}x{}:{}", layout.slots, layout.segments,

@@ -288,8 +288,10 @@ int run_demo(const DemoOptions& o) {
     fmt::print(stderr, "baton demo: --decode-size: {}\n", decode_bytes ? "must be > 0" : decode_bytes.error().message());
     return 2;
   }
-  if (!(o.decode_interval_ms > 0) || !(o.decode_deadline_ms > 0)) {
-    fmt::print(stderr, "baton demo: --decode-interval-ms and --decode-deadline-ms must be > 0\n");
+  // inf and 1e300 would overflow the nanoseconds.
+  if (!(o.decode_interval_ms > 0 && o.decode_interval_ms <= 60000) ||
+      !(o.decode_deadline_ms > 0 && o.decode_deadline_ms <= 60000)) {
+    fmt::print(stderr, "baton demo: --decode-interval-ms and --decode-deadline-ms must be > 0 and at most 60000\n");
     return 2;
   }
   auto regions = plan::fixture_regions(o.kv);

@@ -138,7 +138,7 @@ Result<std::uint64_t> WorkerProcess::send(json request) {
 }
 
 Status WorkerProcess::post(const json& message) {
-  const std::string text = message.dump() + "\n";
+  const std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard lock(write_mutex_);
   std::size_t done = 0;
   while (done < text.size()) {

@@ -40,7 +40,7 @@ struct WorkerOptions {
 class Output {
  public:
   void line(const json& j) {
-    const std::string text = j.dump() + "\n";
+    const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";  // a bad byte echoed back is replaced, not thrown
     std::lock_guard lock(mutex_);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);

@@ -86,7 +86,10 @@ struct SchedPolicy {
 
   // Slice size per path type; indexed by topology::PathType. Zero until
   // defaults() or the loader fills it: build policies with defaults().
+  // At least kMinSliceBytes: a 1-byte slice of a GiB is a billion heap
+  // entries, and costs more to schedule than to send.
   std::array<std::uint64_t, topology::kPathTypeCount> slice_bytes{};
+  static constexpr std::uint64_t kMinSliceBytes = 4096;
   // Credits per path type; indexed by topology::PathType.
   std::array<PathCredits, topology::kPathTypeCount> credits{};
 
