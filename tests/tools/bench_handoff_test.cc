@@ -97,4 +97,21 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
   }
 }
 
+// A rank worker reads orders from its pipe: a line that is not UTF-8 JSON
+// is answered invalid_argument (its bad bytes replaced), and the worker
+// goes on and exits 0 at the end of its input. It threw from the echo
+// before (abort, rc 134).
+TEST(HandoffWorker, LinesThatAreNotJsonObjectsAreAnsweredAndTheWorkerGoesOn) {
+  for (const char* role : {"producer", "consumer"}) {
+    const CommandRun r = baton::testing::run_baton(
+        std::string("handoff-worker --role ") + role + " --page-bytes 4096 --pages 4",
+        R"(printf '\377\n{"op":"\377","id":3}\nnot json\n[1]\n' |)");
+    EXPECT_EQ(r.exit_code, 0) << role << ": " << r.err;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 5) << r.out;  // the hello, then one answer a line
+    std::size_t refused = 0;
+    for (std::size_t at = 0; (at = r.out.find("\"invalid_argument\"", at)) != std::string::npos; ++at) ++refused;
+    EXPECT_EQ(refused, 4u) << r.out;
+  }
+}
+
 }  // namespace
