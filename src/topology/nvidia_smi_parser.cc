@@ -123,6 +123,19 @@ std::optional<Cell> parse_cell(std::string_view t) {
   return std::nullopt;
 }
 
+// Text from the file, for a message: bytes that are not printable ASCII as
+// \xNN, and at most 80 of them (a 50 MB line is not repeated back).
+std::string shown(std::string_view text) {
+  constexpr std::size_t kMost = 80;
+  std::string out;
+  for (const char c : text.substr(0, kMost)) {
+    const auto u = static_cast<unsigned char>(c);
+    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+  }
+  if (text.size() > kMost) out += fmt::format("… ({} bytes)", text.size());
+  return out;
+}
+
 }  // namespace
 
 Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
@@ -152,7 +165,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   if (columns.empty() || columns.front() != "GPU0") {
     return error(header.number,
                  fmt::format("expected the matrix header \"GPU0 GPU1 … CPU Affinity …\", found \"{}\"",
-                             header.text));
+                             shown(header.text)));
   }
   const int n = static_cast<int>(columns.size());
   std::vector<int> gpu_of(n, -1);  // column → GPU index, or -1 for a NIC
@@ -186,7 +199,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     row_line[r] = line.number;
     const std::vector<std::string> t = tokens_of(line.text);
     if (t.front() != columns[r]) {
-      return error(line.number, fmt::format("expected the row of \"{}\", found \"{}\"", columns[r], t.front()));
+      return error(line.number, fmt::format("expected the row of \"{}\", found \"{}\"", columns[r], shown(t.front())));
     }
     if (static_cast<int>(t.size()) < n + 1) {
       return error(line.number, fmt::format("row \"{}\" has {} cells, expected {}", columns[r], t.size() - 1, n));
@@ -196,7 +209,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       if (!cell) {
         return error(line.number,
                      fmt::format("{}-{}: unknown value \"{}\" (expected X, SYS, NODE, PHB, PXB, PIX or NV1..NV18)",
-                                 columns[r], columns[c], t[c + 1]));
+                                 columns[r], columns[c], shown(t[c + 1])));
       }
       if (cell->self != (r == c)) {
         return error(line.number, fmt::format("{}-{}: \"{}\" {}", columns[r], columns[c], t[c + 1],

@@ -364,6 +364,24 @@ INSTANTIATE_TEST_SUITE_P(
                   "line 7: NIC legend index \"99999999999\" is out of range"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// What the file says is quoted back bounded and printable: a huge line or
+// binary garbage does not become a huge or binary message.
+TEST(NvidiaSmiParser, ErrorsQuoteAtMostEightyPrintableBytes) {
+  std::string garbage(1 << 20, 'A');
+  garbage[3] = '\0';
+  garbage[4] = '\x1b';
+  const auto header = parse_nvidia_smi_topo(garbage + "\n");
+  ASSERT_FALSE(header.has_value());
+  const std::string& m = header.error().message();
+  EXPECT_LT(m.size(), 300u) << m.size();
+  EXPECT_NE(m.find("AAA\\x00\\x1bAAA"), std::string::npos) << m;
+  EXPECT_NE(m.find("(1048576 bytes)"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\0'), std::string::npos);
+  const auto cell = parse_nvidia_smi_topo("\tGPU0\tGPU1\nGPU0\t X \tNV\x01\x02\nGPU1\tNV2\t X \n");
+  ASSERT_FALSE(cell.has_value());
+  EXPECT_NE(cell.error().message().find("\"NV\\x01\\x02\""), std::string::npos) << cell.error().message();
+}
+
 TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {
   EXPECT_EQ(load_nvidia_smi_topo(data("no-such-file.txt")).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(load_nvidia_smi_topo(std::string(BATON_TEST_DATA_DIR)).error().code(), StatusCode::kNotFound);
