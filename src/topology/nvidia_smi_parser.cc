@@ -139,6 +139,7 @@ std::string shown(std::string_view text) {
 }  // namespace
 
 Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // a UTF-8 BOM, as Windows editors save
   const std::vector<Line> lines = split_lines(text);
   auto error = [](int line, std::string why) {
     return std::unexpected(Status::invalid_argument("nvidia-smi topo: line {}: {}", line, why));

@@ -364,6 +364,17 @@ INSTANTIATE_TEST_SUITE_P(
                   "line 7: NIC legend index \"99999999999\" is out of range"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A file saved with a UTF-8 byte order mark reads as the same machine.
+TEST(NvidiaSmiParser, AByteOrderMarkIsSkipped) {
+  const std::string matrix = "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n";
+  const auto plain = parse_nvidia_smi_topo(matrix);
+  const auto marked = parse_nvidia_smi_topo("\xEF\xBB\xBF" + matrix);
+  ASSERT_TRUE(plain.has_value()) << plain.error().to_string();
+  ASSERT_TRUE(marked.has_value()) << marked.error().to_string();
+  EXPECT_EQ(marked->gpus.size(), 2u);
+  EXPECT_EQ(marked->relations.size(), plain->relations.size());
+}
+
 // What the file says is quoted back bounded and printable: a huge line or
 // binary garbage does not become a huge or binary message.
 TEST(NvidiaSmiParser, ErrorsQuoteAtMostEightyPrintableBytes) {
