@@ -69,6 +69,11 @@ TEST(BenchAblation, EveryCellOfTheSweep) {
     }
   }
   EXPECT_EQ(skipped, 1);
+  // Without --json the table says so too: a sweep of skipped cells is not
+  // an empty output.
+  const CommandRun table = baton("bench ablation --duration-ms 10 --slice-sizes 1MiB --budgets 512KiB");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("skipped: the budget is smaller than one slice"), std::string::npos) << table.out;
 }
 
 TEST(BenchSched, BadInputFailsWithOneLine) {

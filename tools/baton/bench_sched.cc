@@ -262,6 +262,10 @@ int run_ablation_bench(const SchedBenchOptions& o) {
       ordered_json cell{{"slice_bytes", *slice}, {"inflight_bytes", *budget}};
       if (*budget < *slice) {
         cell["skipped"] = "budget smaller than one slice";
+        if (o.json_path != "-") {
+          fmt::print("slice {:>8}  budget {:>8}  skipped: the budget is smaller than one slice\n", format_size(*slice),
+                     format_size(*budget));
+        }
         cells.push_back(cell);
         continue;
       }
