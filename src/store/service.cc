@@ -2,13 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <charconv>
 #include <condition_variable>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
 
+#include "baton/common/host_port.h"
 #include "baton/plan/wire.h"
 #include "store.grpc.pb.h"
 
@@ -163,22 +163,16 @@ std::string StoreServer::address() const { return state_->address; }
 
 Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engine::Engine& engine,
                                                         ServerConfig config) {
-  const auto colon = config.listen.rfind(':');
-  const std::string host = colon == std::string::npos ? "" : config.listen.substr(0, colon);
+  // gRPC takes a port modulo 65536 and logs its own errors for the rest.
+  auto address = split_host_port(config.listen);
+  if (!address) return std::unexpected(Status(address.error().code(), "store: listen: " + address.error().message()));
   // Until the store proves the deployment secret as the engine does, it
   // serves this host only.
-  if (host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+  const std::string_view host = address->host;
+  if (host != "127.0.0.1" && host != "localhost" && host != "::1") {
     return std::unexpected(Status::invalid_argument(
         "store: listen \"{}\": the store serves loopback only (127.0.0.1:PORT) until its RPCs are authenticated",
         config.listen));
-  }
-  // gRPC takes a port modulo 65536 and logs its own errors for the rest.
-  const std::string port_text = config.listen.substr(colon + 1);
-  unsigned number = 0;
-  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), number);
-  if (port_text.empty() || error != std::errc{} || end != port_text.data() + port_text.size() || number > 65535) {
-    return std::unexpected(Status::invalid_argument("store: listen \"{}\": port \"{}\" is not a number in 0..65535",
-                                                    config.listen, port_text));
   }
   if (config.collect_every_ns <= 0) {
     return std::unexpected(Status::invalid_argument("store: collect_every {} ns (expected above 0)",

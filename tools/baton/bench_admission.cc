@@ -41,9 +41,7 @@ int run_mlu_sweep_bench(const MluSweepOptions& o) {
   };
   workloads::MluSweepConfig c;
   c.seed = o.seed;
-  if (!(o.duration_ms > 0 && o.duration_ms <= 3.6e6)) {  // inf and 1e300 would overflow the nanoseconds
-    return fail(Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", o.duration_ms));
-  }
+  if (Status s = check_duration_ms(o.duration_ms); !s.is_ok()) return fail(s);
   c.duration_ns = static_cast<TimeNs>(o.duration_ms * 1e6);
   c.deadlines_ns.clear();
   for (double us : o.deadlines_us) {

@@ -39,9 +39,7 @@ int fail(const Status& s) {
 
 // The command line's lists and sizes, into the workload.
 Status fill_workload(const DeadlinesOptions& o, DeadlinesWorkload& w) {
-  if (!(o.duration_ms > 0 && o.duration_ms <= 3.6e6)) {  // inf and 1e300 would overflow the nanoseconds
-    return Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", o.duration_ms);
-  }
+  if (Status s = check_duration_ms(o.duration_ms); !s.is_ok()) return s;
   w.duration_ns = static_cast<TimeNs>(o.duration_ms * 1e6);
   if (!o.decode_deadlines.empty()) {
     w.decode_deadlines_ns.clear();

@@ -105,10 +105,7 @@ Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
 }
 
 Result<workloads::MixedWorkload> workload(const SchedBenchOptions& o) {
-  if (!(o.duration_ms > 0 && o.duration_ms <= 3.6e6)) {  // inf and 1e300 would overflow the nanoseconds
-    return std::unexpected(
-        Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", o.duration_ms));
-  }
+  if (Status s = check_duration_ms(o.duration_ms); !s.is_ok()) return std::unexpected(s);
   workloads::MixedWorkload w = o.workload;
   for (auto [text, field, name] : {std::tuple{&o.prefill_size, &w.prefill_bytes, "--prefill-size"},
                                    std::tuple{&o.decode_size, &w.decode_bytes, "--decode-size"}}) {

@@ -8,7 +8,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "baton/common/status.h"
+
 namespace baton::cli {
+
+// --duration-ms of the bench modes: above 0 and at most an hour. NaN fails
+// the comparison, and inf or 1e300 would overflow the nanoseconds.
+inline Status check_duration_ms(double ms) {
+  if (ms > 0 && ms <= 3.6e6) return Status::ok();
+  return Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", ms);
+}
 
 struct Command {
   CLI::App* app;

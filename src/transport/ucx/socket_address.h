@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "baton/common/host_port.h"
 #include "baton/common/status.h"
 
 namespace baton::transport::ucx {
@@ -16,14 +17,6 @@ struct SocketAddress {
   socklen_t length = 0;
   [[nodiscard]] const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
 };
-
-// The host and port of "host:port" / "[v6]:port", checked but not resolved
-// (no DNS lookup): port decimal 0…65535, host not empty.
-struct HostPort {
-  std::string_view host;
-  unsigned port = 0;
-};
-[[nodiscard]] Result<HostPort> split_host_port(std::string_view text);
 
 // "127.0.0.1:4000", "[::1]:4000", "node7:4000" (resolved with getaddrinfo,
 // first IPv4 or IPv6 answer). Port: decimal 0…65535. invalid_argument names

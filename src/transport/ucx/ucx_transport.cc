@@ -2239,7 +2239,7 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
                                       ucx::kMaxNameBytes);
     }
     // A peer is named by its listen address, which always has a port.
-    auto split = ucx::split_host_port(name);
+    auto split = split_host_port(name);
     if (!split || split->port == 0) {
       return Status::invalid_argument("UcxTransport::export_region: peer \"{}\" is not a listen address: {}", name,
                                       split ? "port 0" : split.error().message());

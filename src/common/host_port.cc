@@ -1,0 +1,29 @@
+#include "baton/common/host_port.h"
+
+#include <charconv>
+
+namespace baton {
+
+Result<HostPort> split_host_port(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return std::unexpected(Status::invalid_argument(
+        "address \"{}\": expected host:port (e.g. 127.0.0.1:4000)", text));
+  }
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port_text = text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned port = 0;
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || error != std::errc{} || end != port_text.data() + port_text.size() ||
+      port > 65535) {
+    return std::unexpected(Status::invalid_argument(
+        "address \"{}\": port \"{}\" is not a number in 0..65535", text, port_text));
+  }
+  if (host.empty()) return std::unexpected(Status::invalid_argument("address \"{}\": empty host", text));
+  return HostPort{host, port};
+}
+
+}  // namespace baton
