@@ -48,6 +48,11 @@ TEST(BenchHandoff, EveryRequestCompletesVerifiedWithNothingLeaked) {
     EXPECT_DOUBLE_EQ(j["overhead_ratio"].get<double>(),
                      1 - j["handoff_gbps"].get<double>() / j["raw_gbps"].get<double>());
     EXPECT_LE(j["p50_ms"].get<double>(), j["p99_ms"].get<double>());
+    // A bootstrap interval over the 3 waves (window 4).
+    const auto& ci = j["overhead_ratio_ci95"];
+    ASSERT_EQ(ci.size(), 2u) << layouts;
+    EXPECT_LE(ci[0].get<double>(), ci[1].get<double>()) << layouts;
+    EXPECT_GT(ci[1].get<double>(), -1.0) << layouts;
   }
 }
 

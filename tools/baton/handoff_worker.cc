@@ -8,7 +8,10 @@
 // not answered: its completion is the answer). Calls are
 // answered on the reading thread; loads run in order on a loader thread, so
 // an allocation never waits behind a copy. Exits when stdin closes.
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <csignal>
@@ -51,7 +54,10 @@ class Output {
 };
 
 // The consumer's loads, in order, on their own thread; completions are
-// written as they end, or held while the rank is told to stall.
+// written as they end, or held while the rank is told to stall. The thread
+// sleeps on the engine's batch event fd and its own eventfd for new work:
+// a timed poll of pending loads took a core's share from the copies on a
+// machine where the ranks share few cores.
 class Loader {
  public:
   Loader(engine::Engine& engine, handoff::ConsumerWorker& worker, Output& out)
@@ -61,8 +67,9 @@ class Loader {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
-    cv_.notify_all();
+    notify();
     thread_.join();
+    if (work_fd_ >= 0) ::close(work_fd_);
   }
   void load(handoff::LoadOrder order) { push({std::move(order), {}, 0}); }
   // Plain engine batches of the same orders (the baseline): answered with
@@ -89,7 +96,21 @@ class Loader {
       std::lock_guard lock(mutex_);
       queue_.push_back(std::move(w));
     }
-    cv_.notify_all();
+    notify();
+  }
+  void notify() {
+    const std::uint64_t one = 1;
+    (void)!::write(work_fd_, &one, sizeof one);
+  }
+  // Until new work is queued or a batch ends (either fd readable); without
+  // the engine's fd (the kernel refused one), a 1 ms poll of the loads.
+  void sleep() {
+    pollfd fds[2] = {{work_fd_, POLLIN, 0}, {engine_.batch_event_fd(), POLLIN, 0}};
+    if (::poll(fds, 2, fds[1].fd < 0 ? 1 : 1000) <= 0) return;
+    std::uint64_t count = 0;
+    for (const pollfd& f : fds) {
+      if (f.fd >= 0 && (f.revents & POLLIN) != 0) (void)!::read(f.fd, &count, sizeof count);
+    }
   }
 
   void emit(std::vector<handoff::LoadCompletion> done) {
@@ -131,14 +152,11 @@ class Loader {
       if (!queue_.empty()) {
         Work w = std::move(queue_.front());
         queue_.pop_front();
+        if (w.raw_id == 0) ++pending_;
         lock.unlock();
         if (w.raw_id != 0) {
           run_raw(w);
         } else {
-          {
-            std::lock_guard l(mutex_);
-            ++pending_;
-          }
           if (auto s = worker_.load(w.order); !s.is_ok()) emit({{w.order.ticket, w.order.row, w.order.rank, s}});
           emit(worker_.take_completions());
         }
@@ -146,14 +164,10 @@ class Loader {
         continue;
       }
       if (stop_ && pending_ == 0) return;
-      if (pending_ > 0) {
-        lock.unlock();
-        emit(worker_.take_completions());
-        lock.lock();
-        cv_.wait_for(lock, std::chrono::microseconds(50));
-      } else {
-        cv_.wait(lock);
-      }
+      lock.unlock();
+      if (pending_ > 0) emit(worker_.take_completions());
+      sleep();  // resets the fds only after it woke, then looks again: no wakeup is lost
+      lock.lock();
     }
   }
 
@@ -161,12 +175,12 @@ class Loader {
   handoff::ConsumerWorker& worker_;
   Output& out_;
   std::mutex mutex_;
-  std::condition_variable cv_;
   std::deque<Work> queue_;
   std::size_t pending_ = 0;
   bool stop_ = false;
   bool stalled_ = false;
   std::vector<handoff::LoadCompletion> held_;
+  const int work_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   std::thread thread_;  // last: starts once the rest exists
 };
 
