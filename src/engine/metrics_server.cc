@@ -1,43 +1,18 @@
 #include "engine/metrics_server.h"
 
 #include <atomic>
-#include <charconv>
 #include <thread>
 #include <utility>
 
 #include <httplib.h>
+
+#include "baton/common/host_port.h"
 
 namespace baton::engine {
 
 namespace {
 
 constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4";
-
-struct HostPort {
-  std::string host;  // as written, brackets included
-  int port;
-};
-
-Result<HostPort> parse_address(std::string_view address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string_view::npos) {
-    return std::unexpected(Status::invalid_argument(
-        "MetricsServer::start: address '{}' has no port (expected host:port)", address));
-  }
-  const std::string_view host = address.substr(0, colon);
-  const std::string_view port_text = address.substr(colon + 1);
-  if (host.empty() || host == "[]") {
-    return std::unexpected(Status::invalid_argument(
-        "MetricsServer::start: address '{}' has no host (expected host:port)", address));
-  }
-  unsigned port = 0;
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (port_text.empty() || ec != std::errc{} || end != port_text.data() + port_text.size() || port > 65535) {
-    return std::unexpected(Status::invalid_argument(
-        "MetricsServer::start: port '{}' in '{}' is not a number in 0..65535", port_text, address));
-  }
-  return HostPort{std::string(host), static_cast<int>(port)};
-}
 
 }  // namespace
 
@@ -49,12 +24,11 @@ struct MetricsServer::Impl {
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view address,
                                                             std::function<std::string()> text) {
-  auto parsed = parse_address(address);
-  if (!parsed) return std::unexpected(parsed.error());
-  std::string bind_host = parsed->host;
-  if (bind_host.size() >= 2 && bind_host.front() == '[' && bind_host.back() == ']') {
-    bind_host = bind_host.substr(1, bind_host.size() - 2);  // getaddrinfo wants a bare IPv6 address
+  auto parsed = split_host_port(address);
+  if (!parsed) {
+    return std::unexpected(Status::invalid_argument("MetricsServer::start: {}", parsed.error().message()));
   }
+  const std::string bind_host(parsed->host);  // brackets dropped: getaddrinfo wants a bare IPv6 address
 
   auto impl = std::make_unique<Impl>();
   httplib::Server& server = impl->server;
@@ -74,7 +48,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view add
 
   // Bind here, not on the thread, so the port is listening (and a bind error is
   // reported) before start() returns.
-  int port = parsed->port;
+  int port = static_cast<int>(parsed->port);
   if (port == 0) {
     port = server.bind_to_any_port(bind_host);
   } else if (!server.bind_to_port(bind_host, port)) {
@@ -90,7 +64,9 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view add
     raw->listen_returned = true;
   });
   return std::unique_ptr<MetricsServer>(
-      new MetricsServer(std::move(impl), fmt::format("{}:{}", parsed->host, port)));
+      new MetricsServer(std::move(impl), bind_host.find(':') == std::string::npos
+                                             ? fmt::format("{}:{}", bind_host, port)
+                                             : fmt::format("[{}]:{}", bind_host, port)));
 }
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl, std::string address)
