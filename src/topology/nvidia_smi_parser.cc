@@ -48,15 +48,21 @@ std::string strip_ansi_and_cr(std::string_view raw) {
   return out;
 }
 
+// Lines end with "\n", "\r\n" or a lone "\r" (a file saved by an editor
+// that writes classic Mac line ends); a run of "\r" before "\n" is one end.
 std::vector<Line> split_lines(std::string_view text) {
   std::vector<Line> lines;
   int number = 1;
   std::size_t start = 0;
   while (start <= text.size()) {
-    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const std::size_t end = std::min(text.find_first_of("\r\n", start), text.size());
     lines.push_back({number++, strip_ansi_and_cr(text.substr(start, end - start))});
     if (end == text.size()) break;
     start = end + 1;
+    if (text[end] == '\r') {  // "\r\r\n" too: a CRLF file converted twice
+      while (start < text.size() && text[start] == '\r') ++start;
+      if (start < text.size() && text[start] == '\n') ++start;
+    }
   }
   return lines;
 }
@@ -215,6 +221,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       if (cell->self != (r == c)) {
         return error(line.number, fmt::format("{}-{}: \"{}\" {}", columns[r], columns[c], t[c + 1],
                                               r == c ? "on the diagonal must be X" : "X off the diagonal"));
+      }
+      if (cell->nvlinks > 0 && (gpu_of[r] < 0 || gpu_of[c] < 0)) {
+        return error(line.number, fmt::format("{}-{}: \"{}\" but NVLink joins GPUs only; {} is a NIC", columns[r],
+                                              columns[c], t[c + 1], columns[gpu_of[r] < 0 ? r : c]));
       }
       cells[r].push_back(*cell);
     }

@@ -1,6 +1,9 @@
 // The nvidia-smi topo parser against real published outputs (tests/data, with
 // the ground truth from its README) and fixtures of our own for shapes the real
 // set lacks, plus malformed text.
+#include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -359,6 +362,8 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"too_many_values", "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\t0\t1\n", "has 3 values after the matrix"},
         Malformed{"gpu_gap", "\tGPU0\tGPU2\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", "column \"GPU2\" where GPU1 was expected"},
         Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"},
+        Malformed{"nvlink_to_a_nic", "\tGPU0\tNIC0\nGPU0\t X \tNV2\nNIC0\tNV2\t X \n",
+                  "line 2: GPU0-NIC0: \"NV2\" but NVLink joins GPUs only; NIC0 is a NIC"},
         Malformed{"nic_legend_index_overflow",
                   "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\nNIC Legend:\n\n  NIC99999999999: mlx5_0\n",
                   "line 7: NIC legend index \"99999999999\" is out of range"}),
@@ -373,6 +378,34 @@ TEST(NvidiaSmiParser, AByteOrderMarkIsSkipped) {
   ASSERT_TRUE(marked.has_value()) << marked.error().to_string();
   EXPECT_EQ(marked->gpus.size(), 2u);
   EXPECT_EQ(marked->relations.size(), plain->relations.size());
+}
+
+// The same file with classic Mac line ends (a lone CR), or with CRLF
+// converted twice (CR CR LF), reads as the same machine.
+TEST(NvidiaSmiParser, AnyLineEndReadsAsTheSameMachine) {
+  std::ifstream in(data("h200-8gpu-10nic-glm.txt"), std::ios::binary);
+  std::string lf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::erase(lf, '\r');
+  std::string cr = lf, crcrlf;
+  std::ranges::replace(cr, '\n', '\r');
+  for (char c : lf) crcrlf += c == '\n' ? std::string("\r\r\n") : std::string(1, c);
+  const auto plain = parse_nvidia_smi_topo(lf);
+  ASSERT_TRUE(plain.has_value()) << plain.error().to_string();
+  for (const std::string& text : {cr, crcrlf}) {
+    const auto f = parse_nvidia_smi_topo(text);
+    ASSERT_TRUE(f.has_value()) << f.error().to_string();
+    EXPECT_EQ(f->gpus.size(), plain->gpus.size());
+    EXPECT_EQ(f->nics.size(), plain->nics.size());
+    ASSERT_EQ(f->relations.size(), plain->relations.size());
+    for (std::size_t i = 0; i < f->relations.size(); ++i) {
+      EXPECT_EQ(f->relations[i].nvlinks, plain->relations[i].nvlinks) << i;
+      EXPECT_EQ(f->relations[i].pci, plain->relations[i].pci) << i;
+    }
+  }
+  // An error's line number counts a lone CR as a line end too.
+  const auto bad = parse_nvidia_smi_topo("\tGPU0\tGPU1\rGPU0\t X \tNV4\rGPU1\tNV4\t Q \r");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("line 3"), std::string::npos) << bad.error().message();
 }
 
 // What the file says is quoted back bounded and printable: a huge line or
