@@ -400,11 +400,11 @@ TEST(ServeCommand, RefusesBadInput) {
   EXPECT_EQ(stall.exit_code, 2);
   EXPECT_NE(stall.err.find("--stall-timeout"), std::string::npos) << stall.err;
   const CommandRun r = run_baton("serve --listen nohost --buffer-size 1MiB");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // the caller's input: exits as a usage error
   EXPECT_NE(r.err.find("nohost"), std::string::npos) << r.err;
   // Beyond loopback only with a secret, or when told; the secret file must be private.
   const CommandRun open = run_baton("serve --listen 0.0.0.0:0 --buffer-size 1MiB");
-  EXPECT_EQ(open.exit_code, 1);
+  EXPECT_EQ(open.exit_code, 2);
   EXPECT_NE(open.err.find("without a secret"), std::string::npos) << open.err;
   const CommandRun missing = run_baton("serve --buffer-size 1MiB --token-file /nonexistent/secret");
   EXPECT_EQ(missing.exit_code, 1);
@@ -413,7 +413,7 @@ TEST(ServeCommand, RefusesBadInput) {
   ::chmod(shared.c_str(), 0644);
   const CommandRun readable = run_baton("serve --buffer-size 1MiB --token-file " + shared);
   ::chmod(shared.c_str(), 0600);
-  EXPECT_EQ(readable.exit_code, 1);
+  EXPECT_EQ(readable.exit_code, 2);
   EXPECT_NE(readable.err.find("chmod 600"), std::string::npos) << readable.err;
   // Larger than the machine: refused before anything is mapped, nothing left in /dev/shm.
   for (const char* size : {"1024TiB", "18446744073709551615B"}) {
@@ -505,8 +505,27 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
     EXPECT_EQ(p["decode_critical"]["cdf_us"].size(), 101u);
   }
   EXPECT_TRUE(j.contains("decode_p99_reduction"));
-  EXPECT_EQ(run_baton("bench mixed --transport carrier-pigeon").exit_code, 1);
-  EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 1);
+  // Usage errors exit 2, as CLI11's own.
+  EXPECT_EQ(run_baton("bench mixed --transport carrier-pigeon").exit_code, 2);
+  EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 2);
+}
+
+TEST(BenchSimulated, RefusesUcxOptionsItWouldIgnore) {
+  // The simulator moves no bytes: a UCX option there was silently dropped.
+  for (const auto& [args, name] : {std::pair<std::string, std::string>{"bench mixed --ucx-tls tcp", "--ucx-tls"},
+                                   {"bench mixed --no-peer-failure-detection", "--no-peer-failure-detection"},
+                                   {"bench deadlines --lanes 2", "--lanes"},
+                                   {"bench mlu-sweep --stall-timeout 1s", "--stall-timeout"},
+                                   {"bench dualpath --copy-threads 2", "--copy-threads"},
+                                   {"bench fault --token-file /nonexistent", "--token-file"}}) {
+    const CommandRun r = run_baton(args + " --duration-ms 5");
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(name + " needs --transport ucx"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  // The same value with --transport ucx is taken (and checked there).
+  const CommandRun r = run_baton("bench mixed --transport ucx --ucx-tls tcp --duration-ms 5");
+  EXPECT_NE(r.err.find("needs one of --target and --spawn"), std::string::npos) << r.err;
 }
 
 TEST(BenchMluSweepUcx, AdmissionLearnsTheRealLinkMluIsFiniteAndFallsWithTheDeadline) {
@@ -566,10 +585,10 @@ TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
 // spawned serve that refuses them is reported as exited, not as slow.
 TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsExited) {
   CommandRun r = run_baton("serve --buffer-size 1MiB --nics no-such-nic0");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("NIC \"no-such-nic0\": no such network interface"), std::string::npos) << r.err;
   r = run_baton("serve --buffer-size 1MiB --nics lo,lo,lo");  // two lanes by default
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("2 lanes for 3 NICs"), std::string::npos) << r.err;
   r = run_baton("bench throughput --spawn --nics no-such-nic0 --duration 1s");
   EXPECT_EQ(r.exit_code, 1);

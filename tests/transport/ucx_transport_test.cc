@@ -728,6 +728,9 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
   bad = config();
   bad.stall_timeout_ms = -1;
   expect_refused(bad, "stall_timeout_ms is -1");
+  bad = config();
+  bad.tls = "bogus";  // UCX warns and has no transport left: the caller's setting, not the machine
+  expect_refused(bad, "tls \"bogus\" leaves UCX no transport");
   // NICs: each must be a device of this machine, and each needs a lane.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad_nics = {
       {{"no-such-nic0"}, "no such network interface"},

@@ -36,8 +36,7 @@ void apply_ucx_defaults(const CLI::App& app, MluSweepOptions& o) {
 
 int run_mlu_sweep_bench(const MluSweepOptions& o) {
   auto fail = [](const Status& s) {
-    fmt::print(stderr, "baton bench mlu-sweep: {}\n", s.message());
-    return 1;
+    return fail_command("bench mlu-sweep", s);
   };
   workloads::MluSweepConfig c;
   c.seed = o.seed;

@@ -30,10 +30,7 @@ struct CompressOptions {
   transport::UcxConfig ucx;
 };
 
-int fail(const Status& s) {
-  fmt::print(stderr, "baton bench compress: {}\n", s.message());
-  return 1;
-}
+int fail(const Status& s) { return fail_command("bench compress", s); }
 
 int run(CompressOptions o) {
   workloads::CompressConfig& c = o.config;

@@ -32,10 +32,7 @@ struct DeadlinesOptions {
   PeerOptions peer;
 };
 
-int fail(const Status& s) {
-  fmt::print(stderr, "baton bench deadlines: {}\n", s.message());
-  return 1;
-}
+int fail(const Status& s) { return fail_command("bench deadlines", s); }
 
 // The command line's lists and sizes, into the workload.
 Status fill_workload(const DeadlinesOptions& o, DeadlinesWorkload& w) {

@@ -28,10 +28,7 @@ constexpr const char* kTo = "gpu1";
 
 }  // namespace
 
-int fail_bench(std::string_view mode, const Status& s) {
-  fmt::print(stderr, "baton bench {}: {}\n", mode, s.message());
-  return 1;
-}
+int fail_bench(std::string_view mode, const Status& s) { return fail_command(fmt::format("bench {}", mode), s); }
 
 int write_bench_json(std::string_view mode, const ordered_json& j, const std::string& path) {
   if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail_bench(mode, s);
@@ -88,12 +85,7 @@ std::vector<TimeNs> arrivals(int requests, TimeNs duration_ns, std::uint64_t see
 }  // namespace
 
 Result<Workload> workload(const DualPathBenchOptions& o) {
-  if (o.peer.transport != "sim" && o.peer.transport != "ucx") {
-    return std::unexpected(Status::invalid_argument("--transport \"{}\": expected sim or ucx", o.peer.transport));
-  }
-  if (!o.peer.real() && (o.peer.spawn || !o.peer.target.empty())) {
-    return std::unexpected(Status::invalid_argument("--spawn and --target need --transport ucx"));
-  }
+  if (Status s = check_peer(o.peer); !s.is_ok()) return std::unexpected(s);
   if (o.requests < 1) return std::unexpected(Status::invalid_argument("--requests {} must be >= 1", o.requests));
   if (Status s = check_duration_ms(o.duration_ms); !s.is_ok()) return std::unexpected(s);
   auto bytes = parse_size(o.handoff_size);

@@ -43,8 +43,7 @@ double median_ms(std::vector<double> samples) { return percentile(samples, 50).v
 
 int run_bench_plan(PlanBenchOptions o) {
   auto fail = [](const Status& s) {
-    fmt::print(stderr, "baton bench plan: {}\n", s.message());
-    return 1;
+    return fail_command("bench plan", s);
   };
   static const std::map<std::string, NumaLayout> kLayouts{{"single", NumaLayout::kSingle},
                                                           {"sockets", NumaLayout::kSlotsAcrossSockets},

@@ -94,10 +94,7 @@ void apply_ucx_defaults(CLI::App& app, SchedBenchOptions& o) {
   if (app.count("--duration-ms") == 0) o.duration_ms = 2000;
 }
 
-int fail(const Status& s) {
-  fmt::print(stderr, "baton bench: {}\n", s.message());
-  return 1;
-}
+int fail(const Status& s) { return fail_command("bench", s); }
 
 Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
   if (o.policy_file.empty()) return sched::SchedPolicy::defaults();
@@ -316,10 +313,7 @@ Command add_bench_mixed(CLI::App& bench) {
       ->delimiter(',');
   return {app, [o, app] {
             if (o->real_cuda) {
-              if (Status s = choose_cuda_path(*o); !s.is_ok()) {
-                fmt::print(stderr, "baton bench: {}\n", s.message());
-                return 2;
-              }
+              if (Status s = choose_cuda_path(*o); !s.is_ok()) return fail(s);
               apply_cuda_defaults(*app, *o);
             } else if (o->peer.real()) {
               apply_ucx_defaults(*app, *o);

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/core.h>
 
 #include "baton/common/status.h"
 
@@ -17,6 +19,20 @@ namespace baton::cli {
 inline Status check_duration_ms(double ms) {
   if (ms > 0 && ms <= 3.6e6) return Status::ok();
   return Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", ms);
+}
+
+// A failed command's exit code: 2 for input the caller got wrong
+// (invalid_argument, out_of_range; CLI11's own code for a bad flag), 1 for
+// a failure while running.
+inline int exit_code(const Status& s) {
+  const StatusCode c = s.code();
+  return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange ? 2 : 1;
+}
+
+// "baton <command>: <message>" on stderr; exit_code(s).
+inline int fail_command(std::string_view command, const Status& s) {
+  fmt::print(stderr, "baton {}: {}\n", command, s.message());
+  return exit_code(s);
 }
 
 struct Command {

@@ -48,10 +48,7 @@ int run_serve(const ServeOptions& o) {
   engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
-  if (!engine) {
-    fmt::print(stderr, "baton serve: {}\n", engine.error().to_string());
-    return 1;
-  }
+  if (!engine) return fail_command("serve", engine.error());
   // engine: allocated by the engine, so a peer on this host maps it and
   // copies without waking us. caller: our own buffer, registered, as a
   // framework registers its KV tensors; a peer on this host reaches it with
@@ -64,15 +61,9 @@ int run_serve(const ServeOptions& o) {
     own.resize(*bytes);
     region = (*engine)->register_memory(own.data(), own.size());
   }
-  if (!region) {
-    fmt::print(stderr, "baton serve: {}\n", region.error().to_string());
-    return 1;
-  }
+  if (!region) return fail_command("serve", region.error());
   engine::fill_pattern(std::span(reinterpret_cast<std::byte*>(region->base), region->length), kServeSalt);
-  if (Status s = (*engine)->export_region(region->handle, o.export_to); !s.is_ok()) {
-    fmt::print(stderr, "baton serve: {}\n", s.to_string());
-    return 1;
-  }
+  if (Status s = (*engine)->export_region(region->handle, o.export_to); !s.is_ok()) return fail_command("serve", s);
   fmt::print("address {}\n", (*engine)->address());
   fmt::print("region {} bytes {}\n", region->handle, region->length);
   if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());

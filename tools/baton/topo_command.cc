@@ -101,8 +101,7 @@ void print_table(const TopologyGraph& g) {
 
 int run_topo(const TopoOptions& o) {
   auto fail = [](const Status& s) {
-    fmt::print(stderr, "baton topo: {}\n", s.message());
-    return 1;
+    return fail_command("topo", s);
   };
   Result<TopologyFacts> facts = !o.model.empty()             ? load_model(o.model)
                                 : !o.nvidia_smi_file.empty() ? load_nvidia_smi_topo(o.nvidia_smi_file)

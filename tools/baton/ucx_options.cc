@@ -24,20 +24,21 @@ class BadValue : public CLI::ParseError {
 
 }  // namespace
 
-void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
-  app.add_option("--ucx-tls", ucx.tls, "UCX_TLS for this engine and a spawned peer (e.g. tcp); empty: UCX's default");
-  app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64));
-  app.add_option("--nics", ucx.nics,
+std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
+  std::vector<const CLI::Option*> added;
+  added.push_back(app.add_option("--ucx-tls", ucx.tls, "UCX_TLS for this engine and a spawned peer (e.g. tcp); empty: UCX's default"));
+  added.push_back(app.add_option("--lanes", ucx.lanes_per_peer, "UCP endpoints per peer")->check(CLI::Range(1, 64)));
+  added.push_back(app.add_option("--nics", ucx.nics,
                  "NICs to carry slices, one UCP context each (eth1,eth2 or mlx5_0:1,...): lane i on NIC i mod N, "
                  "paired by order with the peer's; a NIC that fails hands its lanes to the others; auto: the "
                  "topology's NICs, NUMA-local (default: UCX's choice)")
-      ->delimiter(',');
-  app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
-               "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)");
-  app.add_flag("--same-host-copy,!--no-same-host-copy", ucx.same_host_copy,
+      ->delimiter(','));
+  added.push_back(app.add_flag("--peer-failure-detection,!--no-peer-failure-detection", ucx.peer_failure_detection,
+               "Report a dead peer as unavailable (default on: UCX then uses TCP here; off lets it pick shared memory)"));
+  added.push_back(app.add_flag("--same-host-copy,!--no-same-host-copy", ucx.same_host_copy,
                "Copy to and from peers of this host directly (memfd mapping or CMA) instead of through UCX "
-               "(default on; off: the UCX transports carry same-host bytes too)");
-  app.add_option_function<std::string>(
+               "(default on; off: the UCX transports carry same-host bytes too)"));
+  added.push_back(app.add_option_function<std::string>(
          "--direct-copy-max",
          [&ucx](const std::string& text) {
            auto bytes = parse_size(text);
@@ -45,24 +46,25 @@ void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx) {
            ucx.direct_copy_max_bytes = *bytes;
          },
          "Copy same-host batches of at most this size on the submitting thread, without the loop, while the "
-         "loop holds no request (size; 0: always through the loop; default 16MiB)");
-  app.add_option("--copy-threads", ucx.copy_threads,
+         "loop holds no request (size; 0: always through the loop; default 16MiB)"));
+  added.push_back(app.add_option("--copy-threads", ucx.copy_threads,
                  "Datapath threads for same-host copies that take the loop (-1: one per 8 cores, at most 4, none "
                  "below 8 cores; 0: none)")
-      ->check(CLI::Range(-1, 64));
-  app.add_option_function<std::string>(
+      ->check(CLI::Range(-1, 64)));
+  added.push_back(app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {
            auto ns = parse_duration(text);
            if (!ns) throw BadValue("--stall-timeout: " + ns.error().message());
            ucx.stall_timeout_ms = *ns / 1'000'000;
          },
-         "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)");
-  app.add_option("--token-file", ucx.secret_file,
+         "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)"));
+  added.push_back(app.add_option("--token-file", ucx.secret_file,
                  "The deployment secret peers prove to each other (a chmod 600 file of 16..4096 bytes; default: "
-                 "$BATON_TOKEN_FILE; none: loopback only)");
-  app.add_flag("--allow-unauthenticated", ucx.allow_unauthenticated,
-               "Listen beyond loopback without a secret: any host that reaches the port becomes a peer");
+                 "$BATON_TOKEN_FILE; none: loopback only)"));
+  added.push_back(app.add_flag("--allow-unauthenticated", ucx.allow_unauthenticated,
+               "Listen beyond loopback without a secret: any host that reaches the port becomes a peer"));
+  return added;
 }
 
 std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx) {
@@ -105,23 +107,36 @@ void add_peer_options(CLI::App& app, PeerOptions& peer) {
   app.add_option("--transport", peer.transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
   app.add_option("--target", peer.target, "ucx: a running `baton serve` (host:port)");
   app.add_flag("--spawn", peer.spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
-  add_ucx_options(app, peer.ucx);
+  peer.ucx_options = add_ucx_options(app, peer.ucx);
+}
+
+Status check_peer(const PeerOptions& peer) {
+  if (peer.transport != "sim" && peer.transport != "ucx") {
+    return Status::invalid_argument("--transport \"{}\": expected sim or ucx", peer.transport);
+  }
+  if (peer.real()) {
+    if (peer.spawn == !peer.target.empty()) {
+      return Status::invalid_argument("--transport ucx needs one of --target and --spawn");
+    }
+    return Status::ok();
+  }
+  if (peer.spawn || !peer.target.empty()) return Status::invalid_argument("--spawn and --target need --transport ucx");
+  for (const CLI::Option* o : peer.ucx_options) {
+    if (o->count() == 0) continue;
+    // Every name of the option ("--a / --no-a"), without CLI11's "{false}" markers.
+    std::vector<std::string> names;
+    for (std::string name : CLI::detail::split(o->get_name(false, true), ',')) {
+      names.push_back(name.substr(0, name.find('{')));
+    }
+    return Status::invalid_argument("{} needs --transport ucx (the simulator moves no bytes and would ignore it)",
+                                    fmt::join(names, " / "));
+  }
+  return Status::ok();
 }
 
 Result<std::optional<ServeChild>> resolve_peer(PeerOptions& peer, std::uint64_t buffer_bytes) {
-  if (peer.transport != "sim" && peer.transport != "ucx") {
-    return std::unexpected(Status::invalid_argument("--transport \"{}\": expected sim or ucx", peer.transport));
-  }
-  if (!peer.real()) {
-    if (peer.spawn || !peer.target.empty()) {
-      return std::unexpected(Status::invalid_argument("--spawn and --target need --transport ucx"));
-    }
-    return std::optional<ServeChild>{};
-  }
-  if (peer.spawn == !peer.target.empty()) {
-    return std::unexpected(Status::invalid_argument("--transport ucx needs one of --target and --spawn"));
-  }
-  if (!peer.spawn) return std::optional<ServeChild>{};
+  if (Status s = check_peer(peer); !s.is_ok()) return std::unexpected(s);
+  if (!peer.real() || !peer.spawn) return std::optional<ServeChild>{};
   auto started = ServeChild::start(serve_args(buffer_bytes, peer.ucx));
   if (!started) return std::unexpected(started.error());
   peer.target = started->address();

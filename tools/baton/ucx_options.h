@@ -16,9 +16,11 @@
 
 namespace baton::cli {
 
-// --ucx-tls, --lanes, --peer-failure-detection / --no-peer-failure-detection,
-// --stall-timeout, --token-file, --allow-unauthenticated.
-void add_ucx_options(CLI::App& app, transport::UcxConfig& ucx);
+// --ucx-tls, --lanes, --nics, --peer-failure-detection /
+// --no-peer-failure-detection, --same-host-copy, --direct-copy-max,
+// --copy-threads, --stall-timeout, --token-file, --allow-unauthenticated:
+// the options added.
+std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxConfig& ucx);
 
 // `baton serve` arguments for a buffer of `buffer_bytes` with `ucx`'s settings.
 [[nodiscard]] std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport::UcxConfig& ucx);
@@ -46,6 +48,7 @@ struct PeerOptions {
   std::string target;
   bool spawn = false;
   transport::UcxConfig ucx;
+  std::vector<const CLI::Option*> ucx_options;  // owned by the command's CLI::App
   [[nodiscard]] bool real() const { return transport == "ucx"; }
   // "ucx to HOST:PORT (tls …)", for the JSON's description of the link.
   [[nodiscard]] std::string link() const;
@@ -54,8 +57,13 @@ struct PeerOptions {
 // --transport, --target, --spawn and the UCX options.
 void add_peer_options(CLI::App& app, PeerOptions& peer);
 
-// Checks the flags together (invalid_argument naming them); with --spawn
-// starts a `baton serve` with `buffer_bytes` and points `target` at it.
+// Checks the flags together (invalid_argument naming them): --transport is
+// sim or ucx; ucx needs one of --target and --spawn; sim takes neither, nor
+// a UCX option (the simulator would ignore it).
+[[nodiscard]] Status check_peer(const PeerOptions& peer);
+
+// check_peer(); then with --spawn starts a `baton serve` with
+// `buffer_bytes` and points `target` at it.
 [[nodiscard]] Result<std::optional<ServeChild>> resolve_peer(PeerOptions& peer, std::uint64_t buffer_bytes);
 
 }  // namespace baton::cli

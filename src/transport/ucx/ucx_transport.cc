@@ -446,6 +446,11 @@ struct UcxTransport::State {
     ucp_config_release(ucp_config);
     if (init != UCS_OK) {
       rail.context = nullptr;
+      if (init == UCS_ERR_NO_DEVICE && !cfg.tls.empty()) {  // the caller's list, not the machine
+        return fail(Status::invalid_argument(
+            "UcxTransport::create: tls \"{}\" leaves UCX no transport {} (UCX's warning names those it has)",
+            cfg.tls, nic.empty() ? std::string("on this machine") : "on NIC " + nic));
+      }
       return fail(ucx_failure("UcxTransport::create",
                               fmt::format("ucp_init (tls \"{}\"{})", cfg.tls, nic.empty() ? "" : ", NIC " + nic), init));
     }
