@@ -1,0 +1,249 @@
+// The initiator's side of the handshake (UcxTransport::State, state.h):
+// its control connection, lanes to the listener's workers, the path's type,
+// and a failing path.
+#include "transport/ucx/state.h"
+
+namespace baton::transport {
+
+void UcxTransport::State::fail_path(PathId id, Status reason) {
+  Peer& peer = peers[id];
+  if (peer.state == PathState::kFailed) return;
+  if (shut_down) {
+    spdlog::debug("ucx: path {} to {} closed", id, peer.address);
+  } else {
+    spdlog::info("ucx: path {} to {} failed: {}", id, peer.address, reason.message());
+  }
+  peer.state = PathState::kFailed;
+  peer.error = std::move(reason);
+  direct_dirty = true;
+  peer.refresh_seq = 0;
+  peer.revokes.clear();
+  if (peer.control) {
+    poller->forget(peer.control->fd());
+    peer.control.reset();  // the listener sees us go
+  }
+  for (auto& lane : peer.lanes) {
+    drop_unflushed(*lane);
+    if (lane->ep != nullptr) {
+      close_endpoint(lane->ep);
+      lane->ep = nullptr;
+    }
+  }
+  // Slices still posted hold their regions' rkeys until they finish.
+  peer.regions.clear();
+  // A compressed slice waits for a reply that will not come now.
+  for (auto& [sid, op] : slices) {
+    if (op->awaiting_reply && op->submit.path == id) finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
+  }
+}
+
+// What UCX chose for the path's RMA, from ucp_ep_print_info (UCX 1.13 has
+// no query for it): the transport of the first rma_bw lane.
+topology::PathType UcxTransport::State::detect_path_type(ucp_ep_h ep) const {
+  char* text = nullptr;
+  std::size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return topology::PathType::kTcp;
+  ucp_ep_print_info(ep, stream);
+  std::fclose(stream);
+  const std::string info(text, size);
+  std::free(text);
+  std::string_view transport;
+  std::string_view rest(info);
+  while (!rest.empty()) {
+    const auto eol = rest.find('\n');
+    const std::string_view line = rest.substr(0, eol);
+    rest = eol == std::string_view::npos ? std::string_view{} : rest.substr(eol + 1);
+    if (line.find("rma_bw#0") == std::string_view::npos) continue;
+    // "#  lane[1]:  1:tcp/lo.0 md[0] -> md[0]/tcp/sysdev[255] rma_bw#0 am …"
+    const auto lane = line.find("]:");
+    if (lane == std::string_view::npos) continue;
+    std::string_view tail = line.substr(lane + 2);
+    const auto colon = tail.find(':');
+    const auto slash = tail.find('/');
+    if (colon != std::string_view::npos && slash != std::string_view::npos && colon < slash) {
+      transport = tail.substr(colon + 1, slash - colon - 1);
+      break;
+    }
+  }
+  if (transport.empty() || transport == "tcp") return topology::PathType::kTcp;
+  for (std::string_view shm : {"cma", "posix", "sysv", "knem", "xpmem", "self"}) {
+    if (transport == shm) return topology::PathType::kShm;
+  }
+  return topology::PathType::kRdma;  // rc_verbs, rc_mlx5, dc_mlx5, ud_…
+}
+
+void UcxTransport::State::set_path_type(PathId id, topology::PathType type) {
+  PathInfo& info = infos[id];
+  info.type = type;
+  if (const auto cost = topology::CostModel().cost(type, topology::Proximity::kLocal)) {
+    info.bandwidth_gbps = cost->bandwidth_gbps;
+    info.latency_us = cost->latency_us;
+  }
+}
+
+std::string_view UcxTransport::State::stage_text(Stage stage) {
+  switch (stage) {
+    case Stage::kAwaitChallenge: return "waiting for the listener's challenge";
+    case Stage::kAwaitWelcome: return "waiting for the listener's welcome";
+    case Stage::kBinding: return "waiting for the listener to bind the lanes";
+    case Stage::kDone: return "done";
+  }
+  return "?";
+}
+
+Status UcxTransport::State::create_lanes(PathId id, const std::vector<std::vector<std::uint8_t>>& addresses) {
+  Peer& peer = peers[id];
+  for (auto& lane : peer.lanes) {
+    lane->remote_rail = static_cast<std::size_t>(lane->index) % addresses.size();
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[lane->remote_rail].data());
+    if (config.peer_failure_detection) {
+      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      params.err_handler.cb = &State::on_lane_error;
+      params.err_handler.arg = lane.get();
+    }
+    if (ucs_status_t st = ucp_ep_create(rails[lane->rail].worker, &params, &lane->ep); st != UCS_OK) {
+      lane->ep = nullptr;
+      return Status::unavailable("cannot create endpoint {} to {}{}: {}", lane->index, peer.address,
+                                 rail_name(lane->rail), ucs_status_string(st));
+    }
+  }
+  return Status::ok();
+}
+
+Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t& token) {
+  Peer& peer = peers[id];
+  if (frame.kind == ControlKind::kRefusal) {
+    auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
+    return Status::permission_denied("{} refused us: {}", peer.address, text ? *text : "(unreadable reason)");
+  }
+  if (frame.kind != ControlKind::kWelcome) {
+    return Status::invalid_argument("expected a welcome, got frame kind {}", static_cast<int>(frame.kind));
+  }
+  auto w = ucx::decode_welcome(frame.body);
+  if (!w) return w.error();
+  if (!ucx::same_proof(w->proof, ucx::listener_proof(secret, peer.challenge, peer.nonce))) {
+    return Status::permission_denied("{} does not hold our secret (its proof is wrong)", peer.address);
+  }
+  if (Status s = create_lanes(id, w->worker_addresses); !s.is_ok()) return s;
+  const auto pid = static_cast<pid_t>(w->pid);
+  if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
+    peer.same_host_pid = pid;
+    spdlog::debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
+  }
+  if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
+  token = w->session;
+  return Status::ok();
+}
+
+Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
+  Peer& peer = peers[id];
+  switch (peer.stage) {
+    case Stage::kAwaitChallenge: {
+      if (frame.kind != ControlKind::kChallenge) {
+        return Status::invalid_argument("expected a challenge, got frame kind {}", static_cast<int>(frame.kind));
+      }
+      auto challenge = ucx::decode_challenge(frame.body);
+      if (!challenge) return challenge.error();
+      auto nonce = ucx::random_nonce();
+      if (!nonce) return nonce.error();
+      peer.nonce = *nonce;
+      peer.challenge = challenge->nonce;
+      ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), {}};
+      for (const Rail& rail : rails) hello.worker_addresses.push_back(rail.worker_address);
+      hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, self_description(hello));
+      peer.stage = Stage::kAwaitWelcome;
+      return peer.control->send(ControlKind::kHello, ucx::encode(hello));
+    }
+    case Stage::kAwaitWelcome: {
+      std::uint64_t token = 0;
+      if (Status s = welcome(id, frame, token); !s.is_ok()) return s;
+      peer.stage = Stage::kBinding;
+      std::vector<std::uint8_t> payload(sizeof token);
+      std::memcpy(payload.data(), &token, sizeof token);
+      for (auto& lane : peer.lanes) {
+        MessageHeader bind;
+        bind.path = id;
+        bind.lane = static_cast<std::uint32_t>(lane->index);
+        bind.seq = peer.hello_seq;
+        if (Status s = send_message(lane->ep, MessageKind::kQuery, bind, payload); !s.is_ok()) return s;
+      }
+      return Status::ok();
+    }
+    case Stage::kBinding:
+      if (frame.kind == ControlKind::kReady) {
+        peer.stage = Stage::kDone;
+        peer.state = PathState::kReady;
+        direct_dirty = true;
+        set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
+        spdlog::debug("ucx: path {} ready: {}", id, infos[id].name());
+        return Status::ok();
+      }
+      break;
+    case Stage::kDone:
+      break;
+  }
+  switch (frame.kind) {
+    case ControlKind::kRegions: {
+      auto update = ucx::decode_regions_update(frame.body);
+      if (!update) return update.error();
+      if (update->seq != 0 && update->seq == peer.refresh_seq) peer.refresh_seq = 0;
+      return apply_regions(id, update->regions);
+    }
+    case ControlKind::kRevoke: {
+      auto revoke = ucx::decode_revoke(frame.body);
+      if (!revoke) return revoke.error();
+      for (std::uint32_t key : revoke->keys) peer.regions.erase(key);
+      direct_dirty = true;
+      peer.revokes.push_back(std::move(*revoke));
+      return Status::ok();
+    }
+    case ControlKind::kRefusal: {
+      auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
+      return Status::unavailable("{} closed the path: {}", peer.address, text ? *text : "(unreadable reason)");
+    }
+    default:
+      return Status::invalid_argument("frame kind {} is not for an initiator", static_cast<int>(frame.kind));
+  }
+}
+
+void UcxTransport::State::drive_paths(TimeNs now_ns) {
+  for (PathId id = 0; id < peers.size(); ++id) {
+    Peer& peer = peers[id];
+    if (peer.state == PathState::kFailed || !peer.control) continue;
+    const bool expired = peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns;
+    if (!is_ready(peer.control->fd()) && !peer.control->wants_write() && peer.revokes.empty() && !expired) continue;
+    Status status = peer.control->flush();
+    if (status.is_ok()) status = peer.control->receive(ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes);
+    for (;;) {
+      auto frame = peer.control->next(ucx::kMaxFrameBytes);
+      if (!frame) {
+        status = frame.error();
+        break;
+      }
+      if (!*frame) break;
+      if (Status s = initiator_frame(id, **frame); !s.is_ok()) {
+        status = s;
+        break;
+      }
+    }
+    if (status.is_ok() && peer.state == PathState::kReady) status = acknowledge_revokes(id);
+    if (status.is_ok()) status = peer.control->flush();
+    if (!status.is_ok()) {
+      fail_path(id, Status(status.code() == StatusCode::kPermissionDenied ? StatusCode::kPermissionDenied
+                                                                          : StatusCode::kUnavailable,
+                           fmt::format("path {} to {}: {}", id, peer.address, status.message())));
+      continue;
+    }
+    watch(*peer.control, peer.write_watched);
+    if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
+      fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({})", id,
+                                        peer.address, config.handshake_timeout_ms, stage_text(peer.stage)));
+    }
+  }
+}
+
+}  // namespace baton::transport

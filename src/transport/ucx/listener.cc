@@ -1,0 +1,316 @@
+// The listener's side of the handshake (UcxTransport::State, state.h):
+// control connections from initiators, the challenge, sessions, back lanes
+// and lane binding.
+#include "transport/ucx/state.h"
+
+namespace baton::transport {
+
+// The session whose lane `ep` is, or null for a lane never bound.
+auto UcxTransport::State::session_of(ucp_ep_h ep) -> Session* {
+  const auto it = ep == nullptr ? session_by_ep.end() : session_by_ep.find(ep);
+  return it == session_by_ep.end() ? nullptr : &sessions.at(it->second);
+}
+
+// A lane's first message: the session token its welcome carried. Notes
+// the endpoint it arrives on here as that session's; once every lane is
+// bound, the control connection says the path is ready.
+void UcxTransport::State::handle_bind(const Inbound& in) {
+  if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
+    spdlog::warn("ucx: a lane binding without a reply endpoint or a token; dropped");
+    return;
+  }
+  std::uint64_t token = 0;
+  std::memcpy(&token, in.payload.data(), sizeof token);
+  const auto it = session_by_token.find(token);
+  if (it == session_by_token.end()) {
+    spdlog::warn("ucx: a lane binding with an unknown session token; dropped");
+    return;
+  }
+  const std::uint64_t id = it->second;
+  Session& session = sessions.at(id);
+  // UCX may have reused the address of a departed peer's endpoint.
+  if (auto old = session_by_ep.find(in.reply_ep); old != session_by_ep.end() && old->second != id) {
+    sessions.at(old->second).bound.erase(in.reply_ep);
+  }
+  if (!session.bound.contains(in.reply_ep) && session.bound.size() >= session.lanes) {
+    spdlog::warn("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes);
+    return;
+  }
+  session.bound.insert(in.reply_ep);
+  session_by_ep[in.reply_ep] = id;
+  if (session.bound.size() == session.lanes && !session.ready_sent) {
+    session.ready_sent = true;
+    tell(id, ControlKind::kReady, {});
+  }
+}
+
+// Our endpoints to an initiator on one rail failed: those close, and the
+// session goes on over the others; the last rail ends the session.
+void UcxTransport::State::fail_back_rail(const BackError& e) {
+  const auto it = sessions.find(e.session);
+  if (it == sessions.end()) return;
+  Session& session = it->second;
+  const bool others = std::any_of(session.back.begin(), session.back.end(), [&](const auto& b) {
+    return b->rail != e.rail && b->ep != nullptr;
+  });
+  const std::string why = fmt::format("our endpoint to it{} failed: {}", rail_name(e.rail), ucs_status_string(e.status));
+  if (!others || !config.peer_failure_detection) {
+    close_session(e.session, why);
+    return;
+  }
+  spdlog::warn("ucx: peer {}: {}; answering over the other rails", session.name, why);
+  for (auto& back : session.back) {
+    if (back->rail != e.rail || back->ep == nullptr) continue;
+    close_endpoint(back->ep);
+    back->ep = nullptr;
+  }
+}
+
+void UcxTransport::State::watch(ControlConnection& conn, bool& write_watched) {
+  if (conn.wants_write() != write_watched) {
+    write_watched = conn.wants_write();
+    poller->change(conn.fd(), write_watched);
+  }
+}
+
+void UcxTransport::State::close_session(std::uint64_t id, std::string_view why) {
+  auto it = sessions.find(id);
+  if (it == sessions.end()) return;
+  Session& session = it->second;
+  if (!session.authenticated) --unauthenticated;
+  if (session.authenticated && !shut_down) {
+    spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
+  } else {
+    spdlog::debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
+  }
+  poller->forget(session.conn->fd());
+  // Our endpoints to it close; what still arrives on its lanes finds no
+  // session and is dropped.
+  for (auto& back : session.back) {
+    if (back->ep != nullptr) close_endpoint(back->ep);
+  }
+  for (ucp_ep_h ep : session.bound) {
+    if (auto it = session_by_ep.find(ep); it != session_by_ep.end() && it->second == id) session_by_ep.erase(it);
+  }
+  session_by_token.erase(session.token);
+  for (auto& [base, r] : regions) r.awaiting.erase(id);
+  sessions.erase(it);
+}
+
+// Sends a frame to a session; a peer that does not read loses its session.
+bool UcxTransport::State::tell(std::uint64_t id, ControlKind kind, std::span<const std::uint8_t> body) {
+  Session& session = sessions.at(id);
+  if (Status s = session.conn->send(kind, body); !s.is_ok()) {
+    close_session(id, s.message());
+    return false;
+  }
+  return true;
+}
+
+void UcxTransport::State::accept_connections(TimeNs now_ns) {
+  if (!listener) return;
+  if (!is_ready(listener->fd())) return;
+  while (auto conn = listener->accept()) {
+    if (unauthenticated >= config.max_unauthenticated) {
+      ++refused_connections;
+      spdlog::debug("ucx: {} handshakes under way; connection from {} closed", unauthenticated, conn->remote());
+      continue;  // closes it
+    }
+    auto nonce = ucx::random_nonce();
+    if (!nonce) {
+      spdlog::error("ucx: {}", nonce.error().message());
+      continue;
+    }
+    const std::uint64_t id = next_session++;
+    ++unauthenticated;
+    Session& session = sessions[id];
+    session.conn = std::move(conn);
+    session.nonce = *nonce;
+    session.deadline_ns = now_ns + config.handshake_timeout_ms * 1'000'000;
+    poller->watch(session.conn->fd(), false);
+    tell(id, ControlKind::kChallenge, ucx::encode(ucx::Challenge{session.nonce}));
+  }
+}
+
+// What an initiator's proof covers beside the nonces: its name and its
+// worker addresses, so none can be swapped on the way.
+std::string UcxTransport::State::self_description(const ucx::Hello& hello) {
+  std::string out = hello.name;
+  for (const auto& a : hello.worker_addresses) {
+    out += fmt::format("|{}:", a.size());
+    out.append(a.begin(), a.end());
+  }
+  return out;
+}
+
+// Our endpoints to an authenticated initiator's workers, carrying our
+// answers to its slices: one per lane, lane i's from the rail it arrives
+// on here to the rail it leaves from there.
+Status UcxTransport::State::open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses) {
+  Session& session = sessions.at(id);
+  for (std::size_t i = 0; i < session.lanes; ++i) {
+    auto back = std::make_unique<BackLane>();
+    back->state = this;
+    back->session = id;
+    back->rail = i % rails.size();
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[i % addresses.size()].data());
+    params.err_mode = config.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    params.err_handler.cb = &State::on_back_error;
+    params.err_handler.arg = back.get();
+    if (!config.peer_failure_detection) params.field_mask &= ~UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    if (ucs_status_t st = ucp_ep_create(rails[back->rail].worker, &params, &back->ep); st != UCS_OK) {
+      return Status::unavailable("cannot reach the worker of {}{}: {}", session.name, rail_name(back->rail),
+                                 ucs_status_string(st));
+    }
+    session.back.push_back(std::move(back));
+  }
+  return Status::ok();
+}
+
+Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
+  Session& session = sessions.at(id);
+  if (frame.kind != ControlKind::kHello) {
+    return Status::invalid_argument("expected a hello, got frame kind {}", static_cast<int>(frame.kind));
+  }
+  auto hello = ucx::decode_hello(frame.body);
+  if (!hello) return hello.error();
+  if (!ucx::same_proof(hello->proof,
+                       ucx::initiator_proof(secret, session.nonce, hello->nonce, self_description(*hello)))) {
+    const std::string why = secret.empty() ? "authentication failed: this engine has no secret and the peer has one"
+                                           : "authentication failed: the peer does not hold this engine's secret";
+    (void)session.conn->send(ControlKind::kRefusal, ucx::encode_text(why));
+    (void)session.conn->flush();
+    return Status::permission_denied("{}", why);
+  }
+  auto token = ucx::random_token();
+  if (!token) return token.error();
+  session.authenticated = true;
+  --unauthenticated;
+  session.name = hello->name;
+  session.token = *token;
+  session.lanes = hello->lanes;
+  session_by_token.emplace(session.token, id);
+  if (Status s = open_back_lanes(id, hello->worker_addresses); !s.is_ok()) return s;
+  ucx::Welcome welcome;
+  welcome.proof = ucx::listener_proof(secret, session.nonce, hello->nonce);
+  welcome.session = session.token;
+  for (const Rail& rail : rails) welcome.worker_addresses.push_back(rail.worker_address);
+  welcome.pid = static_cast<std::uint32_t>(getpid());
+  welcome.cookie_address = reinterpret_cast<std::uintptr_t>(cookie.data());
+  welcome.cookie = cookie;
+  welcome.regions = tell_regions(session);
+  spdlog::debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
+  tell(id, ControlKind::kWelcome, ucx::encode(welcome));
+  return Status::ok();
+}
+
+Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
+  Session& session = sessions.at(id);
+  switch (frame.kind) {
+    case ControlKind::kRefresh: {
+      auto seq = ucx::decode_seq(frame.body);
+      if (!seq) return seq.error();
+      tell(id, ControlKind::kRegions, ucx::encode(ucx::Regions{*seq, tell_regions(session)}));
+      return Status::ok();
+    }
+    case ControlKind::kRevokeAck: {
+      auto seq = ucx::decode_seq(frame.body);
+      if (!seq) return seq.error();
+      for (auto& [base, r] : regions) {
+        if (r.revoking && r.revoke_seq == *seq) r.awaiting.erase(id);
+      }
+      return Status::ok();
+    }
+    case ControlKind::kNotify: {
+      auto text = ucx::decode_text(frame.body, kMaxNotificationBytes);
+      if (!text) return text.error();
+      if (notifications.size() == ucx::kMaxPendingNotifications) {
+        spdlog::warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
+        notifications.pop_front();
+      }
+      notifications.push_back({session.name, std::move(*text)});
+      return Status::ok();
+    }
+    default:
+      return Status::invalid_argument("frame kind {} is not for a listener", static_cast<int>(frame.kind));
+  }
+}
+
+// Session ids now: handling a frame may close a session (telling a peer
+// that does not read), so no loop walks the map itself while it acts.
+std::vector<std::uint64_t> UcxTransport::State::session_ids() const {
+  std::vector<std::uint64_t> ids;
+  ids.reserve(sessions.size());
+  for (const auto& [id, session] : sessions) ids.push_back(id);
+  return ids;
+}
+
+void UcxTransport::State::serve_sessions(TimeNs now_ns) {
+  for (std::uint64_t id : session_ids()) {
+    auto it = sessions.find(id);
+    if (it == sessions.end()) continue;
+    Session& session = it->second;
+    const bool expired = !session.authenticated && now_ns >= session.deadline_ns;
+    if (!is_ready(session.conn->fd()) && !session.conn->wants_write() && !expired) continue;
+    const std::uint32_t bound = session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes;
+    Status status = session.conn->receive(bound + ucx::kFrameHeaderBytes);
+    // Frames that arrived before a close still count (a notification, an ack).
+    for (;;) {
+      auto frame = session.conn->next(session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes);
+      if (!frame) {
+        status = frame.error();
+        break;
+      }
+      if (!*frame) break;
+      Status handled = session.authenticated ? serve_frame(id, **frame) : authenticate(id, **frame);
+      if (!handled.is_ok()) {
+        status = handled;
+        break;
+      }
+      if (!sessions.contains(id)) break;  // closed while telling it something
+    }
+    if (!sessions.contains(id)) continue;
+    if (status.is_ok() && !session.authenticated && now_ns >= session.deadline_ns) {
+      status = Status::timeout("no valid hello within {} ms", config.handshake_timeout_ms);
+    }
+    if (status.is_ok()) status = session.conn->flush();
+    if (!status.is_ok()) {
+      close_session(id, status.message());
+      continue;
+    }
+    watch(*session.conn, session.write_watched);
+  }
+}
+
+// Writes what control connections have queued since the last poll (a
+// notification, a revocation) and watches for writability where the
+// socket did not take it all, so a sleeping loop wakes to finish.
+void UcxTransport::State::flush_control() {
+  for (std::uint64_t id : session_ids()) {
+    Session& session = sessions.at(id);
+    if (!session.conn->wants_write()) continue;
+    if (Status st = session.conn->flush(); !st.is_ok()) {
+      close_session(id, st.message());
+      continue;
+    }
+    watch(*session.conn, session.write_watched);
+  }
+  for (PathId id = 0; id < peers.size(); ++id) {
+    Peer& peer = peers[id];
+    if (peer.state == PathState::kFailed || !peer.control || !peer.control->wants_write()) continue;
+    if (Status st = peer.control->flush(); !st.is_ok()) {
+      fail_path(id, Status::unavailable("path {} to {}: {}", id, peer.address, st.message()));
+      continue;
+    }
+    watch(*peer.control, peer.write_watched);
+  }
+}
+
+bool UcxTransport::State::is_ready(int fd) const {
+  return all_ready || std::find(ready_fds.begin(), ready_fds.end(), fd) != ready_fds.end();
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,356 @@
+// Rails and endpoints (UcxTransport::State, state.h): each rail's UCP
+// context and worker, its active-message handlers and error callbacks,
+// progress, handshake messages, endpoint closes, a failing rail, teardown.
+#include "transport/ucx/state.h"
+
+namespace baton::transport {
+
+// A UCP context and worker on one NIC (`nic` empty: UCX's choice), with
+// our active-message handlers. Destroyed by teardown() once in `rails`;
+// on failure here, released here.
+auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic, State* state) -> Result<Rail> {
+  Rail rail;
+  rail.nic = nic;
+  auto fail = [&rail](Status why) {
+    if (rail.worker != nullptr) ucp_worker_destroy(rail.worker);
+    if (rail.context != nullptr) ucp_cleanup(rail.context);
+    return std::unexpected(std::move(why));
+  };
+  ucp_config_t* ucp_config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucp_config); s != UCS_OK) {
+    return fail(ucx_failure("UcxTransport::create", "ucp_config_read", s));
+  }
+  if (!cfg.tls.empty()) {
+    if (ucs_status_t s = ucp_config_modify(ucp_config, "TLS", cfg.tls.c_str()); s != UCS_OK) {
+      ucp_config_release(ucp_config);
+      return fail(Status::invalid_argument("UcxTransport::create: tls \"{}\" refused by UCX: {}", cfg.tls,
+                                           ucs_status_string(s)));
+    }
+  }
+  if (!nic.empty()) {
+    if (ucs_status_t s = ucp_config_modify(ucp_config, "NET_DEVICES", nic.c_str()); s != UCS_OK) {
+      ucp_config_release(ucp_config);
+      return fail(Status::invalid_argument("UcxTransport::create: NIC \"{}\" refused by UCX: {}", nic,
+                                           ucs_status_string(s)));
+    }
+  }
+  // One segment per slice message (UcxConfig::tcp_segment_bytes); what the
+  // environment sets wins. Only where TCP may open: UCX warns about a
+  // setting no transport took.
+  if (cfg.tcp_segment_bytes != 0 && may_use_tcp(cfg.tls, nic)) {
+    const std::string bytes = std::to_string(cfg.tcp_segment_bytes);
+    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
+      if (std::getenv(fmt::format("UCX_TCP_{}", key).c_str()) != nullptr) continue;
+      if (ucs_status_t s = ucp_config_modify(ucp_config, key, bytes.c_str()); s != UCS_OK) {
+        ucp_config_release(ucp_config);
+        return fail(Status::invalid_argument("UcxTransport::create: {}={} refused by UCX: {}", key, bytes,
+                                             ucs_status_string(s)));
+      }
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "baton";
+  const ucs_status_t init = ucp_init(&params, ucp_config, &rail.context);
+  ucp_config_release(ucp_config);
+  if (init != UCS_OK) {
+    rail.context = nullptr;
+    if (init == UCS_ERR_NO_DEVICE && !cfg.tls.empty()) {  // the caller's list, not the machine
+      return fail(Status::invalid_argument(
+          "UcxTransport::create: tls \"{}\" leaves UCX no transport {} (UCX's warning names those it has)",
+          cfg.tls, nic.empty() ? std::string("on this machine") : "on NIC " + nic));
+    }
+    return fail(ucx_failure("UcxTransport::create",
+                            fmt::format("ucp_init (tls \"{}\"{})", cfg.tls, nic.empty() ? "" : ", NIC " + nic), init));
+  }
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // the engine loop owns it
+  if (ucs_status_t s = ucp_worker_create(rail.context, &worker_params, &rail.worker); s != UCS_OK) {
+    rail.worker = nullptr;
+    return fail(ucx_failure("UcxTransport::create", "ucp_worker_create", s));
+  }
+  if (ucs_status_t s = ucp_worker_get_efd(rail.worker, &rail.worker_fd); s != UCS_OK) {
+    return fail(ucx_failure("UcxTransport::create", "ucp_worker_get_efd", s));
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t address_length = 0;
+  if (ucs_status_t s = ucp_worker_get_address(rail.worker, &address, &address_length); s != UCS_OK) {
+    return fail(ucx_failure("UcxTransport::create", "ucp_worker_get_address", s));
+  }
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(address);
+  rail.worker_address.assign(bytes, bytes + address_length);
+  rail.handler_arg = std::make_unique<HandlerArg>(HandlerArg{state, rail.worker});
+  ucp_worker_release_address(rail.worker, address);
+  if (rail.worker_address.size() > ucx::kMaxWorkerAddressBytes) {
+    return fail(Status::unavailable("UcxTransport::create: UCX's worker address has {} bytes (at most {} travel)",
+                                    rail.worker_address.size(), ucx::kMaxWorkerAddressBytes));
+  }
+  for (auto [kind, cb] : {std::pair{MessageKind::kQuery, &State::on_message<MessageKind::kQuery>},
+                          std::pair{MessageKind::kWriteData, &State::on_message<MessageKind::kWriteData>},
+                          std::pair{MessageKind::kWriteDone, &State::on_message<MessageKind::kWriteDone>},
+                          std::pair{MessageKind::kReadAsk, &State::on_message<MessageKind::kReadAsk>},
+                          std::pair{MessageKind::kReadData, &State::on_message<MessageKind::kReadData>},
+                          std::pair{MessageKind::kSliceBundle, &State::on_message<MessageKind::kSliceBundle>},
+                          std::pair{MessageKind::kReplyBundle, &State::on_message<MessageKind::kReplyBundle>}}) {
+    ucp_am_handler_param_t p{};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    p.id = static_cast<unsigned>(kind);
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    p.cb = cb;
+    p.arg = rail.handler_arg.get();
+    if (ucs_status_t s = ucp_worker_set_am_recv_handler(rail.worker, &p); s != UCS_OK) {
+      return fail(ucx_failure("UcxTransport::create", "ucp_worker_set_am_recv_handler", s));
+    }
+  }
+  return rail;
+}
+
+void UcxTransport::State::on_back_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* back = static_cast<BackLane*>(arg);
+  back->state->back_errors.push_back({back->session, back->rail, status});
+}
+
+void UcxTransport::State::on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* lane = static_cast<Lane*>(arg);
+  lane->state->lane_errors.emplace_back(lane, status);
+}
+
+void UcxTransport::State::on_message_sent(void* request, ucs_status_t status, void* user_data) {
+  auto* msg = static_cast<Outgoing*>(user_data);
+  ucp_request_free(request);
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    spdlog::debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
+  }
+  msg->state->outgoing_bytes -= msg->payload.size();
+  msg->state->buffers.give(std::move(msg->payload));
+  msg->state->outgoing.erase(msg);
+}
+
+template <MessageKind kKind>
+ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std::size_t header_length, void* data,
+                                             std::size_t length, const ucp_am_recv_param_t* param) {
+  const auto& handler = *static_cast<const HandlerArg*>(arg);
+  State* state = handler.state;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    // We send every handshake message eager; a rendezvous one is not ours.
+    spdlog::warn("ucx: dropped a rendezvous handshake message of {} bytes", length);
+    return UCS_OK;
+  }
+  Inbound in;
+  in.kind = kKind;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0) in.reply_ep = param->reply_ep;
+  const auto* h = static_cast<const std::uint8_t*>(header);
+  const auto* d = static_cast<const std::uint8_t*>(data);
+  if (header_length > 0) in.header.assign(h, h + header_length);
+  // A slice's bytes are kept where UCX assembled them, not copied again
+  // (over TCP this copy, into fresh memory, cost more than the socket).
+  const bool lend = length > 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+  if (lend) {
+    in.held = HeldAmData(data, ReleaseAmData{handler.worker});
+    in.payload = std::span(d, length);
+  } else if (length > 0) {
+    in.copy = state->buffers.take(length);
+    in.copy.assign(d, d + length);
+    in.payload = in.copy;
+  }
+  state->inbox.push_back(std::move(in));
+  return lend ? UCS_INPROGRESS : UCS_OK;
+}
+
+void UcxTransport::State::progress() {
+  for (Rail& rail : rails) {
+    for (int i = 0; i < kProgressRoundsPerPoll; ++i) {
+      if (ucp_worker_progress(rail.worker) == 0) break;
+    }
+  }
+}
+
+// Whether every worker is idle: one progress round each, all of them.
+bool UcxTransport::State::progress_once() {
+  unsigned done = 0;
+  for (Rail& rail : rails) done += ucp_worker_progress(rail.worker);
+  return done != 0;
+}
+
+void UcxTransport::State::unmap(LocalRegion& r) {
+  for (std::size_t i = 0; i < r.memh.size(); ++i) ucp_mem_unmap(rails[i].context, r.memh[i]);
+  r.memh.clear();
+}
+
+// A slice was posted on `rail` of `peer`: an idle stretch ends there.
+void UcxTransport::State::note_posted(Peer& peer, std::size_t rail, TimeNs now_ns) {
+  ++peer.inflight;
+  if (peer.rails[rail].inflight++ == 0) peer.rails[rail].last_progress_ns = now_ns;
+}
+
+void UcxTransport::State::close_endpoint(ucp_ep_h ep) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  // A forced close needs no answer from the peer and completes everything
+  // still posted with UCS_ERR_CANCELED; UCX allows it only under
+  // peer-failure handling.
+  param.flags = config.peer_failure_detection ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  void* request = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+}
+
+void UcxTransport::State::reap_closing() {
+  std::erase_if(closing, [](void* request) {
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+    ucp_request_free(request);
+    return true;
+  });
+}
+
+Status UcxTransport::State::send_message(ucp_ep_h ep, MessageKind kind, const MessageHeader& header,
+                                         std::vector<std::uint8_t> payload) {
+  auto msg = std::make_unique<Outgoing>();
+  msg->state = this;
+  msg->header = ucx::encode_header(header);
+  msg->payload = std::move(payload);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  param.cb.send = &State::on_message_sent;
+  param.user_data = msg.get();
+  void* request = ucp_am_send_nbx(ep, static_cast<unsigned>(kind), msg->header.data(), msg->header.size(),
+                                  msg->payload.empty() ? nullptr : msg->payload.data(), msg->payload.size(),
+                                  &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    return ucx_failure("ucx handshake", "ucp_am_send_nbx", UCS_PTR_STATUS(request));
+  }
+  if (request == nullptr) {  // sent already
+    buffers.give(std::move(msg->payload));
+    return Status::ok();
+  }
+  msg->request = request;
+  outgoing_bytes += msg->payload.size();
+  Outgoing* key = msg.get();
+  outgoing.emplace(key, std::move(msg));
+  return Status::ok();
+}
+
+// " on rail 1 (eth1)" where there is more than one rail, else nothing.
+std::string UcxTransport::State::rail_name(std::size_t rail) const {
+  return rails.size() == 1 ? std::string() : fmt::format(" on rail {} ({})", rail, rails[rail].nic);
+}
+
+// Rail `rail` of path `id` failed. While another rail of the path works
+// (and a forced close can complete what is posted: peer-failure
+// detection), only its lanes close: their RMA completes with an error,
+// their slices awaiting a reply fail, and the scheduler sends them again,
+// which lands them on the lanes left (submit). The last rail fails the path.
+void UcxTransport::State::fail_rail(PathId id, std::size_t rail, Status reason) {
+  Peer& peer = peers[id];
+  if (peer.state == PathState::kFailed || peer.rails[rail].failed) return;
+  bool others = false;
+  for (std::size_t r = 0; r < peer.rails.size(); ++r) others = others || (r != rail && !peer.rails[r].failed);
+  if (!others || !config.peer_failure_detection || peer.same_host_pid != 0) {
+    fail_path(id, std::move(reason));
+    return;
+  }
+  spdlog::warn("ucx: {}; its lanes fail over to the path's other rails", reason.message());
+  peer.rails[rail].failed = true;
+  for (auto& lane : peer.lanes) {
+    if (lane->rail != rail || lane->ep == nullptr) continue;
+    drop_unflushed(*lane);
+    close_endpoint(lane->ep);
+    lane->ep = nullptr;
+  }
+  for (auto& [sid, op] : slices) {
+    if (op->awaiting_reply && op->submit.path == id && op->rail == rail) {
+      finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
+    }
+  }
+}
+
+// A rail of a ready path that has had slices posted and none completed for
+// the stall timeout fails: a link that went down, or a peer that stopped.
+void UcxTransport::State::fail_stalled(TimeNs now_ns) {
+  if (config.stall_timeout_ms == 0) return;
+  const TimeNs stall_ns = config.stall_timeout_ms * 1'000'000;
+  bool failed = false;
+  for (PathId id = 0; id < peers.size(); ++id) {
+    Peer& p = peers[id];
+    for (std::size_t r = 0; r < p.rails.size() && p.state == PathState::kReady; ++r) {
+      const RailLoad& load = p.rails[r];
+      if (load.failed || load.inflight == 0 || now_ns - load.last_progress_ns < stall_ns) continue;
+      fail_rail(id, r,
+                Status::unavailable("path {} to {}{}: no slice completed for {} ms with {} posted (the link or the "
+                                    "peer is gone)",
+                                    id, p.address, rail_name(r), config.stall_timeout_ms, load.inflight));
+      failed = true;
+    }
+  }
+  if (failed) handle_recorded();  // the forced close completes what was posted
+}
+
+void UcxTransport::State::begin_shutdown() {
+  if (shut_down) return;
+  shut_down = true;
+  if (listener) {
+    poller->forget(listener->fd());
+    listener.reset();
+  }
+  for (PathId id = 0; id < peers.size(); ++id) {
+    fail_path(id, Status::unavailable("path {} to {}: the transport shut down", id, peers[id].address));
+  }
+  while (!sessions.empty()) close_session(sessions.begin()->first, "the transport shut down");
+  publish_direct();
+}
+
+void UcxTransport::State::teardown() {
+  if (rails.empty() || rails.back().worker == nullptr) {  // create() failed part way
+    for (Rail& rail : rails) {
+      if (rail.worker != nullptr) ucp_worker_destroy(rail.worker);
+      if (rail.context != nullptr) ucp_cleanup(rail.context);
+    }
+    rails.clear();
+    return;
+  }
+  begin_shutdown();
+  if (copier) {  // its copies finish first: they write into slices' memory
+    poller->forget(copier->fd());
+    copier.reset();
+  }
+  if (workers) {  // likewise
+    poller->forget(workers->fd());
+    workers.reset();
+  }
+  for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
+    progress_once();
+    reap_closing();
+  }
+  if (!closing.empty()) {
+    spdlog::warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
+    for (void* r : std::exchange(closing, {})) ucp_request_free(r);
+  }
+  // Whatever UCX still holds must not call back into freed records.
+  for (auto& [id, op] : slices) {
+    if (op->request != nullptr) ucp_request_free(op->request);
+  }
+  for (auto& [key, group] : flushes) {
+    if (group->request != nullptr) ucp_request_free(group->request);
+  }
+  flushes.clear();
+  for (auto& [msg, holder] : outgoing) {
+    if (holder->request != nullptr) ucp_request_free(holder->request);
+  }
+  // rkeys live in the worker's memory pools: release them before it.
+  finished.clear();
+  slices.clear();
+  to_flush.clear();
+  peers.clear();
+  for (auto& [base, r] : regions) unmap(r);
+  regions.clear();
+  inbox.clear();  // payloads UCX lent go back to their workers first
+  for (Rail& rail : rails) ucp_worker_destroy(rail.worker);
+  outgoing.clear();
+  for (Rail& rail : rails) ucp_cleanup(rail.context);
+  rails.clear();
+}
+
+}  // namespace baton::transport

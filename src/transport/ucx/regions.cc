@@ -1,0 +1,233 @@
+// Regions (UcxTransport::State, state.h): local memory mapped on every
+// rail, what each peer may see, a peer's region table, the direct-copy
+// table, and revocation.
+#include "transport/ucx/state.h"
+
+namespace baton::transport {
+
+void UcxTransport::State::publish_direct() {
+  direct_dirty = false;
+  std::shared_ptr<DirectTable> t;
+  if (config.same_host_copy && !shut_down) {
+    t = std::make_shared<DirectTable>();
+    for (const auto& [base, r] : regions) {
+      if (r.kind != MemoryKind::kDram || r.revoking) continue;
+      t->locals.emplace(r.handle, DirectTable::Local{reinterpret_cast<std::byte*>(r.base), r.length,
+                                                     r.shared ? r.shared->mapping : nullptr});
+    }
+    for (PathId id = 0; id < peers.size(); ++id) {  // a later connect to the same address wins
+      const Peer& peer = peers[id];
+      if (peer.state != PathState::kReady || peer.same_host_pid == 0) continue;
+      DirectTable::Peer& p = t->peers[infos[id].to];
+      p = DirectTable::Peer{peer.same_host_pid, {}};
+      for (const auto& [key, keys] : peer.regions) {
+        p.regions.emplace(key, DirectTable::Remote{keys->info.base, keys->info.length, keys->mapping});
+      }
+    }
+  }
+  std::shared_ptr<const DirectTable> old;
+  {
+    std::lock_guard lock(direct_mutex);
+    old = std::exchange(direct, std::move(t));
+  }
+  // Pruned here too: an engine whose regions are never revoked must not
+  // keep one entry per table it ever published.
+  if (old) {
+    std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
+    retired.push_back(old);
+  }
+}
+
+// Whether a copy may still read a table that is no longer published.
+bool UcxTransport::State::retired_in_use() {
+  std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
+  return !retired.empty();
+}
+
+bool UcxTransport::State::visible(const LocalRegion& r, const Session& session) {
+  return session.authenticated && !r.revoking && (r.exported_all || r.exported_to.contains(session.name));
+}
+
+// The regions `session` may use now; remembered as what it was told.
+std::vector<RegionDescriptor> UcxTransport::State::tell_regions(Session& session) {
+  std::vector<RegionDescriptor> out;
+  session.sent.clear();
+  for (const auto& [base, r] : regions) {
+    if (!visible(r, session)) continue;
+    RegionDescriptor d{r.handle, static_cast<std::uint64_t>(r.base), r.length, r.packed_rkeys};
+    if (r.shared) {
+      d.memfd = r.shared->fd.get();
+      d.memfd_inode = r.shared->inode;
+    }
+    out.push_back(std::move(d));
+    session.sent.insert(r.handle);
+  }
+  return out;
+}
+
+// ucp_mem_map of a caller's range, or (addr null) of memory UCX
+// allocates, then the rkey peers get. The caller checked the range.
+Result<RegionHandle> UcxTransport::State::map_region(void* addr, std::size_t length, MemoryKind kind, int numa_node) {
+  ucp_mem_map_params_t params{};
+  params.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  const char* call = addr == nullptr ? "UcxTransport::allocate_memory" : "UcxTransport::register_memory";
+  // Allocated memory is a memfd, so that same-host peers can map it.
+  std::optional<ucx::SharedAllocation> shared;
+  if (addr == nullptr) {
+    auto created = ucx::SharedAllocation::create(length, numa_node);
+    if (!created) return std::unexpected(Status(created.error().code(), fmt::format("{}: {}", call, created.error().message())));
+    shared = std::move(*created);
+    addr = shared->mapping->address();
+  }
+  params.address = addr;
+  params.length = length;
+  // Said, not detected: a UCX without CUDA support must refuse VRAM rather
+  // than map a device pointer as host memory.
+  params.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  LocalRegion region;
+  // Mapped on every rail (each is a UCP context of its own), with the rkey
+  // of each for peers.
+  for (Rail& rail : rails) {
+    ucp_mem_h memh = nullptr;
+    if (ucs_status_t st = ucp_mem_map(rail.context, &params, &memh); st != UCS_OK) {
+      unmap(region);
+      return std::unexpected(
+          ucx_failure(call, kind == MemoryKind::kVram ? "ucp_mem_map (VRAM)" : "ucp_mem_map", st));
+    }
+    region.memh.push_back(memh);
+    void* packed = nullptr;
+    std::size_t packed_size = 0;
+    if (ucs_status_t st = ucp_rkey_pack(rail.context, memh, &packed, &packed_size); st != UCS_OK) {
+      unmap(region);
+      return std::unexpected(ucx_failure(call, "ucp_rkey_pack", st));
+    }
+    const auto* bytes = static_cast<const std::uint8_t*>(packed);
+    region.packed_rkeys.emplace_back(bytes, bytes + packed_size);
+    ucp_rkey_buffer_release(packed);
+  }
+  region.handle = next_region++;
+  region.base = reinterpret_cast<std::uintptr_t>(addr);
+  region.length = length;
+  region.kind = kind;
+  region.shared = std::move(shared);
+  region_base.emplace(region.handle, region.base);
+  const RegionHandle handle = region.handle;
+  regions.emplace(region.base, std::move(region));
+  publish_direct();  // the next copy_direct may use it
+  return handle;
+}
+
+// Whether region `key` is being revoked and session `id` has not
+// acknowledged yet: what it posted before it learned of the revocation
+// is still served (the memory stays mapped until it acknowledges).
+bool UcxTransport::State::revoking_for(std::uint32_t key, std::uint64_t id) const {
+  const auto base = region_base.find(key);
+  if (base == region_base.end()) return false;
+  const LocalRegion& r = regions.at(base->second);
+  return r.revoking && r.awaiting.contains(id);
+}
+
+// Replaces the peer's region table by `descriptors`, unpacking the rkeys
+// of new regions on every lane. Regions that did not change keep theirs.
+Status UcxTransport::State::apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors) {
+  Peer& peer = peers[id];
+  std::map<RegionHandle, std::shared_ptr<RemoteRegionKeys>> table;
+  for (const RegionDescriptor& d : descriptors) {
+    if (table.contains(d.key)) {
+      return Status::invalid_argument("ucx handshake: peer {} announced region key {} twice", peer.address,
+                                      d.key);
+    }
+    auto old = peer.regions.find(d.key);
+    if (old != peer.regions.end() && old->second->info.base == d.base && old->second->info.length == d.length &&
+        old->second->memfd == d.memfd && old->second->memfd_inode == d.memfd_inode) {
+      table.emplace(d.key, old->second);
+      continue;
+    }
+    auto keys = std::make_shared<RemoteRegionKeys>();
+    keys->info = {d.key, d.base, d.length};
+    keys->rkeys.assign(peer.lanes.size(), nullptr);
+    for (std::size_t i = 0; i < peer.lanes.size(); ++i) {
+      const Lane& lane = *peer.lanes[i];
+      if (lane.ep == nullptr) continue;  // its rail failed
+      if (lane.remote_rail >= d.packed_rkeys.size()) {
+        return Status::invalid_argument("ucx handshake: peer {} sent {} rkeys for region {}, fewer than its rails",
+                                        peer.address, d.packed_rkeys.size(), d.key);
+      }
+      const ucs_status_t s = ucp_ep_rkey_unpack(lane.ep, d.packed_rkeys[lane.remote_rail].data(), &keys->rkeys[i]);
+      if (s != UCS_OK) {
+        return Status::unavailable("ucx handshake: cannot unpack the rkey of region {} of peer {} on lane {}: {}",
+                                   d.key, peer.address, i, ucs_status_string(s));
+      }
+    }
+    keys->memfd = d.memfd;
+    keys->memfd_inode = d.memfd_inode;
+    if (peer.same_host_pid != 0 && d.memfd >= 0) {
+      auto mapped = ucx::map_peer_memfd(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
+      if (mapped) {
+        keys->mapping = std::make_shared<const ucx::Mapping>(std::move(*mapped));
+      } else {
+        spdlog::debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
+      }
+    }
+    table.emplace(d.key, std::move(keys));
+  }
+  peer.regions = std::move(table);
+  direct_dirty = true;
+  return Status::ok();
+}
+
+// Acknowledges revocations once no slice of ours on that path still uses
+// one of the revoked regions (a posted RMA may land until it completed).
+Status UcxTransport::State::acknowledge_revokes(PathId id) {
+  Peer& peer = peers[id];
+  if (peer.revokes.empty()) return Status::ok();
+  // A copy on another thread may still use a revoked region through a table published before.
+  if (direct_dirty) publish_direct();
+  if (retired_in_use()) return Status::ok();
+  std::set<std::uint32_t> busy;
+  if (peer.inflight > 0) {
+    for (const auto& [sid, op] : slices) {
+      if (op->submit.path == id) busy.insert(op->remote->info.key);
+    }
+  }
+  for (auto it = peer.revokes.begin(); it != peer.revokes.end();) {
+    const bool in_use = std::any_of(it->keys.begin(), it->keys.end(), [&](auto k) { return busy.contains(k); });
+    if (in_use) {
+      ++it;
+      continue;
+    }
+    if (Status s = peer.control->send(ControlKind::kRevokeAck, ucx::encode_seq(it->seq)); !s.is_ok()) return s;
+    it = peer.revokes.erase(it);
+  }
+  return Status::ok();
+}
+
+// Unmaps regions whose revocation every session acknowledged; dismisses
+// sessions that did not within the revoke timeout.
+void UcxTransport::State::finish_revokes(TimeNs now_ns) {
+  for (auto it = regions.begin(); it != regions.end();) {
+    LocalRegion& r = it->second;
+    if (!r.revoking) {
+      ++it;
+      continue;
+    }
+    if (r.revoke_deadline_ns == 0) r.revoke_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
+    if (!r.awaiting.empty() && now_ns >= r.revoke_deadline_ns) {
+      for (std::uint64_t id : std::set(r.awaiting)) {
+        close_session(id, fmt::format("did not acknowledge the revocation of region {} within {} ms", r.handle,
+                                      config.revoke_timeout_ms));
+      }
+    }
+    // A copy on another thread may still be in it (copy_direct).
+    if (!r.awaiting.empty() || retired_in_use()) {
+      ++it;
+      continue;
+    }
+    unmap(r);
+    region_base.erase(r.handle);
+    it = regions.erase(it);
+  }
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,444 @@
+// Slices (UcxTransport::State, state.h): completions of what was posted,
+// flushes and bundles, the holder's answers to message slices (compressed
+// or bundled), and handing completions and same-host copies to the loop.
+#include "transport/ucx/state.h"
+
+namespace baton::transport {
+
+void UcxTransport::State::on_slice_request(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<SliceOp*>(user_data);
+  op->request = nullptr;
+  ucp_request_free(request);
+  op->state->settle(*op, status);
+}
+
+void UcxTransport::State::on_flush(void* request, ucs_status_t status, void* user_data) {
+  auto* group = static_cast<FlushGroup*>(user_data);
+  ucp_request_free(request);
+  group->request = nullptr;
+  State* state = group->state;
+  for (SliceOp* op : group->ops) state->settle(*op, status);
+  state->flushes.erase(group);
+}
+
+// One of a slice's requests (its RMA, or the flush that covers its write)
+// ended; the slice finishes with the last.
+void UcxTransport::State::settle(SliceOp& op, ucs_status_t status) {
+  if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+  if (--op.pending == 0) finished.push_back(&op);
+}
+
+// Posts one flush per lane that has writes posted since its last: a put
+// completes when its source may be reused, and its bytes are at the peer
+// only once a flush after it completed. One flush for a lane's whole burst
+// of writes (a batch, a scheduler tick) instead of one per slice.
+void UcxTransport::State::flush_lanes() {
+  for (Lane* lane : std::exchange(to_flush, {})) {
+    if (!lane->bundled.empty()) send_bundle(*lane);
+    if (lane->unflushed.empty()) continue;  // it closed since
+    auto group = std::make_unique<FlushGroup>();
+    group->state = this;
+    group->ops = std::exchange(lane->unflushed, {});
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &State::on_flush;
+    param.user_data = group.get();
+    void* f = ucp_ep_flush_nbx(lane->ep, &param);
+    ++flushes_posted;
+    if (f == nullptr || UCS_PTR_IS_ERR(f)) {
+      const ucs_status_t st = f == nullptr ? UCS_OK : UCS_PTR_STATUS(f);
+      for (SliceOp* op : group->ops) settle(*op, st);
+      continue;
+    }
+    group->request = f;
+    FlushGroup* key = group.get();
+    flushes.emplace(key, std::move(group));
+  }
+}
+
+// A lane closes with writes that no flush covers yet: they fail (a forced
+// close cancels their puts too). Its unsent bundle goes unsent: its slices
+// await a reply, and the caller fails those.
+void UcxTransport::State::drop_unflushed(Lane& lane) {
+  for (SliceOp* op : std::exchange(lane.unflushed, {})) settle(*op, UCS_ERR_CONNECTION_RESET);
+  buffers.give(std::exchange(lane.bundle, {}));
+  lane.bundled.clear();
+  lane.bundled_bytes = 0;
+}
+
+// Adds a small raw slice to its lane's bundle; the bundle goes when full,
+// else with the lane's flush.
+void UcxTransport::State::add_to_bundle(Lane& lane, MessageKind kind, const SliceOp& op, const SliceDescriptor& d,
+                                        std::span<const std::uint8_t> data) {
+  if (lane.bundled.empty()) {
+    lane.bundle = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
+    if (lane.unflushed.empty()) to_flush.push_back(&lane);
+  }
+  ucx::add_to_bundle(lane.bundle, kind, op.submit.id, d, data);
+  lane.bundled.push_back(op.submit.id);
+  lane.bundled_bytes += op.submit.bytes;
+  if (lane.bundled_bytes >= kBundleBytes || lane.bundled.size() == ucx::kMaxBundleEntries) send_bundle(lane);
+}
+
+void UcxTransport::State::send_bundle(Lane& lane) {
+  const std::vector<SliceId> ids = std::exchange(lane.bundled, {});
+  lane.bundled_bytes = 0;
+  if (ids.empty() || lane.ep == nullptr) return;
+  MessageHeader header;
+  header.path = lane.path;
+  header.lane = static_cast<std::uint32_t>(lane.index);
+  Status sent = send_message(lane.ep, MessageKind::kSliceBundle, header, std::exchange(lane.bundle, {}));
+  if (sent.is_ok()) {
+    ++bundles_sent;
+    return;
+  }
+  for (SliceId id : ids) {
+    const auto it = slices.find(id);
+    if (it != slices.end() && it->second->awaiting_reply) {
+      finish_compressed(*it->second, UCS_ERR_IO_ERROR, "its bundle was not sent: " + sent.message());
+    }
+  }
+}
+
+void UcxTransport::State::finish_compressed(SliceOp& op, ucs_status_t status, std::string error) {
+  op.awaiting_reply = false;
+  if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+  if (!error.empty() && op.error.empty()) op.error = std::move(error);
+  finished.push_back(&op);
+}
+
+const Codec* UcxTransport::State::codec_for(WireCodec id) {
+  if (id == WireCodec::kLz4) {
+    if (!lz4) lz4 = make_lz4_codec();
+    return lz4.get();
+  }
+  if (id == WireCodec::kZstd) {
+    if (!zstd) zstd = std::move(*make_zstd_codec(1));
+    return zstd.get();
+  }
+  return nullptr;
+}
+
+// The local region holding [addr, addr + length) of the region `key`, or why not.
+Result<std::byte*> UcxTransport::State::local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const {
+  const auto base = region_base.find(key);
+  if (base == region_base.end()) return std::unexpected(Status::not_found("no region {} here", key));
+  const LocalRegion& r = regions.at(base->second);
+  if (addr < r.base || length > r.length || addr - r.base > r.length - length) {
+    return std::unexpected(Status::out_of_range("[{:#x}, +{}) is not inside region {} [{:#x}, +{})", addr, length,
+                                                key, r.base, r.length));
+  }
+  return reinterpret_cast<std::byte*>(addr);
+}
+
+// Writes a slice's bytes (compressed or raw) to `out` (exactly its size).
+Status UcxTransport::State::unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out) {
+  const std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data.data()), data.size());
+  if (d.codec == WireCodec::kRaw) {
+    if (data.size() != d.payload_len) {
+      return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
+    }
+    std::memcpy(out, in.data(), in.size());
+    return Status::ok();
+  }
+  return codec_for(d.codec)->decompress(in, std::span(out, d.payload_len));
+}
+
+// `bytes` compressed with `id` when that shrinks them, else raw.
+std::pair<WireCodec, std::vector<std::uint8_t>> UcxTransport::State::pack(WireCodec id, const Codec* with,
+    const std::byte* bytes, std::uint64_t length) {
+  std::vector<std::byte> packed;
+  const std::span<const std::byte> in(bytes, length);
+  if (with != nullptr) {
+    if (auto shrunk = with->compress(in, packed); shrunk && *shrunk) {
+      const auto* p = reinterpret_cast<const std::uint8_t*>(packed.data());
+      return {id, std::vector<std::uint8_t>(p, p + packed.size())};
+    }
+  }
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bytes);
+  return {WireCodec::kRaw, std::vector<std::uint8_t>(p, p + length)};
+}
+
+auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, MessageKind kind,
+                                       const Result<SliceDescriptor>& d, std::span<const std::uint8_t> payload,
+                                       std::uint64_t queued) -> Answer {
+  Answer a;
+  a.kind = kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
+  Status why;
+  if (!d) {
+    why = d.error();
+  } else if (!session.sent.contains(d->key) && !revoking_for(d->key, session_by_ep.at(from))) {
+    a.reply = *d;
+    why = Status::permission_denied("region {} is not exported to {}", d->key, session.name);
+  } else {
+    a.reply = *d;
+    auto range = local_range(d->key, d->addr, d->payload_len);
+    if (!range) {
+      why = range.error();
+    } else if (kind == MessageKind::kWriteData) {
+      why = unpack(*d, payload, *range);
+    } else if (outgoing_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
+      // A peer asking faster than the wire drains would make us copy
+      // without bound: refuse, it retries the slice.
+      why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
+                                       outgoing_bytes + queued, kMaxQueuedReplyBytes);
+    } else if (d->codec == WireCodec::kRaw) {
+      a.data = std::span(reinterpret_cast<const std::uint8_t*>(*range), d->payload_len);  // no copy before the reply's
+    } else {
+      auto [id, bytes] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
+      a.reply.codec = id;
+      a.packed = std::move(bytes);
+      a.data = a.packed;
+    }
+  }
+  if (!why.is_ok()) {
+    a.reply.failed = 1;
+    a.reply.payload_len = std::max<std::uint64_t>(a.reply.payload_len, 1);
+    const std::string text = why.message();
+    a.packed.assign(text.begin(), text.end());
+    a.data = a.packed;
+  }
+  return a;
+}
+
+// The back lane of the rail a slice came on; another when that one failed.
+ucp_ep_h UcxTransport::State::back_endpoint(const Session& session, std::uint32_t lane) {
+  for (std::size_t i = 0; i < session.back.size(); ++i) {
+    if (ucp_ep_h ep = session.back[(lane + i) % session.back.size()]->ep) return ep;
+  }
+  return nullptr;
+}
+
+// The holder's side: a bound lane asks to write or read one slice.
+void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageHeader& header) {
+  Session* session = session_of(in.reply_ep);
+  if (session == nullptr) {
+    spdlog::warn("ucx: a compressed slice from an endpoint no authenticated peer bound; dropped");
+    return;
+  }
+  std::size_t at = 0;
+  auto d = ucx::decode_slice(in.payload, at);
+  const Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0);
+  ucp_ep_h back = back_endpoint(*session, header.lane);
+  if (back == nullptr) {
+    spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
+    return;
+  }
+  auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+  if (Status s = send_message(back, a.kind, header, std::move(payload)); !s.is_ok()) {
+    spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
+  }
+}
+
+// The holder's side: a bundle of small slices, answered as one bundle
+// (more than one when the replies outgrow kBundleBytes).
+void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& header) {
+  Session* session = session_of(in.reply_ep);
+  if (session == nullptr) {
+    spdlog::warn("ucx: a bundle from an endpoint no authenticated peer bound; dropped");
+    return;
+  }
+  auto entries = ucx::decode_bundle(in.payload);
+  if (!entries) {
+    // Its slices stall and fail on the initiator's stall timeout: only a
+    // corrupt or hostile peer sends one.
+    spdlog::warn("ucx: dropped a bundle from {}: {}", session->name, entries.error().message());
+    return;
+  }
+  ucp_ep_h back = back_endpoint(*session, header.lane);
+  if (back == nullptr) {
+    spdlog::warn("ucx: replies to a bundle not sent: no endpoint to {} left", session->name);
+    return;
+  }
+  std::vector<std::uint8_t> reply;
+  auto send = [&] {
+    if (Status s = send_message(back, MessageKind::kReplyBundle, header, std::move(reply)); !s.is_ok()) {
+      spdlog::warn("ucx: replies to a bundle not sent: {}", s.message());
+    }
+    reply = {};
+  };
+  for (const ucx::BundleEntry& e : *entries) {
+    if (e.kind != MessageKind::kWriteData && e.kind != MessageKind::kReadAsk) {
+      spdlog::warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
+                   static_cast<unsigned>(e.kind));
+      continue;
+    }
+    const Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size());
+    if (reply.empty()) reply = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
+    ucx::add_to_bundle(reply, a.kind, e.seq, a.reply, a.data);
+    if (reply.size() >= kBundleBytes || ucx::bundle_entries(reply) == ucx::kMaxBundleEntries) send();
+  }
+  if (!reply.empty()) send();
+}
+
+// The initiator's side: the holder answered slice `seq` on `lane`.
+void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind kind, const Result<SliceDescriptor>& d,
+                                      std::span<const std::uint8_t> data, std::size_t wire_bytes) {
+  const auto it = slices.find(seq);
+  if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path ||
+      (kind == MessageKind::kReadData) != (it->second->submit.memory.op == Op::kRead)) {
+    spdlog::warn("ucx: a reply for slice {} that is not waiting for one; dropped", seq);
+    return;
+  }
+  SliceOp& op = *it->second;
+  if (!d) {
+    finish_compressed(op, UCS_ERR_INVALID_PARAM, d.error().message());
+    return;
+  }
+  if (d->failed != 0) {
+    finish_compressed(op, UCS_ERR_REJECTED, "the holder refused: " + std::string(data.begin(), data.end()));
+    return;
+  }
+  if (kind == MessageKind::kReadData) {
+    op.wire_bytes += wire_bytes;
+    if (d->payload_len != op.submit.bytes) {
+      finish_compressed(op, UCS_ERR_INVALID_PARAM, fmt::format("{} bytes came back, {} asked", d->payload_len,
+                                                               op.submit.bytes));
+      return;
+    }
+    if (Status s = unpack(*d, data, static_cast<std::byte*>(op.submit.memory.local)); !s.is_ok()) {
+      finish_compressed(op, UCS_ERR_INVALID_PARAM, s.message());
+      return;
+    }
+  }
+  finish_compressed(op, UCS_OK, {});
+}
+
+void UcxTransport::State::handle_slice_reply(const Inbound& in, const MessageHeader& header) {
+  std::size_t at = 0;
+  auto d = ucx::decode_slice(in.payload, at);
+  take_answer(lane_of(header), header.seq, in.kind, d, in.payload.subspan(d ? at : 0), in.payload.size());
+}
+
+void UcxTransport::State::handle_bundle_reply(const Inbound& in, const MessageHeader& header) {
+  Lane* lane = lane_of(header);
+  auto entries = ucx::decode_bundle(in.payload);
+  if (!entries) {
+    spdlog::warn("ucx: dropped a reply bundle: {}", entries.error().message());
+    return;
+  }
+  for (const ucx::BundleEntry& e : *entries) {
+    if (e.kind != MessageKind::kWriteDone && e.kind != MessageKind::kReadData) {
+      spdlog::warn("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind));
+      continue;
+    }
+    take_answer(lane, e.seq, e.kind, e.descriptor, e.data, ucx::kBundleEntryBytes + e.data.size());
+  }
+}
+
+// The lane a listener's message is for, or null when it is stale or forged.
+auto UcxTransport::State::lane_of(const MessageHeader& header) -> Lane* {
+  if (header.path >= peers.size()) return nullptr;
+  Peer& peer = peers[header.path];
+  if (peer.state == PathState::kFailed || header.lane >= peer.lanes.size()) return nullptr;
+  Lane* lane = peer.lanes[header.lane].get();
+  return lane->ep == nullptr ? nullptr : lane;
+}
+
+void UcxTransport::State::handle_recorded() {
+  // Acting may record more (a forced close completes requests at once), so
+  // go round until nothing is left.
+  while (!lane_errors.empty() || !back_errors.empty() || !inbox.empty()) {
+    for (const BackError& e : std::exchange(back_errors, {})) fail_back_rail(e);
+    for (auto [lane, status] : std::exchange(lane_errors, {})) {
+      if (lane->ep == nullptr) continue;
+      fail_rail(lane->path, lane->rail,
+                Status::unavailable("path {} to {}: lane {}{} failed: {}", lane->path, peers[lane->path].address,
+                                    lane->index, rail_name(lane->rail), ucs_status_string(status)));
+    }
+    for (Inbound& in : std::exchange(inbox, {})) {
+      auto header = ucx::decode_header(in.header);
+      if (!header) {
+        spdlog::warn("ucx: dropped a message: {}", header.error().message());
+        continue;
+      }
+      switch (in.kind) {
+        case MessageKind::kQuery: handle_bind(in); break;
+        case MessageKind::kWriteData:
+        case MessageKind::kReadAsk: handle_slice_request(in, *header); break;
+        case MessageKind::kWriteDone:
+        case MessageKind::kReadData: handle_slice_reply(in, *header); break;
+        case MessageKind::kSliceBundle: handle_bundle(in, *header); break;
+        case MessageKind::kReplyBundle: handle_bundle_reply(in, *header); break;
+      }
+      buffers.give(std::move(in.copy));
+    }
+  }
+}
+
+// The copier, made and watched on first use; false (copy inline) when the
+// kernel refuses its eventfd.
+bool UcxTransport::State::cma_copier() {
+  if (copier) return true;
+  auto made = ucx::CmaCopier::create();
+  if (!made) {
+    spdlog::warn("ucx: CMA copies stay on the loop: {}", made.error().message());
+    return false;
+  }
+  copier = std::move(*made);
+  poller->watch(copier->fd(), false);
+  return true;
+}
+
+// CMA copies the copier finished become completions. A copy that failed
+// because its holder is exiting fails the holder's path at once: that
+// shows within a millisecond of a SIGKILL, while its control connection
+// closes only after the kernel tore down its memory.
+void UcxTransport::State::collect_copies() {
+  if (workers) {
+    workers->take(worker_done);
+    for (std::uint64_t tag : worker_done) {
+      if (const auto it = slices.find(tag); it != slices.end()) finished.push_back(it->second.get());
+    }
+    worker_done.clear();
+  }
+  if (!copier) return;
+  for (ucx::CmaCopier::Done& done : copier->take()) {
+    const auto it = slices.find(done.tag);
+    if (it == slices.end()) continue;
+    SliceOp& op = *it->second;
+    if (!done.status.is_ok()) op.error = done.status.message();
+    finished.push_back(&op);
+    const PathId path = op.submit.path;
+    if (done.holder_exiting && peers[path].state != PathState::kFailed) {
+      fail_path(path, Status::unavailable("path {} to {}: its process {} died", path, peers[path].address,
+                                          peers[path].same_host_pid));
+    }
+  }
+}
+
+void UcxTransport::State::check_holders(TimeNs now_ns) {
+  for (PathId id = 0; id < peers.size(); ++id) {
+    Peer& peer = peers[id];
+    if (peer.state != PathState::kReady || peer.same_host_pid == 0 || peer.inflight == 0) continue;
+    if (now_ns < peer.next_holder_check_ns) continue;
+    peer.next_holder_check_ns = now_ns + kHolderCheckNs;
+    if (ucx::process_exiting(peer.same_host_pid)) {
+      fail_path(id, Status::unavailable("path {} to {}: its process {} died", id, peer.address,
+                                        peer.same_host_pid));
+    }
+  }
+}
+
+void UcxTransport::State::hand_out(TimeNs now_ns, std::vector<Completion>& out) {
+  for (SliceOp* op : std::exchange(finished, {})) {
+    const SliceSubmit& s = op->submit;
+    Completion c{s.id, s.path, s.lane, s.bytes, now_ns, Status::ok(), op->compressed ? op->wire_bytes : s.bytes};
+    if (!op->error.empty()) {
+      c.status = Status::unavailable("ucx: slice {} ({} bytes, path {} lane {}): {}", s.id, s.bytes, s.path, s.lane,
+                                     op->error);
+    } else if (op->status != UCS_OK) {
+      c.status = Status::unavailable("ucx: slice {} ({} bytes, path {} lane {}) failed: {}", s.id, s.bytes,
+                                     s.path, s.lane, ucs_status_string(op->status));
+    }
+    --op->local->inflight;
+    Peer& peer = peers[s.path];
+    --peer.inflight;
+    --peer.rails[op->rail].inflight;
+    peer.rails[op->rail].last_progress_ns = now_ns;
+    out.push_back(std::move(c));
+    slices.erase(s.id);
+  }
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,531 @@
+// UCP underneath the Transport interface: the state of a UcxTransport,
+// private to transport/ucx/. Its methods live by job in rails.cc,
+// slices.cc, regions.cc, listener.cc and initiator.cc; ucx_transport.cc is
+// the Transport interface over it.
+//
+// Peers meet over Baton's own TCP socket (control_channel.h): the listener
+// challenges, the initiator proves the deployment secret, the listener proves
+// it back and sends its UCP worker addresses (one per rail) and the regions
+// exported to that peer; the initiator creates its lanes from the worker
+// addresses and binds each to its session with a token. The control
+// connection then carries region updates, revocations and notifications, and
+// its closing is the peer's death. UCX's sockaddr listener is never used (UCX 1.13 aborts on a
+// malformed connection request).
+//
+// Ownership of UCX callbacks: every callback (request completion, endpoint
+// error, active message) only records what happened in
+// State; poll() acts on it after ucp_worker_progress returns. So no UCX call
+// is made from inside UCX, and one place (poll) changes the transport's
+// state. A request's callback runs exactly once when the post returned a
+// request; a slice finishes when its last request did, and only then is its
+// record (which UCX holds as user_data) released.
+//
+// Rails: one UCP context and worker per NIC (UcxConfig::nics), because UCP
+// binds devices per context (UCX_NET_DEVICES), not per endpoint. Lane i of a
+// path runs on our rail i mod (our rails) to the peer's rail i mod (its
+// rails); every region is mapped on every rail. A rail that fails under a
+// path (an endpoint error, or a stall) takes only its own lanes while another
+// rail of the path still works: their slices fail and are sent again on
+// the lanes left.
+#pragma once
+
+#include "baton/transport/ucx_transport.h"
+
+#include <net/if.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "baton/common/address_ranges.h"
+#include "baton/common/memory_budget.h"
+#include "baton/topology/cost_model.h"
+#include "baton/transport/codec.h"
+#include "baton/transport/secret.h"
+#include "transport/ucx/auth.h"
+#include "transport/ucx/buffer_pool.h"
+#include "transport/ucx/control_channel.h"
+#include "transport/ucx/control_wire.h"
+#include "transport/ucx/copy_workers.h"
+#include "transport/ucx/same_host.h"
+#include "transport/ucx/socket_address.h"
+#include "transport/ucx/wire.h"
+
+namespace baton::transport::ucx {
+
+// Progress rounds per poll: enough to drain a burst of completions, bounded
+// so that one poll cannot starve the loop that called it.
+inline constexpr int kProgressRoundsPerPoll = 64;
+// Teardown waits this many progress rounds for endpoint closes; a forced
+// close needs no peer, so this only bounds a flushing close to a silent peer.
+inline constexpr int kTeardownRounds = 20'000;
+// Compressed-read replies a holder keeps queued for the wire, at most: a
+// legitimate initiator has a few MiB in flight per path.
+inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
+// Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
+inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
+// Raw message slices up to this size travel in a lane's bundle (wire.h);
+// a bundle goes once it carries this many bytes, or at the loop's next
+// poll or sleep (flush_lanes). Both within one TCP segment.
+inline constexpr std::uint64_t kMaxBundledSliceBytes = 16 << 10;
+inline constexpr std::size_t kBundleBytes = 64 << 10;
+// Same-host copies shorter than this stay on the loop even with copy
+// threads: handing one over costs about as much as copying it.
+inline constexpr std::uint64_t kMinThreadCopyBytes = 32 << 10;
+
+inline constexpr int kMaxCopyThreads = 64;
+
+// UcxConfig::copy_threads resolved: -1 is one per 8 cores, at most 4.
+inline int copy_threads_for(const UcxConfig& c) {
+  if (c.copy_threads >= 0) return c.copy_threads;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::min(4, cores / 8);
+}
+
+inline Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
+  return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
+}
+
+struct LocalRegion {
+  RegionHandle handle = 0;
+  std::uintptr_t base = 0;
+  std::size_t length = 0;
+  MemoryKind kind = MemoryKind::kDram;
+  std::vector<ucp_mem_h> memh;  // per rail
+  // allocate_memory's: a memfd that same-host peers map. Freed after ucp_mem_unmap.
+  std::optional<ucx::SharedAllocation> shared;
+  std::vector<std::vector<std::uint8_t>> packed_rkeys;  // per rail
+  std::uint64_t inflight = 0;  // slices whose local range is here
+  // Who may see it: every authenticated peer, or the peers of these names.
+  bool exported_all = false;
+  std::set<std::string> exported_to;
+  // unregister() under way: the sessions that must acknowledge first.
+  bool revoking = false;
+  std::uint64_t revoke_seq = 0;
+  std::set<std::uint64_t> awaiting;
+  TimeNs revoke_deadline_ns = 0;  // 0 until the next poll saw it
+};
+
+// One region of a peer, with its rkey unpacked on each lane's endpoint.
+// Shared by the peer's region table and the slices that use it, so a region
+// the peer removes stays valid for the slices already posted on it.
+struct RemoteRegionKeys {
+  RemoteRegion info;
+  std::vector<ucp_rkey_h> rkeys;  // per lane
+  std::int32_t memfd = -1;        // as the peer described it
+  std::uint64_t memfd_inode = 0;
+  // A same-host peer's memfd, mapped here; shared with copy_direct's table.
+  std::shared_ptr<const ucx::Mapping> mapping;
+  RemoteRegionKeys() = default;
+  RemoteRegionKeys(const RemoteRegionKeys&) = delete;
+  RemoteRegionKeys& operator=(const RemoteRegionKeys&) = delete;
+  ~RemoteRegionKeys() {
+    for (ucp_rkey_h k : rkeys) {
+      if (k != nullptr) ucp_rkey_destroy(k);
+    }
+  }
+};
+
+// Whether UCX may open TCP with these transports on this NIC: its default
+// and "all" include it, an RDMA device and port ("mlx5_0:1") does not.
+inline bool may_use_tcp(std::string_view tls, std::string_view nic) {
+  if (nic.find(':') != std::string_view::npos) return false;
+  if (tls.empty() || tls == "all") return true;
+  return tls.find("tcp") != std::string_view::npos && !tls.starts_with('^');
+}
+
+// A payload UCX lent us (UCP_AM_RECV_ATTR_FLAG_DATA): kept without a copy
+// until the message was acted on, then handed back to its worker.
+struct ReleaseAmData {
+  ucp_worker_h worker = nullptr;
+  void operator()(void* data) const { ucp_am_data_release(worker, data); }
+};
+using HeldAmData = std::unique_ptr<void, ReleaseAmData>;
+
+}  // namespace baton::transport::ucx
+
+namespace baton::transport {
+
+using ucx::ControlConnection;
+using ucx::ControlKind;
+using ucx::Frame;
+using ucx::MessageHeader;
+using ucx::MessageKind;
+using ucx::RegionDescriptor;
+using ucx::SliceDescriptor;
+using ucx::WireCodec;
+// This folder's own, from above.
+using ucx::copy_threads_for;
+using ucx::HeldAmData;
+using ucx::kBundleBytes;
+using ucx::kMaxBundledSliceBytes;
+using ucx::kMaxCopyThreads;
+using ucx::kMaxQueuedReplyBytes;
+using ucx::kMinThreadCopyBytes;
+using ucx::kPooledBufferBytes;
+using ucx::kProgressRoundsPerPoll;
+using ucx::kTeardownRounds;
+using ucx::LocalRegion;
+using ucx::may_use_tcp;
+using ucx::ReleaseAmData;
+using ucx::RemoteRegionKeys;
+using ucx::ucx_failure;
+
+struct UcxTransport::State {
+  // What an active-message handler of one rail needs.
+  struct HandlerArg {
+    State* state = nullptr;
+    ucp_worker_h worker = nullptr;
+  };
+
+  struct SliceOp;
+
+  // One UCP context and worker bound to one NIC (or to UCX's choice).
+  struct Rail {
+    std::string nic;  // empty: every device UCX finds
+    ucp_context_h context = nullptr;
+    ucp_worker_h worker = nullptr;
+    std::vector<std::uint8_t> worker_address;
+    int worker_fd = -1;
+    std::unique_ptr<HandlerArg> handler_arg;  // a stable address for UCX
+  };
+
+  struct Lane {
+    State* state = nullptr;
+    PathId path = 0;
+    int index = 0;
+    std::size_t rail = 0;         // ours
+    std::size_t remote_rail = 0;  // the peer's, whose rkeys it unpacks
+    ucp_ep_h ep = nullptr;        // null once closed
+    // RMA writes posted since the lane's last flush: one flush covers them
+    // all (flush_lanes), posted before the loop next polls or sleeps.
+    std::vector<SliceOp*> unflushed;
+    // Small message slices posted since then: one bundle, sent by
+    // flush_lanes too. Their ids, to fail them if it cannot be sent.
+    std::vector<std::uint8_t> bundle;
+    std::vector<SliceId> bundled;
+    std::uint64_t bundled_bytes = 0;  // their payloads (a read's is what it asks for)
+  };
+
+  // A path's slices on one of our rails, for the stall timeout.
+  struct RailLoad {
+    int inflight = 0;
+    TimeNs last_progress_ns = 0;  // the last completion, or the post that ended an idle stretch
+    bool failed = false;          // its lanes closed; the path goes on over the others
+  };
+
+  // Where an initiator's handshake stands.
+  enum class Stage : std::uint8_t { kAwaitChallenge, kAwaitWelcome, kBinding, kDone };
+
+  struct Peer {
+    std::string address;
+    PathState state = PathState::kConnecting;
+    Status error;
+    std::unique_ptr<ControlConnection> control;
+    bool write_watched = false;
+    Stage stage = Stage::kAwaitChallenge;
+    ucx::Nonce nonce{};      // ours
+    ucx::Nonce challenge{};  // the listener's
+    std::vector<std::unique_ptr<Lane>> lanes;
+    std::map<RegionHandle, std::shared_ptr<RemoteRegionKeys>> regions;
+    std::vector<ucx::Revoke> revokes;  // to acknowledge once no slice of ours uses them
+    std::uint64_t next_seq = 1;
+    std::uint64_t hello_seq = 0;
+    std::uint64_t refresh_seq = 0;  // 0: no refresh pending
+    TimeNs deadline_ns = 0;         // handshake
+    int inflight = 0;               // slices posted and not handed out
+    std::vector<RailLoad> rails;    // per rail of ours
+    // A peer of this host (its cookie read back): slices are copied here
+    // (same_host.h), not posted to UCX. 0: another host, or not proved.
+    pid_t same_host_pid = 0;
+    // While slices to a same-host holder are in flight, whether it is
+    // exiting is checked at most this often (check_holders).
+    TimeNs next_holder_check_ns = 0;
+  };
+
+  // One of our endpoints to an initiator's worker.
+  struct BackLane {
+    State* state = nullptr;
+    std::uint64_t session = 0;
+    std::size_t rail = 0;   // ours
+    ucp_ep_h ep = nullptr;  // null once its rail failed
+  };
+
+  // The listener's side of one initiator: its control connection, and once
+  // it proved the secret, the lanes it bound and the regions it was told of.
+  struct Session {
+    std::unique_ptr<ControlConnection> conn;
+    bool write_watched = false;
+    bool authenticated = false;
+    ucx::Nonce nonce{};           // our challenge
+    TimeNs deadline_ns = 0;       // to authenticate; 0 until the first poll saw it
+    std::string name;             // what it calls itself (its listen address)
+    std::uint64_t token = 0;      // binds its lanes
+    std::set<RegionHandle> sent;  // regions it knows of, not revoked
+    std::uint16_t lanes = 0;  // it said it opens
+    // Our endpoints to its worker, which carry our answers to its slices:
+    // ours, so their failure is reported to us and we close them.
+    std::vector<std::unique_ptr<BackLane>> back;
+    // The endpoints its lanes arrive on here (UCX's, created by its
+    // connection): keys to tell which session a message is from, never
+    // used to send or closed by us.
+    std::set<ucp_ep_h> bound;
+    bool ready_sent = false;
+  };
+
+  struct SliceOp {
+    State* state = nullptr;
+    SliceSubmit submit;
+    int lane = 0;           // where it went: submit.lane, or another when that lane's rail failed
+    std::size_t rail = 0;   // ours, for the stall timeout
+    LocalRegion* local = nullptr;
+    std::shared_ptr<RemoteRegionKeys> remote;
+    void* request = nullptr;  // the RMA, until its callback ran
+    int pending = 0;
+    ucs_status_t status = UCS_OK;
+    // A compressed slice travels as active messages (RMA moves exactly the
+    // bytes it is given) and completes on the holder's reply.
+    bool compressed = false;
+    bool awaiting_reply = false;
+    std::uint64_t wire_bytes = 0;
+    std::string error;  // why the holder refused it
+  };
+
+  // One flush of a lane, for the writes posted on it since the last one.
+  struct FlushGroup {
+    State* state = nullptr;
+    std::vector<SliceOp*> ops;
+    void* request = nullptr;
+  };
+
+  struct Outgoing {
+    State* state = nullptr;
+    std::vector<std::uint8_t> header;
+    std::vector<std::uint8_t> payload;
+    void* request = nullptr;
+  };
+
+  struct Inbound {
+    MessageKind kind = MessageKind::kQuery;
+    ucp_ep_h reply_ep = nullptr;
+    std::vector<std::uint8_t> header;
+    std::span<const std::uint8_t> payload;  // into `held` or `copy`
+    HeldAmData held;
+    std::vector<std::uint8_t> copy;  // when UCX could not lend it
+  };
+
+  UcxConfig config;
+  std::string secret;
+  std::string address;
+  std::vector<Rail> rails;  // at least one
+  // Read out of our memory by a same-host peer to prove where it is (Welcome).
+  ucx::Cookie cookie{};
+  std::optional<ucx::ControlListener> listener;
+  std::optional<ucx::Poller> poller;  // its fd is event_fd()
+  bool shut_down = false;
+
+  std::map<std::uintptr_t, LocalRegion> regions;  // by base address
+  std::map<RegionHandle, std::uintptr_t> region_base;
+  RegionHandle next_region = 1;  // 0 is never a region: a default remote_key fails
+
+  std::vector<Peer> peers;  // by PathId
+  std::vector<PathInfo> infos;
+  std::map<std::uint64_t, Session> sessions;  // by id
+  std::uint64_t next_session = 1;
+  std::uint64_t next_revoke = 1;
+  std::unordered_map<std::uint64_t, std::uint64_t> session_by_token;
+  std::unordered_map<ucp_ep_h, std::uint64_t> session_by_ep;
+  std::uint64_t refused_connections = 0;  // over max_unauthenticated
+  int unauthenticated = 0;                // sessions that have not proved the secret yet
+  // The control sockets with something to read or room to write, as the
+  // poller said at the start of this poll: only those are read.
+  std::vector<int> ready_fds;
+  bool all_ready = true;
+
+  std::unordered_map<SliceId, std::unique_ptr<SliceOp>> slices;
+  std::unordered_map<FlushGroup*, std::unique_ptr<FlushGroup>> flushes;  // posted, not completed
+  std::vector<Lane*> to_flush;  // lanes whose unflushed or bundled went from empty to not: flush_lanes walks these
+  std::uint64_t flushes_posted = 0;
+  std::uint64_t bundles_sent = 0;
+  std::shared_ptr<const Codec> codec;  // for slices this side compresses (set_codec)
+  WireCodec codec_id = WireCodec::kRaw;
+  std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
+  std::unique_ptr<Codec> zstd;
+  std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
+  std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
+  ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
+  std::vector<void*> closing;  // ucp_ep_close_nbx requests
+  std::deque<Notification> notifications;  // received, not yet taken
+
+  // What copy_direct reads on other threads: the local DRAM regions and the
+  // ready same-host paths this side connected, with their peers' regions.
+  // Rebuilt by the loop when any of it changed; the mappings are shared, so
+  // a copy under way keeps what it copies from mapped.
+  struct DirectTable {
+    struct Local {
+      std::byte* base = nullptr;
+      std::uint64_t length = 0;
+      std::shared_ptr<const ucx::Mapping> keep;  // allocate_memory's memfd
+    };
+    struct Remote {
+      std::uint64_t base = 0;
+      std::uint64_t length = 0;
+      std::shared_ptr<const ucx::Mapping> mapping;  // null: CMA
+    };
+    struct Peer {
+      pid_t pid = 0;
+      std::unordered_map<RegionHandle, Remote> regions;
+    };
+    std::unordered_map<RegionHandle, Local> locals;
+    std::map<std::string, Peer, std::less<>> peers;  // by the address connect() named
+  };
+  mutable std::mutex direct_mutex;
+  std::shared_ptr<const DirectTable> direct;  // guarded by direct_mutex; null: no direct copies
+  // Tables replaced while a copy may still hold them: revocations wait for these to go.
+  std::vector<std::weak_ptr<const DirectTable>> retired;
+  bool direct_dirty = true;
+  std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
+
+  // Recorded by callbacks, acted on by poll().
+  std::vector<SliceOp*> finished;
+  std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
+  std::unique_ptr<ucx::CopyWorkers> workers;  // UcxConfig::copy_threads; none when 0
+  std::vector<std::uint64_t> worker_done;     // scratch for collect_copies
+  std::vector<Inbound> inbox;
+  std::vector<std::pair<Lane*, ucs_status_t>> lane_errors;
+  struct BackError {
+    std::uint64_t session = 0;
+    std::size_t rail = 0;
+    ucs_status_t status = UCS_OK;
+  };
+  std::vector<BackError> back_errors;
+
+  ~State() { teardown(); }
+
+  // What the holder answers one slice (kWriteData or kReadAsk): a write
+  // lands now; a read's bytes are in `data` (into the region, or `packed`).
+  // `queued`: reply bytes being gathered that are not in outgoing_bytes yet.
+  struct Answer {
+    MessageKind kind = MessageKind::kWriteDone;
+    SliceDescriptor reply;
+    std::vector<std::uint8_t> packed;     // compressed bytes, or why it failed
+    std::span<const std::uint8_t> data;   // what follows the descriptor
+  };
+
+  void collect_ready() { all_ready = !poller->ready(ready_fds); }
+
+  // A same-host holder with slices in flight that is exiting fails its path
+  // at once: a SIGKILLed process shows PF_EXITING within a millisecond,
+  // while its control connection closes only after the kernel tore down its
+  // memory (~0.1 ms per MiB), and a CMA copy from it may block until then.
+  // Only while slices are in flight, so an idle engine reads nothing.
+  static constexpr TimeNs kHolderCheckNs = 500'000;
+
+  // rails.cc
+  static Result<Rail> make_rail(const UcxConfig& cfg, const std::string& nic, State* state);
+  static void on_back_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status);
+  static void on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status);
+  static void on_message_sent(void* request, ucs_status_t status, void* user_data);
+  template <MessageKind kKind>
+  static ucs_status_t on_message(void* arg, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param);
+  void progress();
+  bool progress_once();
+  void unmap(LocalRegion& r);
+  static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns);
+  void close_endpoint(ucp_ep_h ep);
+  void reap_closing();
+  Status send_message(ucp_ep_h ep, MessageKind kind, const MessageHeader& header,
+                      std::vector<std::uint8_t> payload);
+  std::string rail_name(std::size_t rail) const;
+  void fail_rail(PathId id, std::size_t rail, Status reason);
+  void fail_stalled(TimeNs now_ns);
+  void begin_shutdown();
+  void teardown();
+
+  // slices.cc
+  static void on_slice_request(void* request, ucs_status_t status, void* user_data);
+  static void on_flush(void* request, ucs_status_t status, void* user_data);
+  void settle(SliceOp& op, ucs_status_t status);
+  void flush_lanes();
+  void drop_unflushed(Lane& lane);
+  void add_to_bundle(Lane& lane, MessageKind kind, const SliceOp& op, const SliceDescriptor& d,
+                     std::span<const std::uint8_t> data);
+  void send_bundle(Lane& lane);
+  void finish_compressed(SliceOp& op, ucs_status_t status, std::string error);
+  const Codec* codec_for(WireCodec id);
+  Result<std::byte*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const;
+  Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
+  std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
+                                                       std::uint64_t length);
+  Answer answer_slice(const Session& session, ucp_ep_h from, MessageKind kind, const Result<SliceDescriptor>& d,
+                      std::span<const std::uint8_t> payload, std::uint64_t queued);
+  static ucp_ep_h back_endpoint(const Session& session, std::uint32_t lane);
+  void handle_slice_request(const Inbound& in, const MessageHeader& header);
+  void handle_bundle(const Inbound& in, const MessageHeader& header);
+  void take_answer(Lane* lane, std::uint64_t seq, MessageKind kind, const Result<SliceDescriptor>& d,
+                   std::span<const std::uint8_t> data, std::size_t wire_bytes);
+  void handle_slice_reply(const Inbound& in, const MessageHeader& header);
+  void handle_bundle_reply(const Inbound& in, const MessageHeader& header);
+  Lane* lane_of(const MessageHeader& header);
+  void handle_recorded();
+  bool cma_copier();
+  void collect_copies();
+  void check_holders(TimeNs now_ns);
+  void hand_out(TimeNs now_ns, std::vector<Completion>& out);
+
+  // regions.cc
+  void publish_direct();
+  bool retired_in_use();
+  static bool visible(const LocalRegion& r, const Session& session);
+  std::vector<RegionDescriptor> tell_regions(Session& session);
+  Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind, int numa_node = -1);
+  bool revoking_for(std::uint32_t key, std::uint64_t id) const;
+  Status apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors);
+  Status acknowledge_revokes(PathId id);
+  void finish_revokes(TimeNs now_ns);
+
+  // listener.cc
+  Session* session_of(ucp_ep_h ep);
+  void handle_bind(const Inbound& in);
+  void fail_back_rail(const BackError& e);
+  void watch(ControlConnection& conn, bool& write_watched);
+  void close_session(std::uint64_t id, std::string_view why);
+  bool tell(std::uint64_t id, ControlKind kind, std::span<const std::uint8_t> body);
+  void accept_connections(TimeNs now_ns);
+  static std::string self_description(const ucx::Hello& hello);
+  Status open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses);
+  Status authenticate(std::uint64_t id, const Frame& frame);
+  Status serve_frame(std::uint64_t id, const Frame& frame);
+  std::vector<std::uint64_t> session_ids() const;
+  void serve_sessions(TimeNs now_ns);
+  void flush_control();
+  bool is_ready(int fd) const;
+
+  // initiator.cc
+  void fail_path(PathId id, Status reason);
+  topology::PathType detect_path_type(ucp_ep_h ep) const;
+  void set_path_type(PathId id, topology::PathType type);
+  static std::string_view stage_text(Stage stage);
+  Status create_lanes(PathId id, const std::vector<std::vector<std::uint8_t>>& addresses);
+  Status welcome(PathId id, const Frame& frame, std::uint64_t& token);
+  Status initiator_frame(PathId id, const Frame& frame);
+  void drive_paths(TimeNs now_ns);
+};
+
+}  // namespace baton::transport
