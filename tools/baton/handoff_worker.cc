@@ -13,7 +13,6 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <deque>
@@ -102,11 +101,11 @@ class Loader {
     const std::uint64_t one = 1;
     (void)!::write(work_fd_, &one, sizeof one);
   }
-  // Until new work is queued or a batch ends (either fd readable); without
-  // the engine's fd (the kernel refused one), a 1 ms poll of the loads.
+  // Until new work is queued or a batch ends (either fd readable); where
+  // the kernel refused either eventfd, a 1 ms poll instead.
   void sleep() {
     pollfd fds[2] = {{work_fd_, POLLIN, 0}, {engine_.batch_event_fd(), POLLIN, 0}};
-    if (::poll(fds, 2, fds[1].fd < 0 ? 1 : 1000) <= 0) return;
+    if (::poll(fds, 2, fds[0].fd < 0 || fds[1].fd < 0 ? 1 : 1000) <= 0) return;
     std::uint64_t count = 0;
     for (const pollfd& f : fds) {
       if (f.fd >= 0 && (f.revents & POLLIN) != 0) (void)!::read(f.fd, &count, sizeof count);
