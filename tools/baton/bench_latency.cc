@@ -45,7 +45,7 @@ int run_latency(const LatencyOptions& o) {
   if (*block == 0 || *block > (std::uint64_t{1} << 30)) return fail(2, "--block-size must be in (0, 1 GiB]");
 
   auto opened = BenchPeer::open(o.peer, *block);
-  if (!opened) return fail(opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1, opened.error().to_string());
+  if (!opened) return fail(exit_code(opened.error()), opened.error().to_string());
   BenchPeer& bp = *opened;
   std::span<std::byte> buffer = bp.buffer();
   if (op == engine::Op::kWrite) {

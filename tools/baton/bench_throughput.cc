@@ -97,7 +97,7 @@ int run_throughput(const ThroughputOptions& o) {
   auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file}, plan->span);
   if (!opened) {
     fmt::print(stderr, "baton bench throughput: {}\n", opened.error().to_string());
-    return opened.error().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    return exit_code(opened.error());
   }
   BenchPeer& bp = *opened;
   std::span<std::byte> buffer = bp.buffer();

@@ -111,7 +111,7 @@ int run_store(const StoreOptions& o) {
     }
   }
   auto server = store::StoreServer::start(**blocks, **engine, {.listen = o.listen});
-  if (!server) return fail(server.error().code() == StatusCode::kInvalidArgument ? 2 : 1, server.error().to_string());
+  if (!server) return fail(exit_code(server.error()), server.error().to_string());
   // In the directory under a lease: if this process dies, it leaves when
   // the lease expires.
   std::unique_ptr<store::Directory> directory;
