@@ -11,6 +11,17 @@ Status KvLayout::validate() const {
         "must be at least 1",
         layers, kv_heads, head_bytes, page_tokens, tp, sp, cfg);
   }
+  // Bounds that keep every product in range (ranks() is tp·sp in 32 bits)
+  // and a plan's work small: a plan walks each (layer, K|V, head, token)
+  // cell of a page once.
+  if (tp > kMaxParallel || sp > kMaxParallel || cfg > kMaxParallel) {
+    return Status::invalid_argument("KvLayout: tp {}, sp {}, cfg {}: each at most {}", tp, sp, cfg, kMaxParallel);
+  }
+  if (const std::uint64_t cells = std::uint64_t{layers} * 2 * kv_heads * page_tokens; cells > kMaxPageCells) {
+    return Status::invalid_argument(
+        "KvLayout: {} layers x 2 x {} kv heads x {} page tokens = {} cells a page (at most {})", layers, kv_heads,
+        page_tokens, cells, kMaxPageCells);
+  }
   if (kv_heads % tp != 0) {
     return Status::invalid_argument("KvLayout: tp {} does not divide {} kv heads (replicated heads are not supported)",
                                     tp, kv_heads);

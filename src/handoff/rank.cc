@@ -65,17 +65,20 @@ Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
 }
 
 Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
-  auto plan = plans_.get(o.producer, o.consumer);
-  if (!plan) return std::unexpected(plan.error());
   const KvLayout& pl = o.producer;
   const KvLayout& cl = o.consumer;
-  if (o.rank >= cl.ranks() || o.row >= cl.cfg || o.tokens == 0) {
-    return std::unexpected(Status::invalid_argument("load: rank {} of {}, row {} of {}, {} tokens", o.rank,
-                                                    cl.ranks(), o.row, cl.cfg, o.tokens));
-  }
+  // The cheap checks first: a plan for absurd layouts is work before it is refused.
+  if (auto s = pl.validate(); !s.is_ok()) return std::unexpected(Status::invalid_argument("load: producer {}", s.message()));
+  if (auto s = cl.validate(); !s.is_ok()) return std::unexpected(Status::invalid_argument("load: consumer {}", s.message()));
   if (cl.page_bytes() != pool_.page_bytes()) {
     return std::unexpected(Status::invalid_argument("load: the consumer layout's pages are {} bytes, the pool's {}",
                                                     cl.page_bytes(), pool_.page_bytes()));
+  }
+  auto plan = plans_.get(o.producer, o.consumer);
+  if (!plan) return std::unexpected(plan.error());
+  if (o.rank >= cl.ranks() || o.row >= cl.cfg || o.tokens == 0) {
+    return std::unexpected(Status::invalid_argument("load: rank {} of {}, row {} of {}, {} tokens", o.rank,
+                                                    cl.ranks(), o.row, cl.cfg, o.tokens));
   }
   const std::uint32_t total = cl.pages_for(o.tokens);
   if (o.sources.size() != pl.ranks()) {

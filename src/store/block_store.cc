@@ -172,6 +172,15 @@ Status BlockStore::add_namespace(const NamespaceConfig& c) {
     return Status::invalid_argument("add_namespace {}: {} blocks on {} NUMA nodes (expected at least 1 of each)",
                                     c.name, c.blocks_per_numa, c.numa_nodes.size());
   }
+  if (c.blocks_per_numa > kMaxBlocksPerPool) {
+    return Status::invalid_argument("add_namespace {}: {} blocks a pool (at most {})", c.name, c.blocks_per_numa,
+                                    kMaxBlocksPerPool);
+  }
+  for (std::size_t i = 0; i < c.numa_nodes.size(); ++i) {
+    if (std::find(c.numa_nodes.begin(), c.numa_nodes.begin() + i, c.numa_nodes[i]) != c.numa_nodes.begin() + i) {
+      return Status::invalid_argument("add_namespace {}: NUMA node {} named twice", c.name, c.numa_nodes[i]);
+    }
+  }
   std::lock_guard lock(state_->mutex);
   if (state_->namespaces.contains(c.name)) return Status::already_exists("add_namespace: {} exists", c.name);
   Namespace ns;

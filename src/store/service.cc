@@ -182,6 +182,9 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
   state->service = std::make_unique<Service>(store, engine);
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default: a second store on the same port
+  // would start and silently take half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(state->service.get());
   state->server = builder.BuildAndStart();

@@ -132,6 +132,21 @@ TEST(ReshapePlan, MismatchedKvAndInvalidLayoutsAreRefused) {
   KvLayout zero = layout(1);
   zero.head_bytes = 0;
   EXPECT_EQ(zero.validate().code(), StatusCode::kInvalidArgument);
+  // Bounds: tp·sp must not wrap (sp 2^31 made ranks() 0), and a plan's
+  // cells stay few (1024 layers x 1024 heads x 2048 tokens was a plan of GBs).
+  KvLayout wide = layout(2);
+  wide.sp = 1u << 31;
+  EXPECT_NE(wide.validate().message().find("each at most 1024"), std::string::npos) << wide.validate().message();
+  wide = layout(1);
+  wide.cfg = KvLayout::kMaxParallel + 1;
+  EXPECT_EQ(wide.validate().code(), StatusCode::kInvalidArgument);
+  wide = layout(1);
+  wide.layers = 1024;
+  wide.kv_heads = 1024;
+  wide.page_tokens = 2048;
+  wide.head_bytes = 1;
+  EXPECT_NE(wide.validate().message().find("cells a page"), std::string::npos) << wide.validate().message();
+  EXPECT_EQ(layout(1).pages_for(0xffffffffu), 0xffffffffu / layout(1).page_tokens + 1) << "no 32-bit wrap";
 }
 
 TEST(PlanCache, ComputesOncePerLayoutPair) {

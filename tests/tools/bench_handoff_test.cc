@@ -1,6 +1,8 @@
 // `baton bench handoff --spawn` as a user runs it: real rank processes, the
 // JSON contract, every request ending with a status under each fault flag,
 // no page leaked, and one-line errors for bad input.
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -117,6 +119,48 @@ TEST(HandoffWorker, LinesThatAreNotJsonObjectsAreAnsweredAndTheWorkerGoesOn) {
     for (std::size_t at = 0; (at = r.out.find("\"invalid_argument\"", at)) != std::string::npos; ++at) ++refused;
     EXPECT_EQ(refused, 4u) << r.out;
   }
+}
+
+// Fields a worker reads must be integers of their range, and layouts must
+// be within their bounds, before any work: a string "id" aborted the worker
+// (rc 134), sp 2^31 wrapped tp·sp to 0 and crashed it (rc 139), an absurd
+// layout took a plan's worth of memory, and 2^32 or 1e300 became 0.
+TEST(HandoffWorker, FieldsOutOfRangeAndAbsurdLayoutsAreRefusedByName) {
+  const std::string layout = R"("layers":1,"kv_heads":2,"head_bytes":1024,"order":"hnd","cfg":1)";
+  const std::string huge = R"({"layers":1024,"kv_heads":1024,"head_bytes":1,"page_tokens":2048,"order":"hnd","tp":1,"sp":1,"cfg":1})";
+  const std::string wrap = "{" + layout + R"(,"page_tokens":1,"tp":2,"sp":2147483648})";
+  const std::string small = "{" + layout + R"(,"page_tokens":1,"tp":1,"sp":1})";
+  auto load = [](const std::string& producer, const std::string& consumer) {
+    return R"({"op":"load","order":{"ticket":1,"row":0,"tokens":1,"rank":0,"timeout_ns":0,"sources":[],"pages":[0],"producer":)" +
+           producer + R"(,"consumer":)" + consumer + "}}";
+  };
+  const std::string lines[] = {
+      R"({"id":"7","op":"check"})",
+      R"({"id":-1,"op":"check"})",
+      R"({"id":2,"op":"raw","orders":[]})" "\n" R"({"op":"raw","orders":[]})",
+      load(wrap, small),
+      load(huge, huge),
+      R"({"id":5,"op":"check","layout":)" + small + R"(,"rank":0,"tokens":1e300,"row":0,"salt":1,"pages":[0]})",
+      R"({"id":6,"op":"check","layout":)" + small + R"(,"rank":0,"tokens":1,"row":0,"salt":1,"pages":[4294967296]})",
+  };
+  std::string input;
+  for (const std::string& l : lines) input += l + "\n";
+  const std::string file = ::testing::TempDir() + "handoff_lines.txt";
+  {
+    std::ofstream(file) << input;
+  }
+  const CommandRun r = baton::testing::run_baton("handoff-worker --role consumer --page-bytes 4096 --pages 4",
+                                                 "cat " + file + " |");
+  std::remove(file.c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* says : {R"(\"id\" is \"7\", not an integer)", R"(\"id\" is -1, not an integer)",
+                           "raw needs an \\\"id\\\" of 1 or more", "tp 2, sp 2147483648, cfg 1: each at most 1024",
+                           "= 4294967296 cells a page (at most 16777216)",
+                           R"(\"tokens\" is 1e+300, not an integer)", R"(\"pages\" is 4294967296, not an integer)"}) {
+    EXPECT_NE(r.out.find(says), std::string::npos) << says << "\n" << r.out;
+  }
+  // The raw call with an id is answered by id (an empty baseline), not lost.
+  EXPECT_NE(r.out.find(R"({"id":2,"status":{"code":"ok")"), std::string::npos) << r.out;
 }
 
 }  // namespace

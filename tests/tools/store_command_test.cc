@@ -67,11 +67,27 @@ TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
                                  "store --namespace llama:4x2x1024:0", "store --namespace a:1x1x1:1 --namespace a:1x1x1:1",
                                  "store --namespace a:1x1x1:1 --listen 0.0.0.0:0",
                                  "store --namespace a:1x1x1:1 --lock-timeout never",
-                                 "store --namespace a:65536x2x1048576:1024"}) {
+                                 "store --namespace a:65536x2x1048576:1024",
+                                 // Numbers past 32 bits were cast (4294967297 slots became 1), a product past
+                                 // 64 bits wrapped under the bound, a billion blocks ran out of memory.
+                                 "store --namespace a:4294967297x1x4096:4", "store --namespace a:1x1x4096:4294967297",
+                                 "store --namespace a:65536x2x65537:4294901761", "store --namespace a:1x1x1:1000000000",
+                                 "store --namespace a:1x1x4096:4:0,0", "store --namespace a:1x1x4096:4:-1"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+}
+
+// gRPC's default SO_REUSEPORT let a second store start on a port in use
+// and take some of its connections.
+TEST(StoreCommand, ASecondStoreOnTheSamePortIsRefused) {
+  auto first = baton::cli::ServeChild::start({"--namespace", "a:1x1x4096:4"}, BATON_BINARY, "", "store");
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  const auto r = baton::testing::run_baton("store --namespace a:1x1x4096:4 --listen " + first->address());
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("cannot listen on " + first->address()), std::string::npos) << r.err;
+  EXPECT_TRUE(first->stop().is_ok());
 }
 
 }  // namespace

@@ -199,11 +199,10 @@ template <typename Worker>
 Status pattern_call(const Worker& worker, const json& j, bool fill) {
   auto layout = layout_from_json(j.at("layout"));
   if (!layout) return layout.error();
-  auto s = spans(worker, j.at("pages").get<std::vector<std::uint32_t>>());
+  auto s = spans(worker, wire_u32_list(j, "pages"));
   if (!s) return s.error();
-  handoff::RankPages pages{*layout, j.at("rank").get<std::uint32_t>(), j.at("tokens").get<std::uint32_t>(),
-                           j.at("row").get<std::uint32_t>(), *s};
-  const auto salt = j.at("salt").get<std::uint64_t>();
+  handoff::RankPages pages{*layout, wire_u32(j, "rank"), wire_u32(j, "tokens"), wire_u32(j, "row"), *s};
+  const auto salt = wire_u64(j, "salt");
   return fill ? handoff::fill_kv(pages, salt) : handoff::check_kv(pages, salt);
 }
 
@@ -241,14 +240,17 @@ int run_worker(const WorkerOptions& o) {
 
   std::string text;
   while (std::getline(std::cin, text)) {
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // nlohmann stops at a NUL byte and would take the text before it.
+    json j = text.find('\0') == std::string::npos ? json::parse(text, nullptr, /*allow_exceptions=*/false)
+                                                  : json(json::value_t::discarded);
     if (j.is_discarded() || !j.is_object()) {
       out.line({{"status", to_json(Status::invalid_argument("not a JSON object: {}", text.substr(0, 80)))}});
       continue;
     }
-    const std::uint64_t id = j.value("id", std::uint64_t{0});
-    json answer{{"id", id}};
+    json answer = json::object();
     try {
+      const std::uint64_t id = j.contains("id") ? wire_u64(j, "id") : 0;
+      answer["id"] = id;
       const std::string op = j.at("op").get<std::string>();
       Status status;
       if (op == "fill" && producer) {
@@ -267,8 +269,11 @@ int run_worker(const WorkerOptions& o) {
                                                                     order.error()})}});
         }
         continue;
+      } else if (op == "raw" && consumer && id == 0) {
+        status = Status::invalid_argument("raw needs an \"id\" of 1 or more: its answer carries it");
       } else if (op == "raw" && consumer) {
         std::vector<handoff::LoadOrder> orders;
+        if (!j.at("orders").is_array()) throw WireError("\"orders\" is not an array");
         for (const auto& item : j.at("orders")) {
           auto order = order_from_json(item);
           if (!order) {
@@ -288,7 +293,7 @@ int run_worker(const WorkerOptions& o) {
       }
       answer["status"] = to_json(status);
     } catch (const json::exception& e) {
-      answer["status"] = to_json(Status::invalid_argument("{}", e.what()));
+      answer["status"] = to_json(Status::invalid_argument("{}", wire_message(e)));
     }
     out.line(answer);
   }

@@ -6,6 +6,8 @@
 // --directory it registers in etcd under a lease and leaves on exit.
 #include <algorithm>
 #include <csignal>
+#include <charconv>
+#include <limits>
 #include <regex>
 
 #include <fmt/core.h>
@@ -36,38 +38,63 @@ struct StoreOptions {
 // "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,NUMA…]", e.g. llama:288x2x16384:1000:0,1
 // (NUMA node 0 when none is named).
 Result<store::NamespaceConfig> parse_namespace(const std::string& text) {
-  static const std::regex form(R"(([A-Za-z0-9_.-]+):(\d+)x(\d+)x(\d+):(\d+)(?::(-?\d+(?:,-?\d+)*))?)");
+  static const std::regex form(R"(([A-Za-z0-9_.-]+):(\d+)x(\d+)x(\d+):(\d+)(?::(\d+(?:,\d+)*))?)");
   std::smatch m;
   if (!std::regex_match(text, m, form)) {
     return std::unexpected(Status::invalid_argument(
         "--namespace \"{}\": expected NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (llama:288x2x16384:1000:0,1)", text));
   }
-  try {
-    store::NamespaceConfig c;
-    c.name = m[1];
-    c.layout = {static_cast<std::uint32_t>(std::stoul(m[2])), static_cast<std::uint32_t>(std::stoul(m[3])),
-                static_cast<std::uint32_t>(std::stoul(m[4]))};
-    c.blocks_per_numa = static_cast<std::uint32_t>(std::stoul(m[5]));
-    if (m[6].matched) {
-      c.numa_nodes.clear();
-      const std::string list = m[6];
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        c.numa_nodes.push_back(std::stoi(list.substr(at, comma - at)));
-        at = comma + 1;
-      }
+  // Each number whole, or an error naming it: a cast of stoul's result made
+  // 4294967297 slots into 1.
+  auto number = [&](int group, const char* what, std::uint64_t most) -> Result<std::uint32_t> {
+    std::uint64_t v = 0;
+    const std::string digits = m[group];
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (error != std::errc{} || end != digits.data() + digits.size() || v > most) {
+      return std::unexpected(Status::invalid_argument("--namespace \"{}\": {} {} (at most {})", text, what, digits, most));
     }
-    if (auto s = c.layout.validate(); !s.is_ok()) return std::unexpected(Status::invalid_argument("--namespace \"{}\": {}", text, s.message()));
-    if (c.blocks_per_numa == 0) return std::unexpected(Status::invalid_argument("--namespace \"{}\": 0 blocks", text));
-    // A pool is one allocation: bound it so a typo cannot take the machine's memory.
-    if (c.layout.block_bytes() * c.blocks_per_numa > (std::uint64_t{64} << 30)) {
-      return std::unexpected(Status::invalid_argument("--namespace \"{}\": a pool of {} bytes (above 64 GiB)", text,
-                                                      c.layout.block_bytes() * c.blocks_per_numa));
-    }
-    return c;
-  } catch (const std::exception&) {
-    return std::unexpected(Status::invalid_argument("--namespace \"{}\": a number out of range", text));
+    return static_cast<std::uint32_t>(v);
+  };
+  constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
+  store::NamespaceConfig c;
+  c.name = m[1];
+  auto slots = number(2, "slots", kU32);
+  auto segments = number(3, "segments", kU32);
+  auto bytes = number(4, "bytes", kU32);
+  auto blocks = number(5, "blocks", store::BlockStore::kMaxBlocksPerPool);
+  for (const auto* r : {&slots, &segments, &bytes, &blocks}) {
+    if (!*r) return std::unexpected(r->error());
   }
+  c.layout = {*slots, *segments, *bytes};
+  c.blocks_per_numa = *blocks;
+  if (m[6].matched) {
+    c.numa_nodes.clear();
+    const std::string list = m[6];
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', at), list.size());
+      int node = -1;
+      const auto [end, error] = std::from_chars(list.data() + at, list.data() + comma, node);
+      if (error != std::errc{} || end != list.data() + comma) {
+        return std::unexpected(Status::invalid_argument("--namespace \"{}\": NUMA node \"{}\"", text,
+                                                        list.substr(at, comma - at)));
+      }
+      if (std::ranges::find(c.numa_nodes, node) != c.numa_nodes.end()) {
+        return std::unexpected(Status::invalid_argument("--namespace \"{}\": NUMA node {} named twice", text, node));
+      }
+      c.numa_nodes.push_back(node);
+      at = comma + 1;
+    }
+  }
+  if (auto s = c.layout.validate(); !s.is_ok()) return std::unexpected(Status::invalid_argument("--namespace \"{}\": {}", text, s.message()));
+  if (c.blocks_per_numa == 0) return std::unexpected(Status::invalid_argument("--namespace \"{}\": 0 blocks", text));
+  // A pool is one allocation: bound it so a typo cannot take the machine's
+  // memory (in 128 bits: three 32-bit factors and a block count overflow 64).
+  const unsigned __int128 pool = static_cast<unsigned __int128>(c.layout.block_bytes()) * c.blocks_per_numa;
+  if (pool > (std::uint64_t{64} << 30)) {
+    return std::unexpected(Status::invalid_argument("--namespace \"{}\": a pool of {:.0f} bytes (above 64 GiB)", text,
+                                                    static_cast<double>(pool)));
+  }
+  return c;
 }
 
 int run_store(const StoreOptions& o) {

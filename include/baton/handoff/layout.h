@@ -40,7 +40,13 @@ struct KvLayout {
   std::uint32_t sp = 1;
   std::uint32_t cfg = 1;
 
-  // invalid_argument for a zero field, or tp not dividing kv_heads.
+  // tp, sp and cfg each at most this; layers x 2 x kv_heads x page_tokens
+  // (the cells a plan walks) at most kMaxPageCells.
+  static constexpr std::uint32_t kMaxParallel = 1024;
+  static constexpr std::uint64_t kMaxPageCells = std::uint64_t{1} << 24;
+
+  // invalid_argument for a zero field, a field above its bound, tp not
+  // dividing kv_heads, or a page above 4 GiB.
   [[nodiscard]] Status validate() const;
   [[nodiscard]] std::uint32_t ranks() const { return tp * sp; }
   [[nodiscard]] std::uint32_t heads_per_rank() const { return kv_heads / tp; }
@@ -59,7 +65,7 @@ struct KvLayout {
   }
   // Pages of one row of a request of `tokens` tokens, over all sp groups.
   [[nodiscard]] std::uint32_t pages_for(std::uint32_t tokens) const {
-    return (tokens + page_tokens - 1) / page_tokens;
+    return static_cast<std::uint32_t>((std::uint64_t{tokens} + page_tokens - 1) / page_tokens);
   }
   // The first of the row's `pages` pages held by sp group `sp_rank`.
   [[nodiscard]] std::uint32_t first_page(std::uint32_t sp_rank, std::uint32_t pages) const {

@@ -104,9 +104,14 @@ class BlockStore {
   BlockStore(const BlockStore&) = delete;
   BlockStore& operator=(const BlockStore&) = delete;
 
+  // Blocks of one pool, at most: each has its bookkeeping in this process
+  // (a billion blocks of one byte ran it out of memory).
+  static constexpr std::uint32_t kMaxBlocksPerPool = 1u << 22;
+
   // Allocates and exports the namespace's pools. invalid_argument for an
-  // empty name, an invalid layout, 0 blocks or no NUMA node;
-  // already_exists for a name taken; the engine's errors.
+  // empty name, an invalid layout, 0 or more than kMaxBlocksPerPool blocks,
+  // no NUMA node or one named twice; already_exists for a name taken; the
+  // engine's errors.
   [[nodiscard]] Status add_namespace(const NamespaceConfig& config);
   [[nodiscard]] Result<BlockLayout> layout(std::string_view ns) const;
   [[nodiscard]] std::vector<std::pair<std::string, BlockLayout>> namespaces() const;
