@@ -82,8 +82,8 @@ int run_store_bench(const StoreBenchOptions& o) {
                                block_bytes));
   }
   auto lock_timeout = parse_duration(o.lock_timeout);
-  if (!lock_timeout || *lock_timeout <= 0) {
-    return fail(2, fmt::format("--lock-timeout \"{}\": expected a positive duration", o.lock_timeout));
+  if (!lock_timeout || *lock_timeout <= 0 || *lock_timeout > 3'600'000'000'000) {
+    return fail(2, fmt::format("--lock-timeout \"{}\": expected a positive duration of at most 1h", o.lock_timeout));
   }
   if (!(o.abandon >= 0 && o.cut >= 0 && o.abandon + o.cut <= 1)) {  // NaN fails too
     return fail(2, fmt::format("--abandon {} and --cut {}: shares in [0, 1] that add up to at most 1", o.abandon, o.cut));
@@ -236,7 +236,17 @@ int run_store_bench(const StoreBenchOptions& o) {
       });
     }
     for (auto& t : threads) t.join();
-    std::this_thread::sleep_for(std::chrono::nanoseconds(*lock_timeout) + std::chrono::milliseconds(2500));
+  }
+  if (abandoned + cut > 0) {
+    // Until every lock is gone, at most past the lock timeout and two collector beats.
+    const auto limit = std::chrono::nanoseconds(*lock_timeout) + std::chrono::milliseconds(2500);
+    fmt::print(stderr, "bench store: waiting up to {:.1f} s for the locks of {} abandoned and {} cut sessions to expire\n",
+               std::chrono::duration<double>(limit).count(), abandoned.load(), cut.load());
+    for (const auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+      auto now = (*client)->stats();
+      if (now && now->sessions == 0 && now->locked_blocks == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
   auto stats = (*client)->stats();
   if (!stats) return fail(1, stats.error().to_string());
