@@ -27,6 +27,13 @@ namespace {
 // to them directly, so its NV# entries describe an NVSwitch fabric.
 constexpr int kMaxNvlinksPerGpu = 18;
 
+// Bounds of what a machine can have: Linux's MAX_NUMNODES and NR_CPUS at
+// their largest, and devices in one matrix (an 8-GPU node lists 8 to 20; the
+// derived graph grows with the cube of the count).
+constexpr int kMaxNumaNode = 1023;
+constexpr int kMaxCpu = 8191;
+constexpr int kMaxDevices = 256;
+
 constexpr std::string_view kTrailingColumns[] = {"CPU Affinity", "NUMA Affinity", "GPU NUMA ID"};
 
 struct Line {
@@ -91,7 +98,8 @@ std::optional<int> gpu_index(std::string_view name) {
   return parse_int(name.substr(3));
 }
 
-// Number of CPUs in a list such as "0-63,128-191"; nullopt if not a list.
+// Number of CPUs in a list such as "0-63,128-191"; nullopt if not a list
+// of CPUs 0..kMaxCpu.
 std::optional<int> cpu_list_count(std::string_view list) {
   int count = 0;
   std::istringstream in{std::string(list)};
@@ -99,7 +107,7 @@ std::optional<int> cpu_list_count(std::string_view list) {
     const auto dash = part.find('-');
     const auto lo = parse_int(std::string_view(part).substr(0, dash));
     const auto hi = dash == std::string::npos ? lo : parse_int(std::string_view(part).substr(dash + 1));
-    if (!lo || !hi || *hi < *lo) return std::nullopt;
+    if (!lo || !hi || *lo < 0 || *hi < *lo || *hi > kMaxCpu) return std::nullopt;
     count += *hi - *lo + 1;
   }
   return count == 0 ? std::nullopt : std::optional(count);
@@ -175,6 +183,9 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
                              shown(header.text)));
   }
   const int n = static_cast<int>(columns.size());
+  if (n > kMaxDevices) {
+    return error(header.number, fmt::format("{} devices in the matrix (at most {})", n, kMaxDevices));
+  }
   std::vector<int> gpu_of(n, -1);  // column → GPU index, or -1 for a NIC
   std::vector<int> nic_of(n, -1);
   int gpus = 0;
@@ -272,10 +283,27 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       gpu.name = columns[c];
       const auto& ex = extras[c];
       if (auto it = ex.find("CPU Affinity"); it != ex.end() && it->second != "N/A") {
+        if (!cpu_list_count(it->second)) {
+          return error(row_line[c], fmt::format("{}: CPU Affinity \"{}\" is not a CPU list (0-31,64-95) of CPUs "
+                                                "0..{}", columns[c], shown(it->second), kMaxCpu));
+        }
         gpu.cpu_affinity = it->second;
       }
-      if (auto it = ex.find("NUMA Affinity"); it != ex.end()) {
-        if (auto v = parse_int(it->second)) gpu.numa = *v;
+      // A NUMA node the kernel could have (0..1023), or N/A: a value beyond
+      // was dropped or taken as node -5.
+      auto numa_value = [&](const char* column, auto& into) -> Status {
+        const auto it = ex.find(column);
+        if (it == ex.end() || it->second == "N/A") return Status::ok();
+        const auto v = parse_int(it->second);
+        if (!v || *v < 0 || *v > kMaxNumaNode) {
+          return Status::invalid_argument("nvidia-smi topo: line {}: {}: {} \"{}\" (expected 0..{} or N/A)",
+                                          row_line[c], columns[c], column, shown(it->second), kMaxNumaNode);
+        }
+        into = *v;
+        return Status::ok();
+      };
+      if (ex.contains("NUMA Affinity")) {
+        if (Status st = numa_value("NUMA Affinity", gpu.numa); !st.is_ok()) return std::unexpected(st);
       } else if (!gpu.cpu_affinity.empty()) {
         // Older drivers print only CPU Affinity: GPUs with the same CPU set
         // share a socket, numbered in order of appearance.
@@ -283,9 +311,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
         gpu.numa = it2->second;
         numa_inferred = true;
       }
-      if (auto it = ex.find("GPU NUMA ID"); it != ex.end()) {
-        if (auto v = parse_int(it->second)) gpu.gpu_numa_id = *v;
-      }
+      if (Status st = numa_value("GPU NUMA ID", gpu.gpu_numa_id); !st.is_ok()) return std::unexpected(st);
     } else {
       const int k = nic_of[c];
       NicInfo& nic = facts.nics[k];

@@ -72,7 +72,11 @@ TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
                                  // 64 bits wrapped under the bound, a billion blocks ran out of memory.
                                  "store --namespace a:4294967297x1x4096:4", "store --namespace a:1x1x4096:4294967297",
                                  "store --namespace a:65536x2x65537:4294901761", "store --namespace a:1x1x1:1000000000",
-                                 "store --namespace a:1x1x4096:4:0,0", "store --namespace a:1x1x4096:4:-1"}) {
+                                 "store --namespace a:1x1x4096:4:0,0", "store --namespace a:1x1x4096:4:-1",
+                                 // Flags that did nothing without --directory, and addresses that are no address.
+                                 "store --namespace a:1x1x4096:4 --name foo", "store --namespace a:1x1x4096:4 --lease 5s",
+                                 "store --namespace a:1x1x4096:4 --directory garbage",
+                                 "store --namespace a:1x1x4096:4 --engine-listen garbage"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

@@ -362,6 +362,17 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"too_many_values", "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\t0\t1\n", "has 3 values after the matrix"},
         Malformed{"gpu_gap", "\tGPU0\tGPU2\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", "column \"GPU2\" where GPU1 was expected"},
         Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"},
+        Malformed{"numa_negative", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-3\t-5\n",
+                  "line 2: GPU0: NUMA Affinity \"-5\" (expected 0..1023 or N/A)"},
+        Malformed{"numa_huge", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-3\t99999999999\n",
+                  "NUMA Affinity \"99999999999\""},
+        Malformed{"cpu_affinity_huge", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-999999999999\t0\n",
+                  "GPU0: CPU Affinity \"0-999999999999\" is not a CPU list"},
+        Malformed{"too_many_devices", [] {
+                    std::string header;
+                    for (int g = 0; g < 257; ++g) header += "\tGPU" + std::to_string(g);
+                    return header + "\n";
+                  }(), "257 devices in the matrix (at most 256)"},
         Malformed{"nvlink_to_a_nic", "\tGPU0\tNIC0\nGPU0\t X \tNV2\nNIC0\tNV2\t X \n",
                   "line 2: GPU0-NIC0: \"NV2\" but NVLink joins GPUs only; NIC0 is a NIC"},
         Malformed{"nic_legend_index_overflow",

@@ -398,6 +398,10 @@ int Bench::run() {
   cl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.consumer_tp, o_.consumer_sp,
          o_.cfg};
   if (auto plan = handoff::ReshapePlan::compute(pl_, cl_); !plan) return fail(2, plan.error().message());
+  if (o_.stall_consumer_rank < -1 || o_.kill_producer_at < -1) {  // -1: off
+    return fail(2, fmt::format("--stall-consumer-rank {} / --kill-producer-at {}: -1 (off) or an index",
+                               o_.stall_consumer_rank, o_.kill_producer_at));
+  }
   if (o_.stall_consumer_rank >= static_cast<std::int64_t>(cl_.ranks())) {
     return fail(2, fmt::format("--stall-consumer-rank {}: a consumer replica has ranks 0..{}", o_.stall_consumer_rank,
                                cl_.ranks() - 1));

@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include "baton/common/host_port.h"
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
 #include "baton/store/block_store.h"
@@ -103,6 +104,12 @@ int run_store(const StoreOptions& o) {
     return code;
   };
   if (o.namespaces.empty()) return fail(2, "at least one --namespace is needed");
+  if (o.directory.empty() && (!o.name.empty() || o.lease != StoreOptions{}.lease)) {
+    return fail(2, "--name and --lease need --directory (they are the store's entry there)");
+  }
+  if (!o.directory.empty()) {
+    if (auto at = split_host_port(o.directory); !at) return fail(2, fmt::format("--directory: {}", at.error().message()));
+  }
   std::vector<store::NamespaceConfig> namespaces;
   for (const auto& text : o.namespaces) {
     auto c = parse_namespace(text);
@@ -126,7 +133,7 @@ int run_store(const StoreOptions& o) {
   config.ucx.listen_address = o.engine_listen;
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
-  if (!engine) return fail(1, engine.error().to_string());
+  if (!engine) return fail(exit_code(engine.error()), engine.error().to_string());
   auto blocks = store::BlockStore::create(**engine, {.lock_timeout_ns = *lock_timeout,
                                                      .unsealed_timeout_ns = *unsealed_timeout,
                                                      .metrics = &(*engine)->metrics()});
