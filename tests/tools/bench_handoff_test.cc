@@ -23,8 +23,10 @@ nlohmann::json run(const std::string& args) {
   const CommandRun r = baton::testing::run_baton(kSmall + args + " --json -");
   EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
   if (r.exit_code != 0) return {};
-  // The JSON follows the one-line summary.
-  return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  // With --json -, stdout is the JSON alone (the summary line goes to stderr).
+  EXPECT_EQ(r.out.find('{'), 0u) << r.out;
+  EXPECT_NE(r.err.find(" requests, "), std::string::npos) << r.err;
+  return nlohmann::json::parse(r.out);
 }
 
 std::uint64_t statuses(const nlohmann::json& j) {

@@ -83,6 +83,8 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench mixed --policy-file /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
       {"bench mixed --prefill-burst 0", "prefill_burst"},
       {"bench ablation --slice-sizes 12parsecs", "\"12parsecs\""},
+      // Refused before the run, not after it.
+      {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},
   };
   for (const auto& [args, needle] : cases) {
     const CommandRun r = baton(args);

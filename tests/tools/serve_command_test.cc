@@ -443,7 +443,9 @@ TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {
     EXPECT_GT(j["bytes"].get<std::uint64_t>(), 0u);
     EXPECT_EQ(j["bytes"].get<std::uint64_t>() % (4 * (256 << 10)), 0u);  // whole batches only
     EXPECT_LE(j["p50_us"].get<double>(), j["p99_us"].get<double>());
-    EXPECT_NE(r.out.find("throughput "), std::string::npos);
+    // With --json -, stdout is the JSON alone; the summary goes to stderr.
+    EXPECT_EQ(r.out.find("throughput "), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("throughput "), std::string::npos) << r.err;
   }
 }
 
@@ -789,7 +791,7 @@ TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
     EXPECT_GE(p["bytes_verified"].get<std::uint64_t>(), p["kv_bytes"].get<std::uint64_t>()) << policy;
     EXPECT_GT(p["plan_wire_bytes"].get<int>(), 0) << policy;
   }
-  EXPECT_NE(r.out.find("every byte checked"), std::string::npos);
+  EXPECT_NE(r.err.find("every byte checked"), std::string::npos);  // stdout holds the JSON alone
   // The store leg: every block put by prefill and fetched back by decode.
   const auto& store = j["store"];
   EXPECT_EQ(store["blocks"], 64);

@@ -1,15 +1,53 @@
 #include "json_output.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/core.h>
 
 namespace baton::cli {
+namespace {
+
+int json_fd = -1;  // the process's stdout, once prepare_json_output("-") moved the rest to stderr
+
+}  // namespace
+
+Status prepare_json_output(const std::string& path) {
+  if (path.empty()) return Status::ok();
+  if (path == "-") {
+    std::fflush(stdout);
+    json_fd = ::dup(STDOUT_FILENO);
+    if (json_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+      return Status::unavailable("--json -: cannot set stdout aside for the JSON");
+    }
+    return Status::ok();
+  }
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error) || ::access(dir.c_str(), W_OK) != 0) {
+    return Status::invalid_argument("--json \"{}\": \"{}\" is not a writable directory", path, dir.string());
+  }
+  return Status::ok();
+}
 
 Status write_json_output(const std::string& json, const std::string& path) {
   if (path.empty()) return Status::ok();
   if (path == "-") {
-    fmt::print("{}\n", json);
+    if (json_fd < 0) {
+      fmt::print("{}\n", json);
+      return Status::ok();
+    }
+    std::fflush(stdout);
+    const std::string text = json + "\n";
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(json_fd, text.data() + done, text.size() - done);
+      if (n <= 0) return Status::unavailable("cannot write JSON to stdout");
+      done += static_cast<std::size_t>(n);
+    }
     return Status::ok();
   }
   std::ofstream out(path);

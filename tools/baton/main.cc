@@ -2,6 +2,7 @@
 
 #include "baton/common/log.h"
 #include "commands.h"
+#include "json_output.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
@@ -25,7 +26,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const auto& command : commands) {
-    if (command.app->parsed()) return command.run();
+    if (!command.app->parsed()) continue;
+    if (const CLI::Option* json = command.app->get_option_no_throw("--json"); json != nullptr && json->count() > 0) {
+      if (auto s = baton::cli::prepare_json_output(json->as<std::string>()); !s.is_ok()) {
+        const CLI::App* parent = command.app->get_parent();
+        return baton::cli::fail_command(
+            parent != nullptr && parent != &app ? parent->get_name() + " " + command.app->get_name()
+                                                : command.app->get_name(),
+            s);
+      }
+    }
+    return command.run();
   }
   return 2;
 }
