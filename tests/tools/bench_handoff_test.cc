@@ -57,6 +57,8 @@ TEST(BenchHandoff, EveryRequestCompletesVerifiedWithNothingLeaked) {
     ASSERT_EQ(ci.size(), 2u) << layouts;
     EXPECT_LE(ci[0].get<double>(), ci[1].get<double>()) << layouts;
     EXPECT_GT(ci[1].get<double>(), -1.0) << layouts;
+    ASSERT_EQ(j["waves_ms"].size(), 3u) << layouts;  // 12 requests, 4 a wave
+    for (const auto& w : j["waves_ms"]) EXPECT_TRUE(w[0].get<double>() > 0 && w[1].get<double>() > 0) << w;
   }
 }
 

@@ -41,8 +41,11 @@ struct WorkerOptions {
 
 class Output {
  public:
-  void line(const json& j) {
-    const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";  // a bad byte echoed back is replaced, not thrown
+  void line(const json& j) { lines({j}); }
+  // In one write: the reader on the other end wakes once for all of them.
+  void lines(const std::vector<json>& all) {
+    std::string text;
+    for (const json& j : all) text += j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";  // a bad byte echoed back is replaced, not thrown
     std::lock_guard lock(mutex_);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
@@ -120,7 +123,10 @@ class Loader {
       return;
     }
     lock.unlock();
-    for (const auto& c : done) out_.line({{"completion", to_json(c)}});
+    if (done.empty()) return;
+    std::vector<json> lines;
+    for (const auto& c : done) lines.push_back({{"completion", to_json(c)}});
+    out_.lines(lines);
   }
 
   void run_raw(const Work& w) {
@@ -156,15 +162,22 @@ class Loader {
         if (w.raw_id != 0) {
           run_raw(w);
         } else {
+          // Completions go out together once the queue is drained (below),
+          // or every kEmitEvery loads while it is not: a write per load woke
+          // the orchestrator's reader once per load.
           if (auto s = worker_.load(w.order); !s.is_ok()) emit({{w.order.ticket, w.order.row, w.order.rank, s}});
-          emit(worker_.take_completions());
+          if (++loads_unreported_ >= kEmitEvery) {
+            emit(worker_.take_completions());
+            loads_unreported_ = 0;
+          }
         }
         lock.lock();
         continue;
       }
       if (stop_ && pending_ == 0) return;
       lock.unlock();
-      if (pending_ > 0) emit(worker_.take_completions());
+      if (pending_ > 0) emit(worker_.take_completions());  // every load that ended since the queue was last empty
+      loads_unreported_ = 0;
       sleep();  // resets the fds only after it woke, then looks again: no wakeup is lost
       lock.lock();
     }
@@ -175,7 +188,9 @@ class Loader {
   Output& out_;
   std::mutex mutex_;
   std::deque<Work> queue_;
+  static constexpr int kEmitEvery = 16;
   std::size_t pending_ = 0;
+  int loads_unreported_ = 0;  // the loader thread's alone
   bool stop_ = false;
   bool stalled_ = false;
   std::vector<handoff::LoadCompletion> held_;
