@@ -119,7 +119,7 @@ TEST(TopoCommand, BadInputFailsWithOneLine) {
   };
   for (const auto& [args, needle] : cases) {
     const CommandRun r = baton(args);
-    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(r.exit_code, 2) << args;  // each is the caller's input
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << args;
@@ -128,6 +128,12 @@ TEST(TopoCommand, BadInputFailsWithOneLine) {
   EXPECT_NE(baton("topo --model pcie4 --nvidia-smi " + malformed).exit_code, 0);
   EXPECT_NE(baton("topo --no-such-flag").exit_code, 0);
   EXPECT_NE(baton("").exit_code, 0);
+  // An empty path or model fell back to probing this machine without a word.
+  for (const char* empty : {"topo --nvidia-smi ''", "topo --model ''"}) {
+    const CommandRun r = baton(empty);
+    EXPECT_EQ(r.exit_code, 2) << empty;
+    EXPECT_NE(r.err.find("an empty value"), std::string::npos) << empty << ": " << r.err;
+  }
 }
 
 }  // namespace

@@ -106,7 +106,11 @@ int run_topo(const TopoOptions& o) {
   Result<TopologyFacts> facts = !o.model.empty()             ? load_model(o.model)
                                 : !o.nvidia_smi_file.empty() ? load_nvidia_smi_topo(o.nvidia_smi_file)
                                                              : probe_machine();
-  if (!facts) return fail(facts.error());
+  if (!facts) {
+    // A model or file the caller named that is not there is their input (exit 2).
+    const Status& e = facts.error();
+    return fail(e.code() == StatusCode::kNotFound ? Status::invalid_argument("{}", e.message()) : e);
+  }
   auto graph = TopologyGraph::build(*facts);
   if (!graph) return fail(graph.error());
 
@@ -122,8 +126,12 @@ Command add_topo_command(CLI::App& parent) {
   auto options = std::make_shared<TopoOptions>();
   CLI::App* app = parent.add_subcommand("topo", "Show the machine's GPUs, NICs, NUMA nodes, paths and routes");
   auto* probe = app->add_flag("--probe", options->probe, "Probe this machine (the default)");
-  auto* model = app->add_option("--model", options->model, "A synthetic machine: nvswitch8, pcie4, nvlink-pairs");
-  auto* file = app->add_option("--nvidia-smi", options->nvidia_smi_file, "Parse saved `nvidia-smi topo -m` output");
+  // An empty value would fall back to probing this machine without a word.
+  const auto not_empty = [](const std::string& v) { return v.empty() ? std::string("an empty value") : std::string(); };
+  auto* model = app->add_option("--model", options->model, "A synthetic machine: nvswitch8, pcie4, nvlink-pairs")
+                    ->check(not_empty);
+  auto* file = app->add_option("--nvidia-smi", options->nvidia_smi_file, "Parse saved `nvidia-smi topo -m` output")
+                   ->check(not_empty);
   probe->excludes(model)->excludes(file);
   model->excludes(file);
   app->add_option("--json", options->json_path, "Write the topology as JSON to PATH ('-': stdout, no table)");
