@@ -16,7 +16,7 @@ int json_fd = -1;  // the process's stdout, once prepare_json_output("-") moved 
 }  // namespace
 
 Status prepare_json_output(const std::string& path) {
-  if (path.empty()) return Status::ok();
+  if (path.empty()) return Status::invalid_argument("--json \"\": an empty path (- for stdout)");
   if (path == "-") {
     std::fflush(stdout);
     json_fd = ::dup(STDOUT_FILENO);

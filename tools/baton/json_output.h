@@ -11,7 +11,8 @@ namespace baton::cli {
 // Before a command runs (main.cc): with "-", stdout is kept for the JSON
 // alone, and what the command prints for people (UCX's warnings too) goes
 // to stderr; a PATH whose directory is missing or not writable is refused
-// before the run, not after it. invalid_argument naming the path.
+// before the run, not after it, and so is an empty one (it wrote nothing).
+// invalid_argument naming the path.
 [[nodiscard]] Status prepare_json_output(const std::string& path);
 
 // Writes `json` and a newline to `path`; "-" is stdout, "" writes nothing.
