@@ -64,9 +64,8 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view add
     raw->listen_returned = true;
   });
   return std::unique_ptr<MetricsServer>(
-      new MetricsServer(std::move(impl), bind_host.find(':') == std::string::npos
-                                             ? fmt::format("{}:{}", bind_host, port)
-                                             : fmt::format("[{}]:{}", bind_host, port)));
+      // The host as the caller wrote it (brackets kept), with the port bound.
+      new MetricsServer(std::move(impl), fmt::format("{}:{}", address.substr(0, address.rfind(':')), port)));
 }
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl, std::string address)

@@ -79,9 +79,6 @@ Result<store::NamespaceConfig> parse_namespace(const std::string& text) {
         return std::unexpected(Status::invalid_argument("--namespace \"{}\": NUMA node \"{}\"", text,
                                                         list.substr(at, comma - at)));
       }
-      if (std::ranges::find(c.numa_nodes, node) != c.numa_nodes.end()) {
-        return std::unexpected(Status::invalid_argument("--namespace \"{}\": NUMA node {} named twice", text, node));
-      }
       c.numa_nodes.push_back(node);
       at = comma + 1;
     }
