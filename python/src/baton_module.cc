@@ -511,7 +511,7 @@ PYBIND11_MODULE(_baton, m) {
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
                        std::optional<std::string> topology_model, bool peer_failure_detection,
                        bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
-                       int copy_threads) {
+                       int copy_threads, int progress_threads) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -525,6 +525,7 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.direct_copy_max_bytes = non_negative("direct_copy_max_bytes", direct_copy_max_bytes);
              c.ucx.nics = std::move(nics);
              c.ucx.copy_threads = copy_threads;
+             c.ucx.progress_threads = progress_threads;
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
@@ -539,7 +540,8 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("secret_file") = py::none(), py::arg("lanes") = 2, py::arg("topology_model") = py::none(),
            py::arg("peer_failure_detection") = true, py::arg("same_host_copy") = true,
            py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
-           py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads)
+           py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads,
+           py::arg("progress_threads") = transport::UcxConfig{}.progress_threads)
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })

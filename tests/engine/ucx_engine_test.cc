@@ -27,9 +27,16 @@ constexpr std::uint64_t kTargetSalt = 7;
 constexpr std::uint64_t kLocalSalt = 11;
 
 // A named transport list ("tcp") is what the test means to cross, so the
-// same-host copy (the default otherwise) is off then.
+// same-host copy (the default otherwise) is off then. "+progress_threads"
+// after it: a progress thread per rail (UcxConfig::progress_threads).
+constexpr std::string_view kWithProgressThreads = "+progress_threads";
+
 EngineConfig ucx_config(std::string tls = "") {
   transport::UcxConfig ucx;
+  if (tls.ends_with(kWithProgressThreads)) {
+    tls.resize(tls.size() - kWithProgressThreads.size());
+    ucx.progress_threads = 1;
+  }
   ucx.tls = std::move(tls);
   ucx.same_host_copy = ucx.tls.empty();
   return EngineConfig{.ucx = std::move(ucx)};
@@ -126,8 +133,60 @@ TEST_P(UcxEngine, ReadsAndWritesRandomRangesByteExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, UcxEngine, ::testing::Values(std::string(""), std::string("tcp")),
-                         [](const auto& info) { return info.param.empty() ? std::string("Default") : info.param; });
+INSTANTIATE_TEST_SUITE_P(Tls, UcxEngine,
+                         ::testing::Values(std::string(""), std::string("tcp"), std::string("tcp+progress_threads")),
+                         [](const auto& info) {
+                           std::string name = info.param.empty() ? std::string("Default") : info.param;
+                           std::ranges::replace(name, '+', '_');
+                           return name;
+                         });
+
+// The loop with progress threads: batches from several threads over TCP,
+// reads and writes, land byte-exact; then the connected engines sleep (the
+// threads wait on their workers' events, the loops on the threads' signal).
+TEST(UcxEngineProgressThreads, BatchesFromSeveralThreadsLandAndTheIdleEnginesSleep) {
+  constexpr std::size_t kBlock = 64 << 10;
+  constexpr int kThreads = 3;
+  constexpr int kBatches = 12;
+  constexpr int kPerBatch = 4;
+  const std::string tls = "tcp" + std::string(kWithProgressThreads);
+  Side target(kThreads * kBatches * kPerBatch * kBlock, kTargetSalt, tls);
+  Side local(target.buffer.size(), kLocalSalt, tls);
+  const std::vector<std::byte> written(local.buffer);  // what the writes carry
+  std::fill(target.buffer.begin() + static_cast<std::ptrdiff_t>(target.buffer.size() / 2), target.buffer.end(),
+            std::byte{0});
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  EXPECT_EQ(peer->transport, "tcp");
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  const std::uint64_t half = target.buffer.size() / 2;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        Batch batch;
+        for (int i = 0; i < kPerBatch; ++i) {
+          // Reads fill the first half of ours from theirs; writes fill the
+          // second half of theirs from ours.
+          const std::uint64_t offset = (((t * kBatches + b) * kPerBatch + i) * kBlock) / 2;
+          batch.requests.push_back(request(Op::kRead, local, offset, *peer, target, offset, kBlock / 2));
+          batch.requests.push_back(
+              request(Op::kWrite, local, half + offset, *peer, target, half + offset, kBlock / 2));
+        }
+        if (!run(*local.engine, batch).is_ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(half), kTargetSalt).has_value());
+  EXPECT_TRUE(std::equal(written.begin() + static_cast<std::ptrdiff_t>(half), written.end(),
+                         target.buffer.begin() + static_cast<std::ptrdiff_t>(half)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::uint64_t before = local.engine->loop_turns() + target.engine->loop_turns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LE(local.engine->loop_turns() + target.engine->loop_turns() - before, 40u);
+}
 
 TEST(UcxEngineBatch, ReportsPerRequestBytesAndNotifiesThePeerAfterTheBytes) {
   Side target(1 << 20, kTargetSalt);

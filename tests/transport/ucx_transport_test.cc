@@ -32,6 +32,7 @@ struct Flavor {
   bool same_host_copy = false;
   std::vector<std::string> nics;  // rails (UcxConfig::nics)
   int copy_threads = 0;           // UcxConfig::copy_threads
+  int progress_threads = 0;       // UcxConfig::progress_threads
 };
 
 // Test names and ctest entries show the flavour, not its bytes.
@@ -53,6 +54,14 @@ const Flavor kDirectThreads{"direct_threads", "", true, topology::PathType::kShm
 // and with UCX's RMA (each rail's rkeys).
 const Flavor kRails{"tcp_rails", "tcp", true, topology::PathType::kTcp, true, false, {"lo", "lo"}};
 const Flavor kRmaRails{"tcp_rma_rails", "tcp", true, topology::PathType::kTcp, false, false, {"lo", "lo"}};
+// The same paths with a progress thread per rail: UCX's TCP, its shared
+// memory, and two rails progressing at once.
+const Flavor kTcpThreads{"tcp_progress_threads", "tcp", true, topology::PathType::kTcp, true, false, {}, 0, 1};
+const Flavor kShmThreads{"shm_progress_threads", "sm,tcp", false, topology::PathType::kShm, true, false, {}, 0, 1};
+const Flavor kRailsThreads{"tcp_rails_progress_threads", "tcp", true, topology::PathType::kTcp, true, false, {"lo", "lo"},
+                           0, 1};
+const Flavor kRmaRailsThreads{
+    "tcp_rma_rails_progress_threads", "tcp", true, topology::PathType::kTcp, false, false, {"lo", "lo"}, 0, 1};
 
 std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
   std::vector<std::uint8_t> v(n);
@@ -79,6 +88,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Flavor> {
     c.same_host_copy = GetParam().same_host_copy;
     c.nics = GetParam().nics;
     c.copy_threads = GetParam().copy_threads;
+    c.progress_threads = GetParam().progress_threads;
     return c;
   }
 
@@ -397,6 +407,51 @@ TEST_P(UcxTransportTest, AnRmaWriteBurstTakesOneFlushPerLane) {
   }
   for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
   EXPECT_EQ(remote, source);
+}
+
+// A progress thread per rail progresses its worker on its own: UCX's
+// software RMA over TCP, which the holder's worker serves, completes while
+// the holder's loop never polls. Without the threads the same writes and
+// reads wait for that loop (they are checked not to finish in 300 ms), so
+// the test tells the two apart.
+TEST_P(UcxTransportTest, AHoldersProgressThreadServesRmaWithoutItsLoop) {
+  EXPECT_EQ(a_->progress_threads(),
+            GetParam().progress_threads == 1 ? static_cast<int>(std::max<std::size_t>(1, GetParam().nics.size())) : 0);
+  EXPECT_EQ(a_->pinned_progress_threads(), 0);  // loopback is near every CPU
+  if (GetParam().tcp_slices_as_messages || GetParam().same_host_copy || GetParam().expected != topology::PathType::kTcp) {
+    GTEST_SKIP() << "only UCX's software RMA over TCP needs the holder's worker (Baton's messages need its loop, "
+                    "shared memory neither)";
+  }
+  constexpr std::size_t kBytes = 256 << 10;
+  RoundTrip rt = round_trip(kBytes, 9);
+  ASSERT_FALSE(HasFailure());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(rt.path);
+  ASSERT_TRUE(a_->submit(slice(1, rt.path, 0, Op::kWrite, rt.local->data(), addr(rt.remote->data()), rt.remote_region,
+                               kBytes / 2),
+                         now())
+                  .is_ok());
+  ASSERT_TRUE(a_->submit(slice(2, rt.path, 1, Op::kWrite, rt.local->data() + kBytes / 2,
+                               addr(rt.remote->data()) + kBytes / 2, rt.remote_region, kBytes / 2),
+                         now())
+                  .is_ok());
+  auto only_a = [&](std::size_t count, std::chrono::milliseconds limit) {
+    const TimeNs deadline = now() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+    while (done_a_.size() < count && now() < deadline) a_->poll(now(), done_a_);
+    return done_a_.size() >= count;
+  };
+  if (GetParam().progress_threads == 0) {
+    EXPECT_FALSE(only_a(2, 300ms)) << "the writes finished without the holder's progress";
+    return;  // TearDown polls both, and they finish then
+  }
+  ASSERT_TRUE(only_a(2, 5s));
+  ASSERT_TRUE(a_->submit(slice(3, rt.path, 1, Op::kRead, rt.back->data(), addr(rt.remote->data()), rt.remote_region,
+                               kBytes),
+                         now())
+                  .is_ok());
+  ASSERT_TRUE(only_a(3, 5s));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(*rt.remote, rt.source);
+  EXPECT_EQ(*rt.back, rt.source);
 }
 
 // Small raw slices sent as Baton's messages (TCP) travel in one bundle per
@@ -720,6 +775,11 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
     bad.copy_threads = threads;
     expect_refused(bad, "copy_threads is " + std::to_string(threads));
   }
+  for (const int threads : {-2, 2}) {
+    bad = config();
+    bad.progress_threads = threads;
+    expect_refused(bad, "progress_threads is " + std::to_string(threads));
+  }
   for (const int lanes : {65, 1 << 30}) {  // a peer's handshake refuses more than 64
     bad = config();
     bad.lanes_per_peer = lanes;
@@ -823,10 +883,11 @@ TEST_P(UcxTransportTest, APeerThatGoesAwayFailsItsSlicesUnavailable) {
     if (c.status.code() == StatusCode::kUnavailable) ++unavailable;
   }
   // A same-host copy is done at submit: none was in flight to fail
-  // (tests/serve kills a real process under traffic).
+  // (tests/serve kills a real process under traffic). A holder with progress
+  // threads may have served every slice before it went.
   if (GetParam().same_host_copy) {
     EXPECT_EQ(unavailable, 0u);
-  } else {
+  } else if (GetParam().progress_threads == 0) {
     EXPECT_GT(unavailable, 0u);
   }
   EXPECT_EQ(a_->slices_in_flight(), 0u);
@@ -1016,7 +1077,8 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
   EXPECT_EQ(remote, local);
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kDirectThreads, kRails, kRmaRails),
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kDirectThreads, kRails, kRmaRails,
+                                                                    kTcpThreads, kShmThreads, kRailsThreads, kRmaRailsThreads),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
 
 }  // namespace

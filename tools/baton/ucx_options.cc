@@ -51,6 +51,10 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
                  "Datapath threads for same-host copies that take the loop (-1: one per 8 cores, at most 4, none "
                  "below 8 cores; 0: none)")
       ->check(CLI::Range(-1, 64)));
+  added.push_back(app.add_option("--progress-threads", ucx.progress_threads,
+                 "A datapath thread per NIC that progresses its UCP worker, pinned near the NIC (-1: on from 8 "
+                 "cores; 0: off, the loop progresses; 1: on)")
+      ->check(CLI::Range(-1, 1)));
   added.push_back(app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {
@@ -74,6 +78,9 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   if (!ucx.nics.empty()) args.insert(args.end(), {"--nics", fmt::format("{}", fmt::join(ucx.nics, ","))});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   if (!ucx.same_host_copy) args.emplace_back("--no-same-host-copy");
+  if (ucx.progress_threads != transport::UcxConfig{}.progress_threads) {
+    args.insert(args.end(), {"--progress-threads", std::to_string(ucx.progress_threads)});
+  }
   args.insert(args.end(), {"--stall-timeout", std::to_string(ucx.stall_timeout_ms) + "ms"});
   if (!ucx.secret_file.empty()) args.insert(args.end(), {"--token-file", ucx.secret_file});
   if (ucx.allow_unauthenticated) args.emplace_back("--allow-unauthenticated");

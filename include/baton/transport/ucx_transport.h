@@ -90,6 +90,14 @@ struct UcxConfig {
   // through the loop 1.4-1.6x but took the core that decode requests
   // needed (deadline-aware p99 3x worse; docs/results.md); 0: none; at most 64.
   int copy_threads = -1;
+  // A datapath thread per rail (per NIC) that progresses its UCP worker:
+  // socket reads and writes, UCX's shared-memory copies and RDMA
+  // completions run there, in parallel across rails, pinned to the CPUs
+  // near the rail's NIC (hwloc) where that is a subset; the loop keeps
+  // every scheduling decision and posting, and takes completions when a
+  // thread signals it. -1: on from 8 cores (on a 2-core VM the thread
+  // competes with the loop and the peer for the same cores); 0: off; 1: on.
+  int progress_threads = -1;
   // On TCP paths, slices travel as Baton's active messages (the holder's
   // engine copies them in or out and answers) instead of UCX's software
   // RMA, which UCX 1.13 turns into an abort of the holder when an initiator
@@ -335,6 +343,10 @@ class UcxTransport final : public Transport {
   // and how many threads there are.
   [[nodiscard]] std::uint64_t thread_copies() const;
   [[nodiscard]] int copy_threads() const;
+  // Progress threads running (UcxConfig::progress_threads: one per rail, or
+  // none), and how many of them are pinned near their NIC.
+  [[nodiscard]] int progress_threads() const;
+  [[nodiscard]] int pinned_progress_threads() const;
 
   // Starts a clean close: the listener stops, every path fails with
   // unavailable and its endpoints close (a forced close under peer-failure

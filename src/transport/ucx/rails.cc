@@ -66,7 +66,9 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
   }
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // the engine loop owns it
+  // The engine loop owns it, or the loop and its progress thread take turns
+  // under the rail's mutex (progress_threads.h).
+  worker_params.thread_mode = progress_threads_for(cfg) ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
   if (ucs_status_t s = ucp_worker_create(rail.context, &worker_params, &rail.worker); s != UCS_OK) {
     rail.worker = nullptr;
     return fail(ucx_failure("UcxTransport::create", "ucp_worker_create", s));
@@ -110,17 +112,20 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
 
 void UcxTransport::State::on_back_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* back = static_cast<BackLane*>(arg);
+  const auto recording = back->state->record();
   back->state->back_errors.push_back({back->session, back->rail, status});
 }
 
 void UcxTransport::State::on_lane_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* lane = static_cast<Lane*>(arg);
+  const auto recording = lane->state->record();
   lane->state->lane_errors.emplace_back(lane, status);
 }
 
 void UcxTransport::State::on_message_sent(void* request, ucs_status_t status, void* user_data) {
   auto* msg = static_cast<Outgoing*>(user_data);
   ucp_request_free(request);
+  const auto recording = msg->state->record();
   if (status != UCS_OK && status != UCS_ERR_CANCELED) {
     spdlog::debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
   }
@@ -148,6 +153,7 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   // A slice's bytes are kept where UCX assembled them, not copied again
   // (over TCP this copy, into fresh memory, cost more than the socket).
   const bool lend = length > 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+  const auto recording = state->record();
   if (lend) {
     in.held = HeldAmData(data, ReleaseAmData{handler.worker});
     in.payload = std::span(d, length);
@@ -158,6 +164,26 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   }
   state->inbox.push_back(std::move(in));
   return lend ? UCS_INPROGRESS : UCS_OK;
+}
+
+// One thread per rail, each near its NIC; the poller then watches their
+// signal instead of the workers.
+Status UcxTransport::State::start_progress_threads() {
+  std::vector<ucx::ProgressThreads::Rail> threads;
+  for (const Rail& rail : rails) threads.push_back({rail.worker, rail.worker_fd, ucx::cpus_near_nic(rail.nic)});
+  auto made = ucx::ProgressThreads::create(std::move(threads), &recorded);
+  if (!made) return made.error();
+  for (const Rail& rail : rails) poller->forget(rail.worker_fd);
+  poller->watch((*made)->fd(), false);
+  progress_threads = std::move(*made);
+  return Status::ok();
+}
+
+void UcxTransport::State::stop_progress_threads() {
+  if (!progress_threads) return;
+  poller->forget(progress_threads->fd());
+  progress_threads.reset();
+  for (const Rail& rail : rails) poller->watch(rail.worker_fd, false);
 }
 
 void UcxTransport::State::progress() {
@@ -311,6 +337,7 @@ void UcxTransport::State::teardown() {
     rails.clear();
     return;
   }
+  stop_progress_threads();  // from here the caller's thread alone drives UCX
   begin_shutdown();
   if (copier) {  // its copies finish first: they write into slices' memory
     poller->forget(copier->fd());

@@ -7,6 +7,7 @@ namespace baton::transport {
 
 void UcxTransport::State::on_slice_request(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<SliceOp*>(user_data);
+  const auto recording = op->state->record();
   op->request = nullptr;
   ucp_request_free(request);
   op->state->settle(*op, status);
@@ -14,6 +15,7 @@ void UcxTransport::State::on_slice_request(void* request, ucs_status_t status, v
 
 void UcxTransport::State::on_flush(void* request, ucs_status_t status, void* user_data) {
   auto* group = static_cast<FlushGroup*>(user_data);
+  const auto recording = group->state->record();
   ucp_request_free(request);
   group->request = nullptr;
   State* state = group->state;

@@ -62,6 +62,7 @@
 #include "transport/ucx/control_channel.h"
 #include "transport/ucx/control_wire.h"
 #include "transport/ucx/copy_workers.h"
+#include "transport/ucx/progress_threads.h"
 #include "transport/ucx/same_host.h"
 #include "transport/ucx/socket_address.h"
 #include "transport/ucx/wire.h"
@@ -95,6 +96,12 @@ inline int copy_threads_for(const UcxConfig& c) {
   if (c.copy_threads >= 0) return c.copy_threads;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::min(4, cores / 8);
+}
+
+// UcxConfig::progress_threads resolved: -1 is on from 8 cores.
+inline bool progress_threads_for(const UcxConfig& c) {
+  if (c.progress_threads >= 0) return c.progress_threads > 0;
+  return std::thread::hardware_concurrency() >= 8;
 }
 
 inline Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
@@ -171,6 +178,7 @@ using ucx::SliceDescriptor;
 using ucx::WireCodec;
 // This folder's own, from above.
 using ucx::copy_threads_for;
+using ucx::progress_threads_for;
 using ucx::HeldAmData;
 using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;
@@ -401,7 +409,13 @@ struct UcxTransport::State {
   bool direct_dirty = true;
   std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
 
-  // Recorded by callbacks, acted on by poll().
+  // Recorded by callbacks, acted on by poll(). With progress threads the
+  // callbacks of two rails may run at once: each records under
+  // record_mutex and sets `recorded`. The loop reads these under hold(),
+  // when no callback runs.
+  std::mutex record_mutex;
+  std::atomic<bool> recorded{false};
+  std::unique_ptr<ucx::ProgressThreads> progress_threads;  // UcxConfig::progress_threads; none when off
   std::vector<SliceOp*> finished;
   std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
   std::unique_ptr<ucx::CopyWorkers> workers;  // UcxConfig::copy_threads; none when 0
@@ -429,6 +443,15 @@ struct UcxTransport::State {
 
   void collect_ready() { all_ready = !poller->ready(ready_fds); }
 
+  // Every UcxTransport call that touches UCX or what callbacks record runs
+  // under this: no progress thread is in UCX meanwhile (progress_threads.h).
+  [[nodiscard]] ucx::ProgressThreads::Hold hold() const { return ucx::ProgressThreads::Hold(progress_threads.get()); }
+  // A callback's record: under record_mutex, and the loop is told.
+  [[nodiscard]] std::unique_lock<std::mutex> record() {
+    recorded.store(true, std::memory_order_release);
+    return std::unique_lock(record_mutex);
+  }
+
   // A same-host holder with slices in flight that is exiting fails its path
   // at once: a SIGKILLed process shows PF_EXITING within a millisecond,
   // while its control connection closes only after the kernel tore down its
@@ -446,6 +469,8 @@ struct UcxTransport::State {
                                  std::size_t length, const ucp_am_recv_param_t* param);
   void progress();
   bool progress_once();
+  Status start_progress_threads();
+  void stop_progress_threads();
   void unmap(LocalRegion& r);
   static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns);
   void close_endpoint(ucp_ep_h ep);

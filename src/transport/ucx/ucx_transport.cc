@@ -86,6 +86,11 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
         "UcxTransport::create: copy_threads is {} (expected -1 for one per 8 cores, 0 for none, or up to {})",
         config.copy_threads, kMaxCopyThreads));
   }
+  if (config.progress_threads < -1 || config.progress_threads > 1) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: progress_threads is {} (expected -1 for on from 8 cores, 0 for off, 1 for on)",
+        config.progress_threads));
+  }
   if (Status s = check_nics(config); !s.is_ok()) return std::unexpected(s);
   auto listen = ucx::parse_socket_address(config.listen_address);
   if (!listen) return std::unexpected(listen.error());
@@ -155,6 +160,9 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     state->workers = std::move(*workers);
     state->poller->watch(state->workers->fd(), false);
   }
+  if (progress_threads_for(cfg)) {
+    if (Status st = state->start_progress_threads(); !st.is_ok()) return std::unexpected(st);
+  }
   state->address = state->listener->address();
   return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(state)));
 }
@@ -162,6 +170,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
 const std::string& UcxTransport::address() const { return state_->address; }
 
 Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length, MemoryKind kind) {
+  const auto held = state_->hold();
   State& s = *state_;
   const auto base = reinterpret_cast<std::uintptr_t>(addr);
   if (addr == nullptr) {
@@ -191,6 +200,7 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
 }
 
 Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length, int numa_node) {
+  const auto held = state_->hold();
   if (length == 0) {
     return std::unexpected(Status::invalid_argument("UcxTransport::allocate_memory: length is 0"));
   }
@@ -209,6 +219,7 @@ Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t 
 }
 
 Status UcxTransport::unregister(RegionHandle handle) {
+  const auto held = state_->hold();
   State& s = *state_;
   auto it = s.region_base.find(handle);
   if (it == s.region_base.end()) {
@@ -249,6 +260,7 @@ bool UcxTransport::unregister_pending(RegionHandle handle) const {
 }
 
 Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
+  const auto held = state_->hold();
   State& s = *state_;
   auto it = s.region_base.find(handle);
   if (it == s.region_base.end()) {
@@ -288,6 +300,7 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
 }
 
 Result<std::vector<std::uint8_t>> UcxTransport::packed_rkey(RegionHandle handle) const {
+  const auto held = state_->hold();
   auto it = state_->region_base.find(handle);
   if (it == state_->region_base.end()) {
     return std::unexpected(Status::not_found("UcxTransport::packed_rkey: no region {}", handle));
@@ -296,6 +309,7 @@ Result<std::vector<std::uint8_t>> UcxTransport::packed_rkey(RegionHandle handle)
 }
 
 Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_ns) {
+  const auto held = state_->hold();
   State& s = *state_;
   if (s.shut_down) {
     return std::unexpected(Status::unavailable("UcxTransport::connect: {}: the transport shut down", peer_address));
@@ -360,6 +374,7 @@ Status UcxTransport::path_status(PathId path) const {
 }
 
 Status UcxTransport::refresh_regions(PathId path) {
+  const auto held = state_->hold();
   State& s = *state_;
   if (Status st = path_status(path); !st.is_ok()) return st;
   State::Peer& peer = s.peers[path];
@@ -416,6 +431,7 @@ Result<RemoteRegion> UcxTransport::find_remote_region(PathId path, std::uint64_t
 }
 
 Status UcxTransport::notify(PathId path, std::string_view message) {
+  const auto held = state_->hold();
   State& s = *state_;
   if (message.size() > kMaxNotificationBytes) {
     return Status::invalid_argument("UcxTransport::notify: the message has {} bytes (at most {})", message.size(),
@@ -437,13 +453,17 @@ std::vector<Notification> UcxTransport::take_notifications() {
 int UcxTransport::event_fd() const { return state_->poller->fd(); }
 
 bool UcxTransport::arm() {
+  const auto held = state_->hold();
   State& s = *state_;
-  if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty()) return false;
+  if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty() || !s.back_errors.empty()) return false;
   if (s.workers && !s.workers->arm()) return false;
   s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
   // Revocations and handshakes have deadlines (next_event_ns); frames queued
   // since the last poll go now, or the poller watches for writability.
   s.flush_control();
+  // With progress threads they progress and arm the workers; what they
+  // record makes the event fd readable.
+  if (s.progress_threads) return true;
   // UCX's rule for sleeping: progress until it reports nothing done, then
   // arm. Events it consumed but did not finish (a socket half read) would
   // not fire the fd again, and the loop would sleep on them.
@@ -459,6 +479,7 @@ bool UcxTransport::arm() {
 const std::vector<PathInfo>& UcxTransport::paths() const { return state_->infos; }
 
 Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
+  const auto held = state_->hold();
   State& s = *state_;
   if (slice.path >= s.peers.size()) {
     return Status::invalid_argument("UcxTransport::submit: slice {} names unknown path {} ({} paths)", slice.id,
@@ -676,9 +697,14 @@ Status UcxTransport::set_codec(std::shared_ptr<const Codec> codec) {
 }
 
 void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
+  const auto held = state_->hold();
   State& s = *state_;
   s.flush_lanes();
-  s.progress();
+  if (s.progress_threads) {
+    s.progress_threads->drain();  // what they recorded is read below
+  } else {
+    s.progress();
+  }
   s.handle_recorded();
   s.reap_closing();
   s.collect_ready();
@@ -801,8 +827,17 @@ std::uint64_t UcxTransport::flushes_posted() const { return state_->flushes_post
 std::uint64_t UcxTransport::bundles_sent() const { return state_->bundles_sent; }
 std::uint64_t UcxTransport::thread_copies() const { return state_->workers ? state_->workers->copies() : 0; }
 int UcxTransport::copy_threads() const { return state_->workers ? static_cast<int>(state_->workers->size()) : 0; }
+int UcxTransport::progress_threads() const {
+  return state_->progress_threads ? static_cast<int>(state_->progress_threads->size()) : 0;
+}
+int UcxTransport::pinned_progress_threads() const {
+  return state_->progress_threads ? state_->progress_threads->pinned() : 0;
+}
 
-void UcxTransport::shutdown() { state_->begin_shutdown(); }
+void UcxTransport::shutdown() {
+  const auto held = state_->hold();
+  state_->begin_shutdown();
+}
 
 bool UcxTransport::shutdown_complete() const { return state_->shut_down && state_->closing.empty(); }
 
