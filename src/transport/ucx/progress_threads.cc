@@ -156,7 +156,8 @@ void ProgressThreads::run(PerRail& r) {
       for (int i = 0; i < kRoundsPerHold; ++i) {
         const unsigned n = ucp_worker_progress(r.rail.worker);
         done += n;
-        if (n == 0) break;
+        // Nothing left, or the loop waits to post: it goes first.
+        if (n == 0 || waiting_.load(std::memory_order_acquire) > 0) break;
       }
       // UCX's rule for sleeping: progress until nothing was done, then arm
       // (BUSY: events came in since; progress again).
