@@ -781,6 +781,41 @@ TEST_F(ServeProcessTwoNics, ADeadNicsLanesFailOverToTheOther) {
   EXPECT_GT(received(0) - at_cut0, 64ULL << 20);  // the read went on over the first NIC
 }
 
+// The same two NICs with a progress thread per rail on both sides
+// (--progress-threads 1): each NIC's worker progressed on its own thread, a
+// large read carried by both, and a NIC that goes down mid-read still fails
+// over to the other with every byte verified.
+class ServeProcessTwoNicsThreads : public ServeProcessTwoNics {
+ protected:
+  void SetUp() override {
+    start("100gbit 0 2", {"--nics", "baton-far0,baton-far1", "--progress-threads", "1"});
+  }
+};
+
+TEST_F(ServeProcessTwoNicsThreads, BothNicsCarryAReadAndADeadOnesLanesFailOver) {
+  const std::uint64_t before0 = received(0), before1 = received(1);
+  CommandRun r = bench_nics("--progress-threads 1 --op read --block-size 8MiB --batch-size 4 --duration 2s");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  EXPECT_TRUE(j["verified"].get<bool>());
+  const auto moved = j["bytes"].get<std::uint64_t>();
+  EXPECT_GT(received(0) - before0, moved / 4);
+  EXPECT_GT(received(1) - before1, moved / 4);
+
+  std::uint64_t at_cut0 = 0;
+  std::thread cut([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    at_cut0 = received(0);
+    (void)std::system("ip netns exec baton-near ip link set baton-near1 down");
+  });
+  r = bench_nics("--progress-threads 1 --op read --block-size 1MiB --batch-size 16 --duration 4s --stall-timeout 500ms");
+  cut.join();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(json_of(r)["verified"].get<bool>());
+  EXPECT_NE(r.err.find("fail over"), std::string::npos) << r.err;
+  EXPECT_GT(received(0) - at_cut0, 64ULL << 20);
+}
+
 TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
   const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
