@@ -198,6 +198,7 @@ int run_throughput(const ThroughputOptions& o) {
                    {"ucx_tls", o.ucx.tls},
                    {"peer_failure_detection", o.ucx.peer_failure_detection},
                    {"same_host_copy", o.ucx.same_host_copy},
+                   {"progress_threads", o.ucx.progress_threads},
                    {"verified", true}};
   return emit_json("bench throughput", j.dump(2), o.json);
 }
