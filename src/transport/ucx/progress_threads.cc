@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace baton::transport::ucx {
