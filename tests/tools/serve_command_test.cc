@@ -187,6 +187,30 @@ TEST(ServeProcessFailure, AKilledPeerEndsEveryRequestUnavailableAndOthersAreStil
   EXPECT_TRUE(survivor.stop().is_ok());
 }
 
+// `bench throughput` against a peer killed early in a long run: it ends
+// with the failure (exit 1, unavailable) soon after, not when its duration
+// is up; with progress threads on both sides as without.
+TEST(ServeProcessFailure, BenchThroughputEndsWhenItsPeerDiesNotAtItsDuration) {
+  for (const char* threads : {"0", "1"}) {
+    SCOPED_TRACE(std::string("--progress-threads ") + threads);
+    ServeChild doomed = serve({"--buffer-size", "64MiB", "--progress-threads", threads});
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::kill(doomed.pid(), SIGKILL);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const CommandRun r = run_baton(fmt::format(
+        "bench throughput --target {} --ucx-tls tcp --no-same-host-copy --progress-threads {} --op read "
+        "--block-size 1MiB --batch-size 16 --duration 60s --stall-timeout 2s",
+        doomed.address(), threads));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    killer.join();
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;
+    EXPECT_LT(took, std::chrono::seconds(30)) << "it waited out its 60 s duration";
+  }
+}
+
 // A stopped peer never answers the reads already posted to it over TCP; UCX
 // cannot recall them (a same-host copy needs no CPU of the peer: none stalls). Whatever ends the requests (cancel, timeout, the peer's
 // death), none may report its end while a slice can still land in our buffer.

@@ -137,7 +137,12 @@ int run_throughput(const ThroughputOptions& o) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::nanoseconds(plan->duration_ns));
+  // Until the duration ends, or sooner when a batch failed (a dead peer).
+  const auto until = started + std::chrono::nanoseconds(plan->duration_ns);
+  while (!stop.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(10), until - std::chrono::steady_clock::now()));
+  }
   stop = true;
   for (auto& w : workers) w.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -198,7 +203,7 @@ int run_throughput(const ThroughputOptions& o) {
                    {"ucx_tls", o.ucx.tls},
                    {"peer_failure_detection", o.ucx.peer_failure_detection},
                    {"same_host_copy", o.ucx.same_host_copy},
-                   {"progress_threads", o.ucx.progress_threads},
+                   {"progress_threads", transport::runs_progress_threads(o.ucx) ? 1 : 0},  // in effect, -1 resolved
                    {"verified", true}};
   return emit_json("bench throughput", j.dump(2), o.json);
 }

@@ -78,6 +78,9 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   if (!ucx.nics.empty()) args.insert(args.end(), {"--nics", fmt::format("{}", fmt::join(ucx.nics, ","))});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   if (!ucx.same_host_copy) args.emplace_back("--no-same-host-copy");
+  if (ucx.copy_threads != transport::UcxConfig{}.copy_threads) {
+    args.insert(args.end(), {"--copy-threads", std::to_string(ucx.copy_threads)});
+  }
   if (ucx.progress_threads != transport::UcxConfig{}.progress_threads) {
     args.insert(args.end(), {"--progress-threads", std::to_string(ucx.progress_threads)});
   }

@@ -121,6 +121,10 @@ struct UcxConfig {
   std::int64_t stall_timeout_ms = 10'000;
 };
 
+// Whether a transport made with `config` runs progress threads
+// (UcxConfig::progress_threads, with -1 resolved for this machine).
+[[nodiscard]] bool runs_progress_threads(const UcxConfig& config);
+
 // A peer's region as the handshake made it known here.
 struct RemoteRegion {
   RegionHandle key = 0;  // the peer's handle: SliceMemory::remote_key

@@ -68,7 +68,7 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // The engine loop owns it, or the loop and its progress thread take turns
   // under the rail's mutex (progress_threads.h).
-  worker_params.thread_mode = progress_threads_for(cfg) ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
+  worker_params.thread_mode = runs_progress_threads(cfg) ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
   if (ucs_status_t s = ucp_worker_create(rail.context, &worker_params, &rail.worker); s != UCS_OK) {
     rail.worker = nullptr;
     return fail(ucx_failure("UcxTransport::create", "ucp_worker_create", s));

@@ -98,12 +98,6 @@ inline int copy_threads_for(const UcxConfig& c) {
   return std::min(4, cores / 8);
 }
 
-// UcxConfig::progress_threads resolved: -1 is on from 8 cores.
-inline bool progress_threads_for(const UcxConfig& c) {
-  if (c.progress_threads >= 0) return c.progress_threads > 0;
-  return std::thread::hardware_concurrency() >= 8;
-}
-
 inline Status ucx_failure(std::string_view call, std::string_view what, ucs_status_t status) {
   return Status::unavailable("{}: {} failed: {}", call, what, ucs_status_string(status));
 }
@@ -178,7 +172,6 @@ using ucx::SliceDescriptor;
 using ucx::WireCodec;
 // This folder's own, from above.
 using ucx::copy_threads_for;
-using ucx::progress_threads_for;
 using ucx::HeldAmData;
 using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;

@@ -53,6 +53,11 @@ Status check_nics(const UcxConfig& config) {
 UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {}
 UcxTransport::~UcxTransport() = default;
 
+bool runs_progress_threads(const UcxConfig& config) {
+  if (config.progress_threads >= 0) return config.progress_threads > 0;
+  return std::thread::hardware_concurrency() >= 8;
+}
+
 Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   if (config.lanes_per_peer < 1 || config.lanes_per_peer > ucx::kMaxLanes) {
     // A peer's handshake refuses more (control_wire.h).
@@ -160,7 +165,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     state->workers = std::move(*workers);
     state->poller->watch(state->workers->fd(), false);
   }
-  if (progress_threads_for(cfg)) {
+  if (runs_progress_threads(cfg)) {
     if (Status st = state->start_progress_threads(); !st.is_ok()) return std::unexpected(st);
   }
   state->address = state->listener->address();
