@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,6 +36,22 @@ UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
 
 UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+Result<UniqueFd> make_eventfd() {
+  UniqueFd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (fd.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
+  return fd;
+}
+
+void notify_eventfd(int fd) {
+  const std::uint64_t one = 1;
+  (void)!::write(fd, &one, sizeof one);
+}
+
+void reset_eventfd(int fd) {
+  std::uint64_t n = 0;
+  (void)!::read(fd, &n, sizeof n);
 }
 
 Result<std::unique_ptr<ControlConnection>> ControlConnection::dial(const SocketAddress& to) {

@@ -32,6 +32,12 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// A nonblocking eventfd, the way a thread wakes another's poll or epoll:
+// notify() makes it readable, reset() drains it.
+[[nodiscard]] Result<UniqueFd> make_eventfd();
+void notify_eventfd(int fd);
+void reset_eventfd(int fd);
+
 // One TCP connection carrying frames each way. Sends are queued and written
 // as the socket takes them.
 class ControlConnection {

@@ -1,9 +1,6 @@
 #include "transport/ucx/copy_workers.h"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -19,9 +16,9 @@ constexpr auto kIdleSpin = std::chrono::microseconds(20);
 
 Result<std::unique_ptr<CopyWorkers>> CopyWorkers::create(int threads) {
   if (threads < 1) return std::unexpected(Status::invalid_argument("CopyWorkers: {} threads (expected >= 1)", threads));
-  UniqueFd event(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (event.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
-  std::unique_ptr<CopyWorkers> made(new CopyWorkers(std::move(event)));
+  auto event = make_eventfd();
+  if (!event) return std::unexpected(event.error());
+  std::unique_ptr<CopyWorkers> made(new CopyWorkers(std::move(*event)));
   for (int i = 0; i < threads; ++i) made->workers_.push_back(std::make_unique<Worker>());
   for (auto& w : made->workers_) w->thread = std::thread([p = made.get(), w = w.get()] { p->run(*w); });
   return made;
@@ -57,8 +54,7 @@ bool CopyWorkers::post(std::size_t worker, const Job& job) {
 
 void CopyWorkers::take(std::vector<std::uint64_t>& done) {
   if (signaled_.exchange(false, std::memory_order_acq_rel)) {
-    std::uint64_t n = 0;
-    (void)!read(event_.get(), &n, sizeof n);
+    reset_eventfd(event_.get());
   }
   for (auto& w : workers_) {
     while (auto tag = w->done.pop()) {
@@ -90,8 +86,7 @@ void CopyWorkers::run(Worker& w) {
       (void)w.done.push(job->tag);
       if (armed_.exchange(false, std::memory_order_acq_rel)) {
         // Written, then flagged: take() reads the eventfd only once flagged.
-        const std::uint64_t one = 1;
-        (void)!write(event_.get(), &one, sizeof one);
+        notify_eventfd(event_.get());
         signaled_.store(true, std::memory_order_release);
       }
       continue;

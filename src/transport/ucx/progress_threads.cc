@@ -4,8 +4,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -19,16 +17,6 @@ namespace {
 // Progress rounds per hold of a rail's mutex: enough to drain a burst, few
 // enough that the loop's next call does not wait long behind them.
 constexpr int kRoundsPerHold = 64;
-
-void write_one(int fd) {
-  const std::uint64_t one = 1;
-  (void)!write(fd, &one, sizeof one);
-}
-
-void read_all(int fd) {
-  std::uint64_t n = 0;
-  (void)!read(fd, &n, sizeof n);
-}
 
 // Runs the calling thread on `cpus` ("0-7,16-23"); false when it could not.
 bool pin_to(const std::string& cpus) {
@@ -89,7 +77,7 @@ ProgressThreads::Hold::~Hold() {
     // progress and arm; whatever this hold posted since needs it awake.
     const bool kick = r->sleeping.exchange(false, std::memory_order_acq_rel);
     r->mutex.unlock();
-    if (kick) write_one(r->kick.get());
+    if (kick) notify_eventfd(r->kick.get());
   }
 }
 
@@ -98,14 +86,15 @@ Result<std::unique_ptr<ProgressThreads>> ProgressThreads::create(std::vector<Rai
   if (rails.empty() || recorded == nullptr) {
     return std::unexpected(Status::invalid_argument("ProgressThreads: no rails, or nothing to record into"));
   }
-  UniqueFd signal(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (signal.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
-  std::unique_ptr<ProgressThreads> made(new ProgressThreads(std::move(signal), recorded));
+  auto signal = make_eventfd();
+  if (!signal) return std::unexpected(signal.error());
+  std::unique_ptr<ProgressThreads> made(new ProgressThreads(std::move(*signal), recorded));
   for (Rail& rail : rails) {
     auto r = std::make_unique<PerRail>();
     r->rail = std::move(rail);
-    r->kick = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (r->kick.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
+    auto kick = make_eventfd();
+    if (!kick) return std::unexpected(kick.error());
+    r->kick = std::move(*kick);
     made->rails_.push_back(std::move(r));
   }
   for (auto& r : made->rails_) r->thread = std::thread([p = made.get(), r = r.get()] { p->run(*r); });
@@ -117,16 +106,16 @@ ProgressThreads::ProgressThreads(UniqueFd signal, std::atomic<bool>* recorded)
 
 ProgressThreads::~ProgressThreads() {
   stop_.store(true, std::memory_order_release);
-  for (auto& r : rails_) write_one(r->kick.get());
+  for (auto& r : rails_) notify_eventfd(r->kick.get());
   for (auto& r : rails_) {
     if (r->thread.joinable()) r->thread.join();
   }
 }
 
-void ProgressThreads::drain() { read_all(signal_.get()); }
+void ProgressThreads::drain() { reset_eventfd(signal_.get()); }
 
 void ProgressThreads::signal_if_recorded() {
-  if (recorded_->exchange(false, std::memory_order_acq_rel)) write_one(signal_.get());
+  if (recorded_->exchange(false, std::memory_order_acq_rel)) notify_eventfd(signal_.get());
 }
 
 void ProgressThreads::run(PerRail& r) {
@@ -169,7 +158,6 @@ void ProgressThreads::run(PerRail& r) {
         if (armed) r.sleeping.store(true, std::memory_order_release);
       }
     }
-    if (done != 0) rounds_.fetch_add(1, std::memory_order_relaxed);
     signal_if_recorded();
     if (!armed) {
       // The loop waits for every rail's mutex: let it have them first.
@@ -179,7 +167,7 @@ void ProgressThreads::run(PerRail& r) {
     epoll_event events[2];
     while (epoll_wait(epoll.get(), events, 2, -1) < 0 && errno == EINTR) {
     }
-    read_all(r.kick.get());
+    reset_eventfd(r.kick.get());
     r.sleeping.store(false, std::memory_order_release);
   }
 }

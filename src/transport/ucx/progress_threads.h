@@ -64,8 +64,6 @@ class ProgressThreads {
   void drain();
   // Threads whose rail's NIC is local to some CPUs and that run on them only.
   [[nodiscard]] int pinned() const { return pinned_.load(std::memory_order_relaxed); }
-  // Progress rounds on the threads that did something, since creation.
-  [[nodiscard]] std::uint64_t rounds() const { return rounds_.load(std::memory_order_relaxed); }
 
  private:
   struct PerRail {
@@ -84,7 +82,6 @@ class ProgressThreads {
   std::atomic<bool> stop_{false};
   std::atomic<int> waiting_{0};  // the loop wants the mutexes: threads step aside
   std::atomic<int> pinned_{0};
-  std::atomic<std::uint64_t> rounds_{0};
   std::vector<std::unique_ptr<PerRail>> rails_;
 };
 

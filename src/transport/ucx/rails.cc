@@ -171,8 +171,12 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
 Status UcxTransport::State::start_progress_threads() {
   std::vector<ucx::ProgressThreads::Rail> threads;
   for (const Rail& rail : rails) threads.push_back({rail.worker, rail.worker_fd, ucx::cpus_near_nic(rail.nic)});
+  threaded = true;  // before any thread can call back
   auto made = ucx::ProgressThreads::create(std::move(threads), &recorded);
-  if (!made) return made.error();
+  if (!made) {
+    threaded = false;
+    return made.error();
+  }
   for (const Rail& rail : rails) poller->forget(rail.worker_fd);
   poller->watch((*made)->fd(), false);
   progress_threads = std::move(*made);
@@ -183,6 +187,7 @@ void UcxTransport::State::stop_progress_threads() {
   if (!progress_threads) return;
   poller->forget(progress_threads->fd());
   progress_threads.reset();
+  threaded = false;  // joined: callbacks run on this thread only
   for (const Rail& rail : rails) poller->watch(rail.worker_fd, false);
 }
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sys/syscall.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -214,9 +213,9 @@ Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::s
 }
 
 Result<std::unique_ptr<CmaCopier>> CmaCopier::create() {
-  UniqueFd event(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (event.get() < 0) return std::unexpected(Status::unavailable("eventfd: {}", std::strerror(errno)));
-  return std::unique_ptr<CmaCopier>(new CmaCopier(std::move(event)));
+  auto event = make_eventfd();
+  if (!event) return std::unexpected(event.error());
+  return std::unique_ptr<CmaCopier>(new CmaCopier(std::move(*event)));
 }
 
 CmaCopier::CmaCopier(UniqueFd event) : event_(std::move(event)), thread_([this] { run(); }) {}
@@ -239,8 +238,7 @@ void CmaCopier::submit(const Job& job) {
 }
 
 std::vector<CmaCopier::Done> CmaCopier::take() {
-  std::uint64_t n = 0;
-  (void)!read(event_.get(), &n, sizeof n);
+  reset_eventfd(event_.get());
   std::lock_guard lock(mutex_);
   return std::exchange(done_, {});
 }
@@ -257,8 +255,7 @@ void CmaCopier::run() {
     done.holder_exiting = !done.status.is_ok() && process_exiting(job.pid);
     lock.lock();
     done_.push_back(std::move(done));
-    const std::uint64_t one = 1;
-    (void)!write(event_.get(), &one, sizeof one);
+    notify_eventfd(event_.get());
   }
 }
 

@@ -408,6 +408,9 @@ struct UcxTransport::State {
   // when no callback runs.
   std::mutex record_mutex;
   std::atomic<bool> recorded{false};
+  // Set before the threads start and cleared after they joined: without
+  // them every callback runs on the loop, and records without the mutex.
+  bool threaded = false;
   std::unique_ptr<ucx::ProgressThreads> progress_threads;  // UcxConfig::progress_threads; none when off
   std::vector<SliceOp*> finished;
   std::unique_ptr<ucx::CmaCopier> copier;  // made on the first CMA copy
@@ -441,6 +444,7 @@ struct UcxTransport::State {
   [[nodiscard]] ucx::ProgressThreads::Hold hold() const { return ucx::ProgressThreads::Hold(progress_threads.get()); }
   // A callback's record: under record_mutex, and the loop is told.
   [[nodiscard]] std::unique_lock<std::mutex> record() {
+    if (!threaded) return {};
     recorded.store(true, std::memory_order_release);
     return std::unique_lock(record_mutex);
   }
