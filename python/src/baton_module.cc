@@ -412,8 +412,11 @@ PYBIND11_MODULE(_baton, m) {
       .def_property_readonly("handle", [](const baton::transport::RemoteRegion& r) { return r.key; })
       .def_readonly("base", &baton::transport::RemoteRegion::base)
       .def_readonly("length", &baton::transport::RemoteRegion::length)
+      .def_readonly("staged", &baton::transport::RemoteRegion::staged,
+                    "True for the peer's GPU memory: its engine answers each transfer with a copy")
       .def("__repr__", [](const baton::transport::RemoteRegion& r) {
-        return "RemoteRegion(handle=" + std::to_string(r.key) + ", length=" + std::to_string(r.length) + ")";
+        return "RemoteRegion(handle=" + std::to_string(r.key) + ", length=" + std::to_string(r.length) +
+               (r.staged ? ", staged=True" : "") + ")";
       });
 
   py::class_<AllocatedView, std::shared_ptr<AllocatedView>>(

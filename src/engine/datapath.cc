@@ -86,13 +86,9 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
     return Status::failed_precondition("unregister: region {} has {} requests queued or in flight", handle,
                                        it->second.live_requests);
   }
-  if (VramStaging::is_vram(handle)) {
+  if (staging_.is_vram(handle)) {
     if (Status s = staging_.unregister_vram(handle); !s.is_ok()) return s;
-    regions_.erase(it);
-    done(Status::ok());
-    return Status::ok();
-  }
-  if (Status s = ucx_.unregister(handle); !s.is_ok()) {
+  } else if (Status s = ucx_.unregister(handle); !s.is_ok()) {
     // Only slices of cancelled requests can be left: UCX cannot recall them.
     return Status::failed_precondition("unregister: {}", s.message());
   }
@@ -108,12 +104,6 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
 Status Datapath::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
   if (!regions_.contains(handle)) {
     return Status::not_found("export_region: no region {} (never registered, or unregistered)", handle);
-  }
-  if (VramStaging::is_vram(handle)) {
-    return Status::failed_precondition(
-        "export_region: region {} is GPU memory, which peers cannot reach yet (read it into, or write it from, a peer's "
-        "host memory instead)",
-        handle);
   }
   return ucx_.export_region(handle, peers);
 }

@@ -26,15 +26,19 @@ VramStaging::VramStaging(std::unique_ptr<transport::UcxTransport> ucx, std::shar
     : ucx_(std::move(ucx)), cuda_(std::move(cuda)) {}
 
 VramStaging::~VramStaging() {
-  if (!cuda_) return;
-  // Copies still running would write into bounce buffers freed below.
-  for (auto [device, stream] : streams_) (void)cuda_->synchronize(stream);
-  for (const Bounce& b : all_bounces_) {
-    (void)ucx_->unregister(b.ucx_region);
-    cuda_->free_pinned(b.data);
+  closing_ = true;
+  if (cuda_) {
+    // Copies still running would write into bounce buffers freed below.
+    for (auto [device, stream] : streams_) (void)cuda_->synchronize(stream);
+    for (const Bounce& b : all_bounces_) {
+      (void)ucx_->unregister(b.ucx_region);
+      cuda_->free_pinned(b.data);
+    }
+    for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
+    for (auto [device, stream] : serve_streams_) cuda_->destroy_stream(stream);
+    for (transport::CudaEvent e : all_events_) cuda_->destroy_event(e);
   }
-  for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
-  for (transport::CudaEvent e : all_events_) cuda_->destroy_event(e);
+  ucx_.reset();  // while closing_ still tells its staged copies to refuse
 }
 
 Result<RegionHandle> VramStaging::register_vram(void* ptr, std::size_t length, int device) {
@@ -53,11 +57,14 @@ Result<RegionHandle> VramStaging::register_vram(void* ptr, std::size_t length, i
   if (find_overlapping(regions_, base, length) != nullptr) {
     return std::unexpected(Status::invalid_argument("register_memory: [{}, +{}) overlaps a VRAM region", ptr, length));
   }
-  if (next_region_ >= kVramBit) return std::unexpected(Status::resource_exhausted("register_memory: out of VRAM handles"));
-  const RegionHandle handle = kVramBit | next_region_++;
-  regions_.emplace(base, Region{handle, base, length, device, 0});
-  region_base_.emplace(handle, base);
-  return handle;
+  auto handle = ucx_->register_staged(ptr, length, transport::MemoryKind::kVram,
+                                      [this, device](void* dst, const void* src, std::size_t bytes) {
+                                        return serve_copy(device, dst, src, bytes);
+                                      });
+  if (!handle) return std::unexpected(Status(handle.error().code(), "register_memory: " + handle.error().message()));
+  regions_.emplace(base, Region{*handle, base, length, device, 0});
+  region_base_.emplace(*handle, base);
+  return *handle;
 }
 
 int VramStaging::device_of(RegionHandle handle) const {
@@ -72,6 +79,9 @@ Status VramStaging::unregister_vram(RegionHandle handle) {
   if (r.live_slices != 0) {
     return Status::failed_precondition("unregister: VRAM region {} has {} slices in flight", handle, r.live_slices);
   }
+  // Peers' slices on it are answered until they acknowledged its
+  // revocation, with serve_copy, which needs no entry here.
+  if (Status s = ucx_->unregister(handle); !s.is_ok()) return Status(s.code(), "unregister: " + s.message());
   regions_.erase(it->second);
   region_base_.erase(it);
   return Status::ok();
@@ -96,12 +106,30 @@ Result<VramStaging::Bounce> VramStaging::take_bounce(std::uint64_t bytes) {
   return b;
 }
 
-Result<transport::CudaStream> VramStaging::stream_of(int device) {
-  if (auto it = streams_.find(device); it != streams_.end()) return it->second;
+Result<transport::CudaStream> VramStaging::stream_of(int device, bool serving) {
+  auto& streams = serving ? serve_streams_ : streams_;
+  if (auto it = streams.find(device); it != streams.end()) return it->second;
   auto s = cuda_->create_stream(device);
   if (!s) return std::unexpected(s.error());
-  streams_[device] = *s;
+  streams[device] = *s;
   return *s;
+}
+
+Status VramStaging::serve_copy(int device, void* dst, const void* src, std::size_t bytes) {
+  if (closing_) return Status::unavailable("the engine is shutting down");
+  auto stream = stream_of(device, true);
+  if (!stream) return stream.error();
+  Status s = cuda_->copy_async(dst, src, bytes, *stream);
+  // Waited for even when queuing failed: nothing of it may run after we answered.
+  if (Status waited = cuda_->synchronize(*stream); s.is_ok()) s = waited;
+  if (s.is_ok()) {
+    ++served_copies_;
+    return s;
+  }
+  // The next answer starts on a fresh stream, not on one that reported a failure.
+  cuda_->destroy_stream(*stream);
+  serve_streams_.erase(device);
+  return s;
 }
 
 Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event) {

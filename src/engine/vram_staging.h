@@ -28,15 +28,20 @@ class VramStaging final : public transport::Transport {
 
   [[nodiscard]] transport::UcxTransport& ucx() { return *ucx_; }
 
-  // Handles live apart from UCX's (their top bit is set), so a request's
-  // local_region names either. `device` -1: the GPU the pointer belongs
-  // to. unavailable without a CUDA device;
+  // The region is UCX's too, staged (UcxTransport::register_staged), so its
+  // handle is UCX's and peers can reach it once exported: the holder's side
+  // of their slices is a synchronous copy on the loop (serve_copy). `device`
+  // -1: the GPU the pointer belongs to. unavailable without a CUDA device;
   // invalid_argument for a range that is not all device memory of `device`
-  // or that overlaps a VRAM region.
+  // or that overlaps a region.
   [[nodiscard]] Result<transport::RegionHandle> register_vram(void* ptr, std::size_t length, int device);
-  // not_found for an unknown handle; failed_precondition while slices on it run.
+  // UCX unregisters it (peers that were told of it must acknowledge first:
+  // UcxTransport::unregister_pending). not_found for an unknown handle;
+  // failed_precondition while slices on it run.
   [[nodiscard]] Status unregister_vram(transport::RegionHandle region);
-  [[nodiscard]] static bool is_vram(transport::RegionHandle region) { return (region & kVramBit) != 0; }
+  [[nodiscard]] bool is_vram(transport::RegionHandle region) const { return region_base_.contains(region); }
+  // Copies answered for peers (serve_copy), for tests and metrics.
+  [[nodiscard]] std::uint64_t served_copies() const { return served_copies_; }
   // The GPU of a VRAM region (-1 for an unknown one).
   [[nodiscard]] int device_of(transport::RegionHandle region) const;
   [[nodiscard]] std::size_t staged_in_flight() const { return slices_.size(); }
@@ -63,7 +68,6 @@ class VramStaging final : public transport::Transport {
   }
 
  private:
-  static constexpr transport::RegionHandle kVramBit = 0x8000'0000u;
   // While CUDA copies run, the loop polls again this soon.
   static constexpr TimeNs kCopyPollNs = 5'000;
 
@@ -92,8 +96,12 @@ class VramStaging final : public transport::Transport {
 
   [[nodiscard]] Result<Bounce> take_bounce(std::uint64_t bytes);
   void give_back(Bounce bounce) { free_bounces_.emplace(bounce.capacity, bounce); }
-  [[nodiscard]] Result<transport::CudaStream> stream_of(int device);
+  [[nodiscard]] Result<transport::CudaStream> stream_of(int device, bool serving = false);
   [[nodiscard]] Status copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event);
+  // A peer's slice on a VRAM region of ours, host ↔ GPU, done when it
+  // returns: UCX answers the peer with the bytes in place. On a stream of
+  // its own, so it never waits for our staging copies.
+  [[nodiscard]] Status serve_copy(int device, void* dst, const void* src, std::size_t bytes);
   // Ends a staged slice: its completion (unless cancelled), its bounce back.
   void finish(transport::SliceId id, Staged& s, Status status, TimeNs now_ns,
               std::vector<transport::Completion>& out);
@@ -102,10 +110,12 @@ class VramStaging final : public transport::Transport {
   std::shared_ptr<transport::CudaRuntime> cuda_;
   std::map<std::uint64_t, Region> regions_;  // by base
   std::unordered_map<transport::RegionHandle, std::uint64_t> region_base_;
-  transport::RegionHandle next_region_ = 1;
   std::multimap<std::uint64_t, Bounce> free_bounces_;  // by capacity
   std::vector<Bounce> all_bounces_;
   std::unordered_map<int, transport::CudaStream> streams_;  // by device
+  std::unordered_map<int, transport::CudaStream> serve_streams_;  // by device
+  std::uint64_t served_copies_ = 0;
+  bool closing_ = false;  // the destructor runs: serve_copy refuses
   std::unordered_map<int, std::vector<transport::CudaEvent>> free_events_;  // by device
   std::vector<transport::CudaEvent> all_events_;
   std::unordered_map<transport::SliceId, Staged> slices_;

@@ -18,6 +18,8 @@
 #include <functional>
 #include <ostream>
 
+#include "baton/transport/codec.h"
+
 namespace baton::transport {
 namespace {
 
@@ -610,6 +612,141 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
   ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
   EXPECT_EQ(a_->submit(slice(1, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 4096), now()).code(),
             StatusCode::kInvalidArgument);
+}
+
+// Memory UCX cannot map (GPU memory in the engine) is registered staged:
+// peers reach it by messages only, whatever the path (even a same-host
+// peer, whose copy could not reach a GPU), and the holder answers each
+// slice through its copy, which this test counts (and can make fail).
+TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath) {
+  constexpr std::size_t kBytes = 1 << 20;
+  auto& remote = buffer(kBytes, 0);
+  std::uint64_t copies = 0, copied = 0;
+  bool failing = false;
+  auto region = b_->register_staged(remote.data(), kBytes, MemoryKind::kVram,
+                                    [&](void* dst, const void* src, std::size_t n) {
+                                      if (failing) return Status::unavailable("the device is gone");
+                                      std::memcpy(dst, src, n);
+                                      ++copies;
+                                      copied += n;
+                                      return Status::ok();
+                                    });
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  EXPECT_EQ(b_->packed_rkey(*region).error().code(), StatusCode::kFailedPrecondition);
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(path);
+  auto known = a_->remote_region(path, *region);
+  ASSERT_TRUE(known.has_value()) << known.error().to_string();
+  EXPECT_TRUE(known->staged);
+  const auto source = pattern(kBytes, 5);
+  auto& local = buffer(source);
+  auto& back = buffer(kBytes, 0);
+  ASSERT_TRUE(a_->register_memory(local.data(), kBytes).has_value());
+  auto back_region = a_->register_memory(back.data(), kBytes);
+  ASSERT_TRUE(back_region.has_value());
+
+  // Uneven slices on both lanes: bundled small ones and large ones alike.
+  const std::vector<std::size_t> sizes{1, 4095, 65537, 300'000, 7, kBytes - 1 - 4095 - 65537 - 300'000 - 7};
+  SliceId id = 1;
+  for (Op op : {Op::kWrite, Op::kRead}) {
+    done_a_.clear();
+    copies = copied = 0;
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::uint8_t* here = (op == Op::kWrite ? local.data() : back.data()) + offset;
+      ASSERT_TRUE(a_->submit(slice(id++, path, static_cast<int>(i % 2), op, here, addr(remote.data()) + offset,
+                                   *region, sizes[i]),
+                             now())
+                      .is_ok());
+      offset += sizes[i];
+    }
+    ASSERT_TRUE(wait_slices(sizes.size())) << done_a_.size() << " of " << sizes.size();
+    for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+    EXPECT_EQ(copies, sizes.size()) << "one holder copy per slice";
+    EXPECT_EQ(copied, kBytes);
+  }
+  EXPECT_EQ(remote, source);
+  EXPECT_EQ(back, source);
+  // Nothing is left for the submitting thread to copy itself.
+  std::vector<Status> result(1);
+  const UcxTransport::DirectCopy direct{b_->address(), Op::kRead, *back_region, 0, *region, 0, 64};
+  EXPECT_FALSE(a_->copy_direct(std::span(&direct, 1), result).is_ok());
+
+  // The holder's copy fails: the slice fails with its reason, nothing lands.
+  failing = true;
+  done_a_.clear();
+  std::fill(local.begin(), local.end(), 0xab);
+  ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 200'000), now())
+                  .is_ok());
+  ASSERT_TRUE(a_->submit(slice(id++, path, 1, Op::kRead, back.data(), addr(remote.data()), *region, 100), now()).is_ok());
+  ASSERT_TRUE(wait_slices(2));
+  for (const Completion& c : done_a_) {
+    EXPECT_EQ(c.status.code(), StatusCode::kUnavailable);
+    EXPECT_NE(c.status.message().find("the device is gone"), std::string::npos) << c.status.message();
+  }
+  EXPECT_EQ(remote, source);
+  failing = false;
+
+  // Compressed both ways: a write of zeros shrinks, a read asks for it.
+  auto lz4 = make_lz4_codec();
+  ASSERT_TRUE(a_->set_codec(std::shared_ptr<const Codec>(std::move(lz4))).is_ok());
+  done_a_.clear();
+  std::fill(local.begin(), local.end(), 0);
+  SliceSubmit zeros = slice(id++, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 256 << 10);
+  zeros.wire_bytes = 4096;
+  ASSERT_TRUE(a_->submit(zeros, now()).is_ok());
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_TRUE(done_a_[0].status.is_ok()) << done_a_[0].status.to_string();
+  EXPECT_LT(done_a_[0].wire_bytes, std::uint64_t{256} << 10) << "it went compressed";
+  EXPECT_TRUE(std::all_of(remote.begin(), remote.begin() + (256 << 10), [](std::uint8_t b) { return b == 0; }));
+  EXPECT_TRUE(std::equal(remote.begin() + (256 << 10), remote.end(), source.begin() + (256 << 10)));
+  std::fill(back.begin(), back.end(), 0xcd);
+  SliceSubmit read = slice(id++, path, 1, Op::kRead, back.data(), addr(remote.data()), *region, 256 << 10);
+  read.wire_bytes = 4096;
+  ASSERT_TRUE(a_->submit(read, now()).is_ok());
+  ASSERT_TRUE(wait_slices(2));
+  EXPECT_TRUE(done_a_[1].status.is_ok()) << done_a_[1].status.to_string();
+  EXPECT_TRUE(std::all_of(back.begin(), back.begin() + (256 << 10), [](std::uint8_t b) { return b == 0; }));
+
+  // Unregistered: peers are told, and the region is gone for them.
+  ASSERT_TRUE(b_->unregister(*region).is_ok());
+  ASSERT_TRUE(wait_until([&] { return !b_->unregister_pending(*region); }));
+  ASSERT_TRUE(wait_until([&] { return a_->remote_regions(path)->empty(); }));
+}
+
+// What register_staged refuses, and a staged region as a local side.
+TEST_P(UcxTransportTest, StagedRegionsRefuseBadInputAndAreNoLocalSide) {
+  auto& memory = buffer(8192);
+  auto copy = [](void* dst, const void* src, std::size_t n) {
+    std::memcpy(dst, src, n);
+    return Status::ok();
+  };
+  auto code = [&](void* at, std::size_t n, UcxTransport::StagedCopy c) {
+    auto r = a_->register_staged(at, n, MemoryKind::kVram, std::move(c));
+    return r ? StatusCode::kOk : r.error().code();
+  };
+  EXPECT_EQ(code(nullptr, 10, copy), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(memory.data(), 0, copy), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(memory.data(), 4096, {}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 4096, copy), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a_->register_memory(memory.data(), 4096).has_value());
+  EXPECT_EQ(code(memory.data() + 4000, 200, copy), StatusCode::kInvalidArgument) << "overlap";
+  auto staged = a_->register_staged(memory.data() + 4096, 4096, MemoryKind::kVram, copy);
+  ASSERT_TRUE(staged.has_value()) << staged.error().to_string();
+  EXPECT_FALSE(a_->register_memory(memory.data() + 5000, 100).has_value()) << "overlap with a staged region";
+
+  auto& remote = buffer(4096);
+  auto rr = expose(remote.data(), remote.size());
+  ASSERT_TRUE(rr.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  const Status local = a_->submit(slice(1, path, 0, Op::kWrite, memory.data() + 4096, addr(remote.data()), *rr, 64), now());
+  EXPECT_EQ(local.code(), StatusCode::kFailedPrecondition) << local.to_string();
+  EXPECT_NE(local.message().find("staged"), std::string::npos) << local.message();
+  EXPECT_EQ(a_->slices_in_flight(), 0u);
+  EXPECT_TRUE(a_->unregister(*staged).is_ok());
 }
 
 TEST_P(UcxTransportTest, EveryBadSliceIsRefusedBeforePosting) {

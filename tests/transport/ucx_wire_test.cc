@@ -30,7 +30,9 @@ TEST(UcxWire, HeaderRoundTripsAndRefusesStrangers) {
 }
 
 TEST(UcxWire, RegionsRoundTrip) {
-  const std::vector<RegionDescriptor> regions{{1, 0x1000, 4096, {{1, 2, 3}}}, {9, 0x7f0000, 1 << 20, {{4}, {5, 6}}}};
+  // The third is staged (no rkey, no memfd): reached by messages only.
+  const std::vector<RegionDescriptor> regions{
+      {1, 0x1000, 4096, {{1, 2, 3}}}, {9, 0x7f0000, 1 << 20, {{4}, {5, 6}}}, {12, 0x9000, 100, {}}};
   auto back = decode_regions(encode_regions(regions));
   ASSERT_TRUE(back.has_value()) << back.error().to_string();
   EXPECT_EQ(*back, regions);
@@ -51,7 +53,7 @@ TEST(UcxWire, MalformedRegionListsAreRefused) {
   EXPECT_FALSE(decode_regions(huge_count).has_value());
   EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 0, {{1}}}})).has_value());          // empty range
   EXPECT_FALSE(decode_regions(encode_regions({{1, ~0ull - 10, 4096, {{1}}}})).has_value());  // wraps
-  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {}}})).has_value());         // no rkey
+  EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {}, 5, 77}})).has_value());  // staged, with a memfd
   EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, {{1}, {}}}})).has_value());  // an empty one
   const std::vector<std::vector<std::uint8_t>> nine(kMaxRails + 1, {1});
   EXPECT_FALSE(decode_regions(encode_regions({{1, 0x1000, 4096, nine}})).has_value());  // more rkeys than rails

@@ -144,9 +144,10 @@ class Engine {
   // runtime's pointer attributes (invalid_argument when the range is not
   // all device memory of `device`; unavailable without a CUDA device). Its
   // transfers are staged through pinned host memory (a CUDA copy on this
-  // side of each slice), so any peer's DRAM region can be read into it or
-  // written from it; it cannot be exported to peers yet (docs/engine.md,
-  // "GPU memory").
+  // side of each slice), so any peer's region can be read into it or
+  // written from it. Exported, peers reach it too: their slices on it
+  // travel as messages this engine answers with a CUDA copy between the
+  // GPU and the message (docs/engine.md, "GPU memory").
   [[nodiscard]] Result<Region> register_memory(void* ptr, std::size_t length, MemoryKind kind = MemoryKind::kDram,
                                                int device = -1);
   // Memory the engine allocates and registers (freed by unregister()). On

@@ -31,7 +31,8 @@ struct CudaPointer {
 };
 
 // The calls a transport may make from its loop: none of them blocks on a
-// copy (synchronize() excepted, for tests and benchmarks only).
+// copy (synchronize() excepted: for tests, benchmarks, and the holder's side of a
+// peer's slice on GPU memory, VramStaging::serve_copy).
 class CudaRuntime {
  public:
   virtual ~CudaRuntime() = default;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -130,6 +131,9 @@ struct RemoteRegion {
   RegionHandle key = 0;  // the peer's handle: SliceMemory::remote_key
   std::uint64_t base = 0;
   std::uint64_t length = 0;
+  // Memory the peer's UCX cannot map (its GPU memory, register_staged):
+  // slices on it travel as messages the peer answers by copying.
+  bool staged = false;
 };
 
 inline constexpr std::size_t kMaxNotificationBytes = 4096;
@@ -190,6 +194,17 @@ class UcxTransport final : public Transport {
     void* address = nullptr;
   };
   [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length, int numa_node = -1);
+  // Memory UCX cannot map (GPU memory: Debian's UCX has no CUDA support)
+  // that peers still reach. It has no rkey, so a peer's slices on it travel
+  // as Baton's messages (never as RMA or a same-host copy), and this side
+  // answers each by calling `copy` between it and host memory (in place of
+  // the memcpy it does for host memory), synchronously, on the thread that
+  // polls. It cannot be the local side of a slice of this transport.
+  // Exported, revoked and unregistered like any region. invalid_argument as
+  // register_memory, and for an empty `copy`.
+  using StagedCopy = std::function<Status(void* dst, const void* src, std::size_t bytes)>;
+  [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
+                                                     StagedCopy copy);
   // Makes a region visible to peers: to every authenticated peer (`peers`
   // empty) or to those that named themselves so in the handshake (their
   // listen address, e.g. "10.0.0.2:7000"; a claim made by a holder of the
@@ -208,7 +223,7 @@ class UcxTransport final : public Transport {
   Status unregister(RegionHandle region);
   [[nodiscard]] bool unregister_pending(RegionHandle region) const;
   // The packed rkey of a local region on the first rail (the handshake sends
-  // peers one per rail).
+  // peers one per rail); failed_precondition for a staged region (none).
   [[nodiscard]] Result<std::vector<std::uint8_t>> packed_rkey(RegionHandle region) const;
 
   // --- Peers ---------------------------------------------------------------

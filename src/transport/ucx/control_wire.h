@@ -33,7 +33,8 @@
 
 namespace baton::transport::ucx {
 
-inline constexpr std::uint16_t kControlVersion = 3;
+// 4: a region may come without rkeys (staged: reached by messages only).
+inline constexpr std::uint16_t kControlVersion = 4;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;

@@ -21,6 +21,7 @@ void UcxTransport::State::publish_direct() {
       DirectTable::Peer& p = t->peers[infos[id].to];
       p = DirectTable::Peer{peer.same_host_pid, {}};
       for (const auto& [key, keys] : peer.regions) {
+        if (keys->info.staged) continue;  // the holder's copy answers those
         p.regions.emplace(key, DirectTable::Remote{keys->info.base, keys->info.length, keys->mapping});
       }
     }
@@ -106,16 +107,36 @@ Result<RegionHandle> UcxTransport::State::map_region(void* addr, std::size_t len
     region.packed_rkeys.emplace_back(bytes, bytes + packed_size);
     ucp_rkey_buffer_release(packed);
   }
+  region.shared = std::move(shared);
+  return add_region(addr, length, kind, std::move(region), {});
+}
+
+RegionHandle UcxTransport::State::add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
+                                             UcxTransport::StagedCopy staged) {
   region.handle = next_region++;
   region.base = reinterpret_cast<std::uintptr_t>(addr);
   region.length = length;
   region.kind = kind;
-  region.shared = std::move(shared);
+  region.staged = std::move(staged);
   region_base.emplace(region.handle, region.base);
   const RegionHandle handle = region.handle;
   regions.emplace(region.base, std::move(region));
   publish_direct();  // the next copy_direct may use it
   return handle;
+}
+
+Status UcxTransport::State::check_new_range(std::string_view call, void* addr, std::size_t length) const {
+  const auto base = reinterpret_cast<std::uintptr_t>(addr);
+  if (addr == nullptr) return Status::invalid_argument("{}: address is null (length {})", call, length);
+  if (length == 0) return Status::invalid_argument("{}: length is 0 (address {})", call, addr);
+  if (base + length < base) {
+    return Status::invalid_argument("{}: [{}, +{}) wraps around the address space", call, addr, length);
+  }
+  if (const LocalRegion* clash = find_overlapping(regions, base, length); clash != nullptr) {
+    return Status::invalid_argument("{}: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", call, base, length,
+                                    clash->handle, clash->base, clash->length);
+  }
+  return Status::ok();
 }
 
 // Whether region `key` is being revoked and session `id` has not
@@ -140,14 +161,16 @@ Status UcxTransport::State::apply_regions(PathId id, const std::vector<RegionDes
     }
     auto old = peer.regions.find(d.key);
     if (old != peer.regions.end() && old->second->info.base == d.base && old->second->info.length == d.length &&
-        old->second->memfd == d.memfd && old->second->memfd_inode == d.memfd_inode) {
+        old->second->memfd == d.memfd && old->second->memfd_inode == d.memfd_inode &&
+        old->second->info.staged == d.packed_rkeys.empty()) {
       table.emplace(d.key, old->second);
       continue;
     }
     auto keys = std::make_shared<RemoteRegionKeys>();
-    keys->info = {d.key, d.base, d.length};
+    const bool staged = d.packed_rkeys.empty();  // reached by messages only
+    keys->info = {d.key, d.base, d.length, staged};
     keys->rkeys.assign(peer.lanes.size(), nullptr);
-    for (std::size_t i = 0; i < peer.lanes.size(); ++i) {
+    for (std::size_t i = 0; i < peer.lanes.size() && !staged; ++i) {
       const Lane& lane = *peer.lanes[i];
       if (lane.ep == nullptr) continue;  // its rail failed
       if (lane.remote_rail >= d.packed_rkeys.size()) {

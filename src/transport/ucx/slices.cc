@@ -121,8 +121,9 @@ const Codec* UcxTransport::State::codec_for(WireCodec id) {
   return nullptr;
 }
 
-// The local region holding [addr, addr + length) of the region `key`, or why not.
-Result<std::byte*> UcxTransport::State::local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const {
+// The local region `key` when it holds [addr, addr + length), or why not.
+Result<const LocalRegion*> UcxTransport::State::local_range(std::uint32_t key, std::uint64_t addr,
+                                                            std::uint64_t length) const {
   const auto base = region_base.find(key);
   if (base == region_base.end()) return std::unexpected(Status::not_found("no region {} here", key));
   const LocalRegion& r = regions.at(base->second);
@@ -130,7 +131,7 @@ Result<std::byte*> UcxTransport::State::local_range(std::uint32_t key, std::uint
     return std::unexpected(Status::out_of_range("[{:#x}, +{}) is not inside region {} [{:#x}, +{})", addr, length,
                                                 key, r.base, r.length));
   }
-  return reinterpret_cast<std::byte*>(addr);
+  return &r;
 }
 
 // Writes a slice's bytes (compressed or raw) to `out` (exactly its size).
@@ -144,6 +145,45 @@ Status UcxTransport::State::unpack(const SliceDescriptor& d, std::span<const std
     return Status::ok();
   }
   return codec_for(d.codec)->decompress(in, std::span(out, d.payload_len));
+}
+
+// A written slice into a staged region: raw bytes go straight from the
+// message, compressed ones through a host buffer.
+Status UcxTransport::State::unpack_staged(const LocalRegion& r, const SliceDescriptor& d,
+                                          std::span<const std::uint8_t> data) {
+  auto* to = reinterpret_cast<void*>(d.addr);
+  if (d.codec == WireCodec::kRaw) {
+    if (data.size() != d.payload_len) {
+      return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
+    }
+    return r.staged(to, data.data(), data.size());
+  }
+  std::vector<std::uint8_t> host = buffers.take(d.payload_len);
+  host.resize(d.payload_len);
+  Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data()));
+  if (s.is_ok()) s = r.staged(to, host.data(), host.size());
+  buffers.give(std::move(host));
+  return s;
+}
+
+// A read slice of a staged region: its bytes copied out into `a.packed`
+// (compressed there when the initiator asked and it shrinks).
+Status UcxTransport::State::copy_out_staged(const LocalRegion& r, const SliceDescriptor& d, Answer& a) {
+  std::vector<std::uint8_t> host = buffers.take(d.payload_len);
+  host.resize(d.payload_len);
+  if (Status s = r.staged(host.data(), reinterpret_cast<const void*>(d.addr), d.payload_len); !s.is_ok()) {
+    buffers.give(std::move(host));
+    return s;
+  }
+  if (d.codec != WireCodec::kRaw) {
+    auto [id, bytes] = pack(d.codec, codec_for(d.codec), reinterpret_cast<const std::byte*>(host.data()),
+                            host.size());
+    a.reply.codec = id;
+    buffers.give(std::exchange(host, std::move(bytes)));
+  }
+  a.packed = std::move(host);
+  a.data = a.packed;
+  return Status::ok();
 }
 
 // `bytes` compressed with `id` when that shrinks them, else raw.
@@ -174,20 +214,23 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
     why = Status::permission_denied("region {} is not exported to {}", d->key, session.name);
   } else {
     a.reply = *d;
-    auto range = local_range(d->key, d->addr, d->payload_len);
-    if (!range) {
-      why = range.error();
+    auto region = local_range(d->key, d->addr, d->payload_len);
+    auto* at = reinterpret_cast<std::byte*>(d->addr);
+    if (!region) {
+      why = region.error();
     } else if (kind == MessageKind::kWriteData) {
-      why = unpack(*d, payload, *range);
+      why = (*region)->staged ? unpack_staged(**region, *d, payload) : unpack(*d, payload, at);
     } else if (outgoing_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
       // A peer asking faster than the wire drains would make us copy
       // without bound: refuse, it retries the slice.
       why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
                                        outgoing_bytes + queued, kMaxQueuedReplyBytes);
+    } else if ((*region)->staged) {
+      why = copy_out_staged(**region, *d, a);
     } else if (d->codec == WireCodec::kRaw) {
-      a.data = std::span(reinterpret_cast<const std::uint8_t*>(*range), d->payload_len);  // no copy before the reply's
+      a.data = std::span(reinterpret_cast<const std::uint8_t*>(at), d->payload_len);  // no copy before the reply's
     } else {
-      auto [id, bytes] = pack(d->codec, codec_for(d->codec), *range, d->payload_len);
+      auto [id, bytes] = pack(d->codec, codec_for(d->codec), at, d->payload_len);
       a.reply.codec = id;
       a.packed = std::move(bytes);
       a.data = a.packed;
@@ -222,13 +265,14 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
   }
   std::size_t at = 0;
   auto d = ucx::decode_slice(in.payload, at);
-  const Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0);
+  Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0);
   ucp_ep_h back = back_endpoint(*session, header.lane);
   if (back == nullptr) {
     spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
     return;
   }
   auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+  buffers.give(std::move(a.packed));
   if (Status s = send_message(back, a.kind, header, std::move(payload)); !s.is_ok()) {
     spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
   }
@@ -268,9 +312,10 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
                    static_cast<unsigned>(e.kind));
       continue;
     }
-    const Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size());
+    Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size());
     if (reply.empty()) reply = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
     ucx::add_to_bundle(reply, a.kind, e.seq, a.reply, a.data);
+    buffers.give(std::move(a.packed));
     if (reply.size() >= kBundleBytes || ucx::bundle_entries(reply) == ucx::kMaxBundleEntries) send();
   }
   if (!reply.empty()) send();

@@ -111,6 +111,9 @@ struct LocalRegion {
   // allocate_memory's: a memfd that same-host peers map. Freed after ucp_mem_unmap.
   std::optional<ucx::SharedAllocation> shared;
   std::vector<std::vector<std::uint8_t>> packed_rkeys;  // per rail
+  // register_staged's: no memh and no rkey; peers' slices on it are
+  // answered through this copy.
+  UcxTransport::StagedCopy staged;
   std::uint64_t inflight = 0;  // slices whose local range is here
   // Who may see it: every authenticated peer, or the peers of these names.
   bool exported_all = false;
@@ -491,8 +494,10 @@ struct UcxTransport::State {
   void send_bundle(Lane& lane);
   void finish_compressed(SliceOp& op, ucs_status_t status, std::string error);
   const Codec* codec_for(WireCodec id);
-  Result<std::byte*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const;
+  Result<const LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const;
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
+  Status unpack_staged(const LocalRegion& r, const SliceDescriptor& d, std::span<const std::uint8_t> data);
+  Status copy_out_staged(const LocalRegion& r, const SliceDescriptor& d, Answer& a);
   std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
                                                        std::uint64_t length);
   Answer answer_slice(const Session& session, ucp_ep_h from, MessageKind kind, const Result<SliceDescriptor>& d,
@@ -517,6 +522,11 @@ struct UcxTransport::State {
   static bool visible(const LocalRegion& r, const Session& session);
   std::vector<RegionDescriptor> tell_regions(Session& session);
   Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind, int numa_node = -1);
+  // register_memory's and register_staged's checks of a caller's range.
+  Status check_new_range(std::string_view call, void* addr, std::size_t length) const;
+  // Files a region mapped (memh, rkeys) or staged (`staged` set) under a new handle.
+  RegionHandle add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
+                          UcxTransport::StagedCopy staged);
   bool revoking_for(std::uint32_t key, std::uint64_t id) const;
   Status apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors);
   Status acknowledge_revokes(PathId id);

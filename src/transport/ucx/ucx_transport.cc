@@ -176,24 +176,8 @@ const std::string& UcxTransport::address() const { return state_->address; }
 
 Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length, MemoryKind kind) {
   const auto held = state_->hold();
-  State& s = *state_;
-  const auto base = reinterpret_cast<std::uintptr_t>(addr);
-  if (addr == nullptr) {
-    return std::unexpected(Status::invalid_argument("UcxTransport::register_memory: address is null (length {})",
-                                                    length));
-  }
-  if (length == 0) {
-    return std::unexpected(Status::invalid_argument("UcxTransport::register_memory: length is 0 (address {})",
-                                                    addr));
-  }
-  if (base + length < base) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::register_memory: [{}, +{}) wraps around the address space", addr, length));
-  }
-  if (const LocalRegion* clash = find_overlapping(s.regions, base, length); clash != nullptr) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::register_memory: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", base, length,
-        clash->handle, clash->base, clash->length));
+  if (Status s = state_->check_new_range("UcxTransport::register_memory", addr, length); !s.is_ok()) {
+    return std::unexpected(s);
   }
   // UCX maps an unmapped range without complaint (nothing pins it here);
   // the first copy would then fail with EFAULT, blaming neither side.
@@ -201,7 +185,19 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::register_memory: [{}, +{}) is not all mapped memory of this process", addr, length));
   }
-  return s.map_region(addr, length, kind);
+  return state_->map_region(addr, length, kind);
+}
+
+Result<RegionHandle> UcxTransport::register_staged(void* addr, std::size_t length, MemoryKind kind, StagedCopy copy) {
+  const auto held = state_->hold();
+  if (Status s = state_->check_new_range("UcxTransport::register_staged", addr, length); !s.is_ok()) {
+    return std::unexpected(s);
+  }
+  if (!copy) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::register_staged: [{}, +{}) comes without a copy",
+                                                    addr, length));
+  }
+  return state_->add_region(addr, length, kind, {}, std::move(copy));
 }
 
 Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length, int numa_node) {
@@ -310,7 +306,12 @@ Result<std::vector<std::uint8_t>> UcxTransport::packed_rkey(RegionHandle handle)
   if (it == state_->region_base.end()) {
     return std::unexpected(Status::not_found("UcxTransport::packed_rkey: no region {}", handle));
   }
-  return state_->regions.at(it->second).packed_rkeys.front();
+  const LocalRegion& r = state_->regions.at(it->second);
+  if (r.staged) {
+    return std::unexpected(
+        Status::failed_precondition("UcxTransport::packed_rkey: region {} is staged: UCX has no key for it", handle));
+  }
+  return r.packed_rkeys.front();
 }
 
 Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_ns) {
@@ -526,6 +527,12 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     return Status::failed_precondition("UcxTransport::submit: slice {}: local region {} is being unregistered",
                                        slice.id, local->handle);
   }
+  if (local->staged) {
+    return Status::failed_precondition(
+        "UcxTransport::submit: slice {}: local region {} is staged memory, which UCX cannot reach (copy it to host "
+        "memory first)",
+        slice.id, local->handle);
+  }
   auto remote_it = peer.regions.find(m.remote_key);
   if (remote_it == peer.regions.end()) {
     return Status::invalid_argument(
@@ -540,13 +547,18 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
         "UcxTransport::submit: slice {}: remote range [{:#x}, +{}) is not inside region {} [{:#x}, +{}) of peer {}",
         slice.id, m.remote_addr, slice.bytes, remote.key, remote.base, remote.length, peer.address);
   }
+  if (remote.staged && slice.bytes > ucx::kMaxCompressedSliceBytes) {
+    return Status::invalid_argument(
+        "UcxTransport::submit: slice {}: {} bytes of staged region {} of peer {} in one slice (at most {})", slice.id,
+        slice.bytes, remote.key, peer.address, ucx::kMaxCompressedSliceBytes);
+  }
 
   auto op = std::make_unique<State::SliceOp>();
   op->state = &s;
   op->submit = slice;
   op->local = local;
   op->remote = remote_it->second;
-  if (peer.same_host_pid != 0 && !compress && local->kind == MemoryKind::kDram) {
+  if (peer.same_host_pid != 0 && !compress && local->kind == MemoryKind::kDram && !remote.staged) {
     // A peer of this host: the copy is ours, done now (same_host.h).
     if (const auto& mapping = op->remote->mapping) {
       std::byte* there = mapping->address() + (m.remote_addr - remote.base);
@@ -598,8 +610,10 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   // 1.13's software RMA aborts the target process when an initiator dies
   // with puts or gets still in its socket (the completion it then cannot
   // send is fatal inside UCX), and a holder must outlive its clients.
-  const bool as_messages = s.config.tcp_slices_as_messages && s.infos[slice.path].type == topology::PathType::kTcp &&
-                           slice.bytes <= ucx::kMaxCompressedSliceBytes;
+  // A staged region has no rkey: messages are its only way.
+  const bool as_messages = remote.staged || (s.config.tcp_slices_as_messages &&
+                                             s.infos[slice.path].type == topology::PathType::kTcp &&
+                                             slice.bytes <= ucx::kMaxCompressedSliceBytes);
   if (compress || as_messages) {
     // A write goes compressed when the codec shrinks it (else raw, as a
     // message or as plain RMA below); a read asks the holder to compress,

@@ -176,9 +176,9 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
     return std::unexpected(
         Status::invalid_argument("ucx handshake: region list of {} bytes has no count", bytes.size()));
   }
-  // Each entry takes at least 36 bytes, so a count the payload cannot hold is
-  // refused before anything is allocated.
-  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4 + 8 + 1 + 4 + 1;
+  // Each entry takes at least 33 bytes (a staged one has no rkey), so a
+  // count the payload cannot hold is refused before anything is allocated.
+  constexpr std::size_t kMinEntry = 4 + 8 + 8 + 4 + 8 + 1;
   if (count > kMaxRegions || count > r.left() / kMinEntry) {
     return std::unexpected(Status::invalid_argument(
         "ucx handshake: region count {} does not fit {} payload bytes (at most {})", count,
@@ -198,10 +198,11 @@ Result<std::vector<RegionDescriptor>> decode_regions(std::span<const std::uint8_
           "ucx handshake: region key {} has range [{:#x}, +{}) (expected non-empty, no wrap)",
           d.key, d.base, d.length));
     }
-    if (rails == 0 || rails > kMaxRails) {
+    if (rails > kMaxRails || (rails == 0 && d.memfd != -1)) {
       return std::unexpected(Status::invalid_argument(
-          "ucx handshake: region key {} comes with {} packed rkeys (expected one per rail, 1..{})", d.key, rails,
-          kMaxRails));
+          "ucx handshake: region key {} comes with {} packed rkeys and memfd {} (expected one per rail, 1..{}, or "
+          "none and no memfd for a staged region)",
+          d.key, rails, d.memfd, kMaxRails));
     }
     d.packed_rkeys.resize(rails);
     for (auto& rkey : d.packed_rkeys) {

@@ -73,7 +73,8 @@ struct RegionDescriptor {
   std::uint64_t base = 0;
   std::uint64_t length = 0;
   // One per rail of the owner (a UCP context per NIC, UcxConfig::nics), in
-  // rail order: a lane unpacks the one of the rail it reaches.
+  // rail order: a lane unpacks the one of the rail it reaches. None: a
+  // staged region (UcxTransport::register_staged), reached by messages only.
   std::vector<std::vector<std::uint8_t>> packed_rkeys;
   // Memory allocated by the owner lives in a memfd: its number in the owner
   // and its inode, for a peer on the same host to map it (same_host.h). -1: none.
