@@ -67,6 +67,7 @@ def test_numpy_both_directions_byte_exact(holder, engine):
     peer = engine.connect(holder.address)
     assert [r.handle for r in peer.regions] == [holder.handle]
     assert peer.regions[0].length == SIZE
+    assert peer.regions[0].staged is False  # host memory: reached by RMA or a same-host copy
     local = np.zeros(SIZE, dtype=np.uint8)
     region = engine.register(local)
     assert region.length == SIZE
