@@ -368,7 +368,8 @@ int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_re
                                        peer, known->size()));
     }
     for (std::size_t i = 0; i < known->size(); ++i) {
-      regions[i] = baton_remote_region{(*known)[i].key, (*known)[i].base, (*known)[i].length};
+      const auto& r = (*known)[i];
+      regions[i] = baton_remote_region{r.key, r.staged ? 1u : 0u, r.base, r.length};
     }
     return BATON_OK;
   });

@@ -384,7 +384,8 @@ TEST(CApi, TwoEnginesMoveBytesAndANotification) {
   std::size_t count = 0;
   ASSERT_EQ(baton_remote_regions(local.handle, peer, nullptr, 0, &count), BATON_OK) << last_error();
   ASSERT_EQ(count, 1u);
-  baton_remote_region remote[2]{};
+  baton_remote_region remote[2];
+  std::memset(remote, 0xff, sizeof remote);  // every field is written
   count = 0;
   EXPECT_EQ(baton_remote_regions(local.handle, peer, remote, 0, &count), BATON_OUT_OF_RANGE);
   EXPECT_EQ(count, 1u);
@@ -392,6 +393,7 @@ TEST(CApi, TwoEnginesMoveBytesAndANotification) {
   EXPECT_EQ(remote[0].key, served.handle);
   EXPECT_EQ(remote[0].base, reinterpret_cast<std::uint64_t>(served.base));
   EXPECT_EQ(remote[0].length, kBytes);
+  EXPECT_EQ(remote[0].staged, 0u) << "host memory";
 
   int fd = -1;
   ASSERT_EQ(baton_batch_event_fd(local.handle, &fd), BATON_OK) << last_error();

@@ -146,6 +146,9 @@ BATON_C_API int baton_unregister(baton_engine* engine, uint32_t region);
  * baton_request.remote_region. */
 typedef struct baton_remote_region {
   uint32_t key;
+  /* 1: the peer's GPU memory, which its engine serves with a copy per
+   * transfer; 0: host memory. (What was padding: the size is unchanged.) */
+  uint32_t staged;
   uint64_t base;
   uint64_t length;
 } baton_remote_region;
