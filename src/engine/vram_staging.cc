@@ -22,6 +22,25 @@ namespace {
 constexpr std::uint64_t kMinBounce = 64 << 10;
 }  // namespace
 
+class VramStaging::Served final : public transport::UcxTransport::StagedAccess {
+ public:
+  Served(VramStaging& owner, int device) : owner_(owner), device_(device) {}
+  Status write(void* dst, const void* src, std::size_t bytes) override {
+    return owner_.serve_write(device_, dst, src, bytes);
+  }
+  Result<std::uint64_t> start_read(const void* src, std::size_t bytes) override {
+    return owner_.serve_read(device_, src, bytes);
+  }
+  std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) override {
+    return owner_.served_read(ticket);
+  }
+  void release(std::uint64_t ticket) override { owner_.release_read(ticket); }
+
+ private:
+  VramStaging& owner_;
+  int device_;
+};
+
 VramStaging::VramStaging(std::unique_ptr<transport::UcxTransport> ucx, std::shared_ptr<transport::CudaRuntime> cuda)
     : ucx_(std::move(ucx)), cuda_(std::move(cuda)) {}
 
@@ -30,12 +49,15 @@ VramStaging::~VramStaging() {
   if (cuda_) {
     // Copies still running would write into bounce buffers freed below.
     for (auto [device, stream] : streams_) (void)cuda_->synchronize(stream);
+    for (auto [device, stream] : serve_streams_) (void)cuda_->synchronize(stream);
+    for (transport::CudaStream stream : retired_streams_) (void)cuda_->synchronize(stream);
     for (const Bounce& b : all_bounces_) {
       (void)ucx_->unregister(b.ucx_region);
       cuda_->free_pinned(b.data);
     }
     for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
     for (auto [device, stream] : serve_streams_) cuda_->destroy_stream(stream);
+    for (transport::CudaStream stream : retired_streams_) cuda_->destroy_stream(stream);
     for (transport::CudaEvent e : all_events_) cuda_->destroy_event(e);
   }
   ucx_.reset();  // while closing_ still tells its staged copies to refuse
@@ -57,10 +79,7 @@ Result<RegionHandle> VramStaging::register_vram(void* ptr, std::size_t length, i
   if (find_overlapping(regions_, base, length) != nullptr) {
     return std::unexpected(Status::invalid_argument("register_memory: [{}, +{}) overlaps a VRAM region", ptr, length));
   }
-  auto handle = ucx_->register_staged(ptr, length, transport::MemoryKind::kVram,
-                                      [this, device](void* dst, const void* src, std::size_t bytes) {
-                                        return serve_copy(device, dst, src, bytes);
-                                      });
+  auto handle = ucx_->register_staged(ptr, length, transport::MemoryKind::kVram, std::make_shared<Served>(*this, device));
   if (!handle) return std::unexpected(Status(handle.error().code(), "register_memory: " + handle.error().message()));
   regions_.emplace(base, Region{*handle, base, length, device, 0});
   region_base_.emplace(*handle, base);
@@ -80,7 +99,7 @@ Status VramStaging::unregister_vram(RegionHandle handle) {
     return Status::failed_precondition("unregister: VRAM region {} has {} slices in flight", handle, r.live_slices);
   }
   // Peers' slices on it are answered until they acknowledged its
-  // revocation, with serve_copy, which needs no entry here.
+  // revocation, through Served, which needs no entry here.
   if (Status s = ucx_->unregister(handle); !s.is_ok()) return Status(s.code(), "unregister: " + s.message());
   regions_.erase(it->second);
   region_base_.erase(it);
@@ -115,7 +134,7 @@ Result<transport::CudaStream> VramStaging::stream_of(int device, bool serving) {
   return *s;
 }
 
-Status VramStaging::serve_copy(int device, void* dst, const void* src, std::size_t bytes) {
+Status VramStaging::serve_write(int device, void* dst, const void* src, std::size_t bytes) {
   if (closing_) return Status::unavailable("the engine is shutting down");
   auto stream = stream_of(device, true);
   if (!stream) return stream.error();
@@ -126,14 +145,56 @@ Status VramStaging::serve_copy(int device, void* dst, const void* src, std::size
     ++served_copies_;
     return s;
   }
-  // The next answer starts on a fresh stream, not on one that reported a failure.
-  cuda_->destroy_stream(*stream);
-  serve_streams_.erase(device);
+  retire_serve_stream(device);
   return s;
 }
 
-Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event) {
-  auto stream = stream_of(device);
+// The next answer starts on a fresh stream, not on one that reported a
+// failure; the old one goes with the engine (reads may still wait on it).
+void VramStaging::retire_serve_stream(int device) {
+  const auto it = serve_streams_.find(device);
+  if (it == serve_streams_.end()) return;
+  retired_streams_.push_back(it->second);
+  serve_streams_.erase(it);
+}
+
+Result<std::uint64_t> VramStaging::serve_read(int device, const void* src, std::size_t bytes) {
+  if (closing_) return std::unexpected(Status::unavailable("the engine is shutting down"));
+  auto bounce = take_bounce(bytes);
+  if (!bounce) return std::unexpected(Status::unavailable("no staging buffer: {}", bounce.error().message()));
+  ServedRead read{device, *bounce, bytes, 0};
+  if (Status s = copy(device, bounce->data, src, bytes, read.event, true); !s.is_ok()) {
+    give_back(*bounce);
+    return std::unexpected(Status::unavailable("GPU -> host copy: {}", s.message()));
+  }
+  const std::uint64_t ticket = next_ticket_++;
+  served_reads_.emplace(ticket, read);
+  return ticket;
+}
+
+std::optional<Result<std::span<const std::byte>>> VramStaging::served_read(std::uint64_t ticket) {
+  const ServedRead& read = served_reads_.at(ticket);
+  auto done = cuda_->query(read.event);
+  if (done && !*done) return std::nullopt;
+  if (!done) {
+    retire_serve_stream(read.device);
+    return std::unexpected(Status::unavailable("GPU -> host copy failed: {}", done.error().message()));
+  }
+  ++served_copies_;
+  return std::span<const std::byte>(read.bounce.data, read.bytes);
+}
+
+void VramStaging::release_read(std::uint64_t ticket) {
+  const auto it = served_reads_.find(ticket);
+  if (it == served_reads_.end()) return;
+  free_events_[it->second.device].push_back(it->second.event);
+  give_back(it->second.bounce);
+  served_reads_.erase(it);
+}
+
+Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event,
+                         bool serving) {
+  auto stream = stream_of(device, serving);
   if (!stream) return stream.error();
   auto& pool = free_events_[device];
   if (pool.empty()) {

@@ -9,6 +9,8 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -29,8 +31,8 @@ class VramStaging final : public transport::Transport {
   [[nodiscard]] transport::UcxTransport& ucx() { return *ucx_; }
 
   // The region is UCX's too, staged (UcxTransport::register_staged), so its
-  // handle is UCX's and peers can reach it once exported: the holder's side
-  // of their slices is a synchronous copy on the loop (serve_copy). `device`
+  // handle is UCX's and peers can reach it once exported: this side of
+  // their slices is a CUDA copy (Served). `device`
   // -1: the GPU the pointer belongs to. unavailable without a CUDA device;
   // invalid_argument for a range that is not all device memory of `device`
   // or that overlaps a region.
@@ -40,7 +42,7 @@ class VramStaging final : public transport::Transport {
   // failed_precondition while slices on it run.
   [[nodiscard]] Status unregister_vram(transport::RegionHandle region);
   [[nodiscard]] bool is_vram(transport::RegionHandle region) const { return region_base_.contains(region); }
-  // Copies answered for peers (serve_copy), for tests and metrics.
+  // Copies that served peers' slices, for tests and metrics.
   [[nodiscard]] std::uint64_t served_copies() const { return served_copies_; }
   // The GPU of a VRAM region (-1 for an unknown one).
   [[nodiscard]] int device_of(transport::RegionHandle region) const;
@@ -97,11 +99,25 @@ class VramStaging final : public transport::Transport {
   [[nodiscard]] Result<Bounce> take_bounce(std::uint64_t bytes);
   void give_back(Bounce bounce) { free_bounces_.emplace(bounce.capacity, bounce); }
   [[nodiscard]] Result<transport::CudaStream> stream_of(int device, bool serving = false);
-  [[nodiscard]] Status copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event);
-  // A peer's slice on a VRAM region of ours, host ↔ GPU, done when it
-  // returns: UCX answers the peer with the bytes in place. On a stream of
-  // its own, so it never waits for our staging copies.
-  [[nodiscard]] Status serve_copy(int device, void* dst, const void* src, std::size_t bytes);
+  [[nodiscard]] Status copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event,
+                            bool serving = false);
+  // UCX's access to a VRAM region of ours for peers' slices
+  // (UcxTransport::StagedAccess), on a stream per GPU of its own, so it
+  // never waits behind our staging copies: a write is one copy from the
+  // message, waited for; a read, a copy into a pinned bounce buffer whose
+  // event UCX polls before it answers.
+  class Served;
+  struct ServedRead {
+    int device = 0;
+    Bounce bounce;
+    std::uint64_t bytes = 0;
+    transport::CudaEvent event = 0;
+  };
+  [[nodiscard]] Status serve_write(int device, void* dst, const void* src, std::size_t bytes);
+  [[nodiscard]] Result<std::uint64_t> serve_read(int device, const void* src, std::size_t bytes);
+  [[nodiscard]] std::optional<Result<std::span<const std::byte>>> served_read(std::uint64_t ticket);
+  void release_read(std::uint64_t ticket);
+  void retire_serve_stream(int device);
   // Ends a staged slice: its completion (unless cancelled), its bounce back.
   void finish(transport::SliceId id, Staged& s, Status status, TimeNs now_ns,
               std::vector<transport::Completion>& out);
@@ -114,8 +130,11 @@ class VramStaging final : public transport::Transport {
   std::vector<Bounce> all_bounces_;
   std::unordered_map<int, transport::CudaStream> streams_;  // by device
   std::unordered_map<int, transport::CudaStream> serve_streams_;  // by device
+  std::vector<transport::CudaStream> retired_streams_;  // failed once: destroyed with the engine
+  std::unordered_map<std::uint64_t, ServedRead> served_reads_;  // by ticket
+  std::uint64_t next_ticket_ = 1;
   std::uint64_t served_copies_ = 0;
-  bool closing_ = false;  // the destructor runs: serve_copy refuses
+  bool closing_ = false;  // the destructor runs: serving refuses
   std::unordered_map<int, std::vector<transport::CudaEvent>> free_events_;  // by device
   std::vector<transport::CudaEvent> all_events_;
   std::unordered_map<transport::SliceId, Staged> slices_;

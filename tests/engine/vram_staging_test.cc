@@ -273,6 +273,14 @@ TEST(VramStaging, AHoldersFailedGpuCopyFailsItsSliceWhichIsSentAgain) {
   EXPECT_EQ(std::memcmp(p.vram, host.data(), 4096), 0);
   ASSERT_TRUE(p.run(Op::kWrite, local->handle, 0, kBytes).is_ok());
   EXPECT_EQ(std::memcmp(p.vram, host.data(), kBytes), 0);
+  // The same for a read: its copy out of the GPU fails, and is sent again.
+  p.gpu->fail_copy_number = p.gpu->copies_enqueued() + 1;  // the holder's loop is idle now
+  std::vector<std::byte> back(kBytes);
+  auto into = p.initiator->register_memory(back.data(), kBytes);
+  ASSERT_TRUE(into.has_value());
+  ASSERT_TRUE(p.run(Op::kRead, into->handle, 0, kBytes).is_ok());
+  EXPECT_GT(p.initiator->stats().slices_retried, retried + 1);
+  EXPECT_EQ(back, host);
 }
 
 // The same on a real GPU, where one is: the runtime's own memory and copies.

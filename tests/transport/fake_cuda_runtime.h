@@ -34,6 +34,8 @@ class FakeCudaRuntime final : public CudaRuntime {
     std::size_t bytes = 0;
   };
   [[nodiscard]] const std::vector<LoggedOp>& copies() const { return log_; }
+  // Copies enqueued so far, failed ones included (fail_copy_number counts these).
+  [[nodiscard]] int copies_enqueued() const { return copies_enqueued_; }
 
   // Each device's PCI bus id (empty: unknown, so GPUs match by index).
   std::vector<std::string> pci_ids;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <ostream>
 
 #include "baton/transport/codec.h"
@@ -614,23 +615,50 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
             StatusCode::kInvalidArgument);
 }
 
+// A staged region's access as a test drives it: copies with memcpy and
+// counts them; a write or a read can be made to fail; reads can be held
+// (their copy "runs" until the test lets them end).
+class TestAccess final : public UcxTransport::StagedAccess {
+ public:
+  std::uint64_t copies = 0, copied = 0;
+  bool failing = false;
+  bool holding = false;
+  std::map<std::uint64_t, std::vector<std::byte>> reads;  // started, not released
+
+  Status write(void* dst, const void* src, std::size_t n) override {
+    if (failing) return Status::unavailable("the device is gone");
+    std::memcpy(dst, src, n);
+    ++copies;
+    copied += n;
+    return Status::ok();
+  }
+  Result<std::uint64_t> start_read(const void* src, std::size_t n) override {
+    const auto* from = static_cast<const std::byte*>(src);
+    reads.emplace(next_, std::vector<std::byte>(from, from + n));
+    return next_++;
+  }
+  std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) override {
+    if (holding) return std::nullopt;
+    if (failing) return std::unexpected(Status::unavailable("the device is gone"));
+    ++copies;
+    copied += reads.at(ticket).size();
+    return std::span<const std::byte>(reads.at(ticket));
+  }
+  void release(std::uint64_t ticket) override { reads.erase(ticket); }
+
+ private:
+  std::uint64_t next_ = 1;
+};
+
 // Memory UCX cannot map (GPU memory in the engine) is registered staged:
 // peers reach it by messages only, whatever the path (even a same-host
 // peer, whose copy could not reach a GPU), and the holder answers each
-// slice through its copy, which this test counts (and can make fail).
-TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath) {
+// slice through its access, which this test counts (and can make fail).
+TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersAccessOnEveryPath) {
   constexpr std::size_t kBytes = 1 << 20;
   auto& remote = buffer(kBytes, 0);
-  std::uint64_t copies = 0, copied = 0;
-  bool failing = false;
-  auto region = b_->register_staged(remote.data(), kBytes, MemoryKind::kVram,
-                                    [&](void* dst, const void* src, std::size_t n) {
-                                      if (failing) return Status::unavailable("the device is gone");
-                                      std::memcpy(dst, src, n);
-                                      ++copies;
-                                      copied += n;
-                                      return Status::ok();
-                                    });
+  auto access = std::make_shared<TestAccess>();
+  auto region = b_->register_staged(remote.data(), kBytes, MemoryKind::kVram, access);
   ASSERT_TRUE(region.has_value()) << region.error().to_string();
   ASSERT_TRUE(b_->export_region(*region).is_ok());
   EXPECT_EQ(b_->packed_rkey(*region).error().code(), StatusCode::kFailedPrecondition);
@@ -652,7 +680,7 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath)
   SliceId id = 1;
   for (Op op : {Op::kWrite, Op::kRead}) {
     done_a_.clear();
-    copies = copied = 0;
+    access->copies = access->copied = 0;
     std::size_t offset = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       std::uint8_t* here = (op == Op::kWrite ? local.data() : back.data()) + offset;
@@ -664,34 +692,37 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath)
     }
     ASSERT_TRUE(wait_slices(sizes.size())) << done_a_.size() << " of " << sizes.size();
     for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
-    EXPECT_EQ(copies, sizes.size()) << "one holder copy per slice";
-    EXPECT_EQ(copied, kBytes);
+    EXPECT_EQ(access->copies, sizes.size()) << "one holder copy per slice";
+    EXPECT_EQ(access->copied, kBytes);
   }
   EXPECT_EQ(remote, source);
   EXPECT_EQ(back, source);
+  EXPECT_TRUE(access->reads.empty()) << "every read released";
   // Nothing is left for the submitting thread to copy itself.
   std::vector<Status> result(1);
   const UcxTransport::DirectCopy direct{b_->address(), Op::kRead, *back_region, 0, *region, 0, 64};
   EXPECT_FALSE(a_->copy_direct(std::span(&direct, 1), result).is_ok());
 
-  // The holder's copy fails: the slice fails with its reason, nothing lands.
-  failing = true;
+  // The holder's copies fail: each slice fails with the reason, nothing lands.
+  access->failing = true;
   done_a_.clear();
   std::fill(local.begin(), local.end(), 0xab);
   ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 200'000), now())
                   .is_ok());
   ASSERT_TRUE(a_->submit(slice(id++, path, 1, Op::kRead, back.data(), addr(remote.data()), *region, 100), now()).is_ok());
-  ASSERT_TRUE(wait_slices(2));
+  ASSERT_TRUE(a_->submit(slice(id++, path, 1, Op::kRead, back.data(), addr(remote.data()), *region, 100'000), now())
+                  .is_ok());
+  ASSERT_TRUE(wait_slices(3));
   for (const Completion& c : done_a_) {
     EXPECT_EQ(c.status.code(), StatusCode::kUnavailable);
     EXPECT_NE(c.status.message().find("the device is gone"), std::string::npos) << c.status.message();
   }
   EXPECT_EQ(remote, source);
-  failing = false;
+  EXPECT_TRUE(access->reads.empty());
+  access->failing = false;
 
   // Compressed both ways: a write of zeros shrinks, a read asks for it.
-  auto lz4 = make_lz4_codec();
-  ASSERT_TRUE(a_->set_codec(std::shared_ptr<const Codec>(std::move(lz4))).is_ok());
+  ASSERT_TRUE(a_->set_codec(std::shared_ptr<const Codec>(make_lz4_codec())).is_ok());
   done_a_.clear();
   std::fill(local.begin(), local.end(), 0);
   SliceSubmit zeros = slice(id++, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 256 << 10);
@@ -708,6 +739,7 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath)
   ASSERT_TRUE(a_->submit(read, now()).is_ok());
   ASSERT_TRUE(wait_slices(2));
   EXPECT_TRUE(done_a_[1].status.is_ok()) << done_a_[1].status.to_string();
+  EXPECT_LT(done_a_[1].wire_bytes, std::uint64_t{256} << 10) << "it came back compressed";
   EXPECT_TRUE(std::all_of(back.begin(), back.begin() + (256 << 10), [](std::uint8_t b) { return b == 0; }));
 
   // Unregistered: peers are told, and the region is gone for them.
@@ -716,24 +748,65 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersCopyOnEveryPath)
   ASSERT_TRUE(wait_until([&] { return a_->remote_regions(path)->empty(); }));
 }
 
+// A read of a staged region is answered once its copy ended; meanwhile the
+// holder serves everything else, wants an early poll instead of sleeping,
+// and keeps the region until that copy is over even when it is unregistered.
+TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
+  auto& staged = buffer(pattern(64 << 10, 9));
+  auto access = std::make_shared<TestAccess>();
+  auto region = b_->register_staged(staged.data(), staged.size(), MemoryKind::kVram, access);
+  ASSERT_TRUE(region.has_value());
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  auto& plain = buffer(64 << 10, 0);
+  auto plain_region = expose(plain.data(), plain.size());
+  ASSERT_TRUE(plain_region.has_value());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(path);
+  auto& local = buffer(pattern(64 << 10, 3));
+  auto& back = buffer(64 << 10, 0);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+
+  access->holding = true;
+  ASSERT_TRUE(a_->submit(slice(1, path, 0, Op::kRead, back.data(), addr(staged.data()), *region, back.size()), now())
+                  .is_ok());
+  ASSERT_TRUE(wait_until([&] { return !access->reads.empty(); }));
+  EXPECT_FALSE(b_->arm()) << "a copy runs: no sleeping on the fd";
+  ASSERT_TRUE(b_->next_event_ns().has_value());
+  // A write to host memory on the same lane goes through meanwhile.
+  ASSERT_TRUE(a_->submit(slice(2, path, 0, Op::kWrite, local.data(), addr(plain.data()), *plain_region, local.size()),
+                         now())
+                  .is_ok());
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_EQ(done_a_[0].id, 2u);
+  EXPECT_EQ(plain, local);
+  // Unregistered while its copy runs: the region stays until it ended.
+  ASSERT_TRUE(b_->unregister(*region).is_ok());
+  EXPECT_FALSE(wait_until([&] { return !b_->unregister_pending(*region); }, 100ms));
+  access->holding = false;
+  ASSERT_TRUE(wait_slices(2));
+  EXPECT_TRUE(done_a_[1].status.is_ok()) << done_a_[1].status.to_string();
+  EXPECT_EQ(back, staged);
+  ASSERT_TRUE(wait_until([&] { return !b_->unregister_pending(*region); }));
+  EXPECT_TRUE(access->reads.empty());
+}
+
 // What register_staged refuses, and a staged region as a local side.
 TEST_P(UcxTransportTest, StagedRegionsRefuseBadInputAndAreNoLocalSide) {
   auto& memory = buffer(8192);
-  auto copy = [](void* dst, const void* src, std::size_t n) {
-    std::memcpy(dst, src, n);
-    return Status::ok();
-  };
-  auto code = [&](void* at, std::size_t n, UcxTransport::StagedCopy c) {
-    auto r = a_->register_staged(at, n, MemoryKind::kVram, std::move(c));
+  auto access = std::make_shared<TestAccess>();
+  auto code = [&](void* at, std::size_t n, std::shared_ptr<TestAccess> with) {
+    auto r = a_->register_staged(at, n, MemoryKind::kVram, std::move(with));
     return r ? StatusCode::kOk : r.error().code();
   };
-  EXPECT_EQ(code(nullptr, 10, copy), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(memory.data(), 0, copy), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(memory.data(), 4096, {}), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 4096, copy), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(nullptr, 10, access), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(memory.data(), 0, access), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(memory.data(), 4096, nullptr), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 4096, access), StatusCode::kInvalidArgument);
   ASSERT_TRUE(a_->register_memory(memory.data(), 4096).has_value());
-  EXPECT_EQ(code(memory.data() + 4000, 200, copy), StatusCode::kInvalidArgument) << "overlap";
-  auto staged = a_->register_staged(memory.data() + 4096, 4096, MemoryKind::kVram, copy);
+  EXPECT_EQ(code(memory.data() + 4000, 200, access), StatusCode::kInvalidArgument) << "overlap";
+  auto staged = a_->register_staged(memory.data() + 4096, 4096, MemoryKind::kVram, access);
   ASSERT_TRUE(staged.has_value()) << staged.error().to_string();
   EXPECT_FALSE(a_->register_memory(memory.data() + 5000, 100).has_value()) << "overlap with a staged region";
 

@@ -32,7 +32,7 @@ struct CudaPointer {
 
 // The calls a transport may make from its loop: none of them blocks on a
 // copy (synchronize() excepted: for tests, benchmarks, and the holder's side of a
-// peer's slice on GPU memory, VramStaging::serve_copy).
+// peer's slice on GPU memory, a write into it, VramStaging::serve_write).
 class CudaRuntime {
  public:
   virtual ~CudaRuntime() = default;

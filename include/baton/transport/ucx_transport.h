@@ -14,8 +14,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -194,17 +194,34 @@ class UcxTransport final : public Transport {
     void* address = nullptr;
   };
   [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length, int numa_node = -1);
+  // How this side reaches a staged region (register_staged), called on the
+  // thread that polls.
+  class StagedAccess {
+   public:
+    virtual ~StagedAccess() = default;
+    // Copies bytes of a peer's write into the region; done when it returns
+    // (they live in a message, which is not kept).
+    [[nodiscard]] virtual Status write(void* dst, const void* src, std::size_t bytes) = 0;
+    // Starts copying [src, src + bytes) of the region out into host memory
+    // of its own, for a peer's read; answers a ticket.
+    [[nodiscard]] virtual Result<std::uint64_t> start_read(const void* src, std::size_t bytes) = 0;
+    // nullopt while that copy runs; then its bytes (valid until release())
+    // or why it failed.
+    [[nodiscard]] virtual std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) = 0;
+    virtual void release(std::uint64_t ticket) = 0;
+  };
   // Memory UCX cannot map (GPU memory: Debian's UCX has no CUDA support)
   // that peers still reach. It has no rkey, so a peer's slices on it travel
   // as Baton's messages (never as RMA or a same-host copy), and this side
-  // answers each by calling `copy` between it and host memory (in place of
-  // the memcpy it does for host memory), synchronously, on the thread that
-  // polls. It cannot be the local side of a slice of this transport.
-  // Exported, revoked and unregistered like any region. invalid_argument as
-  // register_memory, and for an empty `copy`.
-  using StagedCopy = std::function<Status(void* dst, const void* src, std::size_t bytes)>;
+  // answers them through `access`: a write synchronously (in place of the
+  // memcpy it does for host memory); a read once the copy it started has
+  // ended (polled; meanwhile this side serves everything else, and
+  // next_event_ns() asks for the next poll soon). It cannot be the local
+  // side of a slice of this transport. Exported, revoked and unregistered
+  // like any region; unregistering waits for its reads' copies too.
+  // invalid_argument as register_memory, and for a null `access`.
   [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
-                                                     StagedCopy copy);
+                                                     std::shared_ptr<StagedAccess> access);
   // Makes a region visible to peers: to every authenticated peer (`peers`
   // empty) or to those that named themselves so in the handshake (their
   // listen address, e.g. "10.0.0.2:7000"; a claim made by a holder of the

@@ -112,7 +112,7 @@ Result<RegionHandle> UcxTransport::State::map_region(void* addr, std::size_t len
 }
 
 RegionHandle UcxTransport::State::add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
-                                             UcxTransport::StagedCopy staged) {
+                                             std::shared_ptr<UcxTransport::StagedAccess> staged) {
   region.handle = next_region++;
   region.base = reinterpret_cast<std::uintptr_t>(addr);
   region.length = length;
@@ -242,8 +242,9 @@ void UcxTransport::State::finish_revokes(TimeNs now_ns) {
                                       config.revoke_timeout_ms));
       }
     }
-    // A copy on another thread may still be in it (copy_direct).
-    if (!r.awaiting.empty() || retired_in_use()) {
+    // A copy on another thread may still be in it (copy_direct), or a
+    // staged read's copy out of it.
+    if (!r.awaiting.empty() || r.serving > 0 || retired_in_use()) {
       ++it;
       continue;
     }

@@ -122,11 +122,10 @@ const Codec* UcxTransport::State::codec_for(WireCodec id) {
 }
 
 // The local region `key` when it holds [addr, addr + length), or why not.
-Result<const LocalRegion*> UcxTransport::State::local_range(std::uint32_t key, std::uint64_t addr,
-                                                            std::uint64_t length) const {
+Result<LocalRegion*> UcxTransport::State::local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) {
   const auto base = region_base.find(key);
   if (base == region_base.end()) return std::unexpected(Status::not_found("no region {} here", key));
-  const LocalRegion& r = regions.at(base->second);
+  LocalRegion& r = regions.at(base->second);
   if (addr < r.base || length > r.length || addr - r.base > r.length - length) {
     return std::unexpected(Status::out_of_range("[{:#x}, +{}) is not inside region {} [{:#x}, +{})", addr, length,
                                                 key, r.base, r.length));
@@ -156,34 +155,59 @@ Status UcxTransport::State::unpack_staged(const LocalRegion& r, const SliceDescr
     if (data.size() != d.payload_len) {
       return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
     }
-    return r.staged(to, data.data(), data.size());
+    return r.staged->write(to, data.data(), data.size());
   }
   std::vector<std::uint8_t> host = buffers.take(d.payload_len);
   host.resize(d.payload_len);
   Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data()));
-  if (s.is_ok()) s = r.staged(to, host.data(), host.size());
+  if (s.is_ok()) s = r.staged->write(to, host.data(), host.size());
   buffers.give(std::move(host));
   return s;
 }
 
-// A read slice of a staged region: its bytes copied out into `a.packed`
-// (compressed there when the initiator asked and it shrinks).
-Status UcxTransport::State::copy_out_staged(const LocalRegion& r, const SliceDescriptor& d, Answer& a) {
-  std::vector<std::uint8_t> host = buffers.take(d.payload_len);
-  host.resize(d.payload_len);
-  if (Status s = r.staged(host.data(), reinterpret_cast<const void*>(d.addr), d.payload_len); !s.is_ok()) {
-    buffers.give(std::move(host));
-    return s;
-  }
-  if (d.codec != WireCodec::kRaw) {
-    auto [id, bytes] = pack(d.codec, codec_for(d.codec), reinterpret_cast<const std::byte*>(host.data()),
-                            host.size());
-    a.reply.codec = id;
-    buffers.give(std::exchange(host, std::move(bytes)));
-  }
-  a.packed = std::move(host);
-  a.data = a.packed;
+// A read slice of a staged region: its copy starts now, and the answer
+// goes once it ended (answer_staged_reads), so this side goes on serving.
+Status UcxTransport::State::start_staged_read(LocalRegion& r, std::uint64_t session, const MessageHeader& header,
+                                              const SliceDescriptor& d) {
+  auto ticket = r.staged->start_read(reinterpret_cast<const void*>(d.addr), d.payload_len);
+  if (!ticket) return ticket.error();
+  ++r.serving;
+  staged_read_bytes += d.payload_len;
+  staged_reads.push_back({session, header, d, r.staged, *ticket});
   return Status::ok();
+}
+
+// Staged reads whose copy ended are answered (unless their peer left);
+// the others wait for a later poll.
+void UcxTransport::State::answer_staged_reads() {
+  std::erase_if(staged_reads, [this](StagedRead& read) {
+    auto done = read.access->read_done(read.ticket);
+    if (!done) return false;
+    staged_read_bytes -= read.reply.payload_len;
+    if (auto base = region_base.find(read.reply.key); base != region_base.end()) --regions.at(base->second).serving;
+    const auto session = sessions.find(read.session);
+    ucp_ep_h back = session == sessions.end() ? nullptr : back_endpoint(session->second, read.header.lane);
+    if (back != nullptr) {
+      Answer a;
+      a.reply = read.reply;
+      if (!*done) {
+        refuse(a, done->error());
+      } else if (a.reply.codec != WireCodec::kRaw) {
+        auto [id, bytes] = pack(a.reply.codec, codec_for(a.reply.codec), (*done)->data(), (*done)->size());
+        a.reply.codec = id;
+        a.packed = std::move(bytes);
+        a.data = a.packed;
+      } else {
+        a.data = std::span(reinterpret_cast<const std::uint8_t*>((*done)->data()), (*done)->size());
+      }
+      auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+      if (Status s = send_message(back, MessageKind::kReadData, read.header, std::move(payload)); !s.is_ok()) {
+        spdlog::warn("ucx: reply to staged read {} not sent: {}", read.header.seq, s.message());
+      }
+    }
+    read.access->release(read.ticket);
+    return true;
+  });
 }
 
 // `bytes` compressed with `id` when that shrinks them, else raw.
@@ -203,7 +227,7 @@ std::pair<WireCodec, std::vector<std::uint8_t>> UcxTransport::State::pack(WireCo
 
 auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, MessageKind kind,
                                        const Result<SliceDescriptor>& d, std::span<const std::uint8_t> payload,
-                                       std::uint64_t queued) -> Answer {
+                                       std::uint64_t queued, const MessageHeader& header) -> Answer {
   Answer a;
   a.kind = kind == MessageKind::kWriteData ? MessageKind::kWriteDone : MessageKind::kReadData;
   Status why;
@@ -220,13 +244,14 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
       why = region.error();
     } else if (kind == MessageKind::kWriteData) {
       why = (*region)->staged ? unpack_staged(**region, *d, payload) : unpack(*d, payload, at);
-    } else if (outgoing_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
+    } else if (outgoing_bytes + staged_read_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
       // A peer asking faster than the wire drains would make us copy
       // without bound: refuse, it retries the slice.
       why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
-                                       outgoing_bytes + queued, kMaxQueuedReplyBytes);
+                                       outgoing_bytes + staged_read_bytes + queued, kMaxQueuedReplyBytes);
     } else if ((*region)->staged) {
-      why = copy_out_staged(**region, *d, a);
+      why = start_staged_read(**region, session_by_ep.at(from), header, *d);
+      a.deferred = why.is_ok();
     } else if (d->codec == WireCodec::kRaw) {
       a.data = std::span(reinterpret_cast<const std::uint8_t*>(at), d->payload_len);  // no copy before the reply's
     } else {
@@ -236,14 +261,17 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
       a.data = a.packed;
     }
   }
-  if (!why.is_ok()) {
-    a.reply.failed = 1;
-    a.reply.payload_len = std::max<std::uint64_t>(a.reply.payload_len, 1);
-    const std::string text = why.message();
-    a.packed.assign(text.begin(), text.end());
-    a.data = a.packed;
-  }
+  if (!why.is_ok()) refuse(a, why);
   return a;
+}
+
+// The answer says the slice was refused, and why.
+void UcxTransport::State::refuse(Answer& a, const Status& why) {
+  a.reply.failed = 1;
+  a.reply.payload_len = std::max<std::uint64_t>(a.reply.payload_len, 1);
+  const std::string text = why.message();
+  a.packed.assign(text.begin(), text.end());
+  a.data = a.packed;
 }
 
 // The back lane of the rail a slice came on; another when that one failed.
@@ -265,7 +293,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
   }
   std::size_t at = 0;
   auto d = ucx::decode_slice(in.payload, at);
-  Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0);
+  Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0, header);
+  if (a.deferred) return;
   ucp_ep_h back = back_endpoint(*session, header.lane);
   if (back == nullptr) {
     spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
@@ -312,7 +341,10 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
                    static_cast<unsigned>(e.kind));
       continue;
     }
-    Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size());
+    MessageHeader entry = header;
+    entry.seq = e.seq;  // a deferred answer goes alone, named by its slice
+    Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size(), entry);
+    if (a.deferred) continue;
     if (reply.empty()) reply = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
     ucx::add_to_bundle(reply, a.kind, e.seq, a.reply, a.data);
     buffers.give(std::move(a.packed));

@@ -112,8 +112,10 @@ struct LocalRegion {
   std::optional<ucx::SharedAllocation> shared;
   std::vector<std::vector<std::uint8_t>> packed_rkeys;  // per rail
   // register_staged's: no memh and no rkey; peers' slices on it are
-  // answered through this copy.
-  UcxTransport::StagedCopy staged;
+  // answered through it. `serving`: its reads whose copy runs (the memory
+  // stays until they ended).
+  std::shared_ptr<UcxTransport::StagedAccess> staged;
+  std::uint64_t serving = 0;
   std::uint64_t inflight = 0;  // slices whose local range is here
   // Who may see it: every authenticated peer, or the peers of these names.
   bool exported_all = false;
@@ -372,6 +374,17 @@ struct UcxTransport::State {
   std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
   std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
+  // Peers' reads of staged regions whose copy runs: answered when it ended.
+  struct StagedRead {
+    std::uint64_t session = 0;
+    MessageHeader header;  // its seq is the slice's
+    SliceDescriptor reply;
+    std::shared_ptr<UcxTransport::StagedAccess> access;
+    std::uint64_t ticket = 0;
+  };
+  std::vector<StagedRead> staged_reads;
+  std::uint64_t staged_read_bytes = 0;  // theirs, counted with outgoing_bytes against kMaxQueuedReplyBytes
+  TimeNs last_poll_ns = 0;
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
@@ -434,6 +447,7 @@ struct UcxTransport::State {
   // lands now; a read's bytes are in `data` (into the region, or `packed`).
   // `queued`: reply bytes being gathered that are not in outgoing_bytes yet.
   struct Answer {
+    bool deferred = false;  // a staged read: answered once its copy ended (answer_staged_reads)
     MessageKind kind = MessageKind::kWriteDone;
     SliceDescriptor reply;
     std::vector<std::uint8_t> packed;     // compressed bytes, or why it failed
@@ -458,6 +472,9 @@ struct UcxTransport::State {
   // memory (~0.1 ms per MiB), and a CMA copy from it may block until then.
   // Only while slices are in flight, so an idle engine reads nothing.
   static constexpr TimeNs kHolderCheckNs = 500'000;
+  // While a staged read's copy runs (a GPU's DMA, which has no fd to sleep
+  // on), the next poll comes this soon.
+  static constexpr TimeNs kStagedPollNs = 5'000;
 
   // rails.cc
   static Result<Rail> make_rail(const UcxConfig& cfg, const std::string& nic, State* state);
@@ -494,14 +511,17 @@ struct UcxTransport::State {
   void send_bundle(Lane& lane);
   void finish_compressed(SliceOp& op, ucs_status_t status, std::string error);
   const Codec* codec_for(WireCodec id);
-  Result<const LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length) const;
+  Result<LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length);
+  static void refuse(Answer& a, const Status& why);
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
   Status unpack_staged(const LocalRegion& r, const SliceDescriptor& d, std::span<const std::uint8_t> data);
-  Status copy_out_staged(const LocalRegion& r, const SliceDescriptor& d, Answer& a);
+  Status start_staged_read(LocalRegion& r, std::uint64_t session, const MessageHeader& header,
+                           const SliceDescriptor& d);
+  void answer_staged_reads();
   std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
                                                        std::uint64_t length);
   Answer answer_slice(const Session& session, ucp_ep_h from, MessageKind kind, const Result<SliceDescriptor>& d,
-                      std::span<const std::uint8_t> payload, std::uint64_t queued);
+                      std::span<const std::uint8_t> payload, std::uint64_t queued, const MessageHeader& header);
   static ucp_ep_h back_endpoint(const Session& session, std::uint32_t lane);
   void handle_slice_request(const Inbound& in, const MessageHeader& header);
   void handle_bundle(const Inbound& in, const MessageHeader& header);
@@ -526,7 +546,7 @@ struct UcxTransport::State {
   Status check_new_range(std::string_view call, void* addr, std::size_t length) const;
   // Files a region mapped (memh, rkeys) or staged (`staged` set) under a new handle.
   RegionHandle add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
-                          UcxTransport::StagedCopy staged);
+                          std::shared_ptr<UcxTransport::StagedAccess> staged);
   bool revoking_for(std::uint32_t key, std::uint64_t id) const;
   Status apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors);
   Status acknowledge_revokes(PathId id);

@@ -188,16 +188,17 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
   return state_->map_region(addr, length, kind);
 }
 
-Result<RegionHandle> UcxTransport::register_staged(void* addr, std::size_t length, MemoryKind kind, StagedCopy copy) {
+Result<RegionHandle> UcxTransport::register_staged(void* addr, std::size_t length, MemoryKind kind,
+                                                   std::shared_ptr<StagedAccess> access) {
   const auto held = state_->hold();
   if (Status s = state_->check_new_range("UcxTransport::register_staged", addr, length); !s.is_ok()) {
     return std::unexpected(s);
   }
-  if (!copy) {
-    return std::unexpected(Status::invalid_argument("UcxTransport::register_staged: [{}, +{}) comes without a copy",
+  if (!access) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::register_staged: [{}, +{}) comes without access",
                                                     addr, length));
   }
-  return state_->add_region(addr, length, kind, {}, std::move(copy));
+  return state_->add_region(addr, length, kind, {}, std::move(access));
 }
 
 Result<UcxTransport::AllocatedRegion> UcxTransport::allocate_memory(std::size_t length, int numa_node) {
@@ -247,7 +248,7 @@ Status UcxTransport::unregister(RegionHandle handle) {
       region.awaiting.insert(id);
     }
   }
-  if (region.awaiting.empty() && !s.retired_in_use()) {
+  if (region.awaiting.empty() && region.serving == 0 && !s.retired_in_use()) {
     s.unmap(region);
     s.regions.erase(it->second);
     s.region_base.erase(it);
@@ -462,6 +463,7 @@ bool UcxTransport::arm() {
   const auto held = state_->hold();
   State& s = *state_;
   if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty() || !s.back_errors.empty()) return false;
+  if (!s.staged_reads.empty()) return false;  // their copies have no fd to wake us
   if (s.workers && !s.workers->arm()) return false;
   s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
   // Revocations and handshakes have deadlines (next_event_ns); frames queued
@@ -724,7 +726,9 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   } else {
     s.progress();
   }
+  s.last_poll_ns = now_ns;
   s.handle_recorded();
+  s.answer_staged_reads();
   s.reap_closing();
   s.collect_ready();
   s.accept_connections(now_ns);
@@ -826,6 +830,7 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
   for (const auto& [base, r] : state_->regions) {
     if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
   }
+  if (!state_->staged_reads.empty()) sooner(state_->last_poll_ns + State::kStagedPollNs);
   for (const State::Peer& peer : state_->peers) {
     if (peer.state == PathState::kReady && peer.same_host_pid != 0 && peer.inflight > 0) {
       sooner(peer.next_holder_check_ns);
