@@ -466,6 +466,9 @@ bool UcxTransport::arm() {
   if (!s.staged_reads.empty()) return false;  // their copies have no fd to wake us
   if (s.workers && !s.workers->arm()) return false;
   s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
+  // A flush with nothing outstanding (a put that completed at once, as a
+  // same-host CMA put does) completes inline: no callback will wake us.
+  if (!s.finished.empty()) return false;
   // Revocations and handshakes have deadlines (next_event_ns); frames queued
   // since the last poll go now, or the poller watches for writability.
   s.flush_control();
