@@ -55,6 +55,8 @@ VramStaging::~VramStaging() {
       (void)ucx_->unregister(b.ucx_region);
       cuda_->free_pinned(b.data);
     }
+    for (auto& [ticket, read] : served_reads_) cuda_->free_pinned(read.data);
+    for (auto [capacity, data] : served_free_) cuda_->free_pinned(data);
     for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
     for (auto [device, stream] : serve_streams_) cuda_->destroy_stream(stream);
     for (transport::CudaStream stream : retired_streams_) cuda_->destroy_stream(stream);
@@ -141,30 +143,19 @@ Status VramStaging::serve_write(int device, void* dst, const void* src, std::siz
   Status s = cuda_->copy_async(dst, src, bytes, *stream);
   // Waited for even when queuing failed: nothing of it may run after we answered.
   if (Status waited = cuda_->synchronize(*stream); s.is_ok()) s = waited;
-  if (s.is_ok()) {
-    ++served_copies_;
-    return s;
-  }
-  retire_serve_stream(device);
+  if (!s.is_ok()) retire_serve_stream(device, *stream);
   return s;
-}
-
-// The next answer starts on a fresh stream, not on one that reported a
-// failure; the old one goes with the engine (reads may still wait on it).
-void VramStaging::retire_serve_stream(int device) {
-  const auto it = serve_streams_.find(device);
-  if (it == serve_streams_.end()) return;
-  retired_streams_.push_back(it->second);
-  serve_streams_.erase(it);
 }
 
 Result<std::uint64_t> VramStaging::serve_read(int device, const void* src, std::size_t bytes) {
   if (closing_) return std::unexpected(Status::unavailable("the engine is shutting down"));
-  auto bounce = take_bounce(bytes);
-  if (!bounce) return std::unexpected(Status::unavailable("no staging buffer: {}", bounce.error().message()));
-  ServedRead read{device, *bounce, bytes, 0};
-  if (Status s = copy(device, bounce->data, src, bytes, read.event, true); !s.is_ok()) {
-    give_back(*bounce);
+  auto stream = stream_of(device, true);
+  if (!stream) return std::unexpected(stream.error());
+  auto buffer = served_buffer(bytes);
+  if (!buffer) return std::unexpected(Status::unavailable("no staging buffer: {}", buffer.error().message()));
+  ServedRead read{device, *stream, buffer->first, buffer->second, bytes, 0};
+  if (Status s = copy(device, read.data, src, bytes, read.event, true); !s.is_ok()) {
+    give_back_served(read.data, read.capacity);
     return std::unexpected(Status::unavailable("GPU -> host copy: {}", s.message()));
   }
   const std::uint64_t ticket = next_ticket_++;
@@ -177,19 +168,51 @@ std::optional<Result<std::span<const std::byte>>> VramStaging::served_read(std::
   auto done = cuda_->query(read.event);
   if (done && !*done) return std::nullopt;
   if (!done) {
-    retire_serve_stream(read.device);
+    retire_serve_stream(read.device, read.stream);
     return std::unexpected(Status::unavailable("GPU -> host copy failed: {}", done.error().message()));
   }
-  ++served_copies_;
-  return std::span<const std::byte>(read.bounce.data, read.bytes);
+  return std::span<const std::byte>(read.data, read.bytes);
 }
 
 void VramStaging::release_read(std::uint64_t ticket) {
+  if (closing_) return;  // the destructor frees what is left
   const auto it = served_reads_.find(ticket);
   if (it == served_reads_.end()) return;
   free_events_[it->second.device].push_back(it->second.event);
-  give_back(it->second.bounce);
+  give_back_served(it->second.data, it->second.capacity);
   served_reads_.erase(it);
+}
+
+// A stream that reported a failure takes no more answers: the next goes
+// on a fresh one (the old is destroyed with the engine: reads may still
+// wait on it). Only the stream that failed, not the one made since.
+void VramStaging::retire_serve_stream(int device, transport::CudaStream stream) {
+  const auto it = serve_streams_.find(device);
+  if (it == serve_streams_.end() || it->second != stream) return;
+  retired_streams_.push_back(stream);
+  serve_streams_.erase(it);
+}
+
+Result<std::pair<std::byte*, std::uint64_t>> VramStaging::served_buffer(std::uint64_t bytes) {
+  if (auto it = served_free_.lower_bound(bytes); it != served_free_.end()) {
+    const auto found = std::pair{it->second, it->first};
+    served_kept_ -= it->first;
+    served_free_.erase(it);
+    return found;
+  }
+  const std::uint64_t capacity = std::bit_ceil(std::max(bytes, kMinBounce));
+  auto data = cuda_->alloc_pinned(capacity);
+  if (!data) return std::unexpected(data.error());
+  return std::pair{static_cast<std::byte*>(*data), capacity};
+}
+
+void VramStaging::give_back_served(std::byte* data, std::uint64_t capacity) {
+  if (served_kept_ + capacity > kServedPoolBytes) {
+    cuda_->free_pinned(data);
+    return;
+  }
+  served_kept_ += capacity;
+  served_free_.emplace(capacity, data);
 }
 
 Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t bytes, transport::CudaEvent& event,

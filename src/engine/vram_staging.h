@@ -42,8 +42,6 @@ class VramStaging final : public transport::Transport {
   // failed_precondition while slices on it run.
   [[nodiscard]] Status unregister_vram(transport::RegionHandle region);
   [[nodiscard]] bool is_vram(transport::RegionHandle region) const { return region_base_.contains(region); }
-  // Copies that served peers' slices, for tests and metrics.
-  [[nodiscard]] std::uint64_t served_copies() const { return served_copies_; }
   // The GPU of a VRAM region (-1 for an unknown one).
   [[nodiscard]] int device_of(transport::RegionHandle region) const;
   [[nodiscard]] std::size_t staged_in_flight() const { return slices_.size(); }
@@ -109,15 +107,24 @@ class VramStaging final : public transport::Transport {
   class Served;
   struct ServedRead {
     int device = 0;
-    Bounce bounce;
+    transport::CudaStream stream = 0;
+    std::byte* data = nullptr;  // pinned, of served_buffer()'s
+    std::uint64_t capacity = 0;
     std::uint64_t bytes = 0;
     transport::CudaEvent event = 0;
   };
+  // Served reads' buffers: pinned, and not registered with UCX (UCX only
+  // copies out of them into its reply, and registering would re-enter the
+  // transport, which calls us under its hold). Kept for reuse up to
+  // kServedPoolBytes.
+  static constexpr std::uint64_t kServedPoolBytes = 64ULL << 20;
+  [[nodiscard]] Result<std::pair<std::byte*, std::uint64_t>> served_buffer(std::uint64_t bytes);
+  void give_back_served(std::byte* data, std::uint64_t capacity);
   [[nodiscard]] Status serve_write(int device, void* dst, const void* src, std::size_t bytes);
   [[nodiscard]] Result<std::uint64_t> serve_read(int device, const void* src, std::size_t bytes);
   [[nodiscard]] std::optional<Result<std::span<const std::byte>>> served_read(std::uint64_t ticket);
   void release_read(std::uint64_t ticket);
-  void retire_serve_stream(int device);
+  void retire_serve_stream(int device, transport::CudaStream stream);
   // Ends a staged slice: its completion (unless cancelled), its bounce back.
   void finish(transport::SliceId id, Staged& s, Status status, TimeNs now_ns,
               std::vector<transport::Completion>& out);
@@ -132,8 +139,9 @@ class VramStaging final : public transport::Transport {
   std::unordered_map<int, transport::CudaStream> serve_streams_;  // by device
   std::vector<transport::CudaStream> retired_streams_;  // failed once: destroyed with the engine
   std::unordered_map<std::uint64_t, ServedRead> served_reads_;  // by ticket
+  std::multimap<std::uint64_t, std::byte*> served_free_;          // by capacity
+  std::uint64_t served_kept_ = 0;                                  // their bytes
   std::uint64_t next_ticket_ = 1;
-  std::uint64_t served_copies_ = 0;
   bool closing_ = false;  // the destructor runs: serving refuses
   std::unordered_map<int, std::vector<transport::CudaEvent>> free_events_;  // by device
   std::vector<transport::CudaEvent> all_events_;

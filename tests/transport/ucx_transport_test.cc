@@ -774,6 +774,7 @@ TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
   ASSERT_TRUE(wait_until([&] { return !access->reads.empty(); }));
   EXPECT_FALSE(b_->arm()) << "a copy runs: no sleeping on the fd";
   ASSERT_TRUE(b_->next_event_ns().has_value());
+  EXPECT_LE(*b_->next_event_ns(), now() + 1'000'000) << "the next poll comes soon";
   // A write to host memory on the same lane goes through meanwhile.
   ASSERT_TRUE(a_->submit(slice(2, path, 0, Op::kWrite, local.data(), addr(plain.data()), *plain_region, local.size()),
                          now())
@@ -792,6 +793,37 @@ TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
   EXPECT_TRUE(access->reads.empty());
 }
 
+// At most 64 staged reads copy at once: more are refused (the initiator's
+// scheduler sends them again); and a holder that shuts down waits for the
+// copies under way, which may still read its memory.
+TEST_P(UcxTransportTest, StagedReadsAreBoundedAndShutdownWaitsForTheirCopies) {
+  auto& staged = buffer(pattern(4096, 2));
+  auto access = std::make_shared<TestAccess>();
+  auto region = b_->register_staged(staged.data(), staged.size(), MemoryKind::kVram, access);
+  ASSERT_TRUE(region.has_value());
+  ASSERT_TRUE(b_->export_region(*region).is_ok());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  SKIP_UNLESS_FLAVOR_TRANSPORT(path);
+  auto& back = buffer(65 * 64, 0);
+  ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  access->holding = true;
+  for (SliceId i = 0; i < 65; ++i) {
+    ASSERT_TRUE(a_->submit(slice(i + 1, path, 0, Op::kRead, back.data() + i * 64, addr(staged.data()), *region, 64),
+                           now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_EQ(done_a_[0].status.code(), StatusCode::kUnavailable);
+  EXPECT_NE(done_a_[0].status.message().find("at most 64"), std::string::npos) << done_a_[0].status.message();
+  EXPECT_EQ(access->reads.size(), 64u);
+  b_->shutdown();
+  EXPECT_FALSE(wait_until([&] { return b_->shutdown_complete(); }, 100ms)) << "64 copies still run";
+  access->holding = false;
+  EXPECT_TRUE(wait_until([&] { return b_->shutdown_complete(); }));
+  EXPECT_TRUE(access->reads.empty());
+}
+
 // What register_staged refuses, and a staged region as a local side.
 TEST_P(UcxTransportTest, StagedRegionsRefuseBadInputAndAreNoLocalSide) {
   auto& memory = buffer(8192);
@@ -803,6 +835,8 @@ TEST_P(UcxTransportTest, StagedRegionsRefuseBadInputAndAreNoLocalSide) {
   EXPECT_EQ(code(nullptr, 10, access), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(memory.data(), 0, access), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(memory.data(), 4096, nullptr), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->register_staged(memory.data(), 4096, static_cast<MemoryKind>(9), access).error().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(code(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 4096, access), StatusCode::kInvalidArgument);
   ASSERT_TRUE(a_->register_memory(memory.data(), 4096).has_value());
   EXPECT_EQ(code(memory.data() + 4000, 200, access), StatusCode::kInvalidArgument) << "overlap";

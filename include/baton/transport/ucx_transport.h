@@ -195,7 +195,8 @@ class UcxTransport final : public Transport {
   };
   [[nodiscard]] Result<AllocatedRegion> allocate_memory(std::size_t length, int numa_node = -1);
   // How this side reaches a staged region (register_staged), called on the
-  // thread that polls.
+  // thread that polls, while the transport holds its rails: it must not
+  // call this UcxTransport (that would deadlock with progress threads).
   class StagedAccess {
    public:
     virtual ~StagedAccess() = default;
@@ -218,8 +219,10 @@ class UcxTransport final : public Transport {
   // ended (polled; meanwhile this side serves everything else, and
   // next_event_ns() asks for the next poll soon). It cannot be the local
   // side of a slice of this transport. Exported, revoked and unregistered
-  // like any region; unregistering waits for its reads' copies too.
-  // invalid_argument as register_memory, and for a null `access`.
+  // like any region; unregistering and shutting down wait for its reads'
+  // copies too (at most 64 run at once; more are refused, and retried).
+  // invalid_argument as register_memory, for a null `access` and an
+  // unknown kind.
   [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
                                                      std::shared_ptr<StagedAccess> access);
   // Makes a region visible to peers: to every authenticated peer (`peers`

@@ -11,7 +11,7 @@ void UcxTransport::State::publish_direct() {
   if (config.same_host_copy && !shut_down) {
     t = std::make_shared<DirectTable>();
     for (const auto& [base, r] : regions) {
-      if (r.kind != MemoryKind::kDram || r.revoking) continue;
+      if (r.kind != MemoryKind::kDram || r.staged || r.revoking) continue;
       t->locals.emplace(r.handle, DirectTable::Local{reinterpret_cast<std::byte*>(r.base), r.length,
                                                      r.shared ? r.shared->mapping : nullptr});
     }

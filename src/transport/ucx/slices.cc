@@ -192,6 +192,8 @@ void UcxTransport::State::answer_staged_reads() {
       a.reply = read.reply;
       if (!*done) {
         refuse(a, done->error());
+      } else if ((*done)->size() != a.reply.payload_len) {
+        refuse(a, Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), a.reply.payload_len));
       } else if (a.reply.codec != WireCodec::kRaw) {
         auto [id, bytes] = pack(a.reply.codec, codec_for(a.reply.codec), (*done)->data(), (*done)->size());
         a.reply.codec = id;
@@ -201,6 +203,7 @@ void UcxTransport::State::answer_staged_reads() {
         a.data = std::span(reinterpret_cast<const std::uint8_t*>((*done)->data()), (*done)->size());
       }
       auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+      buffers.give(std::move(a.packed));
       if (Status s = send_message(back, MessageKind::kReadData, read.header, std::move(payload)); !s.is_ok()) {
         spdlog::warn("ucx: reply to staged read {} not sent: {}", read.header.seq, s.message());
       }
@@ -249,6 +252,9 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
       // without bound: refuse, it retries the slice.
       why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
                                        outgoing_bytes + staged_read_bytes + queued, kMaxQueuedReplyBytes);
+    } else if ((*region)->staged && staged_reads.size() >= kMaxStagedReads) {
+      why = Status::resource_exhausted("{} reads of staged memory are copying (at most {})", staged_reads.size(),
+                                       kMaxStagedReads);
     } else if ((*region)->staged) {
       why = start_staged_read(**region, session_by_ep.at(from), header, *d);
       a.deferred = why.is_ok();

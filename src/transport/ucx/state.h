@@ -78,6 +78,9 @@ inline constexpr int kTeardownRounds = 20'000;
 // Compressed-read replies a holder keeps queued for the wire, at most: a
 // legitimate initiator has a few MiB in flight per path.
 inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
+// Reads of staged regions copying at once, at most: each holds host memory
+// of the access's (a bounce buffer) beyond the bytes it counts above.
+inline constexpr std::size_t kMaxStagedReads = 64;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
 // Raw message slices up to this size travel in a lane's bundle (wire.h);
@@ -182,6 +185,7 @@ using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;
 using ucx::kMaxCopyThreads;
 using ucx::kMaxQueuedReplyBytes;
+using ucx::kMaxStagedReads;
 using ucx::kMinThreadCopyBytes;
 using ucx::kPooledBufferBytes;
 using ucx::kProgressRoundsPerPoll;

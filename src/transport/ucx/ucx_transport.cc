@@ -198,6 +198,10 @@ Result<RegionHandle> UcxTransport::register_staged(void* addr, std::size_t lengt
     return std::unexpected(Status::invalid_argument("UcxTransport::register_staged: [{}, +{}) comes without access",
                                                     addr, length));
   }
+  if (kind != MemoryKind::kDram && kind != MemoryKind::kVram) {
+    return std::unexpected(
+        Status::invalid_argument("UcxTransport::register_staged: unknown memory kind {}", static_cast<int>(kind)));
+  }
   return state_->add_region(addr, length, kind, {}, std::move(access));
 }
 
@@ -866,6 +870,9 @@ void UcxTransport::shutdown() {
   state_->begin_shutdown();
 }
 
-bool UcxTransport::shutdown_complete() const { return state_->shut_down && state_->closing.empty(); }
+// Staged reads count: their copies may still read the caller's memory.
+bool UcxTransport::shutdown_complete() const {
+  return state_->shut_down && state_->closing.empty() && state_->staged_reads.empty();
+}
 
 }  // namespace baton::transport
