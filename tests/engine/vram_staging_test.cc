@@ -29,6 +29,17 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<transport::CudaRuntime> cuda
   return e ? std::move(*e) : nullptr;
 }
 
+// Submits `batch`, waits for it and releases it: its final status.
+Status run_batch(Engine& engine, const Batch& batch) {
+  auto h = engine.submit(batch);
+  if (!h) return h.error();
+  if (Status s = engine.wait(*h, 30 * kSecond); !s.is_ok()) return s;
+  auto st = engine.poll(*h);
+  if (!st) return st.error();
+  (void)engine.release(*h);
+  return st->status;
+}
+
 struct VramPair {
   std::shared_ptr<FakeCudaRuntime> gpu = std::make_shared<FakeCudaRuntime>(2);
   std::unique_ptr<Engine> holder = make_engine();
@@ -57,13 +68,7 @@ struct VramPair {
     r.peer = peer.address;
     r.remote_region = held.handle;
     r.length = length;
-    auto h = initiator->submit(Batch{{r}, {}});
-    if (!h) return h.error();
-    if (Status s = initiator->wait(*h, 30 * kSecond); !s.is_ok()) return s;
-    auto st = initiator->poll(*h);
-    if (!st) return st.error();
-    (void)initiator->release(*h);
-    return st->status;
+    return run_batch(*initiator, Batch{{r}, {}});
   }
 };
 
@@ -178,13 +183,7 @@ struct HeldVram {
       r.length = i + 1 == pieces ? length - i * (length / pieces) : length / pieces;
       batch.requests.push_back(r);
     }
-    auto h = initiator->submit(batch);
-    if (!h) return h.error();
-    if (Status s = initiator->wait(*h, 30 * kSecond); !s.is_ok()) return s;
-    auto st = initiator->poll(*h);
-    if (!st) return st.error();
-    (void)initiator->release(*h);
-    return st->status;
+    return run_batch(*initiator, batch);
   }
   // Bytes the holder's GPU copies moved (they run only when it answers).
   std::uint64_t served_bytes() const {
