@@ -194,17 +194,10 @@ void UcxTransport::State::answer_staged_reads() {
         refuse(a, done->error());
       } else if ((*done)->size() != a.reply.payload_len) {
         refuse(a, Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), a.reply.payload_len));
-      } else if (a.reply.codec != WireCodec::kRaw) {
-        auto [id, bytes] = pack(a.reply.codec, codec_for(a.reply.codec), (*done)->data(), (*done)->size());
-        a.reply.codec = id;
-        a.packed = std::move(bytes);
-        a.data = a.packed;
       } else {
-        a.data = std::span(reinterpret_cast<const std::uint8_t*>((*done)->data()), (*done)->size());
+        reply_with(a, (*done)->data());
       }
-      auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
-      buffers.give(std::move(a.packed));
-      if (Status s = send_message(back, MessageKind::kReadData, read.header, std::move(payload)); !s.is_ok()) {
+      if (Status s = send_answer(back, MessageKind::kReadData, read.header, a); !s.is_ok()) {
         spdlog::warn("ucx: reply to staged read {} not sent: {}", read.header.seq, s.message());
       }
     }
@@ -258,17 +251,33 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
     } else if ((*region)->staged) {
       why = start_staged_read(**region, session_by_ep.at(from), header, *d);
       a.deferred = why.is_ok();
-    } else if (d->codec == WireCodec::kRaw) {
-      a.data = std::span(reinterpret_cast<const std::uint8_t*>(at), d->payload_len);  // no copy before the reply's
     } else {
-      auto [id, bytes] = pack(d->codec, codec_for(d->codec), at, d->payload_len);
-      a.reply.codec = id;
-      a.packed = std::move(bytes);
-      a.data = a.packed;
+      reply_with(a, at);
     }
   }
   if (!why.is_ok()) refuse(a, why);
   return a;
+}
+
+// A read's answer carries `bytes` (a.reply.payload_len of them): raw
+// without a copy before the reply's own, or compressed when asked and it
+// shrinks them.
+void UcxTransport::State::reply_with(Answer& a, const std::byte* bytes) {
+  if (a.reply.codec == WireCodec::kRaw) {
+    a.data = std::span(reinterpret_cast<const std::uint8_t*>(bytes), a.reply.payload_len);
+    return;
+  }
+  auto [id, packed] = pack(a.reply.codec, codec_for(a.reply.codec), bytes, a.reply.payload_len);
+  a.reply.codec = id;
+  a.packed = std::move(packed);
+  a.data = a.packed;
+}
+
+// Sends one answer alone; its packed bytes go back to the pool.
+Status UcxTransport::State::send_answer(ucp_ep_h back, MessageKind kind, const MessageHeader& header, Answer& a) {
+  auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
+  buffers.give(std::move(a.packed));
+  return send_message(back, kind, header, std::move(payload));
 }
 
 // The answer says the slice was refused, and why.
@@ -306,9 +315,7 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
     spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
     return;
   }
-  auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
-  buffers.give(std::move(a.packed));
-  if (Status s = send_message(back, a.kind, header, std::move(payload)); !s.is_ok()) {
+  if (Status s = send_answer(back, a.kind, header, a); !s.is_ok()) {
     spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
   }
 }

@@ -517,6 +517,8 @@ struct UcxTransport::State {
   const Codec* codec_for(WireCodec id);
   Result<LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length);
   static void refuse(Answer& a, const Status& why);
+  void reply_with(Answer& a, const std::byte* bytes);
+  Status send_answer(ucp_ep_h back, MessageKind kind, const MessageHeader& header, Answer& a);
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
   Status unpack_staged(const LocalRegion& r, const SliceDescriptor& d, std::span<const std::uint8_t> data);
   Status start_staged_read(LocalRegion& r, std::uint64_t session, const MessageHeader& header,
