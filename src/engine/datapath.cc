@@ -130,6 +130,12 @@ void Datapath::refresh(const Peer& peer, std::function<void(Status)> done) {
   refreshes_.push_back({*path, std::move(done)});
 }
 
+Result<Region> Datapath::region(RegionHandle region) const {
+  auto it = regions_.find(region);
+  if (it == regions_.end()) return std::unexpected(Status::not_found("no region {} registered here", region));
+  return it->second.region;
+}
+
 Result<std::vector<transport::RemoteRegion>> Datapath::remote_regions(const Peer& peer) const {
   auto path = live_path(peer.address);
   if (!path) return std::unexpected(path.error());

@@ -40,6 +40,7 @@ class Datapath {
   // acknowledged the revocation, or at once when none knew the region.
   [[nodiscard]] Status unregister(RegionHandle region, std::function<void(Status)> done);
   [[nodiscard]] Status export_region(RegionHandle region, const std::vector<std::string>& peers);
+  [[nodiscard]] Result<Region> region(RegionHandle region) const;
   // `done` runs on the loop once the handshake ended (ready or failed).
   void connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done);
   void refresh(const Peer& peer, std::function<void(Status)> done);

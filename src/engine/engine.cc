@@ -98,6 +98,11 @@ Status Engine::export_region(RegionHandle region, const std::vector<std::string>
   return state_->core->on_loop([&] { return state_->datapath->export_region(region, peers); });
 }
 
+Result<Region> Engine::region(RegionHandle region) const {
+  BATON_REQUIRE_OPEN("region");
+  return state_->core->on_loop([&] { return state_->datapath->region(region); });
+}
+
 Result<Peer> Engine::connect(std::string_view address) {
   BATON_REQUIRE_OPEN("connect");
   auto done = std::make_shared<std::promise<Result<Peer>>>();

@@ -1,20 +1,40 @@
 #include "baton/handoff/rank.h"
 
+#include <limits>
 #include <utility>
 
 namespace baton::handoff {
 namespace {
 
+Status check_pages(std::uint64_t page_bytes, std::uint32_t pages, const char* call) {
+  if (page_bytes == 0 || pages == 0) return Status::invalid_argument("{}: {} pages of {} bytes", call, pages, page_bytes);
+  return Status::ok();
+}
+
 Result<engine::Region> allocate_exported(engine::Engine& engine, std::uint64_t page_bytes, std::uint32_t pages,
                                          const char* call) {
-  if (page_bytes == 0 || pages == 0) {
-    return std::unexpected(Status::invalid_argument("{}: {} pages of {} bytes", call, pages, page_bytes));
+  if (auto s = check_pages(page_bytes, pages, call); !s.is_ok()) return std::unexpected(s);
+  if (page_bytes > std::numeric_limits<std::uint64_t>::max() / pages) {
+    return std::unexpected(Status::invalid_argument("{}: {} pages of {} bytes overflow", call, pages, page_bytes));
   }
   auto region = engine.allocate_memory(page_bytes * pages);
   if (!region) return region;
   if (auto s = engine.export_region(region->handle); !s.is_ok()) {
     (void)engine.unregister(region->handle);
     return std::unexpected(s);
+  }
+  return region;
+}
+
+// The caller's region, when `pages` pages of `page_bytes` fit in it.
+Result<engine::Region> caller_region(engine::Engine& engine, engine::RegionHandle handle, std::uint64_t page_bytes,
+                                     std::uint32_t pages, const char* call) {
+  if (auto s = check_pages(page_bytes, pages, call); !s.is_ok()) return std::unexpected(s);
+  auto region = engine.region(handle);
+  if (!region) return std::unexpected(Status(region.error().code(), std::string(call) + ": " + region.error().message()));
+  if (page_bytes > region->length / pages) {
+    return std::unexpected(Status::invalid_argument("{}: {} pages of {} bytes do not fit region {} ({} bytes)", call,
+                                                    pages, page_bytes, handle, region->length));
   }
   return region;
 }
@@ -30,10 +50,21 @@ Result<std::unique_ptr<ProducerWorker>> ProducerWorker::create(engine::Engine& e
                                                                std::uint32_t pages) {
   auto region = allocate_exported(engine, page_bytes, pages, "ProducerWorker::create");
   if (!region) return std::unexpected(region.error());
-  return std::unique_ptr<ProducerWorker>(new ProducerWorker(engine, *region, page_bytes, pages));
+  return std::unique_ptr<ProducerWorker>(new ProducerWorker(engine, *region, true, page_bytes, pages));
 }
 
-ProducerWorker::~ProducerWorker() { (void)engine_.unregister(region_.handle); }
+Result<std::unique_ptr<ProducerWorker>> ProducerWorker::create_over(engine::Engine& engine,
+                                                                    engine::RegionHandle region,
+                                                                    std::uint64_t page_bytes, std::uint32_t pages) {
+  auto r = caller_region(engine, region, page_bytes, pages, "ProducerWorker::create_over");
+  if (!r) return std::unexpected(r.error());
+  if (auto s = engine.export_region(region); !s.is_ok()) return std::unexpected(s);
+  return std::unique_ptr<ProducerWorker>(new ProducerWorker(engine, *r, false, page_bytes, pages));
+}
+
+ProducerWorker::~ProducerWorker() {
+  if (owned_) (void)engine_.unregister(region_.handle);
+}
 
 std::span<std::byte> ProducerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }
 
@@ -41,7 +72,16 @@ Result<std::unique_ptr<ConsumerWorker>> ConsumerWorker::create(engine::Engine& e
                                                                std::uint32_t pages, PageTable table) {
   auto region = allocate_exported(engine, page_bytes, pages, "ConsumerWorker::create");
   if (!region) return std::unexpected(region.error());
-  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *region, page_bytes, pages, table));
+  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *region, true, page_bytes, pages, table));
+}
+
+Result<std::unique_ptr<ConsumerWorker>> ConsumerWorker::create_over(engine::Engine& engine,
+                                                                    engine::RegionHandle region,
+                                                                    std::uint64_t page_bytes, std::uint32_t pages,
+                                                                    PageTable table) {
+  auto r = caller_region(engine, region, page_bytes, pages, "ConsumerWorker::create_over");
+  if (!r) return std::unexpected(r.error());
+  return std::unique_ptr<ConsumerWorker>(new ConsumerWorker(engine, *r, false, page_bytes, pages, table));
 }
 
 ConsumerWorker::~ConsumerWorker() {
@@ -52,7 +92,7 @@ ConsumerWorker::~ConsumerWorker() {
     (void)engine_.wait(p.batch, 10'000'000'000);
     (void)engine_.release(p.batch);
   }
-  (void)engine_.unregister(region_.handle);
+  if (owned_) (void)engine_.unregister(region_.handle);
 }
 
 std::span<std::byte> ConsumerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }

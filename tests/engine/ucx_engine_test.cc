@@ -326,6 +326,10 @@ TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt
   fill_pattern(late, 99);
   auto late_region = target.engine->register_memory(late.data(), late.size());
   ASSERT_TRUE(late_region.has_value());
+  auto looked_up = target.engine->region(late_region->handle);
+  ASSERT_TRUE(looked_up.has_value());
+  EXPECT_EQ(looked_up->base, late_region->base);
+  EXPECT_EQ(looked_up->length, late.size());
   Request r;
   r.op = Op::kRead;
   r.local_region = local.region.handle;
@@ -347,6 +351,7 @@ TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt
   EXPECT_EQ(local.engine->remote_regions(*peer)->size(), 1u);
   EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(target.engine->export_region(late_region->handle).code(), StatusCode::kNotFound);
+  EXPECT_EQ(target.engine->region(late_region->handle).error().code(), StatusCode::kNotFound);
 }
 
 TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {

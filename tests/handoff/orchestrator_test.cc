@@ -25,6 +25,7 @@
 #include "baton/engine/metrics.h"
 #include "baton/handoff/kv_pattern.h"
 #include "baton/handoff/rank.h"
+#include "transport/fake_cuda_runtime.h"
 
 namespace baton {
 // gtest prints a StatusCode by name (internal linkage: this file's only).
@@ -33,6 +34,8 @@ namespace baton {
 
 namespace baton::handoff {
 namespace {
+
+using transport::testing::FakeCudaRuntime;
 
 constexpr TimeNs kMs = 1'000'000;
 constexpr TimeNs kSecond = 1'000 * kMs;
@@ -67,29 +70,60 @@ KvLayout vllm(std::uint32_t tp, std::uint32_t sp = 1, KvOrder order = KvOrder::k
                   .sp = sp, .cfg = cfg};
 }
 
-std::unique_ptr<engine::Engine> make_engine() {
-  auto e = engine::Engine::create(engine::EngineConfig{});
+std::unique_ptr<engine::Engine> make_engine(std::shared_ptr<transport::CudaRuntime> cuda = nullptr) {
+  engine::EngineConfig config;
+  config.cuda = std::move(cuda);
+  auto e = engine::Engine::create(config);
   EXPECT_TRUE(e.has_value()) << e.error().to_string();
   return e ? std::move(*e) : nullptr;
 }
 
-// One engine and one worker per rank of a layout. Workers go before their
-// engines (members are destroyed in reverse).
+// Where a replica's pages live: memory each worker's engine allocates, or
+// memory the caller registered (create_over) — host memory, or the GPU
+// memory of a scripted CUDA runtime per rank (host memory it tracks, so the
+// bytes land only if every staging copy on both sides ran).
+enum class Pages : std::uint8_t { kEngine, kCallerHost, kCallerGpu };
+
+// One engine and one worker per rank of a layout.
 template <typename Worker>
 struct Replica {
   static constexpr std::uint32_t kPool = 32;
   KvLayout layout;
+  std::vector<std::shared_ptr<FakeCudaRuntime>> gpus;  // per rank, kCallerGpu only
+  std::vector<std::vector<std::byte>> host;             // per rank, kCallerHost only
+  std::vector<void*> vram;                              // per rank, kCallerGpu only
   std::vector<std::unique_ptr<engine::Engine>> engines;
   std::vector<std::unique_ptr<Worker>> workers;
 
-  explicit Replica(const KvLayout& l) : layout(l) {
+  explicit Replica(const KvLayout& l, Pages where = Pages::kEngine) : layout(l) {
+    const std::uint64_t bytes = l.page_bytes() * kPool;
     for (std::uint32_t r = 0; r < l.ranks(); ++r) {
-      engines.push_back(make_engine());
+      if (where == Pages::kCallerGpu) gpus.push_back(std::make_shared<FakeCudaRuntime>(1));
+      engines.push_back(make_engine(where == Pages::kCallerGpu ? gpus.back() : nullptr));
       if (engines.back() == nullptr) return;
-      auto w = Worker::create(*engines.back(), l.page_bytes(), kPool);
+      engine::Engine& e = *engines.back();
+      Result<engine::Region> region = engine::Region{};
+      if (where == Pages::kCallerHost) {
+        host.emplace_back(bytes + 4096);  // more than the pool: it takes the first pages
+        region = e.register_memory(host.back().data(), host.back().size());
+      } else if (where == Pages::kCallerGpu) {
+        vram.push_back(*gpus.back()->alloc_device(0, bytes));
+        region = e.register_memory(vram.back(), bytes, engine::MemoryKind::kVram, 0);
+      }
+      EXPECT_TRUE(region.has_value()) << region.error().to_string();
+      if (!region) return;
+      auto w = where == Pages::kEngine ? Worker::create(e, l.page_bytes(), kPool)
+                                       : Worker::create_over(e, region->handle, l.page_bytes(), kPool);
       EXPECT_TRUE(w.has_value()) << w.error().to_string();
       if (w) workers.push_back(std::move(*w));
     }
+  }
+  // Workers go before their engines, engines (and their CUDA streams)
+  // before the memory they copy.
+  ~Replica() {
+    workers.clear();
+    engines.clear();
+    for (std::size_t r = 0; r < vram.size(); ++r) gpus[r]->free_device(vram[r]);
   }
   template <typename Rank>
   std::vector<Rank*> ranks() const {
@@ -106,6 +140,14 @@ struct Replica {
     std::vector<std::uint32_t> out;
     for (const auto& w : workers) out.push_back(w->pool().free_pages());
     return out;
+  }
+  // Bytes the ranks' CUDA copies moved.
+  std::uint64_t gpu_copied() const {
+    std::uint64_t n = 0;
+    for (const auto& g : gpus) {
+      for (const auto& c : g->copies()) n += c.bytes;
+    }
+    return n;
   }
 };
 
@@ -163,6 +205,8 @@ struct RealCase {
   KvLayout consumer;
   // 16 tokens is one page: with sp = 2 the first sp group holds none of it.
   std::vector<std::uint32_t> tokens;
+  Pages producer_pages = Pages::kEngine;
+  Pages consumer_pages = Pages::kEngine;
 };
 
 void PrintTo(const RealCase& c, std::ostream* os) { *os << c.name; }
@@ -173,8 +217,8 @@ TEST_P(RealHandoff, EveryByteArrivesAndEveryPageComesBack) {
   const RealCase& c = GetParam();
   engine::MetricsRegistry metrics;
   Orchestrator o(HandoffConfig{.transfer_timeout_ns = 10 * kSecond, .metrics = &metrics});
-  Producers prod(c.producer);
-  Consumers cons(c.consumer);
+  Producers prod(c.producer, c.producer_pages);
+  Consumers cons(c.consumer, c.consumer_pages);
   ASSERT_EQ(prod.workers.size(), c.producer.ranks());
   ASSERT_EQ(cons.workers.size(), c.consumer.ranks());
   ASSERT_TRUE(o.add_producer("prefill", c.producer, prod.ranks<ProducerRank>()).is_ok());
@@ -298,6 +342,14 @@ TEST_P(RealHandoff, EveryByteArrivesAndEveryPageComesBack) {
   EXPECT_TRUE(contains(text, "# TYPE baton_handoff_tickets gauge")) << text;
   EXPECT_TRUE(contains(text, "# TYPE baton_handoff_rank_load_seconds histogram")) << text;
   EXPECT_TRUE(o.shutdown().is_ok());
+
+  // In GPU memory every byte went through one CUDA copy on each GPU side:
+  // the producer's into the message it answered, the consumer's out of its
+  // bounce buffer.
+  std::uint64_t moved = 0;
+  for (std::uint32_t t : c.tokens) moved += 2 * kv_bytes(c.consumer, t);
+  EXPECT_EQ(prod.gpu_copied(), c.producer_pages == Pages::kCallerGpu ? moved : 0);
+  EXPECT_EQ(cons.gpu_copied(), c.consumer_pages == Pages::kCallerGpu ? moved : 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -309,8 +361,62 @@ INSTANTIATE_TEST_SUITE_P(
         RealCase{"cfg2_tp2_to_tp2", vllm(2, 1, KvOrder::kHnd, 2), vllm(2, 1, KvOrder::kHnd, 2), {100, 37, 16}},
         RealCase{"cfg2_tp2_to_tp1_sp2", vllm(2, 1, KvOrder::kHnd, 2), vllm(1, 2, KvOrder::kHnd, 2), {100, 16}},
         RealCase{"nhd_tp2_to_hnd_tp1", vllm(2, 1, KvOrder::kNhd), vllm(1), {100, 37}},
-        RealCase{"hnd_tp2_to_nhd_tp2", vllm(2), vllm(2, 1, KvOrder::kNhd), {100, 37}}),
+        RealCase{"hnd_tp2_to_nhd_tp2", vllm(2), vllm(2, 1, KvOrder::kNhd), {100, 37}},
+        // Pages in the caller's memory (create_over): a framework's KV cache.
+        RealCase{"caller_host_tp2_to_tp1_sp2", vllm(2), vllm(1, 2), {100, 37, 16}, Pages::kCallerHost,
+                 Pages::kCallerHost},
+        RealCase{"gpu_tp2_to_gpu_tp2", vllm(2), vllm(2), {100, 37, 16}, Pages::kCallerGpu, Pages::kCallerGpu},
+        RealCase{"gpu_cfg2_tp2_to_host_tp1_sp2", vllm(2, 1, KvOrder::kHnd, 2), vllm(1, 2, KvOrder::kHnd, 2),
+                 {100, 16}, Pages::kCallerGpu, Pages::kEngine},
+        RealCase{"host_tp1_to_gpu_tp2", vllm(1), vllm(2), {100, 37}, Pages::kEngine, Pages::kCallerGpu}),
     [](const ::testing::TestParamInfo<RealCase>& info) { return std::string(info.param.name); });
+
+// Workers over the caller's memory take only what fits, and leave the
+// region registered when they go; workers over their own memory take it
+// with them.
+TEST(WorkerMemory, CreateOverTheCallersRegionChecksItAndLeavesItRegistered) {
+  auto e = make_engine();
+  ASSERT_NE(e, nullptr);
+  std::vector<std::byte> memory(10 * 4096 + 100);
+  auto region = e->register_memory(memory.data(), memory.size());
+  ASSERT_TRUE(region.has_value());
+  auto code = [](const auto& w) { return w ? StatusCode::kOk : w.error().code(); };
+  EXPECT_EQ(code(ConsumerWorker::create_over(*e, region->handle, 4096, 11)), StatusCode::kInvalidArgument)
+      << "11 pages in 10.02 pages' bytes";
+  EXPECT_EQ(code(ProducerWorker::create_over(*e, region->handle, 4096, 11)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ConsumerWorker::create_over(*e, region->handle, 4096, 0)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ProducerWorker::create_over(*e, region->handle, 0, 10)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ConsumerWorker::create_over(*e, region->handle, std::uint64_t{1} << 62, 8)),
+            StatusCode::kInvalidArgument)
+      << "a pool whose size overflows";
+  EXPECT_EQ(code(ProducerWorker::create(*e, std::uint64_t{1} << 62, 8)), StatusCode::kInvalidArgument);
+  auto unknown = ProducerWorker::create_over(*e, region->handle + 1000, 4096, 1);
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(contains(unknown.error().message(), "ProducerWorker::create_over")) << unknown.error().message();
+
+  {
+    auto producer = ProducerWorker::create_over(*e, region->handle, 4096, 10);
+    ASSERT_TRUE(producer.has_value()) << producer.error().to_string();
+    EXPECT_EQ((*producer)->region(), region->handle);
+    EXPECT_EQ((*producer)->page(9).data(), memory.data() + 9 * 4096);
+    EXPECT_TRUE((*producer)->page(10).empty());
+    auto consumer = ConsumerWorker::create_over(*e, region->handle, 4096, 10);
+    ASSERT_TRUE(consumer.has_value()) << consumer.error().to_string();
+    EXPECT_EQ((*consumer)->pool_pages(), 10u);
+  }
+  EXPECT_TRUE(e->region(region->handle).has_value()) << "the caller's region outlives its workers";
+  EXPECT_TRUE(e->unregister(region->handle).is_ok());
+
+  engine::RegionHandle owned = 0;
+  {
+    auto producer = ProducerWorker::create(*e, 4096, 4);
+    ASSERT_TRUE(producer.has_value());
+    owned = (*producer)->region();
+    EXPECT_TRUE(e->region(owned).has_value());
+  }
+  EXPECT_EQ(e->region(owned).error().code(), StatusCode::kNotFound) << "a worker's own memory goes with it";
+}
 
 // The real worker refuses orders that do not fit its layouts or pool before
 // it starts anything.

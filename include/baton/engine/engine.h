@@ -163,6 +163,9 @@ class Engine {
   // they connect from: "10.0.0.2:7000"). Connected peers learn it at once.
   // not_found for an unknown region; invalid_argument for an empty name.
   [[nodiscard]] Status export_region(RegionHandle region, const std::vector<std::string>& peers = {});
+  // A region registered here, as register_memory() or allocate_memory()
+  // answered it; not_found for a handle this engine does not have.
+  [[nodiscard]] Result<Region> region(RegionHandle region) const;
   // Revokes the region from every peer that knew it and unmaps it: returns
   // once each acknowledged (none of its transfers on it can still land) or
   // was disconnected (UcxConfig::revoke_timeout_ms), so the caller may free

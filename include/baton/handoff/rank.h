@@ -92,21 +92,36 @@ class ProducerWorker final : public ProducerRank {
   [[nodiscard]] static Result<std::unique_ptr<ProducerWorker>> create(engine::Engine& engine,
                                                                       std::uint64_t page_bytes,
                                                                       std::uint32_t pages);
+  // The same over memory the caller registered with `engine` (a serving
+  // framework's KV cache, GPU memory included): the pool is the region's
+  // first `pages` pages. The worker exports the region to every peer and
+  // never unregisters it; the caller keeps it registered while the worker
+  // lives. invalid_argument for no pages, or pages beyond the region;
+  // not_found for a region the engine does not have.
+  [[nodiscard]] static Result<std::unique_ptr<ProducerWorker>> create_over(engine::Engine& engine,
+                                                                           engine::RegionHandle region,
+                                                                           std::uint64_t page_bytes,
+                                                                           std::uint32_t pages);
   ~ProducerWorker() override;
 
   [[nodiscard]] std::string address() const override { return engine_.address(); }
   [[nodiscard]] engine::RegionHandle region() const override { return region_.handle; }
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
   [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
-  // The bytes of page `page` (where generation writes); empty outside the pool.
+  // The bytes of page `page` (where generation writes); empty outside the
+  // pool. In GPU memory, a device address: for the GPU's kernels and
+  // copies, not for the CPU.
   [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
   [[nodiscard]] const PagePool& pool() const { return pool_; }
+  [[nodiscard]] const engine::Region& memory() const { return region_; }
 
  private:
-  ProducerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages)
-      : engine_(engine), region_(region), pool_(page_bytes, pages) {}
+  ProducerWorker(engine::Engine& engine, engine::Region region, bool owned, std::uint64_t page_bytes,
+                 std::uint32_t pages)
+      : engine_(engine), region_(region), owned_(owned), pool_(page_bytes, pages) {}
   engine::Engine& engine_;
   engine::Region region_;
+  const bool owned_;  // allocated by create(): unregistered with the worker
   PagePool pool_;
 };
 
@@ -127,6 +142,14 @@ class ConsumerWorker final : public ConsumerRank {
                                                                       std::uint64_t page_bytes,
                                                                       std::uint32_t pages,
                                                                       PageTable table = PageTable::kWorker);
+  // The same over memory the caller registered with `engine` (the pool is
+  // its first `pages` pages), as ProducerWorker::create_over; a consumer's
+  // pages are only read into, so the region is not exported.
+  [[nodiscard]] static Result<std::unique_ptr<ConsumerWorker>> create_over(engine::Engine& engine,
+                                                                           engine::RegionHandle region,
+                                                                           std::uint64_t page_bytes,
+                                                                           std::uint32_t pages,
+                                                                           PageTable table = PageTable::kWorker);
   ~ConsumerWorker() override;
 
   [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
@@ -145,8 +168,10 @@ class ConsumerWorker final : public ConsumerRank {
   [[nodiscard]] Result<engine::Batch> batch_for(const LoadOrder& order);
   // Connects to the order's producer ranks (once each); the engine's errors.
   [[nodiscard]] Status connect_sources(const LoadOrder& order);
+  // As ProducerWorker::page (a device address in GPU memory).
   [[nodiscard]] std::span<std::byte> page(std::uint32_t page) const;
   [[nodiscard]] const PagePool& pool() const { return pool_; }
+  [[nodiscard]] const engine::Region& memory() const { return region_; }
   [[nodiscard]] const PlanCache& plans() const { return plans_; }
 
  private:
@@ -154,13 +179,14 @@ class ConsumerWorker final : public ConsumerRank {
     engine::BatchHandle batch;
     LoadCompletion completion;
   };
-  ConsumerWorker(engine::Engine& engine, engine::Region region, std::uint64_t page_bytes, std::uint32_t pages,
-                 PageTable table)
-      : engine_(engine), region_(region), pool_(page_bytes, pages), table_(table) {}
+  ConsumerWorker(engine::Engine& engine, engine::Region region, bool owned, std::uint64_t page_bytes,
+                 std::uint32_t pages, PageTable table)
+      : engine_(engine), region_(region), owned_(owned), pool_(page_bytes, pages), table_(table) {}
   Result<engine::Peer> peer(const std::string& address);  // holds mutex_
 
   engine::Engine& engine_;
   engine::Region region_;
+  const bool owned_;
   PagePool pool_;
   const PageTable table_;
   PlanCache plans_;
