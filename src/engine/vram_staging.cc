@@ -5,6 +5,7 @@
 #include "baton/common/address_ranges.h"
 
 #include <algorithm>
+#include <cstring>
 #include <bit>
 
 namespace baton::engine {
@@ -25,16 +26,16 @@ constexpr std::uint64_t kMinBounce = 64 << 10;
 class VramStaging::Served final : public transport::UcxTransport::StagedAccess {
  public:
   Served(VramStaging& owner, int device) : owner_(owner), device_(device) {}
-  Status write(void* dst, const void* src, std::size_t bytes) override {
-    return owner_.serve_write(device_, dst, src, bytes);
+  Result<std::uint64_t> start_write(void* dst, const void* src, std::size_t bytes) override {
+    return owner_.serve(device_, dst, src, bytes, true);
   }
   Result<std::uint64_t> start_read(const void* src, std::size_t bytes) override {
-    return owner_.serve_read(device_, src, bytes);
+    return owner_.serve(device_, nullptr, src, bytes, false);
   }
-  std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) override {
-    return owner_.served_read(ticket);
+  std::optional<Result<std::span<const std::byte>>> done(std::uint64_t ticket) override {
+    return owner_.served(ticket);
   }
-  void release(std::uint64_t ticket) override { owner_.release_read(ticket); }
+  void release(std::uint64_t ticket) override { owner_.release_served(ticket); }
 
  private:
   VramStaging& owner_;
@@ -55,7 +56,7 @@ VramStaging::~VramStaging() {
       (void)ucx_->unregister(b.ucx_region);
       cuda_->free_pinned(b.data);
     }
-    for (auto& [ticket, read] : served_reads_) cuda_->free_pinned(read.data);
+    for (auto& [ticket, c] : served_) cuda_->free_pinned(c.data);
     for (auto [capacity, data] : served_free_) cuda_->free_pinned(data);
     for (auto [device, stream] : streams_) cuda_->destroy_stream(stream);
     for (auto [device, stream] : serve_streams_) cuda_->destroy_stream(stream);
@@ -136,51 +137,47 @@ Result<transport::CudaStream> VramStaging::stream_of(int device, bool serving) {
   return *s;
 }
 
-Status VramStaging::serve_write(int device, void* dst, const void* src, std::size_t bytes) {
-  if (closing_) return Status::unavailable("the engine is shutting down");
-  auto stream = stream_of(device, true);
-  if (!stream) return stream.error();
-  Status s = cuda_->copy_async(dst, src, bytes, *stream);
-  // Waited for even when queuing failed: nothing of it may run after we answered.
-  if (Status waited = cuda_->synchronize(*stream); s.is_ok()) s = waited;
-  if (!s.is_ok()) retire_serve_stream(device, *stream);
-  return s;
-}
-
-Result<std::uint64_t> VramStaging::serve_read(int device, const void* src, std::size_t bytes) {
+// A write is copied from the message into a pinned buffer here (the
+// message is not kept) and from there to the GPU; a read from the GPU into
+// one. Either way the loop does not wait for the GPU.
+Result<std::uint64_t> VramStaging::serve(int device, void* dst, const void* src, std::size_t bytes, bool write) {
   if (closing_) return std::unexpected(Status::unavailable("the engine is shutting down"));
   auto stream = stream_of(device, true);
   if (!stream) return std::unexpected(stream.error());
   auto buffer = served_buffer(bytes);
   if (!buffer) return std::unexpected(Status::unavailable("no staging buffer: {}", buffer.error().message()));
-  ServedRead read{device, *stream, buffer->first, buffer->second, bytes, 0};
-  if (Status s = copy(device, read.data, src, bytes, read.event, true); !s.is_ok()) {
-    give_back_served(read.data, read.capacity);
-    return std::unexpected(Status::unavailable("GPU -> host copy: {}", s.message()));
+  ServedCopy c{device, *stream, buffer->first, buffer->second, bytes, write, 0};
+  if (write) std::memcpy(c.data, src, bytes);
+  if (Status s = write ? copy(device, dst, c.data, bytes, c.event, true) : copy(device, c.data, src, bytes, c.event, true);
+      !s.is_ok()) {
+    give_back_served(c.data, c.capacity);
+    return std::unexpected(Status::unavailable("{}: {}", write ? "host -> GPU copy" : "GPU -> host copy", s.message()));
   }
   const std::uint64_t ticket = next_ticket_++;
-  served_reads_.emplace(ticket, read);
+  served_.emplace(ticket, c);
   return ticket;
 }
 
-std::optional<Result<std::span<const std::byte>>> VramStaging::served_read(std::uint64_t ticket) {
-  const ServedRead& read = served_reads_.at(ticket);
-  auto done = cuda_->query(read.event);
+std::optional<Result<std::span<const std::byte>>> VramStaging::served(std::uint64_t ticket) {
+  const ServedCopy& c = served_.at(ticket);
+  auto done = cuda_->query(c.event);
   if (done && !*done) return std::nullopt;
   if (!done) {
-    retire_serve_stream(read.device, read.stream);
-    return std::unexpected(Status::unavailable("GPU -> host copy failed: {}", done.error().message()));
+    retire_serve_stream(c.device, c.stream);
+    return std::unexpected(
+        Status::unavailable("{} copy failed: {}", c.write ? "host -> GPU" : "GPU -> host", done.error().message()));
   }
-  return std::span<const std::byte>(read.data, read.bytes);
+  if (c.write) return std::span<const std::byte>();
+  return std::span<const std::byte>(c.data, c.bytes);
 }
 
-void VramStaging::release_read(std::uint64_t ticket) {
+void VramStaging::release_served(std::uint64_t ticket) {
   if (closing_) return;  // the destructor frees what is left
-  const auto it = served_reads_.find(ticket);
-  if (it == served_reads_.end()) return;
+  const auto it = served_.find(ticket);
+  if (it == served_.end()) return;
   free_events_[it->second.device].push_back(it->second.event);
   give_back_served(it->second.data, it->second.capacity);
-  served_reads_.erase(it);
+  served_.erase(it);
 }
 
 // A stream that reported a failure takes no more answers: the next goes

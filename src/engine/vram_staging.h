@@ -101,29 +101,30 @@ class VramStaging final : public transport::Transport {
                             bool serving = false);
   // UCX's access to a VRAM region of ours for peers' slices
   // (UcxTransport::StagedAccess), on a stream per GPU of its own, so it
-  // never waits behind our staging copies: a write is one copy from the
-  // message, waited for; a read, a copy into a pinned bounce buffer whose
-  // event UCX polls before it answers.
+  // never waits behind our staging copies: a write is copied from the
+  // message into a pinned buffer, then to the GPU; a read, from the GPU
+  // into a pinned buffer; UCX polls the copy's event before it answers.
   class Served;
-  struct ServedRead {
+  struct ServedCopy {
     int device = 0;
     transport::CudaStream stream = 0;
     std::byte* data = nullptr;  // pinned, of served_buffer()'s
     std::uint64_t capacity = 0;
     std::uint64_t bytes = 0;
+    bool write = false;
     transport::CudaEvent event = 0;
   };
-  // Served reads' buffers: pinned, and not registered with UCX (UCX only
-  // copies out of them into its reply, and registering would re-enter the
+  // Served copies' buffers: pinned, and not registered with UCX (UCX only
+  // copies into and out of them, and registering would re-enter the
   // transport, which calls us under its hold). Kept for reuse up to
   // kServedPoolBytes.
   static constexpr std::uint64_t kServedPoolBytes = 64ULL << 20;
   [[nodiscard]] Result<std::pair<std::byte*, std::uint64_t>> served_buffer(std::uint64_t bytes);
   void give_back_served(std::byte* data, std::uint64_t capacity);
-  [[nodiscard]] Status serve_write(int device, void* dst, const void* src, std::size_t bytes);
-  [[nodiscard]] Result<std::uint64_t> serve_read(int device, const void* src, std::size_t bytes);
-  [[nodiscard]] std::optional<Result<std::span<const std::byte>>> served_read(std::uint64_t ticket);
-  void release_read(std::uint64_t ticket);
+  // A peer's write to `dst` (from `src`, host memory), or read of `src`.
+  [[nodiscard]] Result<std::uint64_t> serve(int device, void* dst, const void* src, std::size_t bytes, bool write);
+  [[nodiscard]] std::optional<Result<std::span<const std::byte>>> served(std::uint64_t ticket);
+  void release_served(std::uint64_t ticket);
   void retire_serve_stream(int device, transport::CudaStream stream);
   // Ends a staged slice: its completion (unless cancelled), its bounce back.
   void finish(transport::SliceId id, Staged& s, Status status, TimeNs now_ns,
@@ -138,7 +139,7 @@ class VramStaging final : public transport::Transport {
   std::unordered_map<int, transport::CudaStream> streams_;  // by device
   std::unordered_map<int, transport::CudaStream> serve_streams_;  // by device
   std::vector<transport::CudaStream> retired_streams_;  // failed once: destroyed with the engine
-  std::unordered_map<std::uint64_t, ServedRead> served_reads_;  // by ticket
+  std::unordered_map<std::uint64_t, ServedCopy> served_;  // by ticket
   std::multimap<std::uint64_t, std::byte*> served_free_;          // by capacity
   std::uint64_t served_kept_ = 0;                                  // their bytes
   std::uint64_t next_ticket_ = 1;

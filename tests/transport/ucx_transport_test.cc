@@ -618,33 +618,43 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
 // A staged region's access as a test drives it: copies with memcpy and
 // counts them; a write or a read can be made to fail; reads can be held
 // (their copy "runs" until the test lets them end).
+// A staged region's access that copies when asked whether a copy ended
+// (as a GPU's DMA ends later), unless held back or failing.
 class TestAccess final : public UcxTransport::StagedAccess {
  public:
   std::uint64_t copies = 0, copied = 0;
   bool failing = false;
   bool holding = false;
-  std::map<std::uint64_t, std::vector<std::byte>> reads;  // started, not released
+  struct Copy {
+    std::vector<std::byte> bytes;  // a write's, or a read's once copied
+    void* dst = nullptr;           // a write's destination
+    const void* src = nullptr;     // a read's source
+  };
+  std::map<std::uint64_t, Copy> running;  // started, not released
 
-  Status write(void* dst, const void* src, std::size_t n) override {
-    if (failing) return Status::unavailable("the device is gone");
-    std::memcpy(dst, src, n);
-    ++copies;
-    copied += n;
-    return Status::ok();
-  }
-  Result<std::uint64_t> start_read(const void* src, std::size_t n) override {
+  Result<std::uint64_t> start_write(void* dst, const void* src, std::size_t n) override {
     const auto* from = static_cast<const std::byte*>(src);
-    reads.emplace(next_, std::vector<std::byte>(from, from + n));
+    running.emplace(next_, Copy{{from, from + n}, dst, nullptr});
     return next_++;
   }
-  std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) override {
+  Result<std::uint64_t> start_read(const void* src, std::size_t n) override {
+    running.emplace(next_, Copy{std::vector<std::byte>(n), nullptr, src});
+    return next_++;
+  }
+  std::optional<Result<std::span<const std::byte>>> done(std::uint64_t ticket) override {
     if (holding) return std::nullopt;
     if (failing) return std::unexpected(Status::unavailable("the device is gone"));
+    Copy& c = running.at(ticket);
     ++copies;
-    copied += reads.at(ticket).size();
-    return std::span<const std::byte>(reads.at(ticket));
+    copied += c.bytes.size();
+    if (c.dst != nullptr) {
+      std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+      return std::span<const std::byte>();
+    }
+    std::memcpy(c.bytes.data(), c.src, c.bytes.size());
+    return std::span<const std::byte>(c.bytes);
   }
-  void release(std::uint64_t ticket) override { reads.erase(ticket); }
+  void release(std::uint64_t ticket) override { running.erase(ticket); }
 
  private:
   std::uint64_t next_ = 1;
@@ -697,7 +707,7 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersAccessOnEveryPat
   }
   EXPECT_EQ(remote, source);
   EXPECT_EQ(back, source);
-  EXPECT_TRUE(access->reads.empty()) << "every read released";
+  EXPECT_TRUE(access->running.empty()) << "every read released";
   // Nothing is left for the submitting thread to copy itself.
   std::vector<Status> result(1);
   const UcxTransport::DirectCopy direct{b_->address(), Op::kRead, *back_region, 0, *region, 0, 64};
@@ -718,7 +728,7 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersAccessOnEveryPat
     EXPECT_NE(c.status.message().find("the device is gone"), std::string::npos) << c.status.message();
   }
   EXPECT_EQ(remote, source);
-  EXPECT_TRUE(access->reads.empty());
+  EXPECT_TRUE(access->running.empty());
   access->failing = false;
 
   // Compressed both ways: a write of zeros shrinks, a read asks for it.
@@ -748,11 +758,13 @@ TEST_P(UcxTransportTest, StagedRegionsAreServedThroughTheHoldersAccessOnEveryPat
   ASSERT_TRUE(wait_until([&] { return a_->remote_regions(path)->empty(); }));
 }
 
-// A read of a staged region is answered once its copy ended; meanwhile the
+// A write or read of a staged region is answered once its copy ended (a
+// write's bytes are in place when the initiator learns it); meanwhile the
 // holder serves everything else, wants an early poll instead of sleeping,
-// and keeps the region until that copy is over even when it is unregistered.
-TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
-  auto& staged = buffer(pattern(64 << 10, 9));
+// and keeps the region until the copy is over even when it is unregistered.
+TEST_P(UcxTransportTest, AStagedCopyIsAnsweredWhenItEndedAndHoldsNothingElseUp) {
+  const auto held = pattern(64 << 10, 9);
+  auto& staged = buffer(held);
   auto access = std::make_shared<TestAccess>();
   auto region = b_->register_staged(staged.data(), staged.size(), MemoryKind::kVram, access);
   ASSERT_TRUE(region.has_value());
@@ -768,19 +780,34 @@ TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
   ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
   ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
 
+  // A write: unanswered while its copy runs, and nothing landed yet.
   access->holding = true;
-  ASSERT_TRUE(a_->submit(slice(1, path, 0, Op::kRead, back.data(), addr(staged.data()), *region, back.size()), now())
+  ASSERT_TRUE(a_->submit(slice(1, path, 0, Op::kWrite, local.data(), addr(staged.data()), *region, 4096), now())
                   .is_ok());
-  ASSERT_TRUE(wait_until([&] { return !access->reads.empty(); }));
+  ASSERT_TRUE(wait_until([&] { return !access->running.empty(); }));
   EXPECT_FALSE(b_->arm()) << "a copy runs: no sleeping on the fd";
   ASSERT_TRUE(b_->next_event_ns().has_value());
   EXPECT_LE(*b_->next_event_ns(), now() + 1'000'000) << "the next poll comes soon";
-  // A write to host memory on the same lane goes through meanwhile.
-  ASSERT_TRUE(a_->submit(slice(2, path, 0, Op::kWrite, local.data(), addr(plain.data()), *plain_region, local.size()),
+  EXPECT_FALSE(wait_slices(1, 50ms)) << "a staged write is acknowledged only once its copy ended";
+  EXPECT_EQ(staged, held);
+  access->holding = false;
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_TRUE(done_a_[0].status.is_ok()) << done_a_[0].status.to_string();
+  EXPECT_TRUE(std::equal(local.begin(), local.begin() + 4096, staged.begin()));
+  EXPECT_TRUE(std::equal(held.begin() + 4096, held.end(), staged.begin() + 4096));
+  done_a_.clear();
+
+  // A read: a write to host memory on the same lane goes through meanwhile.
+  access->holding = true;
+  ASSERT_TRUE(a_->submit(slice(2, path, 0, Op::kRead, back.data(), addr(staged.data()), *region, back.size()), now())
+                  .is_ok());
+  ASSERT_TRUE(wait_until([&] { return !access->running.empty(); }));
+  EXPECT_FALSE(b_->arm());
+  ASSERT_TRUE(a_->submit(slice(3, path, 0, Op::kWrite, local.data(), addr(plain.data()), *plain_region, local.size()),
                          now())
                   .is_ok());
   ASSERT_TRUE(wait_slices(1));
-  EXPECT_EQ(done_a_[0].id, 2u);
+  EXPECT_EQ(done_a_[0].id, 3u);
   EXPECT_EQ(plain, local);
   // Unregistered while its copy runs: the region stays until it ended.
   ASSERT_TRUE(b_->unregister(*region).is_ok());
@@ -790,13 +817,13 @@ TEST_P(UcxTransportTest, AStagedReadWaitsForItsCopyAndHoldsNothingElseUp) {
   EXPECT_TRUE(done_a_[1].status.is_ok()) << done_a_[1].status.to_string();
   EXPECT_EQ(back, staged);
   ASSERT_TRUE(wait_until([&] { return !b_->unregister_pending(*region); }));
-  EXPECT_TRUE(access->reads.empty());
+  EXPECT_TRUE(access->running.empty());
 }
 
-// At most 64 staged reads copy at once: more are refused (the initiator's
-// scheduler sends them again); and a holder that shuts down waits for the
-// copies under way, which may still read its memory.
-TEST_P(UcxTransportTest, StagedReadsAreBoundedAndShutdownWaitsForTheirCopies) {
+// At most 64 staged copies run at once, writes and reads together: more are
+// refused (the initiator's scheduler sends them again); and a holder that
+// shuts down waits for the copies under way, which may still use its memory.
+TEST_P(UcxTransportTest, StagedCopiesAreBoundedAndShutdownWaitsForThem) {
   auto& staged = buffer(pattern(4096, 2));
   auto access = std::make_shared<TestAccess>();
   auto region = b_->register_staged(staged.data(), staged.size(), MemoryKind::kVram, access);
@@ -809,19 +836,20 @@ TEST_P(UcxTransportTest, StagedReadsAreBoundedAndShutdownWaitsForTheirCopies) {
   ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
   access->holding = true;
   for (SliceId i = 0; i < 65; ++i) {
-    ASSERT_TRUE(a_->submit(slice(i + 1, path, 0, Op::kRead, back.data() + i * 64, addr(staged.data()), *region, 64),
-                           now())
-                    .is_ok());
+    const Op op = i % 2 == 0 ? Op::kWrite : Op::kRead;
+    ASSERT_TRUE(
+        a_->submit(slice(i + 1, path, 0, op, back.data() + i * 64, addr(staged.data()) + i * 60, *region, 64), now())
+            .is_ok());
   }
   ASSERT_TRUE(wait_slices(1));
   EXPECT_EQ(done_a_[0].status.code(), StatusCode::kUnavailable);
   EXPECT_NE(done_a_[0].status.message().find("at most 64"), std::string::npos) << done_a_[0].status.message();
-  EXPECT_EQ(access->reads.size(), 64u);
+  EXPECT_EQ(access->running.size(), 64u);
   b_->shutdown();
   EXPECT_FALSE(wait_until([&] { return b_->shutdown_complete(); }, 100ms)) << "64 copies still run";
   access->holding = false;
   EXPECT_TRUE(wait_until([&] { return b_->shutdown_complete(); }));
-  EXPECT_TRUE(access->reads.empty());
+  EXPECT_TRUE(access->running.empty());
 }
 
 // What register_staged refuses, and a staged region as a local side.

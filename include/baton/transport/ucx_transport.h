@@ -200,29 +200,30 @@ class UcxTransport final : public Transport {
   class StagedAccess {
    public:
     virtual ~StagedAccess() = default;
-    // Copies bytes of a peer's write into the region; done when it returns
-    // (they live in a message, which is not kept).
-    [[nodiscard]] virtual Status write(void* dst, const void* src, std::size_t bytes) = 0;
+    // Starts copying a peer's write, [src, src + bytes), into the region at
+    // `dst`; `src` lives in a message and is valid during this call only.
+    // Answers a ticket.
+    [[nodiscard]] virtual Result<std::uint64_t> start_write(void* dst, const void* src, std::size_t bytes) = 0;
     // Starts copying [src, src + bytes) of the region out into host memory
     // of its own, for a peer's read; answers a ticket.
     [[nodiscard]] virtual Result<std::uint64_t> start_read(const void* src, std::size_t bytes) = 0;
-    // nullopt while that copy runs; then its bytes (valid until release())
-    // or why it failed.
-    [[nodiscard]] virtual std::optional<Result<std::span<const std::byte>>> read_done(std::uint64_t ticket) = 0;
+    // nullopt while that copy runs; then a read's bytes (valid until
+    // release()), an empty span for a write, or why it failed.
+    [[nodiscard]] virtual std::optional<Result<std::span<const std::byte>>> done(std::uint64_t ticket) = 0;
     virtual void release(std::uint64_t ticket) = 0;
   };
   // Memory UCX cannot map (GPU memory: Debian's UCX has no CUDA support)
   // that peers still reach. It has no rkey, so a peer's slices on it travel
   // as Baton's messages (never as RMA or a same-host copy), and this side
-  // answers them through `access`: a write synchronously (in place of the
-  // memcpy it does for host memory); a read once the copy it started has
-  // ended (polled; meanwhile this side serves everything else, and
-  // next_event_ns() asks for the next poll soon). It cannot be the local
-  // side of a slice of this transport. Exported, revoked and unregistered
-  // like any region; unregistering and shutting down wait for its reads'
-  // copies too (at most 64 run at once; more are refused, and retried).
-  // invalid_argument as register_memory, for a null `access` and an
-  // unknown kind.
+  // answers each through `access` once the copy it started has ended
+  // (polled; meanwhile this side serves everything else, and
+  // next_event_ns() asks for the next poll soon): a write is acknowledged
+  // only then, so the bytes are in place when the peer learns it. It
+  // cannot be the local side of a slice of this transport. Exported,
+  // revoked and unregistered like any region; unregistering and shutting
+  // down wait for its copies too (at most 64 run at once; more are
+  // refused, and retried). invalid_argument as register_memory, for a null
+  // `access` and an unknown kind.
   [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
                                                      std::shared_ptr<StagedAccess> access);
   // Makes a region visible to peers: to every authenticated peer (`peers`

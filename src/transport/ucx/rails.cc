@@ -356,9 +356,9 @@ void UcxTransport::State::teardown() {
     progress_once();
     reap_closing();
   }
-  // Staged reads still copying: their access has them back (it waits for
+  // Staged copies still running: their access has them back (it waits for
   // or abandons the copies; nothing answers them now).
-  for (StagedRead& read : std::exchange(staged_reads, {})) read.access->release(read.ticket);
+  for (StagedCopy& copy : std::exchange(staged_copies, {})) copy.access->release(copy.ticket);
   if (!closing.empty()) {
     spdlog::warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
     for (void* r : std::exchange(closing, {})) ucp_request_free(r);

@@ -146,62 +146,62 @@ Status UcxTransport::State::unpack(const SliceDescriptor& d, std::span<const std
   return codec_for(d.codec)->decompress(in, std::span(out, d.payload_len));
 }
 
-// A written slice into a staged region: raw bytes go straight from the
-// message, compressed ones through a host buffer.
-Status UcxTransport::State::unpack_staged(const LocalRegion& r, const SliceDescriptor& d,
-                                          std::span<const std::uint8_t> data) {
-  auto* to = reinterpret_cast<void*>(d.addr);
-  if (d.codec == WireCodec::kRaw) {
+// A slice of a staged region: its copy starts now (a write's from the
+// message, a compressed one's through a host buffer), and the answer goes
+// once it ended (answer_staged_copies), so this side goes on serving.
+Status UcxTransport::State::start_staged_copy(LocalRegion& r, MessageKind kind, std::uint64_t session,
+                                              const MessageHeader& header, const SliceDescriptor& d,
+                                              std::span<const std::uint8_t> data) {
+  Result<std::uint64_t> ticket;
+  if (kind == MessageKind::kReadAsk) {
+    ticket = r.staged->start_read(reinterpret_cast<const void*>(d.addr), d.payload_len);
+  } else if (d.codec == WireCodec::kRaw) {
     if (data.size() != d.payload_len) {
       return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
     }
-    return r.staged->write(to, data.data(), data.size());
+    ticket = r.staged->start_write(reinterpret_cast<void*>(d.addr), data.data(), data.size());
+  } else {
+    std::vector<std::uint8_t> host = buffers.take(d.payload_len);
+    host.resize(d.payload_len);
+    Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data()));
+    ticket = s.is_ok() ? r.staged->start_write(reinterpret_cast<void*>(d.addr), host.data(), host.size())
+                       : std::unexpected(s);
+    buffers.give(std::move(host));
   }
-  std::vector<std::uint8_t> host = buffers.take(d.payload_len);
-  host.resize(d.payload_len);
-  Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data()));
-  if (s.is_ok()) s = r.staged->write(to, host.data(), host.size());
-  buffers.give(std::move(host));
-  return s;
-}
-
-// A read slice of a staged region: its copy starts now, and the answer
-// goes once it ended (answer_staged_reads), so this side goes on serving.
-Status UcxTransport::State::start_staged_read(LocalRegion& r, std::uint64_t session, const MessageHeader& header,
-                                              const SliceDescriptor& d) {
-  auto ticket = r.staged->start_read(reinterpret_cast<const void*>(d.addr), d.payload_len);
   if (!ticket) return ticket.error();
   ++r.serving;
-  staged_read_bytes += d.payload_len;
-  staged_reads.push_back({session, header, d, r.staged, *ticket});
+  staged_bytes += d.payload_len;
+  const MessageKind answer = kind == MessageKind::kReadAsk ? MessageKind::kReadData : MessageKind::kWriteDone;
+  staged_copies.push_back({answer, session, header, d, r.staged, *ticket});
   return Status::ok();
 }
 
-// Staged reads whose copy ended are answered (unless their peer left);
-// the others wait for a later poll.
-void UcxTransport::State::answer_staged_reads() {
-  std::erase_if(staged_reads, [this](StagedRead& read) {
-    auto done = read.access->read_done(read.ticket);
+// Staged copies that ended are answered (unless their peer left); the
+// others wait for a later poll.
+void UcxTransport::State::answer_staged_copies() {
+  std::erase_if(staged_copies, [this](StagedCopy& copy) {
+    auto done = copy.access->done(copy.ticket);
     if (!done) return false;
-    staged_read_bytes -= read.reply.payload_len;
-    if (auto base = region_base.find(read.reply.key); base != region_base.end()) --regions.at(base->second).serving;
-    const auto session = sessions.find(read.session);
-    ucp_ep_h back = session == sessions.end() ? nullptr : back_endpoint(session->second, read.header.lane);
+    staged_bytes -= copy.reply.payload_len;
+    if (auto base = region_base.find(copy.reply.key); base != region_base.end()) --regions.at(base->second).serving;
+    const auto session = sessions.find(copy.session);
+    ucp_ep_h back = session == sessions.end() ? nullptr : back_endpoint(session->second, copy.header.lane);
     if (back != nullptr) {
       Answer a;
-      a.reply = read.reply;
+      a.reply = copy.reply;
+      const std::uint64_t expected = copy.answer == MessageKind::kReadData ? a.reply.payload_len : 0;
       if (!*done) {
         refuse(a, done->error());
-      } else if ((*done)->size() != a.reply.payload_len) {
-        refuse(a, Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), a.reply.payload_len));
-      } else {
+      } else if ((*done)->size() != expected) {
+        refuse(a, Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), expected));
+      } else if (copy.answer == MessageKind::kReadData) {
         reply_with(a, (*done)->data());
       }
-      if (Status s = send_answer(back, MessageKind::kReadData, read.header, a); !s.is_ok()) {
-        spdlog::warn("ucx: reply to staged read {} not sent: {}", read.header.seq, s.message());
+      if (Status s = send_answer(back, copy.answer, copy.header, a); !s.is_ok()) {
+        spdlog::warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
       }
     }
-    read.access->release(read.ticket);
+    copy.access->release(copy.ticket);
     return true;
   });
 }
@@ -238,18 +238,19 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
     auto* at = reinterpret_cast<std::byte*>(d->addr);
     if (!region) {
       why = region.error();
-    } else if (kind == MessageKind::kWriteData) {
-      why = (*region)->staged ? unpack_staged(**region, *d, payload) : unpack(*d, payload, at);
-    } else if (outgoing_bytes + staged_read_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
-      // A peer asking faster than the wire drains would make us copy
-      // without bound: refuse, it retries the slice.
+    } else if (kind == MessageKind::kWriteData && !(*region)->staged) {
+      why = unpack(*d, payload, at);
+    } else if (outgoing_bytes + staged_bytes + queued + d->payload_len > kMaxQueuedReplyBytes) {
+      // A peer asking faster than the wire drains (or the staged copies
+      // end) would make us hold memory without bound: refuse, it retries
+      // the slice.
       why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
-                                       outgoing_bytes + staged_read_bytes + queued, kMaxQueuedReplyBytes);
-    } else if ((*region)->staged && staged_reads.size() >= kMaxStagedReads) {
-      why = Status::resource_exhausted("{} reads of staged memory are copying (at most {})", staged_reads.size(),
-                                       kMaxStagedReads);
+                                       outgoing_bytes + staged_bytes + queued, kMaxQueuedReplyBytes);
+    } else if ((*region)->staged && staged_copies.size() >= kMaxStagedCopies) {
+      why = Status::resource_exhausted("{} copies of staged memory are running (at most {})", staged_copies.size(),
+                                       kMaxStagedCopies);
     } else if ((*region)->staged) {
-      why = start_staged_read(**region, session_by_ep.at(from), header, *d);
+      why = start_staged_copy(**region, kind, session_by_ep.at(from), header, *d, payload);
       a.deferred = why.is_ok();
     } else {
       reply_with(a, at);

@@ -78,9 +78,10 @@ inline constexpr int kTeardownRounds = 20'000;
 // Compressed-read replies a holder keeps queued for the wire, at most: a
 // legitimate initiator has a few MiB in flight per path.
 inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
-// Reads of staged regions copying at once, at most: each holds host memory
-// of the access's (a bounce buffer) beyond the bytes it counts above.
-inline constexpr std::size_t kMaxStagedReads = 64;
+// Copies into or out of staged regions running at once, at most (peers'
+// writes and reads): each holds host memory of the access's (a bounce
+// buffer), counted with the bytes above.
+inline constexpr std::size_t kMaxStagedCopies = 64;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
 // Raw message slices up to this size travel in a lane's bundle (wire.h);
@@ -115,7 +116,7 @@ struct LocalRegion {
   std::optional<ucx::SharedAllocation> shared;
   std::vector<std::vector<std::uint8_t>> packed_rkeys;  // per rail
   // register_staged's: no memh and no rkey; peers' slices on it are
-  // answered through it. `serving`: its reads whose copy runs (the memory
+  // answered through it. `serving`: its copies that run (the memory
   // stays until they ended).
   std::shared_ptr<UcxTransport::StagedAccess> staged;
   std::uint64_t serving = 0;
@@ -185,7 +186,7 @@ using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;
 using ucx::kMaxCopyThreads;
 using ucx::kMaxQueuedReplyBytes;
-using ucx::kMaxStagedReads;
+using ucx::kMaxStagedCopies;
 using ucx::kMinThreadCopyBytes;
 using ucx::kPooledBufferBytes;
 using ucx::kProgressRoundsPerPoll;
@@ -378,16 +379,18 @@ struct UcxTransport::State {
   std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
   std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
-  // Peers' reads of staged regions whose copy runs: answered when it ended.
-  struct StagedRead {
+  // Peers' writes and reads of staged regions whose copy runs: answered
+  // when it ended.
+  struct StagedCopy {
+    MessageKind answer = MessageKind::kReadData;  // or kWriteDone
     std::uint64_t session = 0;
     MessageHeader header;  // its seq is the slice's
     SliceDescriptor reply;
     std::shared_ptr<UcxTransport::StagedAccess> access;
     std::uint64_t ticket = 0;
   };
-  std::vector<StagedRead> staged_reads;
-  std::uint64_t staged_read_bytes = 0;  // theirs, counted with outgoing_bytes against kMaxQueuedReplyBytes
+  std::vector<StagedCopy> staged_copies;
+  std::uint64_t staged_bytes = 0;  // theirs, counted with outgoing_bytes against kMaxQueuedReplyBytes
   TimeNs last_poll_ns = 0;
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
@@ -448,10 +451,10 @@ struct UcxTransport::State {
   ~State() { teardown(); }
 
   // What the holder answers one slice (kWriteData or kReadAsk): a write
-  // lands now; a read's bytes are in `data` (into the region, or `packed`).
+  // to host memory lands now (one to staged memory is deferred); a read's bytes are in `data` (into the region, or `packed`).
   // `queued`: reply bytes being gathered that are not in outgoing_bytes yet.
   struct Answer {
-    bool deferred = false;  // a staged read: answered once its copy ended (answer_staged_reads)
+    bool deferred = false;  // staged: answered once its copy ended (answer_staged_copies)
     MessageKind kind = MessageKind::kWriteDone;
     SliceDescriptor reply;
     std::vector<std::uint8_t> packed;     // compressed bytes, or why it failed
@@ -476,8 +479,8 @@ struct UcxTransport::State {
   // memory (~0.1 ms per MiB), and a CMA copy from it may block until then.
   // Only while slices are in flight, so an idle engine reads nothing.
   static constexpr TimeNs kHolderCheckNs = 500'000;
-  // While a staged read's copy runs (a GPU's DMA, which has no fd to sleep
-  // on), the next poll comes this soon.
+  // While a staged copy runs (a GPU's DMA, which has no fd to sleep on),
+  // the next poll comes this soon.
   static constexpr TimeNs kStagedPollNs = 5'000;
 
   // rails.cc
@@ -520,10 +523,9 @@ struct UcxTransport::State {
   void reply_with(Answer& a, const std::byte* bytes);
   Status send_answer(ucp_ep_h back, MessageKind kind, const MessageHeader& header, Answer& a);
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
-  Status unpack_staged(const LocalRegion& r, const SliceDescriptor& d, std::span<const std::uint8_t> data);
-  Status start_staged_read(LocalRegion& r, std::uint64_t session, const MessageHeader& header,
-                           const SliceDescriptor& d);
-  void answer_staged_reads();
+  Status start_staged_copy(LocalRegion& r, MessageKind kind, std::uint64_t session, const MessageHeader& header,
+                           const SliceDescriptor& d, std::span<const std::uint8_t> data);
+  void answer_staged_copies();
   std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
                                                        std::uint64_t length);
   Answer answer_slice(const Session& session, ucp_ep_h from, MessageKind kind, const Result<SliceDescriptor>& d,

@@ -467,7 +467,7 @@ bool UcxTransport::arm() {
   const auto held = state_->hold();
   State& s = *state_;
   if (!s.finished.empty() || !s.inbox.empty() || !s.lane_errors.empty() || !s.back_errors.empty()) return false;
-  if (!s.staged_reads.empty()) return false;  // their copies have no fd to wake us
+  if (!s.staged_copies.empty()) return false;  // they have no fd to wake us
   if (s.workers && !s.workers->arm()) return false;
   s.flush_lanes();  // writes submitted since the last poll: their flush goes before we sleep
   // A flush with nothing outstanding (a put that completed at once, as a
@@ -735,7 +735,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   }
   s.last_poll_ns = now_ns;
   s.handle_recorded();
-  s.answer_staged_reads();
+  s.answer_staged_copies();
   s.reap_closing();
   s.collect_ready();
   s.accept_connections(now_ns);
@@ -837,7 +837,7 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
   for (const auto& [base, r] : state_->regions) {
     if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
   }
-  if (!state_->staged_reads.empty()) sooner(state_->last_poll_ns + State::kStagedPollNs);
+  if (!state_->staged_copies.empty()) sooner(state_->last_poll_ns + State::kStagedPollNs);
   for (const State::Peer& peer : state_->peers) {
     if (peer.state == PathState::kReady && peer.same_host_pid != 0 && peer.inflight > 0) {
       sooner(peer.next_holder_check_ns);
@@ -872,7 +872,7 @@ void UcxTransport::shutdown() {
 
 // Staged reads count: their copies may still read the caller's memory.
 bool UcxTransport::shutdown_complete() const {
-  return state_->shut_down && state_->closing.empty() && state_->staged_reads.empty();
+  return state_->shut_down && state_->closing.empty() && state_->staged_copies.empty();
 }
 
 }  // namespace baton::transport
