@@ -150,6 +150,7 @@ Result<std::uint64_t> VramStaging::serve(int device, void* dst, const void* src,
   if (write) std::memcpy(c.data, src, bytes);
   if (Status s = write ? copy(device, dst, c.data, bytes, c.event, true) : copy(device, c.data, src, bytes, c.event, true);
       !s.is_ok()) {
+    retire_serve_stream(device, *stream);
     give_back_served(c.data, c.capacity);
     return std::unexpected(Status::unavailable("{}: {}", write ? "host -> GPU copy" : "GPU -> host copy", s.message()));
   }
@@ -163,6 +164,8 @@ std::optional<Result<std::span<const std::byte>>> VramStaging::served(std::uint6
   auto done = cuda_->query(c.event);
   if (done && !*done) return std::nullopt;
   if (!done) {
+    // Whatever still runs on that stream ends before the buffer is reused.
+    (void)cuda_->synchronize(c.stream);
     retire_serve_stream(c.device, c.stream);
     return std::unexpected(
         Status::unavailable("{} copy failed: {}", c.write ? "host -> GPU" : "GPU -> host", done.error().message()));
@@ -226,7 +229,12 @@ Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t b
   event = pool.back();
   pool.pop_back();
   Status s = cuda_->copy_async(dst, src, bytes, *stream);
-  if (s.is_ok()) s = cuda_->record(event, *stream);
+  if (s.is_ok()) {
+    s = cuda_->record(event, *stream);
+    // The copy is queued but cannot be waited for: let it end now, so its
+    // buffers may be reused and nothing of it lands after the error.
+    if (!s.is_ok()) (void)cuda_->synchronize(*stream);
+  }
   if (!s.is_ok()) {
     pool.push_back(event);
     event = 0;

@@ -615,11 +615,10 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
             StatusCode::kInvalidArgument);
 }
 
-// A staged region's access as a test drives it: copies with memcpy and
-// counts them; a write or a read can be made to fail; reads can be held
-// (their copy "runs" until the test lets them end).
-// A staged region's access that copies when asked whether a copy ended
-// (as a GPU's DMA ends later), unless held back or failing.
+// A staged region's access as a test drives it: each copy runs with memcpy
+// when asked whether it ended (as a GPU's DMA ends later) and is counted;
+// copies can be made to fail, or held (they "run" until the test lets them
+// end).
 class TestAccess final : public UcxTransport::StagedAccess {
  public:
   std::uint64_t copies = 0, copied = 0;
@@ -632,12 +631,16 @@ class TestAccess final : public UcxTransport::StagedAccess {
   };
   std::map<std::uint64_t, Copy> running;  // started, not released
 
+  bool refusing = false;  // start_write / start_read fail
+
   Result<std::uint64_t> start_write(void* dst, const void* src, std::size_t n) override {
+    if (refusing) return std::unexpected(Status::unavailable("no staging buffer"));
     const auto* from = static_cast<const std::byte*>(src);
     running.emplace(next_, Copy{{from, from + n}, dst, nullptr});
     return next_++;
   }
   Result<std::uint64_t> start_read(const void* src, std::size_t n) override {
+    if (refusing) return std::unexpected(Status::unavailable("no staging buffer"));
     running.emplace(next_, Copy{std::vector<std::byte>(n), nullptr, src});
     return next_++;
   }
@@ -820,11 +823,13 @@ TEST_P(UcxTransportTest, AStagedCopyIsAnsweredWhenItEndedAndHoldsNothingElseUp) 
   EXPECT_TRUE(access->running.empty());
 }
 
-// At most 64 staged copies run at once, writes and reads together: more are
-// refused (the initiator's scheduler sends them again); and a holder that
-// shuts down waits for the copies under way, which may still use its memory.
-TEST_P(UcxTransportTest, StagedCopiesAreBoundedAndShutdownWaitsForThem) {
-  auto& staged = buffer(pattern(4096, 2));
+// At most 64 staged copies run at once, writes and reads together: more
+// wait their turn (a write with its bytes) instead of failing; and a holder
+// that shuts down waits for the copies under way, which may still use its
+// memory.
+TEST_P(UcxTransportTest, StagedCopiesBeyond64WaitTheirTurnAndShutdownWaitsForThem) {
+  auto& staged = buffer(pattern(8192, 2));
+  const auto before = staged;
   auto access = std::make_shared<TestAccess>();
   auto region = b_->register_staged(staged.data(), staged.size(), MemoryKind::kVram, access);
   ASSERT_TRUE(region.has_value());
@@ -832,19 +837,67 @@ TEST_P(UcxTransportTest, StagedCopiesAreBoundedAndShutdownWaitsForThem) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
   SKIP_UNLESS_FLAVOR_TRANSPORT(path);
-  auto& back = buffer(65 * 64, 0);
+  auto& local = buffer(pattern(80 * 64, 4));
+  auto& back = buffer(80 * 64, 0);
+  ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
   ASSERT_TRUE(a_->register_memory(back.data(), back.size()).has_value());
+  // 80 copies: even ones write 64 bytes of `local` into the first 4 KiB,
+  // odd ones read 64 bytes of the second 4 KiB, which no write touches.
+  auto submit_all = [&](SliceId first) {
+    for (SliceId i = 0; i < 80; ++i) {
+      const bool write = i % 2 == 0;
+      std::uint8_t* here = (write ? local.data() : back.data()) + i * 64;
+      const std::uint64_t there = addr(staged.data()) + (write ? i * 32 : 4096 + i * 32);
+      ASSERT_TRUE(a_->submit(slice(first + i, path, static_cast<int>(i % 2), write ? Op::kWrite : Op::kRead, here,
+                                   there, *region, 64),
+                             now())
+                      .is_ok());
+    }
+  };
   access->holding = true;
-  for (SliceId i = 0; i < 65; ++i) {
-    const Op op = i % 2 == 0 ? Op::kWrite : Op::kRead;
-    ASSERT_TRUE(
-        a_->submit(slice(i + 1, path, 0, op, back.data() + i * 64, addr(staged.data()) + i * 60, *region, 64), now())
-            .is_ok());
+  submit_all(1);
+  ASSERT_TRUE(wait_until([&] { return access->running.size() == 64; }));
+  EXPECT_FALSE(wait_slices(1, 100ms)) << "nothing is answered, nothing refused, while the copies are held";
+  EXPECT_EQ(access->running.size(), 64u) << "the other 16 wait";
+  access->holding = false;
+  ASSERT_TRUE(wait_slices(80));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(access->copies, 80u);
+  EXPECT_TRUE(access->running.empty());
+  // Even i lands at i * 32 (every 64 bytes: no overlap), odd i reads from 4096 + i * 32.
+  for (SliceId i = 0; i < 80; i += 2) {
+    EXPECT_TRUE(std::equal(local.begin() + i * 64, local.begin() + i * 64 + 64, staged.begin() + i * 32))
+        << "write " << i;
   }
-  ASSERT_TRUE(wait_slices(1));
-  EXPECT_EQ(done_a_[0].status.code(), StatusCode::kUnavailable);
-  EXPECT_NE(done_a_[0].status.message().find("at most 64"), std::string::npos) << done_a_[0].status.message();
-  EXPECT_EQ(access->running.size(), 64u);
+  for (SliceId i = 1; i < 80; i += 2) {
+    EXPECT_TRUE(std::equal(back.begin() + i * 64, back.begin() + i * 64 + 64, before.begin() + 4096 + i * 32))
+        << "read " << i;
+  }
+
+  // Waiting copies whose start fails when their turn comes are refused
+  // with the reason; the 64 running ones end well.
+  done_a_.clear();
+  access->holding = true;
+  submit_all(100);
+  ASSERT_TRUE(wait_until([&] { return access->running.size() == 64; }));
+  access->refusing = true;
+  access->holding = false;
+  ASSERT_TRUE(wait_slices(80));
+  std::size_t ok = 0;
+  for (const Completion& c : done_a_) {
+    if (c.status.is_ok()) {
+      ++ok;
+    } else {
+      EXPECT_NE(c.status.message().find("no staging buffer"), std::string::npos) << c.status.message();
+    }
+  }
+  EXPECT_EQ(ok, 64u);
+  access->refusing = false;
+
+  done_a_.clear();
+  access->holding = true;
+  submit_all(200);
+  ASSERT_TRUE(wait_until([&] { return access->running.size() == 64; }));
   b_->shutdown();
   EXPECT_FALSE(wait_until([&] { return b_->shutdown_complete(); }, 100ms)) << "64 copies still run";
   access->holding = false;

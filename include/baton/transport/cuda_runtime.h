@@ -31,8 +31,8 @@ struct CudaPointer {
 };
 
 // The calls a transport may make from its loop: none of them blocks on a
-// copy (synchronize() excepted: for tests, benchmarks, and the holder's side of a
-// peer's slice on GPU memory, a write into it, VramStaging::serve_write).
+// copy (synchronize() excepted: for tests, benchmarks, and after a copy
+// failed, so that nothing of it runs once its buffers are reused).
 class CudaRuntime {
  public:
   virtual ~CudaRuntime() = default;

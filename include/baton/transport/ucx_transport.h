@@ -221,9 +221,9 @@ class UcxTransport final : public Transport {
   // only then, so the bytes are in place when the peer learns it. It
   // cannot be the local side of a slice of this transport. Exported,
   // revoked and unregistered like any region; unregistering and shutting
-  // down wait for its copies too (at most 64 run at once; more are
-  // refused, and retried). invalid_argument as register_memory, for a null
-  // `access` and an unknown kind.
+  // down wait for its copies too (at most 64 run at once; more wait their
+  // turn). invalid_argument as register_memory, for a null `access` and an
+  // unknown kind.
   [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
                                                      std::shared_ptr<StagedAccess> access);
   // Makes a region visible to peers: to every authenticated peer (`peers`

@@ -359,6 +359,7 @@ void UcxTransport::State::teardown() {
   // Staged copies still running: their access has them back (it waits for
   // or abandons the copies; nothing answers them now).
   for (StagedCopy& copy : std::exchange(staged_copies, {})) copy.access->release(copy.ticket);
+  staged_waiting.clear();  // not started: nothing to hand back
   if (!closing.empty()) {
     spdlog::warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
     for (void* r : std::exchange(closing, {})) ucp_request_free(r);

@@ -243,7 +243,7 @@ void UcxTransport::State::finish_revokes(TimeNs now_ns) {
       }
     }
     // A copy on another thread may still be in it (copy_direct), or a
-    // staged read's copy out of it.
+    // staged copy into or out of it.
     if (!r.awaiting.empty() || r.serving > 0 || retired_in_use()) {
       ++it;
       continue;

@@ -147,63 +147,103 @@ Status UcxTransport::State::unpack(const SliceDescriptor& d, std::span<const std
 }
 
 // A slice of a staged region: its copy starts now (a write's from the
-// message, a compressed one's through a host buffer), and the answer goes
-// once it ended (answer_staged_copies), so this side goes on serving.
+// message, a compressed one's through a host buffer), or once one of the
+// kMaxStagedCopies running ended; its answer goes once it ended
+// (answer_staged_copies), so this side goes on serving meanwhile.
 Status UcxTransport::State::start_staged_copy(LocalRegion& r, MessageKind kind, std::uint64_t session,
                                               const MessageHeader& header, const SliceDescriptor& d,
                                               std::span<const std::uint8_t> data) {
-  Result<std::uint64_t> ticket;
-  if (kind == MessageKind::kReadAsk) {
-    ticket = r.staged->start_read(reinterpret_cast<const void*>(d.addr), d.payload_len);
-  } else if (d.codec == WireCodec::kRaw) {
-    if (data.size() != d.payload_len) {
-      return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
-    }
-    ticket = r.staged->start_write(reinterpret_cast<void*>(d.addr), data.data(), data.size());
-  } else {
-    std::vector<std::uint8_t> host = buffers.take(d.payload_len);
-    host.resize(d.payload_len);
-    Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data()));
-    ticket = s.is_ok() ? r.staged->start_write(reinterpret_cast<void*>(d.addr), host.data(), host.size())
-                       : std::unexpected(s);
-    buffers.give(std::move(host));
+  const MessageKind answer = kind == MessageKind::kReadAsk ? MessageKind::kReadData : MessageKind::kWriteDone;
+  std::vector<std::uint8_t> host;  // a write's raw bytes, when the message does not hold them
+  std::span<const std::uint8_t> raw = data;
+  if (answer == MessageKind::kWriteDone && d.codec == WireCodec::kRaw && data.size() != d.payload_len) {
+    return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
   }
-  if (!ticket) return ticket.error();
+  if (answer == MessageKind::kWriteDone && d.codec != WireCodec::kRaw) {
+    host = buffers.take(d.payload_len);
+    host.resize(d.payload_len);
+    if (Status s = unpack(d, data, reinterpret_cast<std::byte*>(host.data())); !s.is_ok()) {
+      buffers.give(std::move(host));
+      return s;
+    }
+    raw = host;
+  }
+  StagedCopy copy{answer, session, header, d, r.staged, 0};
+  if (staged_copies.size() >= kMaxStagedCopies) {
+    // The message is not kept: a write waits with a copy of its bytes.
+    if (answer == MessageKind::kWriteDone && host.empty()) {
+      host = buffers.take(raw.size());
+      host.assign(raw.begin(), raw.end());
+    }
+    staged_waiting.push_back({std::move(copy), std::move(host)});
+  } else {
+    auto ticket = begin_staged_copy(copy, raw);
+    buffers.give(std::move(host));
+    if (!ticket) return ticket.error();
+    copy.ticket = *ticket;
+    staged_copies.push_back(std::move(copy));
+  }
   ++r.serving;
   staged_bytes += d.payload_len;
-  const MessageKind answer = kind == MessageKind::kReadAsk ? MessageKind::kReadData : MessageKind::kWriteDone;
-  staged_copies.push_back({answer, session, header, d, r.staged, *ticket});
   return Status::ok();
 }
 
-// Staged copies that ended are answered (unless their peer left); the
-// others wait for a later poll.
+// Starts the access's copy for `copy` (a write's from `raw`).
+Result<std::uint64_t> UcxTransport::State::begin_staged_copy(const StagedCopy& copy,
+                                                             std::span<const std::uint8_t> raw) {
+  const SliceDescriptor& d = copy.reply;
+  if (copy.answer == MessageKind::kReadData) {
+    return copy.access->start_read(reinterpret_cast<const void*>(d.addr), d.payload_len);
+  }
+  return copy.access->start_write(reinterpret_cast<void*>(d.addr), raw.data(), raw.size());
+}
+
+// Staged copies that ended are answered (unless their peer left), and
+// waiting ones take their places; the others wait for a later poll.
 void UcxTransport::State::answer_staged_copies() {
   std::erase_if(staged_copies, [this](StagedCopy& copy) {
     auto done = copy.access->done(copy.ticket);
     if (!done) return false;
-    staged_bytes -= copy.reply.payload_len;
-    if (auto base = region_base.find(copy.reply.key); base != region_base.end()) --regions.at(base->second).serving;
-    const auto session = sessions.find(copy.session);
-    ucp_ep_h back = session == sessions.end() ? nullptr : back_endpoint(session->second, copy.header.lane);
-    if (back != nullptr) {
-      Answer a;
-      a.reply = copy.reply;
-      const std::uint64_t expected = copy.answer == MessageKind::kReadData ? a.reply.payload_len : 0;
-      if (!*done) {
-        refuse(a, done->error());
-      } else if ((*done)->size() != expected) {
-        refuse(a, Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), expected));
-      } else if (copy.answer == MessageKind::kReadData) {
-        reply_with(a, (*done)->data());
-      }
-      if (Status s = send_answer(back, copy.answer, copy.header, a); !s.is_ok()) {
-        spdlog::warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
-      }
+    const std::uint64_t expected = copy.answer == MessageKind::kReadData ? copy.reply.payload_len : 0;
+    if (*done && (*done)->size() != expected) {
+      done = std::unexpected(Status::internal("the staged copy gave {} bytes for {}", (*done)->size(), expected));
     }
+    end_staged_copy(copy, *done);
     copy.access->release(copy.ticket);
     return true;
   });
+  while (!staged_waiting.empty() && staged_copies.size() < kMaxStagedCopies) {
+    StagedWaiting w = std::move(staged_waiting.front());
+    staged_waiting.pop_front();
+    auto ticket = begin_staged_copy(w.copy, w.bytes);
+    buffers.give(std::move(w.bytes));
+    if (!ticket) {
+      end_staged_copy(w.copy, std::unexpected(ticket.error()));
+      continue;
+    }
+    w.copy.ticket = *ticket;
+    staged_copies.push_back(std::move(w.copy));
+  }
+}
+
+// Sends a staged copy's answer (a read's bytes, or why it failed) and
+// lets go of what it held.
+void UcxTransport::State::end_staged_copy(const StagedCopy& copy, const Result<std::span<const std::byte>>& done) {
+  staged_bytes -= copy.reply.payload_len;
+  if (auto base = region_base.find(copy.reply.key); base != region_base.end()) --regions.at(base->second).serving;
+  const auto session = sessions.find(copy.session);
+  ucp_ep_h back = session == sessions.end() ? nullptr : back_endpoint(session->second, copy.header.lane);
+  if (back == nullptr) return;  // the peer left
+  Answer a;
+  a.reply = copy.reply;
+  if (!done) {
+    refuse(a, done.error());
+  } else if (copy.answer == MessageKind::kReadData) {
+    reply_with(a, done->data());
+  }
+  if (Status s = send_answer(back, copy.answer, copy.header, a); !s.is_ok()) {
+    spdlog::warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
+  }
 }
 
 // `bytes` compressed with `id` when that shrinks them, else raw.
@@ -244,11 +284,8 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
       // A peer asking faster than the wire drains (or the staged copies
       // end) would make us hold memory without bound: refuse, it retries
       // the slice.
-      why = Status::resource_exhausted("{} bytes of replies are waiting to be sent (at most {})",
+      why = Status::resource_exhausted("{} bytes of replies and staged copies are waiting (at most {})",
                                        outgoing_bytes + staged_bytes + queued, kMaxQueuedReplyBytes);
-    } else if ((*region)->staged && staged_copies.size() >= kMaxStagedCopies) {
-      why = Status::resource_exhausted("{} copies of staged memory are running (at most {})", staged_copies.size(),
-                                       kMaxStagedCopies);
     } else if ((*region)->staged) {
       why = start_staged_copy(**region, kind, session_by_ep.at(from), header, *d, payload);
       a.deferred = why.is_ok();

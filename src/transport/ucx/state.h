@@ -79,8 +79,8 @@ inline constexpr int kTeardownRounds = 20'000;
 // legitimate initiator has a few MiB in flight per path.
 inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
 // Copies into or out of staged regions running at once, at most (peers'
-// writes and reads): each holds host memory of the access's (a bounce
-// buffer), counted with the bytes above.
+// writes and reads; more wait their turn): each holds host memory of the
+// access's (a bounce buffer), counted with the bytes above.
 inline constexpr std::size_t kMaxStagedCopies = 64;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
@@ -389,8 +389,15 @@ struct UcxTransport::State {
     std::shared_ptr<UcxTransport::StagedAccess> access;
     std::uint64_t ticket = 0;
   };
-  std::vector<StagedCopy> staged_copies;
-  std::uint64_t staged_bytes = 0;  // theirs, counted with outgoing_bytes against kMaxQueuedReplyBytes
+  std::vector<StagedCopy> staged_copies;  // running, at most kMaxStagedCopies
+  // Beyond those, in arrival order (a write with its bytes, pooled).
+  struct StagedWaiting {
+    StagedCopy copy;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::deque<StagedWaiting> staged_waiting;
+  // Both lists' bytes, counted with outgoing_bytes against kMaxQueuedReplyBytes.
+  std::uint64_t staged_bytes = 0;
   TimeNs last_poll_ns = 0;
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
@@ -525,6 +532,8 @@ struct UcxTransport::State {
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
   Status start_staged_copy(LocalRegion& r, MessageKind kind, std::uint64_t session, const MessageHeader& header,
                            const SliceDescriptor& d, std::span<const std::uint8_t> data);
+  Result<std::uint64_t> begin_staged_copy(const StagedCopy& copy, std::span<const std::uint8_t> raw);
+  void end_staged_copy(const StagedCopy& copy, const Result<std::span<const std::byte>>& done);
   void answer_staged_copies();
   std::pair<WireCodec, std::vector<std::uint8_t>> pack(WireCodec id, const Codec* with, const std::byte* bytes,
                                                        std::uint64_t length);

@@ -870,9 +870,10 @@ void UcxTransport::shutdown() {
   state_->begin_shutdown();
 }
 
-// Staged reads count: their copies may still read the caller's memory.
+// Staged copies count: they may still use the caller's memory.
 bool UcxTransport::shutdown_complete() const {
-  return state_->shut_down && state_->closing.empty() && state_->staged_copies.empty();
+  return state_->shut_down && state_->closing.empty() && state_->staged_copies.empty() &&
+         state_->staged_waiting.empty();
 }
 
 }  // namespace baton::transport
