@@ -55,10 +55,11 @@ Result<std::unique_ptr<ProducerWorker>> ProducerWorker::create(engine::Engine& e
 
 Result<std::unique_ptr<ProducerWorker>> ProducerWorker::create_over(engine::Engine& engine,
                                                                     engine::RegionHandle region,
-                                                                    std::uint64_t page_bytes, std::uint32_t pages) {
+                                                                    std::uint64_t page_bytes, std::uint32_t pages,
+                                                                    const std::vector<std::string>& peers) {
   auto r = caller_region(engine, region, page_bytes, pages, "ProducerWorker::create_over");
   if (!r) return std::unexpected(r.error());
-  if (auto s = engine.export_region(region); !s.is_ok()) return std::unexpected(s);
+  if (auto s = engine.export_region(region, peers); !s.is_ok()) return std::unexpected(s);
   return std::unique_ptr<ProducerWorker>(new ProducerWorker(engine, *r, false, page_bytes, pages));
 }
 

@@ -394,6 +394,8 @@ TEST(WorkerMemory, CreateOverTheCallersRegionChecksItAndLeavesItRegistered) {
   ASSERT_FALSE(unknown.has_value());
   EXPECT_EQ(unknown.error().code(), StatusCode::kNotFound);
   EXPECT_TRUE(contains(unknown.error().message(), "ProducerWorker::create_over")) << unknown.error().message();
+  EXPECT_EQ(code(ProducerWorker::create_over(*e, region->handle, 4096, 10, {""})), StatusCode::kInvalidArgument)
+      << "an empty peer name";
 
   {
     auto producer = ProducerWorker::create_over(*e, region->handle, 4096, 10);

@@ -94,14 +94,15 @@ class ProducerWorker final : public ProducerRank {
                                                                       std::uint32_t pages);
   // The same over memory the caller registered with `engine` (a serving
   // framework's KV cache, GPU memory included): the pool is the region's
-  // first `pages` pages. The worker exports the region to every peer and
-  // never unregisters it; the caller keeps it registered while the worker
-  // lives. invalid_argument for no pages, or pages beyond the region;
-  // not_found for a region the engine does not have.
-  [[nodiscard]] static Result<std::unique_ptr<ProducerWorker>> create_over(engine::Engine& engine,
-                                                                           engine::RegionHandle region,
-                                                                           std::uint64_t page_bytes,
-                                                                           std::uint32_t pages);
+  // first `pages` pages. The worker exports the whole region to `peers`
+  // (Engine::export_region: their listen addresses; empty, every peer that
+  // proved the deployment secret — exports add up) and never unregisters
+  // it; the caller keeps it registered while the worker lives.
+  // invalid_argument for no pages, or pages beyond the region; not_found
+  // for a region the engine does not have.
+  [[nodiscard]] static Result<std::unique_ptr<ProducerWorker>> create_over(
+      engine::Engine& engine, engine::RegionHandle region, std::uint64_t page_bytes, std::uint32_t pages,
+      const std::vector<std::string>& peers = {});
   ~ProducerWorker() override;
 
   [[nodiscard]] std::string address() const override { return engine_.address(); }
