@@ -894,9 +894,25 @@ TEST_P(UcxTransportTest, StagedCopiesBeyond64WaitTheirTurnAndShutdownWaitsForThe
   EXPECT_EQ(ok, 64u);
   access->refusing = false;
 
+  // At most 1024 wait: beyond, a slice is refused (and would be sent again).
   done_a_.clear();
   access->holding = true;
-  submit_all(200);
+  constexpr SliceId kAsks = 64 + 1024 + 1;
+  for (SliceId i = 0; i < kAsks; ++i) {
+    ASSERT_TRUE(a_->submit(slice(1000 + i, path, 0, Op::kRead, back.data(), addr(staged.data()), *region, 64), now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(1));
+  EXPECT_EQ(done_a_[0].status.code(), StatusCode::kUnavailable);
+  EXPECT_NE(done_a_[0].status.message().find("1024 wait"), std::string::npos) << done_a_[0].status.message();
+  access->holding = false;
+  ASSERT_TRUE(wait_slices(kAsks));
+  EXPECT_EQ(std::count_if(done_a_.begin(), done_a_.end(), [](const Completion& c) { return c.status.is_ok(); }),
+            static_cast<std::ptrdiff_t>(kAsks - 1));
+
+  done_a_.clear();
+  access->holding = true;
+  submit_all(5000);
   ASSERT_TRUE(wait_until([&] { return access->running.size() == 64; }));
   b_->shutdown();
   EXPECT_FALSE(wait_until([&] { return b_->shutdown_complete(); }, 100ms)) << "64 copies still run";

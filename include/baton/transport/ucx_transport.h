@@ -221,8 +221,8 @@ class UcxTransport final : public Transport {
   // only then, so the bytes are in place when the peer learns it. It
   // cannot be the local side of a slice of this transport. Exported,
   // revoked and unregistered like any region; unregistering and shutting
-  // down wait for its copies too (at most 64 run at once; more wait their
-  // turn). invalid_argument as register_memory, for a null `access` and an
+  // down wait for its copies too (at most 64 run at once; up to 1024 more
+  // wait their turn, and beyond are refused). invalid_argument as register_memory, for a null `access` and an
   // unknown kind.
   [[nodiscard]] Result<RegionHandle> register_staged(void* addr, std::size_t length, MemoryKind kind,
                                                      std::shared_ptr<StagedAccess> access);

@@ -286,6 +286,9 @@ auto UcxTransport::State::answer_slice(const Session& session, ucp_ep_h from, Me
       // the slice.
       why = Status::resource_exhausted("{} bytes of replies and staged copies are waiting (at most {})",
                                        outgoing_bytes + staged_bytes + queued, kMaxQueuedReplyBytes);
+    } else if ((*region)->staged && staged_waiting.size() >= kMaxStagedWaiting) {
+      why = Status::resource_exhausted("{} copies of staged memory run and {} wait (at most {})",
+                                       staged_copies.size(), staged_waiting.size(), kMaxStagedWaiting);
     } else if ((*region)->staged) {
       why = start_staged_copy(**region, kind, session_by_ep.at(from), header, *d, payload);
       a.deferred = why.is_ok();

@@ -82,6 +82,10 @@ inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
 // writes and reads; more wait their turn): each holds host memory of the
 // access's (a bounce buffer), counted with the bytes above.
 inline constexpr std::size_t kMaxStagedCopies = 64;
+// Copies waiting their turn, at most (a peer asking for many tiny reads
+// would otherwise grow the queue within the byte bound by millions of
+// entries); more are refused, and the initiator sends them again.
+inline constexpr std::size_t kMaxStagedWaiting = 1024;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
 // Raw message slices up to this size travel in a lane's bundle (wire.h);
@@ -187,6 +191,7 @@ using ucx::kMaxBundledSliceBytes;
 using ucx::kMaxCopyThreads;
 using ucx::kMaxQueuedReplyBytes;
 using ucx::kMaxStagedCopies;
+using ucx::kMaxStagedWaiting;
 using ucx::kMinThreadCopyBytes;
 using ucx::kPooledBufferBytes;
 using ucx::kProgressRoundsPerPoll;
