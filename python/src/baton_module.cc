@@ -224,9 +224,10 @@ baton::transport::RegionHandle remote_handle(const py::object& remote) {
 }
 
 std::string peer_address(const py::object& peer) {
+  if (peer.is_none()) return {};  // between this engine's own regions
   if (py::isinstance<PyPeer>(peer)) return peer.cast<const PyPeer&>().address;
   if (py::isinstance<py::str>(peer)) return peer.cast<std::string>();
-  raise(StatusCode::kInvalidArgument, "peer: expected a Peer (engine.connect()) or \"host:port\"");
+  raise(StatusCode::kInvalidArgument, "peer: expected a Peer (engine.connect()), \"host:port\" or None");
 }
 
 PyRequest make_request(const std::string& op, const PyRegion& local, long long local_offset, const py::object& peer,
@@ -239,7 +240,14 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   r.request.local_region = local.state->region.handle;
   r.request.local_offset = non_negative("local_offset", local_offset);
   r.request.peer = peer_address(peer);
-  r.request.remote_region = remote_handle(remote);
+  if (py::isinstance<PyRegion>(remote)) {  // one of this engine's own regions (peer None)
+    const auto& other = remote.cast<const PyRegion&>();
+    if (!other.state) raise(StatusCode::kInvalidArgument, "remote: an unregistered region");
+    check_same_engine(*local.engine, other.engine, "remote");
+    r.request.remote_region = other.state->region.handle;
+  } else {
+    r.request.remote_region = remote_handle(remote);
+  }
   r.request.remote_offset = non_negative("remote_offset", remote_offset);
   if (length <= 0) raise(StatusCode::kInvalidArgument, "length is " + std::to_string(length) + " (expected > 0)");
   r.request.length = static_cast<std::uint64_t>(length);
@@ -514,7 +522,7 @@ PYBIND11_MODULE(_baton, m) {
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
                        std::optional<std::string> topology_model, bool peer_failure_detection,
                        bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
-                       int copy_threads, int progress_threads) {
+                       int copy_threads, int progress_threads, bool gpu_paths) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -529,6 +537,7 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.nics = std::move(nics);
              c.ucx.copy_threads = copy_threads;
              c.ucx.progress_threads = progress_threads;
+             c.gpu_paths = gpu_paths;
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
@@ -544,7 +553,7 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("peer_failure_detection") = true, py::arg("same_host_copy") = true,
            py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
            py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads,
-           py::arg("progress_threads") = transport::UcxConfig{}.progress_threads)
+           py::arg("progress_threads") = transport::UcxConfig{}.progress_threads, py::arg("gpu_paths") = false)
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })

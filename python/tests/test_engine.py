@@ -412,6 +412,27 @@ def test_gpu_arrays_go_to_the_engine_as_vram(engine):
         engine.register(GpuArray(4096, readonly=True))
 
 
+def test_no_peer_means_between_this_engines_own_regions_over_its_gpus(engine):
+    # peer=None with another of this engine's regions: a copy over the
+    # host's GPU paths. Without a GPU the engine has none and says so; a
+    # region of another engine is refused before that.
+    a = engine.register(np.zeros(4096, dtype=np.uint8))
+    b = engine.register(np.zeros(4096, dtype=np.uint8))
+    with pytest.raises(baton.FailedPrecondition, match="gpu_paths is off"):
+        engine.write(local=a, peer=None, remote=b, length=4096)
+    # Asked for where there is no GPU (the probe finds none here), the
+    # engine does not start.
+    if not os.path.exists("/dev/nvidia0"):
+        with pytest.raises((baton.FailedPrecondition, baton.Unavailable), match="gpu_paths"):
+            baton.Engine(gpu_paths=True)
+    with baton.Engine() as other:
+        c = other.register(np.zeros(4096, dtype=np.uint8))
+        with pytest.raises(baton.InvalidArgument, match="another engine"):
+            engine.write(local=a, peer=None, remote=c, length=4096)
+    with pytest.raises(baton.InvalidArgument, match="or None"):
+        engine.write(local=a, peer=7, remote=b, length=4096)
+
+
 def test_views_of_allocated_memory_stay_valid_and_regions_stay_with_their_engine(holder):
     # A view of allocate()'s memory keeps it mapped after close(), and after
     # the Engine object itself is gone; unregister refuses while one lives.

@@ -236,6 +236,13 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
         c.ucx.nics.push_back(nics.substr(at, comma - at));  // an empty name is refused by create
         at = comma + 1;
       }
+      if (config->size >= offsetof(baton_engine_config, gpu_paths) + sizeof(std::int32_t)) {
+        std::int32_t gpu_paths = 0;
+        std::memcpy(&gpu_paths, reinterpret_cast<const char*>(config) + offsetof(baton_engine_config, gpu_paths),
+                    sizeof gpu_paths);
+        if (gpu_paths != 0 && gpu_paths != 1) return invalid("baton_engine_create: gpu_paths is {} (0 or 1)", gpu_paths);
+        c.gpu_paths = gpu_paths == 1;
+      }
     }
     auto created = engine::Engine::create(std::move(c));
     if (!created) return fail(created.error());

@@ -83,8 +83,26 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
     }
     auto ucx = transport::UcxTransport::create(config.ucx);
     if (!ucx) return std::unexpected(ucx.error());
+    // The GPUs of this host carry requests between this engine's own
+    // regions (the CUDA transport over the topology's GPU paths), when asked.
+    std::unique_ptr<transport::CudaTransport> local;
+    if (config.gpu_paths) {
+      if (core->graph.nodes_of(topology::NodeKind::kGpu).empty()) {
+        return std::unexpected(Status::failed_precondition("gpu_paths: the topology ({}) has no GPU",
+                                                           facts->source.empty() ? "probe" : facts->source));
+      }
+      if (!config.cuda) {
+        auto found = transport::cuda_runtime();
+        if (!found) return std::unexpected(Status(found.error().code(), "gpu_paths: " + found.error().message()));
+        config.cuda = *found;
+      }
+      auto made = transport::CudaTransport::create(core->graph, config.cuda, config.cuda_config);
+      if (!made) return std::unexpected(Status(made.error().code(), "gpu_paths: " + made.error().message()));
+      local = std::move(*made);
+    }
     // VRAM slices are staged through host memory (UCX here cannot reach GPUs).
     auto staging = std::make_unique<VramStaging>(std::move(*ucx), std::move(config.cuda));
+    staging->set_local(std::move(local));
     core->ucx = &staging->ucx();
     core->staging = staging.get();
     core->transport = std::move(staging);

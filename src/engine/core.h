@@ -40,6 +40,9 @@ struct CoreConfig {
   // (null: cuda_runtime(), asked at the first VRAM registration).
   std::shared_ptr<transport::CudaRuntime> cuda;
   transport::CudaConfig cuda_config;
+  // `real`: this host's GPU paths too, for requests between the engine's
+  // own regions (EngineConfig::gpu_paths).
+  bool gpu_paths = false;
 };
 
 // A caller waiting for the loop spins before it blocks: a block plus a

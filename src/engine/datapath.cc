@@ -86,6 +86,12 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
     return Status::failed_precondition("unregister: region {} has {} requests queued or in flight", handle,
                                        it->second.live_requests);
   }
+  if (auto key = local_keys_.find(handle); key != local_keys_.end()) {
+    if (Status s = staging_.local()->unregister(key->second); !s.is_ok()) {
+      return Status::failed_precondition("unregister: {}", s.message());
+    }
+    local_keys_.erase(key);
+  }
   if (staging_.is_vram(handle)) {
     if (Status s = staging_.unregister_vram(handle); !s.is_ok()) return s;
   } else if (Status s = ucx_.unregister(handle); !s.is_ok()) {
@@ -169,6 +175,10 @@ Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
     return refuse(Status::out_of_range("local range [{}, +{}) is outside region {} ({} bytes)", r.local_offset,
                                        r.length, lr.handle, lr.length));
   }
+  if (r.peer.empty()) {
+    auto c = check_local(r, local->second);
+    return c ? std::move(c) : refuse(c.error());
+  }
   auto path = live_path(r.peer);
   if (!path) return refuse(path.error());
   auto rr = ucx_.remote_region(*path, r.remote_region);
@@ -177,7 +187,81 @@ Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
     return refuse(Status::out_of_range("remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
                                        r.remote_offset, r.length, rr->key, r.peer, rr->length));
   }
-  return Checked{&local->second, *path, rr->base + r.remote_offset};
+  return Checked{&local->second, *path, rr->base + r.remote_offset, ucx_.address(), r.peer, nullptr, r.remote_region};
+}
+
+namespace {
+
+// The topology node a region is on for the local GPU paths: its GPU; for
+// host memory, a NUMA node with a path to `other`'s GPU (its own, when it
+// named one that has).
+Result<std::string> local_node(const transport::CudaTransport& cuda, const Region& r, const Region& other) {
+  const auto& paths = cuda.paths();
+  if (r.kind == MemoryKind::kVram) {
+    for (const transport::PathInfo& p : paths) {
+      if (auto d = cuda.device_of(p.from); d && *d == r.device) return p.from;
+    }
+    return std::unexpected(Status::not_found("GPU {} of region {} has no path here", r.device, r.handle));
+  }
+  const std::string named = r.device >= 0 ? fmt::format("numa{}", r.device) : std::string();
+  for (const bool exact : {true, false}) {
+    if (exact && named.empty()) continue;
+    for (const transport::PathInfo& p : paths) {
+      auto d = cuda.device_of(p.to);
+      if (!d || *d != other.device || cuda.device_of(p.from)) continue;
+      if (!exact || p.from == named) return p.from;
+    }
+  }
+  return std::unexpected(Status::not_found("no path between host memory and GPU {}", other.device));
+}
+
+}  // namespace
+
+Result<Datapath::Checked> Datapath::check_local(const Request& r, RegionRecord& local) {
+  transport::CudaTransport* cuda = staging_.local();
+  if (cuda == nullptr) {
+    return std::unexpected(Status::failed_precondition(
+        "no peer named, and this engine has no GPU paths of its own (EngineConfig::gpu_paths is off)"));
+  }
+  const auto target = regions_.find(r.remote_region);
+  if (target == regions_.end()) {
+    return std::unexpected(Status::not_found(
+        "no local region {} (a request with no peer names two of this engine's regions)", r.remote_region));
+  }
+  const Region& lr = local.region;
+  const Region& tr = target->second.region;
+  if (r.remote_offset > tr.length || r.length > tr.length - r.remote_offset) {
+    return std::unexpected(Status::out_of_range("range [{}, +{}) is outside region {} ({} bytes)", r.remote_offset,
+                                                r.length, tr.handle, tr.length));
+  }
+  if (lr.kind != MemoryKind::kVram && tr.kind != MemoryKind::kVram) {
+    return std::unexpected(Status::invalid_argument(
+        "regions {} and {} are both host memory: a request with no peer needs GPU memory on one side", lr.handle,
+        tr.handle));
+  }
+  auto from = local_node(*cuda, lr, tr);
+  if (!from) return std::unexpected(from.error());
+  auto to = local_node(*cuda, tr, lr);
+  if (!to) return std::unexpected(to.error());
+  if (*from == *to) {
+    return std::unexpected(
+        Status::invalid_argument("regions {} and {} are both on {}: a copy within one GPU is no path here", lr.handle,
+                                 tr.handle, *from));
+  }
+  if (auto k = local_key(lr); !k) return std::unexpected(k.error());
+  auto key = local_key(tr);
+  if (!key) return std::unexpected(key.error());
+  return Checked{&local, 0, tr.base + r.remote_offset, *from, *to, &target->second, *key};
+}
+
+Result<transport::RegionHandle> Datapath::local_key(const Region& region) {
+  if (auto it = local_keys_.find(region.handle); it != local_keys_.end()) return it->second;
+  // Host memory is pinned here (cudaHostRegister), once, for the GPUs' DMA.
+  auto key = staging_.local()->register_memory(reinterpret_cast<void*>(region.base), region.length, region.kind,
+                                               region.kind == MemoryKind::kVram ? region.device : -1);
+  if (!key) return std::unexpected(key.error());
+  local_keys_.emplace(region.handle, *key);
+  return *key;
 }
 
 Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
@@ -192,6 +276,10 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     auto c = check(batch.requests[i], i);
     if (!c) return std::unexpected(c.error());
     checked.push_back(*c);
+    if (!batch.notification.empty() && batch.requests[i].peer.empty()) {
+      return std::unexpected(Status::invalid_argument(
+          "submit: request {} names no peer: a batch with a notification needs one to tell", i));
+    }
     if (!batch.notification.empty() && batch.requests[i].peer != batch.requests[0].peer) {
       return std::unexpected(Status::invalid_argument(
           "submit: a batch with a notification must name one peer (request 0: {}, request {}: {})",
@@ -211,24 +299,26 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     std::lock_guard lock(ended_mutex_);
     running_.insert(id);
   }
-  const std::string& me = ucx_.address();
   Status refused;
   for (std::size_t i = 0; i < batch.requests.size(); ++i) {
     const Request& r = batch.requests[i];
     RegionRecord& local = *checked[i].local;
     sched::TransferRequest t;
-    t.from = me;
-    t.to = r.peer;
+    t.from = checked[i].from;
+    t.to = checked[i].to;
     t.bytes = r.length;
     t.qos = r.qos;
     t.deadline_ns = r.deadline_ns;
     t.timeout_ns = r.timeout_ns;
     t.op = r.op;
     t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
-    t.remote_key = r.remote_region;
+    t.remote_key = checked[i].target_key;
     t.remote_addr = checked[i].remote_addr;
     const sched::RequestId rid = next_id_.fetch_add(1);
     ++local.live_requests;
+    RegionRecord* target = checked[i].target;
+    if (target != nullptr) ++target->live_requests;
+    record.targets.push_back(target != nullptr ? r.remote_region : kNoTarget);
     loop_requests_.fetch_add(1, std::memory_order_relaxed);
     ++record.open;
     record.requests.push_back(rid);
@@ -239,6 +329,8 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
       // Checked above against the same tables, so this is a routing refusal
       // (no path to the peer): the requests already admitted go on alone.
       --local.live_requests;
+      if (target != nullptr) --target->live_requests;
+      record.targets.pop_back();
       loop_requests_.fetch_sub(1, std::memory_order_relaxed);
       --record.open;
       record.requests.pop_back();
@@ -502,6 +594,7 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     auto s = admission_.status(b.requests[i]);
     RegionRecord& local = regions_.at(b.local_regions[i]);
     --local.live_requests;
+    if (b.targets[i] != kNoTarget) --regions_.at(b.targets[i]).live_requests;
     loop_requests_.fetch_sub(1, std::memory_order_relaxed);
     if (!s) continue;
     const bool ok = s->state == sched::RequestState::kCompleted;

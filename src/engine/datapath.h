@@ -104,6 +104,7 @@ class Datapath {
   struct BatchRecord {
     std::vector<sched::RequestId> requests;
     std::vector<RegionHandle> local_regions;  // per request
+    std::vector<RegionHandle> targets;        // per request with no peer: its other region (else kNoTarget)
     std::vector<Op> ops;                      // per request
     std::size_t open = 0;                     // requests not yet ended
     transport::PathId notify_path = 0;
@@ -125,12 +126,22 @@ class Datapath {
 
   // A request checked against the region and peer tables: what submit
   // needs of them, looked up once.
+  static constexpr RegionHandle kNoTarget = ~RegionHandle{0};
   struct Checked {
     RegionRecord* local = nullptr;
     transport::PathId path = 0;
     std::uint64_t remote_addr = 0;  // the peer's address of byte 0
+    // A request with no peer: its ends' topology nodes, its other region
+    // and that region's handle with the local GPU paths.
+    std::string from, to;
+    RegionRecord* target = nullptr;
+    transport::RegionHandle target_key = 0;
   };
   [[nodiscard]] Result<Checked> check(const Request& r, std::size_t index);
+  // A request between two of this engine's regions, over the local GPU paths.
+  [[nodiscard]] Result<Checked> check_local(const Request& r, RegionRecord& local);
+  // The region's registration with the local GPU paths, made at its first use.
+  [[nodiscard]] Result<transport::RegionHandle> local_key(const Region& region);
   // Cancels the requests of `batch` that are still running.
   void cancel_running(const BatchRecord& batch, TimeNs now_ns);
   [[nodiscard]] Result<transport::PathId> live_path(const std::string& peer) const;
@@ -149,6 +160,7 @@ class Datapath {
   bool shut_down_ = false;
 
   std::unordered_map<RegionHandle, RegionRecord> regions_;
+  std::unordered_map<RegionHandle, transport::RegionHandle> local_keys_;  // with staging_.local()
   std::unordered_map<std::string, transport::PathId> peers_;  // address → latest path
   std::unordered_map<std::uint64_t, BatchRecord> batches_;
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;

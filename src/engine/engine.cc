@@ -33,7 +33,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   const std::uint64_t direct_copy_max_bytes = config.ucx.direct_copy_max_bytes;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),
                             std::move(config.topology_file), std::move(config.policy), std::move(config.policy_file),
-                            {}, std::move(config.cuda), {}});
+                            {}, std::move(config.cuda), {}, config.gpu_paths});
   if (!core) return std::unexpected(core.error());
   auto state = std::make_unique<State>();
   state->core = std::move(*core);

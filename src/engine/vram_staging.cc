@@ -242,7 +242,7 @@ Status VramStaging::copy(int device, void* dst, const void* src, std::uint64_t b
   return s;
 }
 
-Status VramStaging::submit(const SliceSubmit& slice, TimeNs now_ns) {
+Status VramStaging::submit_remote(const SliceSubmit& slice, TimeNs now_ns) {
   last_poll_ns_ = std::max(last_poll_ns_, now_ns);
   Region* region =
       regions_.empty() ? nullptr : find_containing(regions_, reinterpret_cast<std::uint64_t>(slice.memory.local), slice.bytes);
@@ -270,7 +270,7 @@ Status VramStaging::submit(const SliceSubmit& slice, TimeNs now_ns) {
   return Status::ok();
 }
 
-CancelResult VramStaging::cancel(SliceId id, TimeNs now_ns) {
+CancelResult VramStaging::cancel_remote(SliceId id, TimeNs now_ns) {
   auto it = slices_.find(id);
   if (it == slices_.end()) return ucx_->cancel(id, now_ns);
   Staged& s = it->second;
@@ -298,7 +298,7 @@ void VramStaging::finish(SliceId id, Staged& s, Status status, TimeNs now_ns, st
   slices_.erase(id);
 }
 
-void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
+void VramStaging::poll_remote(TimeNs now_ns, std::vector<Completion>& out) {
   last_poll_ns_ = std::max(last_poll_ns_, now_ns);
   // Every slice of the engine comes through here: without staged ones,
   // UCX's completions go out as they are.
@@ -360,7 +360,7 @@ void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
   }
 }
 
-std::optional<TimeNs> VramStaging::next_event_ns() const {
+std::optional<TimeNs> VramStaging::next_remote_event_ns() const {
   auto next = ucx_->next_event_ns();
   const bool copying = std::ranges::any_of(slices_, [](const auto& e) { return e.second.stage != Stage::kOnWire; });
   if (!copying) return next;
@@ -368,9 +368,73 @@ std::optional<TimeNs> VramStaging::next_event_ns() const {
   return next ? std::min(*next, soon) : soon;
 }
 
-bool VramStaging::arm() {
+bool VramStaging::arm_remote() {
   if (std::ranges::any_of(slices_, [](const auto& e) { return e.second.stage != Stage::kOnWire; })) return false;
   return ucx_->arm();
+}
+
+void VramStaging::set_local(std::unique_ptr<transport::CudaTransport> local) {
+  local_ = std::move(local);
+  all_paths_.clear();
+}
+
+const std::vector<transport::PathInfo>& VramStaging::paths() const {
+  if (!local_) return ucx_->paths();
+  // UCX's grow as peers connect and may change in place (the transport
+  // UCX chose): copied afresh each time, after the local ones.
+  const auto& mine = local_->paths();
+  all_paths_.assign(mine.begin(), mine.end());
+  const auto& theirs = ucx_->paths();
+  all_paths_.insert(all_paths_.end(), theirs.begin(), theirs.end());
+  return all_paths_;
+}
+
+Status VramStaging::submit(const SliceSubmit& slice, TimeNs now_ns) {
+  const transport::PathId n = local_paths();
+  if (slice.path >= n) {
+    SliceSubmit remote = slice;
+    remote.path -= n;
+    return submit_remote(remote, now_ns);
+  }
+  if (local_slices_.contains(slice.id)) return Status::already_exists("submit: slice {} is in flight", slice.id);
+  if (Status s = local_->submit(slice, now_ns); !s.is_ok()) return s;
+  local_slices_.insert(slice.id);
+  return Status::ok();
+}
+
+CancelResult VramStaging::cancel(SliceId id, TimeNs now_ns) {
+  if (local_slices_.contains(id)) return local_->cancel(id, now_ns);
+  return cancel_remote(id, now_ns);
+}
+
+void VramStaging::poll(TimeNs now_ns, std::vector<Completion>& out) {
+  const std::size_t first = out.size();
+  if (local_ && !local_slices_.empty()) {
+    local_->poll(now_ns, out);
+    for (std::size_t i = first; i < out.size(); ++i) local_slices_.erase(out[i].id);
+  }
+  const std::size_t remote = out.size();
+  poll_remote(now_ns, out);
+  const transport::PathId n = local_paths();
+  for (std::size_t i = remote; i < out.size(); ++i) out[i].path += n;
+}
+
+std::optional<TimeNs> VramStaging::next_event_ns() const {
+  auto next = next_remote_event_ns();
+  if (!local_ || local_slices_.empty()) return next;
+  auto mine = local_->next_event_ns();
+  if (!mine) return next;
+  return next ? std::min(*next, *mine) : mine;
+}
+
+bool VramStaging::path_healthy(transport::PathId path, TimeNs now_ns) const {
+  const transport::PathId n = local_paths();
+  return path < n ? local_->path_healthy(path, now_ns) : ucx_->path_healthy(path - n, now_ns);
+}
+
+bool VramStaging::arm() {
+  if (!local_slices_.empty()) return false;  // CUDA events have no fd to wake us
+  return arm_remote();
 }
 
 }  // namespace baton::engine

@@ -4,7 +4,10 @@
 // instead: a write is copied GPU → bounce (a CUDA copy, its event polled)
 // before UCX sends it; a read lands in the bounce and is copied bounce → GPU
 // before it completes. A Transport over the UcxTransport that every other
-// slice passes straight through. Private to engine/; lives on the loop.
+// slice passes straight through; it also carries this host's own GPU paths
+// (a CudaTransport, for requests between the engine's own regions), first
+// among its paths, UCX's path ids shifted after them. Private to engine/;
+// lives on the loop.
 #pragma once
 
 #include <map>
@@ -12,9 +15,11 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "baton/transport/cuda_runtime.h"
+#include "baton/transport/cuda_transport.h"
 #include "baton/transport/ucx_transport.h"
 
 namespace baton::engine {
@@ -46,8 +51,16 @@ class VramStaging final : public transport::Transport {
   [[nodiscard]] int device_of(transport::RegionHandle region) const;
   [[nodiscard]] std::size_t staged_in_flight() const { return slices_.size(); }
 
-  // --- Transport: UCX's, with VRAM slices staged ---
-  [[nodiscard]] const std::vector<transport::PathInfo>& paths() const override { return ucx_->paths(); }
+  // This host's GPU paths (CudaTransport over the topology), for transfers
+  // between this engine's own regions; set before any peer connects (their
+  // paths come after these). Null: none.
+  void set_local(std::unique_ptr<transport::CudaTransport> local);
+  [[nodiscard]] transport::CudaTransport* local() const { return local_.get(); }
+  // The id UCX's path `path` has among paths() (after the local ones).
+  [[nodiscard]] transport::PathId from_ucx(transport::PathId path) const { return path + local_paths(); }
+
+  // --- Transport: the local GPU paths, then UCX's, with VRAM slices staged ---
+  [[nodiscard]] const std::vector<transport::PathInfo>& paths() const override;
   // A VRAM write's checks by UCX come once its bytes are in the bounce
   // buffer: a refusal then completes the slice with it.
   [[nodiscard]] Status submit(const transport::SliceSubmit& slice, TimeNs now_ns) override;
@@ -56,9 +69,7 @@ class VramStaging final : public transport::Transport {
   transport::CancelResult cancel(transport::SliceId id, TimeNs now_ns) override;
   void poll(TimeNs now_ns, std::vector<transport::Completion>& out) override;
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
-  [[nodiscard]] bool path_healthy(transport::PathId path, TimeNs now_ns) const override {
-    return ucx_->path_healthy(path, now_ns);
-  }
+  [[nodiscard]] bool path_healthy(transport::PathId path, TimeNs now_ns) const override;
   [[nodiscard]] int event_fd() const override { return ucx_->event_fd(); }
   // False while CUDA copies run: their events have no fd to sleep on.
   [[nodiscard]] bool arm() override;
@@ -70,6 +81,16 @@ class VramStaging final : public transport::Transport {
  private:
   // While CUDA copies run, the loop polls again this soon.
   static constexpr TimeNs kCopyPollNs = 5'000;
+
+  [[nodiscard]] transport::PathId local_paths() const {
+    return local_ ? static_cast<transport::PathId>(local_->paths().size()) : 0;
+  }
+  // The Transport calls for UCX's paths, by UCX's path ids.
+  [[nodiscard]] Status submit_remote(const transport::SliceSubmit& slice, TimeNs now_ns);
+  transport::CancelResult cancel_remote(transport::SliceId id, TimeNs now_ns);
+  void poll_remote(TimeNs now_ns, std::vector<transport::Completion>& out);
+  [[nodiscard]] std::optional<TimeNs> next_remote_event_ns() const;
+  [[nodiscard]] bool arm_remote();
 
   struct Region {
     transport::RegionHandle handle = 0;
@@ -132,6 +153,9 @@ class VramStaging final : public transport::Transport {
 
   std::unique_ptr<transport::UcxTransport> ucx_;
   std::shared_ptr<transport::CudaRuntime> cuda_;
+  std::unique_ptr<transport::CudaTransport> local_;
+  std::unordered_set<transport::SliceId> local_slices_;  // in flight on local_
+  mutable std::vector<transport::PathInfo> all_paths_;    // local_'s, then UCX's (paths())
   std::map<std::uint64_t, Region> regions_;  // by base
   std::unordered_map<transport::RegionHandle, std::uint64_t> region_base_;
   std::multimap<std::uint64_t, Bounce> free_bounces_;  // by capacity

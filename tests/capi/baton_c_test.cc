@@ -158,6 +158,16 @@ TEST(CApi, CreateChecksItsArguments) {
   EXPECT_NE(last_error().find("no such network interface"), std::string::npos) << last_error();
   config.nics = "lo,";  // an empty name after the comma
   EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  config.nics = nullptr;
+  config.gpu_paths = 2;
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  EXPECT_NE(last_error().find("gpu_paths"), std::string::npos) << last_error();
+  if (::access("/dev/nvidia0", F_OK) != 0) {  // no GPU here: asked for, its paths fail the creation
+    config.gpu_paths = 1;
+    EXPECT_NE(baton_engine_create(&config, &e), BATON_OK);
+    EXPECT_NE(last_error().find("gpu_paths"), std::string::npos) << last_error();
+  }
+  config.gpu_paths = 0;
   config.nics = "lo,lo";  // two rails on loopback
   ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
   baton_engine_destroy(e);

@@ -18,6 +18,7 @@
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
 #include "baton/transport/codec.h"
+#include "engine/run_batch.h"
 
 namespace baton::engine {
 namespace {
@@ -93,14 +94,7 @@ Batch mib_reads(const Side& local, const Peer& peer, const Side& remote) {
 }
 
 Status run(Engine& e, const Batch& batch, TimeNs timeout_ns = 20 * kSecond) {
-  auto h = e.submit(batch);
-  if (!h) return h.error();
-  if (Status s = e.wait(*h, timeout_ns); !s.is_ok()) return s;
-  auto st = e.poll(*h);
-  if (!st) return st.error();
-  EXPECT_TRUE(st->done);
-  EXPECT_TRUE(e.release(*h).is_ok());
-  return st->status;
+  return testing::run_batch(e, batch, timeout_ns);
 }
 
 class UcxEngine : public ::testing::TestWithParam<std::string> {};

@@ -10,6 +10,7 @@
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
+#include "engine/run_batch.h"
 #include "transport/fake_cuda_runtime.h"
 
 namespace baton::engine {
@@ -29,16 +30,7 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<transport::CudaRuntime> cuda
   return e ? std::move(*e) : nullptr;
 }
 
-// Submits `batch`, waits for it and releases it: its final status.
-Status run_batch(Engine& engine, const Batch& batch) {
-  auto h = engine.submit(batch);
-  if (!h) return h.error();
-  if (Status s = engine.wait(*h, 30 * kSecond); !s.is_ok()) return s;
-  auto st = engine.poll(*h);
-  if (!st) return st.error();
-  (void)engine.release(*h);
-  return st->status;
-}
+using testing::run_batch;
 
 struct VramPair {
   std::shared_ptr<FakeCudaRuntime> gpu = std::make_shared<FakeCudaRuntime>(2);

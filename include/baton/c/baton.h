@@ -90,6 +90,10 @@ typedef struct baton_engine_config {
    * ("eth1,eth2", "mlx5_0:1,mlx5_1:1"), or "auto" (the topology's); default:
    * UCX's own choice. Added after the first layout: `size` tells it apart. */
   const char* nics;
+  /* 1: this host's GPU paths, for requests between the engine's own regions
+   * (baton_request.peer ""); EngineConfig::gpu_paths. Default 0. Added
+   * after `nics`. */
+  int32_t gpu_paths;
 } baton_engine_config;
 
 /* Sets `size` and every field to its default. */
@@ -178,7 +182,8 @@ typedef struct baton_request {
   uint64_t local_offset;
   uint64_t remote_offset;
   uint64_t length;
-  const char* peer;        /* the peer's name, as baton_connect() wrote it */
+  const char* peer;        /* the peer's name, as baton_connect() wrote it; "": remote_region is
+                            * another of this engine's regions, moved over its GPUs' paths */
   int64_t deadline_ns;     /* relative to the submit; 0: none */
   int64_t timeout_ns;      /* relative to the submit; 0: the policy's (60 s by default) */
 } baton_request;

@@ -56,6 +56,14 @@ struct EngineConfig {
   // The CUDA runtime VRAM regions use (register_memory with kVram); null:
   // the process's own (cuda_runtime()), looked up at the first one.
   std::shared_ptr<transport::CudaRuntime> cuda{};
+  // This host's GPU paths for requests between the engine's own regions
+  // (Request::peer empty): the CUDA transport over the topology above. Off
+  // by default: it makes a CUDA context on every GPU of the topology and
+  // enables peer access between them, which a worker that uses one GPU may
+  // not want. On, create() fails when the topology has no GPU
+  // (failed_precondition), no CUDA device is there (unavailable), or the
+  // topology's GPUs are not the ones the runtime sees (invalid_argument).
+  bool gpu_paths = false;
 };
 
 using transport::MemoryKind;
@@ -86,7 +94,11 @@ struct Request {
   Op op = Op::kRead;
   RegionHandle local_region = 0;
   std::uint64_t local_offset = 0;
-  std::string peer;                 // Peer::address
+  // Peer::address. Empty: remote_region is another of this engine's own
+  // regions, and the bytes move over this host's GPU paths (the CUDA
+  // transport, ranked by the topology; one side must be GPU memory;
+  // failed_precondition unless EngineConfig::gpu_paths: docs/engine.md).
+  std::string peer;
   RegionHandle remote_region = 0;   // the peer's Region::handle (remote_regions())
   std::uint64_t remote_offset = 0;
   std::uint64_t length = 0;

@@ -57,14 +57,22 @@ class Cudart final : public CudaRuntime {
     return cudaDeviceCanAccessPeer(&can, device, peer) == cudaSuccess && can != 0;
   }
 
+  // Called while an engine is created, on the caller's thread: its current
+  // device (a serving framework's choice) is put back.
   Status enable_peer_access(int device, int peer) override {
-    if (Status s = check(cudaSetDevice(device), "cudaSetDevice"); !s.is_ok()) return s;
-    const cudaError_t error = cudaDeviceEnablePeerAccess(peer, 0);
-    if (error == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();  // clear it: it is not sticky, but it lingers
-      return Status::ok();
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) current = -1;
+    Status s = check(cudaSetDevice(device), "cudaSetDevice");
+    if (s.is_ok()) {
+      const cudaError_t error = cudaDeviceEnablePeerAccess(peer, 0);
+      if (error == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // clear it: it is not sticky, but it lingers
+      } else {
+        s = check(error, fmt::format("cudaDeviceEnablePeerAccess({} -> {})", device, peer));
+      }
     }
-    return check(error, fmt::format("cudaDeviceEnablePeerAccess({} -> {})", device, peer));
+    if (current >= 0) (void)cudaSetDevice(current);
+    return s;
   }
 
   Result<CudaStream> create_stream(int device) override {
