@@ -240,6 +240,12 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   r.request.local_region = local.state->region.handle;
   r.request.local_offset = non_negative("local_offset", local_offset);
   r.request.peer = peer_address(peer);
+  // A handle means nothing without whose it is: ours with no peer, the
+  // peer's with one. Mixed, the bytes would land in an unrelated region.
+  if (py::isinstance<PyRegion>(remote) != peer.is_none()) {
+    raise(StatusCode::kInvalidArgument,
+          "remote: one of this engine's Regions goes with peer=None, a peer's region (or its handle) with that peer");
+  }
   if (py::isinstance<PyRegion>(remote)) {  // one of this engine's own regions (peer None)
     const auto& other = remote.cast<const PyRegion&>();
     if (!other.state) raise(StatusCode::kInvalidArgument, "remote: an unregistered region");

@@ -431,6 +431,11 @@ def test_no_peer_means_between_this_engines_own_regions_over_its_gpus(engine):
             engine.write(local=a, peer=None, remote=c, length=4096)
     with pytest.raises(baton.InvalidArgument, match="or None"):
         engine.write(local=a, peer=7, remote=b, length=4096)
+    # Ours with a peer, or a bare handle with no peer: which region is meant?
+    with pytest.raises(baton.InvalidArgument, match="peer=None"):
+        engine.write(local=a, peer="127.0.0.1:1", remote=b, length=4096)
+    with pytest.raises(baton.InvalidArgument, match="peer=None"):
+        engine.write(local=a, peer=None, remote=b.handle, length=4096)
 
 
 def test_views_of_allocated_memory_stay_valid_and_regions_stay_with_their_engine(holder):

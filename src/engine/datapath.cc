@@ -248,10 +248,8 @@ Result<Datapath::Checked> Datapath::check_local(const Request& r, RegionRecord& 
         Status::invalid_argument("regions {} and {} are both on {}: a copy within one GPU is no path here", lr.handle,
                                  tr.handle, *from));
   }
-  if (auto k = local_key(lr); !k) return std::unexpected(k.error());
-  auto key = local_key(tr);
-  if (!key) return std::unexpected(key.error());
-  return Checked{&local, 0, tr.base + r.remote_offset, *from, *to, &target->second, *key};
+  // Its keys (and host memory's pinning) come once the whole batch passed.
+  return Checked{&local, 0, tr.base + r.remote_offset, *from, *to, &target->second, 0};
 }
 
 Result<transport::RegionHandle> Datapath::local_key(const Region& region) {
@@ -285,6 +283,18 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
           "submit: a batch with a notification must name one peer (request 0: {}, request {}: {})",
           batch.requests[0].peer, i, batch.requests[i].peer));
     }
+  }
+  // Requests with no peer: both regions' keys with the GPU paths, now that
+  // nothing in the batch is refused any more.
+  for (std::size_t i = 0; i < checked.size(); ++i) {
+    if (checked[i].target == nullptr) continue;
+    auto mine = local_key(checked[i].local->region);
+    auto theirs = mine ? local_key(checked[i].target->region) : mine;
+    if (!theirs) {
+      return std::unexpected(
+          Status(theirs.error().code(), fmt::format("submit: request {} of the batch: {}", i, theirs.error().message())));
+    }
+    checked[i].target_key = *theirs;
   }
   const std::uint64_t id = next_batch_++;
   // The record exists before its requests are admitted: a request may end
@@ -671,6 +681,14 @@ void Datapath::shutdown(TimeNs now_ns) {
   }
   ucx_.shutdown();
   on_turn(now_ns);  // end the batches the cancels finished, fail pending connects
+}
+
+bool Datapath::shutdown_complete() {
+  if (transport::CudaTransport* local = staging_.local(); local != nullptr) {
+    if (local->slices_in_flight() > 0) return false;  // a CUDA copy cannot be recalled
+    for (const auto& [handle, key] : std::exchange(local_keys_, {})) (void)local->unregister(key);
+  }
+  return ucx_.shutdown_complete();
 }
 
 bool Datapath::known(std::uint64_t id) {

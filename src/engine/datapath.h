@@ -59,6 +59,10 @@ class Datapath {
   void flush_direct_metrics();
   // Cancels every running batch and closes the transport.
   void shutdown(TimeNs now_ns);
+  // After shutdown(): true once nothing can still touch the caller's memory
+  // (the GPU paths' copies ended — then their pinned host memory is
+  // unpinned — and UCX's endpoints closed). Keep polling the loop meanwhile.
+  [[nodiscard]] bool shutdown_complete();
   [[nodiscard]] bool shut_down() const { return shut_down_; }
 
   // The clock submit_direct stamps completions with. Set before the loop starts.

@@ -222,13 +222,13 @@ void Engine::shutdown() {
     state_->datapath->shutdown(state_->core->now_ns());
     return 0;
   });
-  // Endpoint closes finish on the loop; a forced close needs no peer, a
-  // flushing one may wait on a silent peer, so the wait is bounded.
+  // Endpoint closes and GPU copies finish on the loop; a forced close needs
+  // no peer, a flushing one may wait on a silent peer, so the wait is bounded.
   for (int i = 0; i < 400; ++i) {
-    if (state_->core->on_loop([this] { return state_->core->ucx->shutdown_complete(); })) return;
+    if (state_->core->on_loop([this] { return state_->datapath->shutdown_complete(); })) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  spdlog::warn("Engine::shutdown: endpoint closes did not finish within 2 s");
+  spdlog::warn("Engine::shutdown: endpoint closes or GPU copies did not finish within 2 s");
 }
 
 #undef BATON_REQUIRE_OPEN

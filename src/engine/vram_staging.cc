@@ -46,6 +46,7 @@ VramStaging::VramStaging(std::unique_ptr<transport::UcxTransport> ucx, std::shar
     : ucx_(std::move(ucx)), cuda_(std::move(cuda)) {}
 
 VramStaging::~VramStaging() {
+  local_.reset();  // it unpins memory UCX may own (allocate_memory's): before UCX goes
   closing_ = true;
   if (cuda_) {
     // Copies still running would write into bounce buffers freed below.
@@ -380,12 +381,21 @@ void VramStaging::set_local(std::unique_ptr<transport::CudaTransport> local) {
 
 const std::vector<transport::PathInfo>& VramStaging::paths() const {
   if (!local_) return ucx_->paths();
-  // UCX's grow as peers connect and may change in place (the transport
-  // UCX chose): copied afresh each time, after the local ones.
+  // The scheduler asks every loop turn. UCX's paths grow as peers connect
+  // (appended here) and change in place only in what UCX chose to carry
+  // them (type and figures: updated, without copying the names again).
   const auto& mine = local_->paths();
-  all_paths_.assign(mine.begin(), mine.end());
+  if (all_paths_.empty()) all_paths_.assign(mine.begin(), mine.end());
   const auto& theirs = ucx_->paths();
-  all_paths_.insert(all_paths_.end(), theirs.begin(), theirs.end());
+  const std::size_t known = all_paths_.size() - mine.size();
+  for (std::size_t i = 0; i < known; ++i) {
+    transport::PathInfo& p = all_paths_[mine.size() + i];
+    p.type = theirs[i].type;
+    p.lanes = theirs[i].lanes;
+    p.bandwidth_gbps = theirs[i].bandwidth_gbps;
+    p.latency_us = theirs[i].latency_us;
+  }
+  all_paths_.insert(all_paths_.end(), theirs.begin() + static_cast<std::ptrdiff_t>(known), theirs.end());
   return all_paths_;
 }
 

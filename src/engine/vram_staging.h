@@ -56,8 +56,6 @@ class VramStaging final : public transport::Transport {
   // paths come after these). Null: none.
   void set_local(std::unique_ptr<transport::CudaTransport> local);
   [[nodiscard]] transport::CudaTransport* local() const { return local_.get(); }
-  // The id UCX's path `path` has among paths() (after the local ones).
-  [[nodiscard]] transport::PathId from_ucx(transport::PathId path) const { return path + local_paths(); }
 
   // --- Transport: the local GPU paths, then UCX's, with VRAM slices staged ---
   [[nodiscard]] const std::vector<transport::PathInfo>& paths() const override;

@@ -60,6 +60,11 @@ struct LocalGpus {
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
     return r ? *r : Region{};
   }
+  Region on_host(std::vector<std::byte>& memory) {
+    auto r = engine->register_memory(memory.data(), memory.size());
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r ? *r : Region{};
+  }
   std::span<std::byte> bytes(const Region& r) const { return {reinterpret_cast<std::byte*>(r.base), r.length}; }
 };
 
@@ -68,13 +73,12 @@ TEST(LocalGpuPaths, HostToGpuGpuToGpuAndBackByteExact) {
   ASSERT_NE(g.engine, nullptr);
   std::vector<std::byte> source(kBytes), back(kBytes);
   fill_pattern(source, 21);
-  auto host = g.engine->register_memory(source.data(), kBytes);
-  auto host_back = g.engine->register_memory(back.data(), kBytes);
-  ASSERT_TRUE(host.has_value() && host_back.has_value());
+  const Region host = g.on_host(source);
+  const Region host_back = g.on_host(back);
   const Region d0 = g.on_gpu(0);
   const Region d2 = g.on_gpu(2);
 
-  ASSERT_TRUE(run_batch(*g.engine, Batch{{between(Op::kWrite, *host, d0)}, {}}).is_ok()) << "host -> gpu0";
+  ASSERT_TRUE(run_batch(*g.engine, Batch{{between(Op::kWrite, host, d0)}, {}}).is_ok()) << "host -> gpu0";
   EXPECT_EQ(std::memcmp(g.bytes(d0).data(), source.data(), kBytes), 0);
   const std::size_t after_h2d = g.gpu->copies().size();
   EXPECT_GT(after_h2d, 0u) << "the CUDA runtime copied it";
@@ -107,15 +111,57 @@ TEST(LocalGpuPaths, HostToGpuGpuToGpuAndBackByteExact) {
   EXPECT_GT(direct_copies(d0, d1), 0) << "gpu0 -> gpu1 is a peer copy";
   EXPECT_TRUE(g.engine->unregister(d1.handle).is_ok());
 
-  ASSERT_TRUE(run_batch(*g.engine, Batch{{between(Op::kRead, *host_back, d2)}, {}}).is_ok()) << "gpu2 -> host";
+  ASSERT_TRUE(run_batch(*g.engine, Batch{{between(Op::kRead, host_back, d2)}, {}}).is_ok()) << "gpu2 -> host";
   EXPECT_EQ(back, source);
   bool gpu2_copied = false;
   for (const auto& c : g.gpu->copies()) gpu2_copied = gpu2_copied || c.device == 2;
   EXPECT_TRUE(gpu2_copied) << "gpu2's copies carried its bytes";
 
   // The regions are free once their requests ended; unregistering unpins.
-  for (const Region& r : {*host, *host_back, d0, d2}) EXPECT_TRUE(g.engine->unregister(r.handle).is_ok());
+  for (const Region& r : {host, host_back, d0, d2}) EXPECT_TRUE(g.engine->unregister(r.handle).is_ok());
   EXPECT_EQ(g.gpu->pinned_ranges(), 0u) << "host memory pinned for the GPUs is unpinned with its region";
+}
+
+// The GPU paths come first among the engine's paths and UCX's after them:
+// one batch mixes a peer's reads (into host and, staged, into GPU memory)
+// with a request between the engine's own regions, and every byte lands.
+TEST(LocalGpuPaths, PeersPathsAndTheGpuPathsShareOneBatch) {
+  LocalGpus g;
+  ASSERT_NE(g.engine, nullptr);
+  auto holder = Engine::create(EngineConfig{});
+  ASSERT_TRUE(holder.has_value()) << holder.error().to_string();
+  auto held = (*holder)->allocate_memory(kBytes);
+  ASSERT_TRUE(held.has_value());
+  fill_pattern(std::span(reinterpret_cast<std::byte*>(held->base), kBytes), 33);
+  ASSERT_TRUE((*holder)->export_region(held->handle).is_ok());
+  auto peer = g.engine->connect((*holder)->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+
+  std::vector<std::byte> source(kBytes), from_peer(kBytes);
+  fill_pattern(source, 34);
+  const Region host = g.on_host(source);
+  const Region host_peer = g.on_host(from_peer);
+  const Region d0 = g.on_gpu(0);
+  const Region d1 = g.on_gpu(1);
+  auto from_holder = [&](const Region& into) {
+    Request r;
+    r.op = Op::kRead;
+    r.local_region = into.handle;
+    r.peer = peer->address;
+    r.remote_region = held->handle;
+    r.length = kBytes;
+    return r;
+  };
+  Batch mixed{{from_holder(host_peer), from_holder(d0), between(Op::kWrite, host, d1)}, {}};
+  const Status s = run_batch(*g.engine, mixed);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  std::vector<std::byte> expected(kBytes);
+  fill_pattern(expected, 33);
+  EXPECT_EQ(from_peer, expected) << "over UCX";
+  EXPECT_EQ(std::memcmp(g.bytes(d0).data(), expected.data(), kBytes), 0) << "over UCX, staged into GPU memory";
+  EXPECT_EQ(std::memcmp(g.bytes(d1).data(), source.data(), kBytes), 0) << "over the GPU paths";
+  g.engine->shutdown();
+  EXPECT_EQ(g.gpu->pinned_ranges(), 0u) << "shutdown unpinned what the GPU paths pinned";
 }
 
 TEST(LocalGpuPaths, BadRequestsWithNoPeerAreRefused) {
