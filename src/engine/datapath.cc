@@ -209,6 +209,10 @@ Result<std::string> local_node(const transport::CudaTransport& cuda, const Regio
     for (const transport::PathInfo& p : paths) {
       auto d = cuda.device_of(p.to);
       if (!d || *d != other.device || cuda.device_of(p.from)) continue;
+      if (!exact && !named.empty()) {
+        spdlog::debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named, other.device,
+                      p.from);
+      }
       if (!exact || p.from == named) return p.from;
     }
   }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "baton/engine/engine.h"
@@ -162,6 +163,93 @@ TEST(LocalGpuPaths, PeersPathsAndTheGpuPathsShareOneBatch) {
   EXPECT_EQ(std::memcmp(g.bytes(d1).data(), source.data(), kBytes), 0) << "over the GPU paths";
   g.engine->shutdown();
   EXPECT_EQ(g.gpu->pinned_ranges(), 0u) << "shutdown unpinned what the GPU paths pinned";
+}
+
+// The scripted runtime behind a mutex, so the test may hold its copies
+// back (steps_per_query 0) and let them go while the loop queries it.
+class LockedCuda final : public transport::CudaRuntime {
+ public:
+  explicit LockedCuda(std::shared_ptr<FakeCudaRuntime> fake) : fake_(std::move(fake)) {}
+  void set_steps_per_query(int n) {
+    std::lock_guard lock(mutex_);
+    fake_->steps_per_query = n;
+  }
+  template <typename F>
+  auto locked(F f) const {
+    std::lock_guard lock(mutex_);
+    return f(*fake_);
+  }
+  int device_count() const override { return locked([](auto& f) { return f.device_count(); }); }
+  std::string pci_bus_id(int d) const override { return locked([&](auto& f) { return f.pci_bus_id(d); }); }
+  bool can_access_peer(int d, int p) const override { return locked([&](auto& f) { return f.can_access_peer(d, p); }); }
+  Status enable_peer_access(int d, int p) override { return locked([&](auto& f) { return f.enable_peer_access(d, p); }); }
+  Result<transport::CudaStream> create_stream(int d) override { return locked([&](auto& f) { return f.create_stream(d); }); }
+  void destroy_stream(transport::CudaStream s) override { locked([&](auto& f) { f.destroy_stream(s); return 0; }); }
+  Result<transport::CudaEvent> create_event(int d) override { return locked([&](auto& f) { return f.create_event(d); }); }
+  void destroy_event(transport::CudaEvent e) override { locked([&](auto& f) { f.destroy_event(e); return 0; }); }
+  Status copy_async(void* dst, const void* src, std::size_t n, transport::CudaStream s) override {
+    return locked([&](auto& f) { return f.copy_async(dst, src, n, s); });
+  }
+  Status copy_peer_async(void* dst, int dd, const void* src, int sd, std::size_t n, transport::CudaStream s) override {
+    return locked([&](auto& f) { return f.copy_peer_async(dst, dd, src, sd, n, s); });
+  }
+  Status record(transport::CudaEvent e, transport::CudaStream s) override { return locked([&](auto& f) { return f.record(e, s); }); }
+  Status wait(transport::CudaStream s, transport::CudaEvent e) override { return locked([&](auto& f) { return f.wait(s, e); }); }
+  Result<bool> query(transport::CudaEvent e) override { return locked([&](auto& f) { return f.query(e); }); }
+  Status synchronize(transport::CudaStream s) override { return locked([&](auto& f) { return f.synchronize(s); }); }
+  Result<void*> alloc_pinned(std::size_t n) override { return locked([&](auto& f) { return f.alloc_pinned(n); }); }
+  void free_pinned(void* p) override { locked([&](auto& f) { f.free_pinned(p); return 0; }); }
+  Result<void*> alloc_device(int d, std::size_t n) override { return locked([&](auto& f) { return f.alloc_device(d, n); }); }
+  void free_device(void* p) override { locked([&](auto& f) { f.free_device(p); return 0; }); }
+  Status register_host(void* p, std::size_t n) override { return locked([&](auto& f) { return f.register_host(p, n); }); }
+  void unregister_host(void* p) override { locked([&](auto& f) { f.unregister_host(p); return 0; }); }
+  Result<transport::CudaPointer> pointer(const void* p) const override { return locked([&](auto& f) { return f.pointer(p); }); }
+  Result<std::uint64_t> device_memory_used(int d) const override {
+    return locked([&](auto& f) { return f.device_memory_used(d); });
+  }
+
+ private:
+  std::shared_ptr<FakeCudaRuntime> fake_;
+  mutable std::mutex mutex_;
+};
+
+// A CUDA copy cannot be recalled: a request past its timeout ends only once
+// its copies did, and its regions stay registered until then.
+TEST(LocalGpuPaths, ARequestPastItsTimeoutEndsOnceItsCopiesDid) {
+  auto cuda = std::make_shared<LockedCuda>(
+      std::make_shared<FakeCudaRuntime>(4, std::vector<std::vector<bool>>(4, std::vector<bool>(4, true))));
+  EngineConfig config;
+  config.cuda = cuda;
+  config.topology_model = "pcie4";
+  config.gpu_paths = true;
+  auto e = Engine::create(config);
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  Engine& engine = **e;
+  std::vector<std::byte> source(kBytes);
+  fill_pattern(source, 55);
+  void* vram = *cuda->alloc_device(0, kBytes);
+  {
+    auto host = engine.register_memory(source.data(), kBytes);
+    auto d0 = engine.register_memory(vram, kBytes, MemoryKind::kVram, 0);
+    ASSERT_TRUE(host.has_value() && d0.has_value());
+    cuda->set_steps_per_query(0);  // the copies do not run
+    Request r = between(Op::kWrite, *host, *d0);
+    r.timeout_ns = 50'000'000;
+    auto h = engine.submit(Batch{{r}, {}});
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    EXPECT_EQ(engine.wait(*h, 300'000'000).code(), StatusCode::kTimeout) << "past its timeout, its copies still run";
+    EXPECT_FALSE(engine.poll(*h)->done);
+    EXPECT_EQ(engine.unregister(d0->handle).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(engine.unregister(host->handle).code(), StatusCode::kFailedPrecondition);
+    cuda->set_steps_per_query(1);
+    ASSERT_TRUE(engine.wait(*h, 5 * kSecond).is_ok());
+    EXPECT_EQ(engine.poll(*h)->status.code(), StatusCode::kTimeout);
+    EXPECT_TRUE(engine.release(*h).is_ok());
+    EXPECT_TRUE(engine.unregister(d0->handle).is_ok());
+    EXPECT_TRUE(engine.unregister(host->handle).is_ok());
+  }
+  e->reset();
+  cuda->free_device(vram);
 }
 
 TEST(LocalGpuPaths, BadRequestsWithNoPeerAreRefused) {
