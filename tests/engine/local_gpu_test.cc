@@ -35,19 +35,28 @@ Request between(Op op, const Region& local, const Region& other, std::uint64_t l
   return r;
 }
 
-// Four GPUs, each pair with peer access; one engine over them.
+// The scripted runtime with four GPUs, each pair with peer access.
+std::shared_ptr<FakeCudaRuntime> four_gpus() {
+  return std::make_shared<FakeCudaRuntime>(4, std::vector<std::vector<bool>>(4, std::vector<bool>(4, true)));
+}
+
+// An engine with GPU paths over `cuda` on the `pcie4` model.
+EngineConfig with_gpu_paths(std::shared_ptr<transport::CudaRuntime> cuda) {
+  EngineConfig config;
+  config.cuda = std::move(cuda);
+  config.topology_model = "pcie4";
+  config.gpu_paths = true;
+  return config;
+}
+
+// One engine over four_gpus().
 struct LocalGpus {
-  std::shared_ptr<FakeCudaRuntime> gpu =
-      std::make_shared<FakeCudaRuntime>(4, std::vector<std::vector<bool>>(4, std::vector<bool>(4, true)));
+  std::shared_ptr<FakeCudaRuntime> gpu = four_gpus();
   std::unique_ptr<Engine> engine;
   std::vector<void*> vram;
 
   LocalGpus() {
-    EngineConfig config;
-    config.cuda = gpu;
-    config.topology_model = "pcie4";
-    config.gpu_paths = true;
-    auto e = Engine::create(config);
+    auto e = Engine::create(with_gpu_paths(gpu));
     EXPECT_TRUE(e.has_value()) << e.error().to_string();
     if (e) engine = std::move(*e);
   }
@@ -216,13 +225,8 @@ class LockedCuda final : public transport::CudaRuntime {
 // A CUDA copy cannot be recalled: a request past its timeout ends only once
 // its copies did, and its regions stay registered until then.
 TEST(LocalGpuPaths, ARequestPastItsTimeoutEndsOnceItsCopiesDid) {
-  auto cuda = std::make_shared<LockedCuda>(
-      std::make_shared<FakeCudaRuntime>(4, std::vector<std::vector<bool>>(4, std::vector<bool>(4, true))));
-  EngineConfig config;
-  config.cuda = cuda;
-  config.topology_model = "pcie4";
-  config.gpu_paths = true;
-  auto e = Engine::create(config);
+  auto cuda = std::make_shared<LockedCuda>(four_gpus());
+  auto e = Engine::create(with_gpu_paths(cuda));
   ASSERT_TRUE(e.has_value()) << e.error().to_string();
   Engine& engine = **e;
   std::vector<std::byte> source(kBytes);
@@ -323,10 +327,8 @@ TEST(LocalGpuPaths, OnARealGpuHostToGpuAndBackByteExact) {
 // Asked for where they cannot be, GPU paths fail the engine's creation;
 // not asked for, a request with no peer is refused.
 TEST(LocalGpuPaths, WithoutGpuPathsARequestWithNoPeerIsRefused) {
-  EngineConfig no_gpu;
-  no_gpu.gpu_paths = true;
-  no_gpu.topology_model = "pcie4";  // GPUs in the topology ...
-  no_gpu.cuda = std::make_shared<FakeCudaRuntime>(2);  // ... that the runtime does not have
+  // Four GPUs in the topology, two that the runtime has.
+  EngineConfig no_gpu = with_gpu_paths(std::make_shared<FakeCudaRuntime>(2));
   auto refused = Engine::create(no_gpu);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
