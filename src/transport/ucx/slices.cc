@@ -23,11 +23,14 @@ void UcxTransport::State::on_flush(void* request, ucs_status_t status, void* use
   state->flushes.erase(group);
 }
 
-// One of a slice's requests (its RMA, or the flush that covers its write)
-// ended; the slice finishes with the last.
+// One of a slice's requests (its RMA, the flush that covers its write, or
+// the send of its message) ended; the slice finishes with the last, and
+// not before the holder's answer where it awaits one. A message that was
+// not sent gets no answer.
 void UcxTransport::State::settle(SliceOp& op, ucs_status_t status) {
   if (status != UCS_OK && op.status == UCS_OK) op.status = status;
-  if (--op.pending == 0) finished.push_back(&op);
+  if (status != UCS_OK) op.awaiting_reply = false;
+  if (--op.pending == 0 && !op.awaiting_reply) finished.push_back(&op);
 }
 
 // Posts one flush per lane that has writes posted since its last: a put
@@ -102,11 +105,41 @@ void UcxTransport::State::send_bundle(Lane& lane) {
   }
 }
 
+// The holder answered (or never will): the slice ends, once UCX no longer
+// reads its memory where it was sent from there (settle).
 void UcxTransport::State::finish_compressed(SliceOp& op, ucs_status_t status, std::string error) {
   op.awaiting_reply = false;
   if (status != UCS_OK && op.status == UCS_OK) op.status = status;
   if (!error.empty() && op.error.empty()) op.error = std::move(error);
-  finished.push_back(&op);
+  if (op.pending == 0) finished.push_back(&op);
+}
+
+// A raw write slice as one message whose bytes UCX takes from the caller's
+// region (an iov: the descriptor, then the region's bytes), instead of a
+// copy into a message buffer first: one memcpy of every byte fewer on the
+// sender (docs/transport.md). The slice holds the region until the send's
+// callback ran (settle), besides the holder's answer.
+Status UcxTransport::State::send_from_region(ucp_ep_h ep, const MessageHeader& header, const SliceDescriptor& d,
+                                             const void* data, SliceOp& op) {
+  op.am_header = ucx::encode_header(header);
+  op.descriptor = ucx::encode_slice(d, {});
+  op.iov[0] = {op.descriptor.data(), op.descriptor.size()};
+  op.iov[1] = {const_cast<void*>(data), d.payload_len};
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  param.datatype = ucp_dt_make_iov();
+  param.cb.send = &State::on_slice_request;
+  param.user_data = &op;
+  void* request = ucp_am_send_nbx(ep, static_cast<unsigned>(MessageKind::kWriteData), op.am_header.data(),
+                                  op.am_header.size(), op.iov, 2, &param);
+  if (UCS_PTR_IS_ERR(request)) return ucx_failure("ucx slice", "ucp_am_send_nbx", UCS_PTR_STATUS(request));
+  if (request != nullptr) {
+    op.request = request;
+    ++op.pending;
+  }
+  return Status::ok();
 }
 
 const Codec* UcxTransport::State::codec_for(WireCodec id) {

@@ -320,6 +320,10 @@ struct UcxTransport::State {
     bool awaiting_reply = false;
     std::uint64_t wire_bytes = 0;
     std::string error;  // why the holder refused it
+    // A raw write sent from the caller's memory (send_from_region): UCX
+    // reads these until the send's callback ran.
+    std::vector<std::uint8_t> am_header, descriptor;
+    ucp_dt_iov_t iov[2]{};
   };
 
   // One flush of a lane, for the writes posted on it since the last one.
@@ -529,6 +533,8 @@ struct UcxTransport::State {
                      std::span<const std::uint8_t> data);
   void send_bundle(Lane& lane);
   void finish_compressed(SliceOp& op, ucs_status_t status, std::string error);
+  Status send_from_region(ucp_ep_h ep, const MessageHeader& header, const SliceDescriptor& d, const void* data,
+                          SliceOp& op);
   const Codec* codec_for(WireCodec id);
   Result<LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length);
   static void refuse(Answer& a, const Status& why);

@@ -644,6 +644,24 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
                       d, data);
       return Status::ok();
     }
+    if (!compress && m.op == Op::kWrite && s.config.peer_failure_detection) {
+      // Raw: sent from the region itself. Only where a lane's close is
+      // forced: it ends the send, so a failed path cannot leave UCX reading
+      // memory the caller got back.
+      MessageHeader header;
+      header.path = slice.path;
+      header.lane = static_cast<std::uint32_t>(lane);
+      header.seq = slice.id;
+      op->awaiting_reply = true;
+      op->wire_bytes = ucx::kSliceDescriptorBytes + slice.bytes;
+      if (Status st = s.send_from_region(ep, header, d, bytes, *op); !st.is_ok()) {
+        return Status::unavailable("UcxTransport::submit: slice {}: {}", slice.id, st.message());
+      }
+      ++local->inflight;
+      State::note_posted(peer, op->rail, now_ns);
+      s.slices.emplace(slice.id, std::move(op));
+      return Status::ok();
+    }
     if (m.op == Op::kRead) {
       payload = ucx::encode_slice(d, {});
     } else if (auto [id, packed] = compress ? s.pack(s.codec_id, s.codec.get(), bytes, slice.bytes)
