@@ -235,7 +235,7 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
                        std::optional<double> deadline_ms, std::optional<double> timeout_ms) {
   PyRequest r;
   r.request.op = parse_op(op);
-  if (!local.state) raise(StatusCode::kInvalidArgument, "local: an unregistered region");
+  if (!local.state) raise(StatusCode::kNotFound, "local: an unregistered region");
   r.engine = local.engine;
   r.request.local_region = local.state->region.handle;
   r.request.local_offset = non_negative("local_offset", local_offset);
@@ -248,7 +248,7 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   }
   if (py::isinstance<PyRegion>(remote)) {  // one of this engine's own regions (peer None)
     const auto& other = remote.cast<const PyRegion&>();
-    if (!other.state) raise(StatusCode::kInvalidArgument, "remote: an unregistered region");
+    if (!other.state) raise(StatusCode::kNotFound, "remote: an unregistered region");
     check_same_engine(*local.engine, other.engine, "remote");
     r.request.remote_region = other.state->region.handle;
   } else {
@@ -297,31 +297,43 @@ void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> 
   ok_or_raise(st.status);
 }
 
-// One request, start to end: submit, wait, release.
+// One request, start to end: submit, wait, release. Past `timeout_s` the
+// request is cancelled, and the Timeout says so: the caller must know that
+// nothing more lands in its buffer once this returns.
 void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
-  auto e = es.get(r.request.op == engine::Op::kRead ? "read" : "write");
-  engine::BatchHandle h;
+  const char* op = r.request.op == engine::Op::kRead ? "read" : "write";
+  auto e = es.get(op);
+  const baton::TimeNs limit = seconds_ns("timeout", timeout_s.value_or(365.0 * 24 * 3600));  // before anything runs
   engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
+  Status failed;
+  bool cancelled = false;
   {
     py::gil_scoped_release release;
     auto submitted = e->submit(batch);
     if (!submitted) {
-      py::gil_scoped_acquire gil;
-      raise(submitted.error());
+      failed = submitted.error();
+    } else {
+      const engine::BatchHandle h = *submitted;
+      Status waited = e->wait(h, limit);
+      if (waited.code() == StatusCode::kTimeout) {
+        cancelled = e->cancel(h).is_ok();  // not when it ended just now
+        waited = e->wait(h, 60'000'000'000);  // a copy under way finishes first
+      }
+      if (waited.is_ok()) {
+        auto polled = e->poll(h);
+        failed = polled ? polled->status : polled.error();
+      } else {
+        failed = waited;
+      }
+      (void)e->release(h);
     }
-    h = *submitted;
   }
-  try {
-    wait_batch(*e, h, timeout_s);
-  } catch (...) {
-    py::gil_scoped_release release;
-    if (auto p = e->poll(h); p && !p->done) (void)e->cancel(h);
-    (void)e->wait(h, 60'000'000'000);
-    (void)e->release(h);
-    throw;
+  if (cancelled) {
+    raise(StatusCode::kTimeout,
+          std::string(op) + ": not done within " + std::to_string(timeout_s.value_or(0)) +
+              " s; the request was cancelled (nothing more lands in the buffer)");
   }
-  py::gil_scoped_release release;
-  (void)e->release(h);
+  ok_or_raise(failed);
 }
 
 // The buffer of `obj`, writable and contiguous: the buffer protocol (numpy,
@@ -528,7 +540,7 @@ PYBIND11_MODULE(_baton, m) {
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
                        std::optional<std::string> topology_model, bool peer_failure_detection,
                        bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
-                       int copy_threads, int progress_threads, bool gpu_paths) {
+                       int copy_threads, int progress_threads, bool gpu_paths, bool allow_unauthenticated) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -544,6 +556,7 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.copy_threads = copy_threads;
              c.ucx.progress_threads = progress_threads;
              c.gpu_paths = gpu_paths;
+             c.ucx.allow_unauthenticated = allow_unauthenticated;
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
@@ -559,7 +572,8 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("peer_failure_detection") = true, py::arg("same_host_copy") = true,
            py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
            py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads,
-           py::arg("progress_threads") = transport::UcxConfig{}.progress_threads, py::arg("gpu_paths") = false)
+           py::arg("progress_threads") = transport::UcxConfig{}.progress_threads, py::arg("gpu_paths") = false,
+           py::arg("allow_unauthenticated") = false)
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })
@@ -617,7 +631,7 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("nbytes"), "Memory the engine allocates and registers (Region.buffer is a writable memoryview)")
       .def("export",
            [](EngineState& s, const PyRegion& r, std::optional<std::vector<std::string>> peers) {
-             if (!r.state) raise(StatusCode::kInvalidArgument, "export: an unregistered region");
+             if (!r.state) raise(StatusCode::kNotFound, "export: an unregistered region");
              check_same_engine(s, r.engine, "export");
              auto e = s.get("export");
              py::gil_scoped_release release;

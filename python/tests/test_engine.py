@@ -371,6 +371,9 @@ def test_timeout_waiting_and_metrics(holder):
         with pytest.raises(TimeoutError):
             batch.wait(timeout=0.2)
         assert not batch.done and batch.status is None
+        # The synchronous call cancels what it gave up on, and says so.
+        with pytest.raises(baton.Timeout, match="read: not done within 0.2.* s; the request was cancelled"):
+            engine.read(local=local, peer=peer, remote=holder.handle, length=SIZE, timeout=0.2)
     finally:
         holder.proc.send_signal(18)  # SIGCONT
     batch.wait(timeout=30)
@@ -520,3 +523,34 @@ def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
             baton.Request(length=length, **kw)
     with pytest.raises(baton.InvalidArgument, match=r"1e\+300 ms"):
         baton.Request(length=16, deadline_ms=1e300, **kw)
+
+
+def test_the_batch_event_fd_counts_a_batch_that_ended_within_submit(holder):
+    import select
+    with baton.Engine() as e:
+        peer = e.connect(holder.address)
+        local = e.register(np.zeros(SIZE, dtype=np.uint8))
+        batch = e.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=SIZE)])
+        assert batch.done  # copied inside submit: before anyone watched the fd
+        fd = e.batch_event_fd
+        assert select.select([fd], [], [], 0)[0] == [fd]
+        assert int.from_bytes(os.read(fd, 8), "little") >= 1
+        assert select.select([fd], [], [], 0)[0] == []
+        batch.release()
+
+
+def test_an_unregistered_region_is_not_found_and_listening_wide_needs_a_secret_or_consent(holder):
+    with baton.Engine() as e:
+        peer = e.connect(holder.address)
+        gone = e.register(np.zeros(4096, dtype=np.uint8))
+        e.unregister(gone)
+        with pytest.raises(baton.NotFound, match="an unregistered region"):
+            e.read(local=gone, peer=peer, remote=holder.handle, length=16)
+        with pytest.raises(baton.NotFound, match="an unregistered region"):
+            e.export(gone)
+        with pytest.raises(baton.NotFound):
+            e.unregister(gone)
+    with pytest.raises(baton.InvalidArgument, match="without a secret"):
+        baton.Engine(listen="0.0.0.0:0")
+    with baton.Engine(listen="0.0.0.0:0", allow_unauthenticated=True) as open_engine:
+        assert open_engine.address

@@ -243,6 +243,13 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
         if (gpu_paths != 0 && gpu_paths != 1) return invalid("baton_engine_create: gpu_paths is {} (0 or 1)", gpu_paths);
         c.gpu_paths = gpu_paths == 1;
       }
+      if (config->size >= offsetof(baton_engine_config, allow_unauthenticated) + sizeof(std::int32_t)) {
+        std::int32_t open = 0;
+        std::memcpy(&open, reinterpret_cast<const char*>(config) + offsetof(baton_engine_config, allow_unauthenticated),
+                    sizeof open);
+        if (open != 0 && open != 1) return invalid("baton_engine_create: allow_unauthenticated is {} (0 or 1)", open);
+        c.ucx.allow_unauthenticated = open == 1;
+      }
     }
     auto created = engine::Engine::create(std::move(c));
     if (!created) return fail(created.error());

@@ -484,6 +484,14 @@ Datapath::EndedNode Datapath::spare_ended_node() {
   return one.extract(one.begin());
 }
 
+int Datapath::ended_fd() const {
+  if (!ended_fd_used_.exchange(true) && ended_fd_ >= 0 && ended_count_.load() > 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(ended_fd_, &one, sizeof one);
+  }
+  return ended_fd_;
+}
+
 void Datapath::publish_ended(std::uint64_t id, EndedNode node) {
   node.key() = id;
   {
@@ -491,9 +499,9 @@ void Datapath::publish_ended(std::uint64_t id, EndedNode node) {
     running_.erase(id);
     ended_.insert(std::move(node));
   }
-  ended_count_.fetch_add(1, std::memory_order_release);
+  ended_count_.fetch_add(1);
   ended_cv_.notify_all();
-  if (ended_fd_ >= 0 && ended_fd_used_.load(std::memory_order_relaxed)) {
+  if (ended_fd_ >= 0 && ended_fd_used_.load()) {
     const std::uint64_t one = 1;
     (void)!::write(ended_fd_, &one, sizeof one);
   }

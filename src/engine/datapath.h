@@ -78,10 +78,12 @@ class Datapath {
   [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(const Batch& batch, TimeNs now_ns,
                                                                  std::uint64_t max_bytes);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
-  [[nodiscard]] int ended_fd() const {
-    ended_fd_used_ = true;
-    return ended_fd_;
-  }
+  // It is written only once somebody asked for it; a batch that ended
+  // before (one copied within submit, say) makes it readable at that first
+  // ask, so a caller who submits and then watches the fd is not left
+  // waiting. Sequentially consistent with publish_ended: one of the two
+  // sees the other.
+  [[nodiscard]] int ended_fd() const;
   // Until batch `id` ended or `deadline` passed; true when it ended.
   [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
   // Whether batch `id` ended, without waiting (a waiter's spin: no syscall).

@@ -168,6 +168,18 @@ TEST(CApi, CreateChecksItsArguments) {
     EXPECT_NE(last_error().find("gpu_paths"), std::string::npos) << last_error();
   }
   config.gpu_paths = 0;
+  // Beyond loopback without a secret: refused unless said so.
+  config.listen_address = "0.0.0.0:0";
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  EXPECT_NE(last_error().find("without a secret"), std::string::npos) << last_error();
+  config.allow_unauthenticated = 2;
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  EXPECT_NE(last_error().find("allow_unauthenticated"), std::string::npos) << last_error();
+  config.allow_unauthenticated = 1;
+  ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+  config.allow_unauthenticated = 0;
+  config.listen_address = nullptr;
   config.nics = "lo,lo";  // two rails on loopback
   ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
   baton_engine_destroy(e);

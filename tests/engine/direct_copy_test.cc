@@ -2,6 +2,8 @@
 // submitting thread (Datapath::submit_direct over UcxTransport::copy_direct),
 // between pairs of wall-clock engines in one process.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -117,6 +119,37 @@ TEST(DirectCopy, SameHostBatchesEndWhenSubmitReturnsByteExact) {
   EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), 20);
   EXPECT_EQ(p.initiator->stats().slices_posted, 0u);  // the scheduler never saw them
   EXPECT_EQ(counter(m, "baton_ucx_thread_copies_total"), 0);  // nor did a copy thread
+}
+
+// A batch copied within submit ends before the caller could watch the
+// batch event fd: asked for afterwards, the fd is readable at once; from
+// then on each direct batch makes it readable again, and nothing else does.
+TEST(DirectCopy, TheBatchEventFdCountsBatchesThatEndedBeforeItWasAskedFor) {
+  Pair p;
+  auto readable = [](int fd) {
+    pollfd f{fd, POLLIN, 0};
+    return ::poll(&f, 1, 0) == 1 && (f.revents & POLLIN) != 0;
+  };
+  auto drain = [](int fd) {
+    std::uint64_t count = 0;
+    return ::read(fd, &count, sizeof count) == static_cast<ssize_t>(sizeof count) ? count : 0;
+  };
+  auto h = p.initiator->submit(Batch{{p.request(Op::kRead, 0, p.allocated, 0, 4096)}, {}});
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  const int fd = p.initiator->batch_event_fd();
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(readable(fd));  // the batch that ended inside submit
+  EXPECT_GE(drain(fd), 1u);
+  EXPECT_FALSE(readable(fd));
+  EXPECT_EQ(p.initiator->batch_event_fd(), fd);  // a second ask does not write again
+  EXPECT_FALSE(readable(fd));
+  auto second = p.initiator->submit(Batch{{p.request(Op::kWrite, 0, p.allocated, 0, 4096)}, {}});
+  ASSERT_TRUE(second.has_value()) << second.error().to_string();
+  EXPECT_TRUE(readable(fd));
+  EXPECT_EQ(drain(fd), 1u);
+  EXPECT_TRUE(p.initiator->release(*h).is_ok());
+  EXPECT_TRUE(p.initiator->release(*second).is_ok());
+  EXPECT_FALSE(readable(fd));
 }
 
 // A released batch's record is reused for the next one (no allocation per

@@ -94,6 +94,11 @@ typedef struct baton_engine_config {
    * (baton_request.peer ""); EngineConfig::gpu_paths. Default 0. Added
    * after `nics`. */
   int32_t gpu_paths;
+  /* 1: listen beyond loopback without a secret, any process that reaches
+   * the port a peer (UcxConfig::allow_unauthenticated; it logs a warning).
+   * Default 0: such a listen address is refused without secret_file. Added
+   * after `gpu_paths`. */
+  int32_t allow_unauthenticated;
 } baton_engine_config;
 
 /* Sets `size` and every field to its default. */
