@@ -644,14 +644,14 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
                       d, data);
       return Status::ok();
     }
+    MessageHeader header;
+    header.path = slice.path;
+    header.lane = static_cast<std::uint32_t>(lane);
+    header.seq = slice.id;
     if (!compress && m.op == Op::kWrite && s.config.peer_failure_detection) {
       // Raw: sent from the region itself. Only where a lane's close is
       // forced: it ends the send, so a failed path cannot leave UCX reading
       // memory the caller got back.
-      MessageHeader header;
-      header.path = slice.path;
-      header.lane = static_cast<std::uint32_t>(lane);
-      header.seq = slice.id;
       op->awaiting_reply = true;
       op->wire_bytes = ucx::kSliceDescriptorBytes + slice.bytes;
       if (Status st = s.send_from_region(ep, header, d, bytes, *op); !st.is_ok()) {
@@ -675,10 +675,6 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
                                   s.buffers.take(ucx::kSliceDescriptorBytes + slice.bytes));
     }
     if (!payload.empty()) {
-      MessageHeader header;
-      header.path = slice.path;
-      header.lane = static_cast<std::uint32_t>(lane);
-      header.seq = slice.id;
       op->compressed = compress;
       op->awaiting_reply = true;
       op->wire_bytes = payload.size();
