@@ -1,6 +1,7 @@
 #include "baton/common/log.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -22,7 +23,13 @@ Status init_logging(std::string_view level) {
         "error or off)",
         name);
   }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("baton"));
+  // Called again (a C program and the Python module in one process, say):
+  // the same logger, not a second of that name, which spdlog refuses.
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  auto logger = spdlog::get("baton");
+  if (!logger) logger = spdlog::stderr_color_mt("baton");
+  spdlog::set_default_logger(logger);
   spdlog::set_level(parsed);
   return Status::ok();
 }

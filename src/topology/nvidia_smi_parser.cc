@@ -10,9 +10,9 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -150,10 +150,57 @@ std::string shown(std::string_view text) {
   return out;
 }
 
+constexpr std::size_t kLongestNicName = 255;
+
+// "  NIC0: mlx5_0" → {"0", "mlx5_0"}; any other line → nullopt. By hand:
+// std::regex recursed once per character and overflowed the stack on a
+// line of some 26 000 spaces.
+std::optional<std::pair<std::string_view, std::string_view>> nic_legend(std::string_view line) {
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  auto skip_spaces = [&] {
+    while (!line.empty() && space(line.front())) line.remove_prefix(1);
+  };
+  skip_spaces();
+  if (!line.starts_with("NIC")) return std::nullopt;
+  line.remove_prefix(3);
+  std::size_t digits = 0;
+  while (digits < line.size() && std::isdigit(static_cast<unsigned char>(line[digits])) != 0) ++digits;
+  if (digits == 0) return std::nullopt;
+  const std::string_view index = line.substr(0, digits);
+  line.remove_prefix(digits);
+  skip_spaces();
+  if (!line.starts_with(':')) return std::nullopt;
+  line.remove_prefix(1);
+  skip_spaces();
+  std::size_t name = 0;
+  while (name < line.size() && !space(line[name])) ++name;
+  if (name == 0) return std::nullopt;
+  const std::string_view nic = line.substr(0, name);
+  line.remove_prefix(name);
+  skip_spaces();
+  if (!line.empty()) return std::nullopt;
+  return std::pair{index, nic};
+}
+
 }  // namespace
 
 Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // a UTF-8 BOM, as Windows editors save
+  if (text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF")) {
+    return std::unexpected(Status::invalid_argument(
+        "nvidia-smi topo: the text is UTF-16 (a byte order mark {}): save it as UTF-8 or ASCII",
+        text.starts_with("\xFF\xFE") ? "FF FE" : "FE FF"));
+  }
+  // Non-breaking spaces (U+00A0, two bytes), as text copied from a web page
+  // has them between the columns: read as two spaces, which keeps offsets.
+  std::string respaced;
+  if (text.find("\xC2\xA0") != std::string_view::npos) {
+    respaced = std::string(text);
+    for (std::size_t at = respaced.find("\xC2\xA0"); at != std::string::npos; at = respaced.find("\xC2\xA0", at)) {
+      respaced.replace(at, 2, "  ");
+    }
+    text = respaced;
+  }
   const std::vector<Line> lines = split_lines(text);
   auto error = [](int line, std::string why) {
     return std::unexpected(Status::invalid_argument("nvidia-smi topo: line {}: {}", line, why));
@@ -240,6 +287,11 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       cells[r].push_back(*cell);
     }
     const std::size_t extra_count = t.size() - 1 - n;
+    if (gpu_of[r] < 0 && extra_count > 0) {  // nvidia-smi gives affinities for GPUs only
+      return error(line.number, fmt::format("row \"{}\" is a NIC's but has {} values after the matrix (\"{}\"): "
+                                            "a NIC row ends with its matrix cells",
+                                            columns[r], extra_count, shown(t[1 + n])));
+    }
     if (extra_count > trailing.size()) {
       return error(line.number, fmt::format("row \"{}\" has {} values after the matrix, the header names {}",
                                             columns[r], extra_count, trailing.size()));
@@ -256,19 +308,22 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   }
 
   // After the matrix: only the legends matter ("  NIC0: mlx5_0").
-  static const std::regex kNicLegend(R"(^\s*NIC(\d+)\s*:\s*(\S+)\s*$)");
   std::map<int, std::string> nic_names;
   for (; at < lines.size(); ++at) {
-    std::smatch m;
-    if (!std::regex_match(lines[at].text, m, kNicLegend)) continue;
+    const auto legend = nic_legend(lines[at].text);
+    if (!legend) continue;
     // The digits may not fit an int (std::stoi would throw): refuse, never abort.
     int index = 0;
-    const std::string digits = m[1];
+    const std::string_view digits = legend->first;
     const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
     if (ec != std::errc() || end != digits.data() + digits.size()) {
-      return error(lines[at].number, fmt::format("NIC legend index \"{}\" is out of range", digits));
+      return error(lines[at].number, fmt::format("NIC legend index \"{}\" is out of range", shown(digits)));
     }
-    nic_names[index] = m[2];
+    if (legend->second.size() > kLongestNicName) {  // an interface name is at most 15, an RDMA device's 63
+      return error(lines[at].number, fmt::format("NIC{} legend name of {} bytes (at most {}): \"{}\"", index,
+                                                 legend->second.size(), kLongestNicName, shown(legend->second)));
+    }
+    nic_names[index] = std::string(legend->second);
   }
 
   TopologyFacts facts;
@@ -384,20 +439,34 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
 }
 
 Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return std::unexpected(Status::not_found("nvidia-smi topo: \"{}\" is not a readable file", path));
+  // A file, a pipe (`<(nvidia-smi topo -m)`), or "-" for standard input
+  // (`nvidia-smi topo -m | baton topo --nvidia-smi -`); bounded, so that a
+  // device that never ends (/dev/zero) is refused rather than read forever.
+  // 256 devices' matrix is well under 1 MiB.
+  constexpr std::size_t kMostBytes = 16 << 20;
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (path != "-") {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec || !(std::filesystem::is_regular_file(status) || std::filesystem::is_fifo(status))) {
+      return std::unexpected(Status::not_found("nvidia-smi topo: \"{}\" is not a readable file or pipe", path));
+    }
+    file.open(path, std::ios::binary);
+    if (!file) return std::unexpected(Status::not_found("nvidia-smi topo: cannot open \"{}\"", path));
+    in = &file;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return std::unexpected(Status::not_found("nvidia-smi topo: cannot open \"{}\"", path));
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() <= kMostBytes && in->read(chunk, sizeof chunk).gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in->gcount()));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return std::unexpected(Status::unavailable("nvidia-smi topo: cannot read \"{}\"", path));
+  if (in->bad()) return std::unexpected(Status::unavailable("nvidia-smi topo: cannot read \"{}\"", path));
+  if (text.size() > kMostBytes) {
+    return std::unexpected(Status::invalid_argument(
+        "nvidia-smi topo: \"{}\" holds more than {} MiB: not the output of nvidia-smi topo -m", path, kMostBytes >> 20));
   }
-  auto facts = parse_nvidia_smi_topo(text.str());
+  auto facts = parse_nvidia_smi_topo(text);
   if (!facts) {
     return std::unexpected(Status(facts.error().code(), fmt::format("{}: {}", path, facts.error().message())));
   }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -194,6 +195,19 @@ TEST(CApi, CreateChecksItsArguments) {
   EXPECT_EQ(std::string(text).rfind("127.0.0.1:", 0), 0u) << text;
   EXPECT_EQ(needed, std::strlen(text) + 1);
   baton_engine_destroy(e);
+}
+
+// The library's own log lines go to stderr at BATON_LOG_LEVEL (default
+// warn), as the `baton` command's: never into the program's stdout, which
+// may carry its data. A refused connection logs an info line.
+TEST(CApi, LogLinesStayOffTheProgramsStdout) {
+  testing::internal::CaptureStdout();
+  {
+    Engine e;
+    EXPECT_EQ(baton_connect(e.handle, "127.0.0.1:1", nullptr, 0, nullptr), BATON_UNAVAILABLE);
+  }
+  std::fflush(stdout);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
 }
 
 TEST(CApi, NullPointersAreMisuse) {

@@ -1,10 +1,15 @@
 // The nvidia-smi topo parser against real published outputs (tests/data, with
 // the ground truth from its README) and fixtures of our own for shapes the real
 // set lacks, plus malformed text.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -375,6 +380,10 @@ INSTANTIATE_TEST_SUITE_P(
                   }(), "257 devices in the matrix (at most 256)"},
         Malformed{"nvlink_to_a_nic", "\tGPU0\tNIC0\nGPU0\t X \tNV2\nNIC0\tNV2\t X \n",
                   "line 2: GPU0-NIC0: \"NV2\" but NVLink joins GPUs only; NIC0 is a NIC"},
+        Malformed{"values_on_a_nic_row",
+                  "\tGPU0\tNIC0\tCPU Affinity\nGPU0\t X \tPIX\t0-7\nNIC0\tPIX\t X \t0-7\n",
+                  "line 3: row \"NIC0\" is a NIC's but has 1 values after the matrix"},
+        Malformed{"utf16", std::string("\xFF\xFE\tGPU0\n", 7), "UTF-16"},
         Malformed{"nic_legend_index_overflow",
                   "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\nNIC Legend:\n\n  NIC99999999999: mlx5_0\n",
                   "line 7: NIC legend index \"99999999999\" is out of range"}),
@@ -435,6 +444,48 @@ TEST(NvidiaSmiParser, ErrorsQuoteAtMostEightyPrintableBytes) {
   const auto cell = parse_nvidia_smi_topo("\tGPU0\tGPU1\nGPU0\t X \tNV\x01\x02\nGPU1\tNV2\t X \n");
   ASSERT_FALSE(cell.has_value());
   EXPECT_NE(cell.error().message().find("\"NV\\x01\\x02\""), std::string::npos) << cell.error().message();
+}
+
+// A legend line of any length is read or skipped, never a crash (a regex
+// recursed per character and overflowed the stack at about 26 000); text
+// copied from a web page, non-breaking spaces between its columns, reads
+// as the same machine.
+TEST(NvidiaSmiParser, LongLegendLinesAndNonBreakingSpacesParse) {
+  const std::string matrix = "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\nNIC Legend:\n\n  NIC0: mlx5_7\n";
+  for (const std::string& tail : {std::string(1 << 20, ' '), "  NIC1:" + std::string(1 << 20, ' ') + "mlx5_1 x",
+                                  "NIC0:" + std::string(1 << 20, ' ') + "mlx5_9 trailing"}) {
+    const auto f = parse_nvidia_smi_topo(matrix + tail + "\n");
+    ASSERT_TRUE(f.has_value()) << f.error().to_string();
+    ASSERT_EQ(f->nics.size(), 1u);
+    EXPECT_EQ(f->nics[0].name, "mlx5_7");
+  }
+  const auto long_name = parse_nvidia_smi_topo(matrix + "  NIC0: " + std::string(1 << 20, 'x') + "\n");
+  ASSERT_FALSE(long_name.has_value());
+  EXPECT_NE(long_name.error().message().find("NIC0 legend name of 1048576 bytes (at most 255)"), std::string::npos)
+      << long_name.error().message();
+  std::string copied = matrix;
+  for (std::size_t at = copied.find('\t'); at != std::string::npos; at = copied.find('\t', at)) {
+    copied.replace(at, 1, "\xC2\xA0");
+  }
+  const auto f = parse_nvidia_smi_topo(copied);
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_EQ(f->gpus.size(), 1u);
+  EXPECT_EQ(f->nics.size(), 1u);
+}
+
+// A pipe reads as a file does (`--nvidia-smi <(nvidia-smi topo -m)`).
+TEST(NvidiaSmiParser, APipeReadsAsAFile) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("baton-topo-fifo-" + std::to_string(::getpid()))).string();
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::ofstream out(path, std::ios::binary);
+    out << "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n";
+  });
+  const auto f = load_nvidia_smi_topo(path);
+  writer.join();
+  std::filesystem::remove(path);
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_EQ(f->gpus.size(), 2u);
 }
 
 TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {

@@ -40,10 +40,14 @@ struct StoreOptions {
 // (NUMA node 0 when none is named).
 Result<store::NamespaceConfig> parse_namespace(const std::string& text) {
   static const std::regex form(R"(([A-Za-z0-9_.-]+):(\d+)x(\d+)x(\d+):(\d+)(?::(\d+(?:,\d+)*))?)");
+  // std::regex recurses once per character: a long argument would overflow
+  // the stack before it could be refused.
+  constexpr std::size_t kLongest = 1024;
   std::smatch m;
-  if (!std::regex_match(text, m, form)) {
+  if (text.size() > kLongest || !std::regex_match(text, m, form)) {
     return std::unexpected(Status::invalid_argument(
-        "--namespace \"{}\": expected NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (llama:288x2x16384:1000:0,1)", text));
+        "--namespace \"{}\": expected NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (llama:288x2x16384:1000:0,1)",
+        text.size() > 80 ? text.substr(0, 80) + "…" : text));
   }
   // Each number whole, or an error naming it: a cast of stoul's result made
   // 4294967297 slots into 1.

@@ -130,7 +130,7 @@ Command add_topo_command(CLI::App& parent) {
   const auto not_empty = [](const std::string& v) { return v.empty() ? std::string("an empty value") : std::string(); };
   auto* model = app->add_option("--model", options->model, "A synthetic machine: nvswitch8, pcie4, nvlink-pairs")
                     ->check(not_empty);
-  auto* file = app->add_option("--nvidia-smi", options->nvidia_smi_file, "Parse saved `nvidia-smi topo -m` output")
+  auto* file = app->add_option("--nvidia-smi", options->nvidia_smi_file, "Parse `nvidia-smi topo -m` output: a saved file, or - for standard input")
                    ->check(not_empty);
   probe->excludes(model)->excludes(file);
   model->excludes(file);

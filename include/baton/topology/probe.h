@@ -19,7 +19,8 @@ namespace baton::topology {
 // Text that is not such a matrix → invalid_argument naming the line.
 [[nodiscard]] Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text);
 
-// Reads `path` and parses it as above; unreadable file → not_found/unavailable.
+// Reads `path` (a file, a pipe, or "-" for standard input; at most 16 MiB)
+// and parses it as above; unreadable → not_found/unavailable.
 [[nodiscard]] Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path);
 
 // Runs `nvidia-smi topo -m` on this machine; unavailable when the command is
