@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -118,9 +119,16 @@ struct EngineBox {
   std::deque<baton::transport::Notification> notifications;
 };
 
+// Handles start at a random value and step by a large odd number: a
+// small integer or a guessed pointer cast to a handle names no engine (with
+// sequential handles 1, 2, 3 a made-up 3 was a live engine).
 struct Registry {
+  static constexpr std::uintptr_t kStride = 0x9e3779b97f4a7c15ULL | 1;
   std::mutex mutex;
-  std::uintptr_t next = 1;
+  std::uintptr_t next = [] {
+    std::random_device seed;
+    return ((std::uintptr_t{seed()} << 32) ^ seed()) | 1;  // odd: never NULL
+  }();
   std::unordered_map<std::uintptr_t, std::shared_ptr<EngineBox>> engines;
 };
 
@@ -265,7 +273,9 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
     box->engine = std::move(*created);
     Registry& r = registry();
     std::lock_guard lock(r.mutex);
-    const std::uintptr_t id = r.next++;
+    std::uintptr_t id = r.next;
+    while (id == 0 || r.engines.contains(id)) id += Registry::kStride;  // a wrap, however unlikely
+    r.next = id + Registry::kStride;
     r.engines.emplace(id, std::move(box));
     *out = reinterpret_cast<baton_engine*>(id);
     return BATON_OK;

@@ -105,6 +105,12 @@ TEST(CApi, AMadeUpOrDestroyedHandleIsMisuseNotACrash) {
   baton_engine* e = nullptr;
   ASSERT_EQ(baton_engine_create(nullptr, &e), BATON_OK) << last_error();
   ASSERT_EQ(baton_engine_address(e, text, sizeof text, &size), BATON_OK) << last_error();
+  // Handles are not small counters: a guessed small integer names no engine.
+  for (std::uintptr_t guess = 1; guess <= 64; ++guess) {
+    if (reinterpret_cast<baton_engine*>(guess) == e) continue;
+    EXPECT_EQ(baton_engine_address(reinterpret_cast<baton_engine*>(guess), text, sizeof text, &size), BATON_MISUSE)
+        << guess;
+  }
   baton_engine_destroy(e);
   EXPECT_EQ(baton_engine_address(e, text, sizeof text, &size), BATON_MISUSE);
   EXPECT_EQ(baton_allocate_memory(e, 4096, -1, nullptr), BATON_MISUSE);

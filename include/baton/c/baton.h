@@ -5,7 +5,8 @@
  * failure baton_last_error() holds its text. Output arguments are written
  * only on BATON_OK, unless a function says otherwise. Engine handles are
  * looked up, never dereferenced: a NULL, destroyed or made-up one answers
- * BATON_MISUSE instead of crashing.
+ * BATON_MISUSE instead of crashing (handles are random 64-bit values, so a
+ * made-up one names a live engine only by a one-in-2^63 chance).
  *
  * Caller buffers: a function that writes text or an array into the caller's
  * memory takes its capacity and reports the size it needs (text: bytes
@@ -210,12 +211,15 @@ BATON_C_API int baton_submit(baton_engine* engine, const baton_request* requests
 /* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */
 BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_status* status);
 /* Until the batch ended (BATON_OK; then poll it) or timeout_ns passed
- * (BATON_TIMEOUT). */
+ * (BATON_TIMEOUT; a negative timeout_ns is BATON_INVALID_ARGUMENT). A
+ * same-host batch up to UcxConfig::direct_copy_max_bytes (16 MiB) is copied
+ * inside baton_submit: it has ended when submit returns. */
 BATON_C_API int baton_wait(baton_engine* engine, uint64_t batch, int64_t timeout_ns);
 /* Cancels the batch's running requests and returns at once; wait() before
- * reusing their memory. */
+ * reusing their memory. A batch that already ended: BATON_INVALID_ARGUMENT. */
 BATON_C_API int baton_cancel(baton_engine* engine, uint64_t batch);
-/* Forgets an ended batch: its handle turns unknown. */
+/* Forgets an ended batch: its handle turns unknown. A batch still running:
+ * BATON_INVALID_ARGUMENT. */
 BATON_C_API int baton_release(baton_engine* engine, uint64_t batch);
 /* An eventfd, owned by the engine, that turns readable whenever a batch ends
  * (read 8 bytes to reset it; then poll the batches waited for). */
@@ -224,7 +228,8 @@ BATON_C_API int baton_batch_event_fd(baton_engine* engine, int* fd);
 /* Takes the oldest notification peers sent this engine: the sender's name
  * into `from` (a caller buffer, *from_needed) and its bytes into `message`
  * (*message_length). *taken is 0 when none waits. `from` NULL with
- * from_capacity 0 only reports the oldest one's sizes (nothing is taken);
+ * from_capacity 0 only reports the oldest one's sizes (nothing is taken:
+ * *taken is 0 and a waiting one shows as *from_needed > 0);
  * buffers too small: BATON_OUT_OF_RANGE with the sizes, nothing taken. */
 BATON_C_API int baton_take_notification(baton_engine* engine, char* from, size_t from_capacity,
                                         size_t* from_needed, void* message, size_t message_capacity,
