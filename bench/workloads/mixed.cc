@@ -85,6 +85,17 @@ Status MixedWorkload::validate() const {
   }
   if (decode_deadline_ns <= 0) return Status::invalid_argument("mixed workload: decode deadline must be > 0");
   if (duration_ns <= 0) return Status::invalid_argument("mixed workload: duration {} ns must be > 0", duration_ns);
+  // Every arrival is generated up front: bounded, so that a huge burst, a
+  // tiny interval or an hour-long duration is refused, not run out of memory.
+  const double duration = static_cast<double>(duration_ns);
+  const double expected = duration / static_cast<double>(prefill_interval_ns) * prefill_burst +
+                          duration / static_cast<double>(decode_interval_ns);
+  if (expected > static_cast<double>(kMostArrivals)) {
+    return Status::invalid_argument(
+        "mixed workload: about {:.0f} requests would arrive (at most {}): shorten the duration, lengthen the "
+        "intervals or shrink the prefill burst",
+        expected, kMostArrivals);
+  }
   return Status::ok();
 }
 

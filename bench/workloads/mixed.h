@@ -25,6 +25,7 @@ struct MixedWorkload {
   // prompt's KV, layer by layer), bursts arriving with exponential gaps.
   std::uint64_t prefill_bytes = 32ULL << 20;
   int prefill_burst = 64;
+  static constexpr std::uint64_t kMostArrivals = 2'000'000;  // validate(): requests of both streams together
   TimeNs prefill_interval_ns = 10'000'000;  // mean gap between bursts (≈ 48% of the link)
   // Decode: one request of `decode_bytes` every `decode_interval_ns` on
   // average (exponential gaps), each due `decode_deadline_ns` after it arrives.

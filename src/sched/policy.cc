@@ -785,10 +785,14 @@ Status SchedPolicy::validate() const {
       return Status::invalid_argument("SchedPolicy: slice_bytes[{}] is {} (expected at least {})", path,
                                       slice_bytes[i], kMinSliceBytes);
     }
-    if (c.lanes < 1 || c.slices_per_lane < 1) {
+    // Bounded: lanes × slices per lane is the path's credit count, kept in
+    // an int and allocated per lane (a billion of each ran out of memory).
+    if (c.lanes < 1 || c.lanes > PathCredits::kMaxLanes || c.slices_per_lane < 1 ||
+        c.slices_per_lane > PathCredits::kMaxSlicesPerLane) {
       return Status::invalid_argument(
-          "SchedPolicy: credits[{}] has {} lanes and {} slices per lane (expected >= 1 each)",
-          path, c.lanes, c.slices_per_lane);
+          "SchedPolicy: credits[{}] has {} lanes and {} slices per lane (expected 1..{} lanes and 1..{} slices per "
+          "lane)",
+          path, c.lanes, c.slices_per_lane, PathCredits::kMaxLanes, PathCredits::kMaxSlicesPerLane);
     }
     if (c.inflight_bytes < slice_bytes[i]) {
       return Status::invalid_argument(

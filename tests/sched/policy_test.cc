@@ -493,6 +493,18 @@ TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
   p = SchedPolicy::defaults();
   p.credits[static_cast<int>(PathType::kShm)].slices_per_lane = 0;
   expect_refused(p, "credits[shm]");
+  // Bounded above too: a billion of each ran the machine out of memory, and
+  // their product overflowed the credit count.
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kRdma)].lanes = PathCredits::kMaxLanes + 1;
+  expect_refused(p, "credits[rdma] has 65 lanes");
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kNvswitch)].slices_per_lane = 536870912;
+  expect_refused(p, "expected 1..64 lanes and 1..65536 slices per lane");
+  p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kNvswitch)].lanes = PathCredits::kMaxLanes;
+  p.credits[static_cast<int>(PathType::kNvswitch)].slices_per_lane = PathCredits::kMaxSlicesPerLane;
+  EXPECT_TRUE(p.validate().is_ok()) << p.validate().to_string();
   p = SchedPolicy::defaults();
   p.credits[static_cast<int>(PathType::kNvlink)].inflight_bytes = 64 * kKiB;
   expect_refused(p, "credits[nvlink].inflight_bytes");

@@ -82,6 +82,9 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench mixed --duration-ms 0", "--duration-ms"},
       {"bench mixed --policy-file /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
       {"bench mixed --prefill-burst 0", "prefill_burst"},
+      // Every arrival is generated up front: too many is refused, not run out of memory.
+      {"bench mixed --prefill-burst 1000000000", "requests would arrive (at most 2000000)"},
+      {"bench dualpath --requests 100000000", "--requests 100000000: expected 1..1000000"},
       {"bench ablation --slice-sizes 12parsecs", "\"12parsecs\""},
       // Refused before the run, not after it.
       {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},

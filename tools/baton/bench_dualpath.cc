@@ -86,7 +86,10 @@ std::vector<TimeNs> arrivals(int requests, TimeNs duration_ns, std::uint64_t see
 
 Result<Workload> workload(const DualPathBenchOptions& o) {
   if (Status s = check_peer(o.peer); !s.is_ok()) return std::unexpected(s);
-  if (o.requests < 1) return std::unexpected(Status::invalid_argument("--requests {} must be >= 1", o.requests));
+  constexpr std::int64_t kMostRequests = 1'000'000;  // every arrival and its record are held at once
+  if (o.requests < 1 || o.requests > kMostRequests) {
+    return std::unexpected(Status::invalid_argument("--requests {}: expected 1..{}", o.requests, kMostRequests));
+  }
   if (Status s = check_duration_ms(o.duration_ms); !s.is_ok()) return std::unexpected(s);
   auto bytes = parse_size(o.handoff_size);
   if (!bytes) return std::unexpected(bytes.error());

@@ -58,8 +58,10 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
   added.push_back(app.add_option_function<std::string>(
          "--stall-timeout",
          [&ucx](const std::string& text) {
-           auto ns = parse_duration(text);
+           auto ns = text == "0" ? Result<TimeNs>(0) : parse_duration(text);  // "0": never, as the help says
            if (!ns) throw BadValue("--stall-timeout: " + ns.error().message());
+           // Kept in ms: a shorter nonzero one would silently turn into "never".
+           if (*ns > 0 && *ns < 1'000'000) throw BadValue("--stall-timeout " + text + ": below 1ms (0: never)");
            ucx.stall_timeout_ms = *ns / 1'000'000;
          },
          "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)"));

@@ -35,6 +35,8 @@ enum class PolicyKind : std::uint8_t {
 
 // What one path may carry at once (backpressure).
 struct PathCredits {
+  static constexpr int kMaxLanes = 64;              // as many as a transport opens to a peer
+  static constexpr int kMaxSlicesPerLane = 1 << 16;
   int lanes = 2;                           // parallel channels on the path
   int slices_per_lane = 2;                 // queued per lane: keeps the lane busy across completion latency
   std::uint64_t inflight_bytes = 4 << 20;  // bytes posted and not yet completed
