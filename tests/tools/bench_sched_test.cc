@@ -89,6 +89,7 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       // Refused before the run, not after it.
       {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},
       {"bench mixed --json ''", "an empty path"},
+      {"bench mixed --json /tmp", "\"/tmp\": a directory, not a file"},
   };
   for (const auto& [args, needle] : cases) {
     const CommandRun r = baton(args);

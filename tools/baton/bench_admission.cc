@@ -131,7 +131,7 @@ Command add_bench_mlu_sweep(CLI::App& bench) {
   CLI::App* app = bench.add_subcommand("mlu-sweep",
                                        "MLU and SLO attainment vs deadline: FIFO, FIFO + drop, EDF, EDF + drop + degrade");
   app->add_option("--deadlines-us", o->deadlines_us, "Deadlines to sweep (us)")->delimiter(',');
-  app->add_option("--seed", o->seed, "Seed of the arrivals");
+  app->add_option("--seed", o->seed, "Seed of the arrivals")->check(kUnsigned64);
   app->add_option("--duration-ms", o->duration_ms, "Virtual time over which batches arrive");
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
   app->add_option("--request-size", o->request_size, "Bytes per request (size; 1MiB on sim, 256KiB over UCX)");

@@ -115,7 +115,7 @@ Command add_bench_compress(CLI::App& bench) {
   app->add_option("--slack", o->config.slack, "The compressing run's deadline, in plain-run durations");
   app->add_option("--theta-compress", o->config.theta_compress,
                   "The compressing run's admission.theta_compress (0: every request may compress when it pays)");
-  app->add_option("--seed", o->config.seed, "Seed of the data");
+  app->add_option("--seed", o->config.seed, "Seed of the data")->check(kUnsigned64);
   app->add_option("--target", o->target, "A running `baton serve` (host:port)");
   app->add_flag("--spawn", o->spawn, "Start a `baton serve` child and use it");
   app->add_option("--netns", o->netns, "--spawn: start it inside this network namespace (scripts/netns-link)");

@@ -163,7 +163,7 @@ Command add_bench_deadlines(CLI::App& bench) {
   app->add_option("--prefill-slack", w->prefill_slack, "A prefill is due this many times its idle-link transfer time after arrival");
   app->add_option("--background-size", o->background_size, "Bytes per background request (size)");
   app->add_option("--duration-ms", o->duration_ms, "Time over which requests arrive");
-  app->add_option("--seed", w->seed, "Seed of the arrivals");
+  app->add_option("--seed", w->seed, "Seed of the arrivals")->check(kUnsigned64);
   app->add_option("--policies", o->policies, "Policies to run (baseline_fifo, strict_priority, edf, deadline_aware)")
       ->delimiter(',');
   app->add_option("--policy-file", o->policy_file, "Start every policy from this YAML instead of the defaults");

@@ -338,7 +338,7 @@ void add_common(CLI::App* app, DualPathBenchOptions& o, std::string_view default
   app->add_option("--prefill-memory", o.prefill_memory,
                   "ucx: the prefill peer's KV: caller (its own buffer, registered, as a framework's tensors; "
                   "reached with CMA) or engine (allocated by its engine; mapped by this one)");
-  app->add_option("--seed", o.seed, "Seed of the arrivals and the backoff jitter");
+  app->add_option("--seed", o.seed, "Seed of the arrivals and the backoff jitter")->check(kUnsigned64);
   app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
   add_peer_options(*app, o.peer);
 }

@@ -3,7 +3,10 @@
 // set up first) and returns the process exit code.
 #pragma once
 
+#include <charconv>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +23,19 @@ inline Status check_duration_ms(double ms) {
   if (ms > 0 && ms <= 3.6e6) return Status::ok();
   return Status::invalid_argument("--duration-ms {} must be > 0 and at most 3.6e6 (an hour)", ms);
 }
+
+// An unsigned 64-bit value (a seed) written as plain decimal digits that
+// fit: CLI11 alone took "-1" as 2^64 - 1 and saturated 2^64.
+inline const CLI::Validator kUnsigned64(
+    [](std::string& text) -> std::string {
+      std::uint64_t value = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+        return "\"" + text + "\" is not a whole number in 0..18446744073709551615";
+      }
+      return {};
+    },
+    "UINT64");
 
 // A failed command's exit code: 2 for input the caller got wrong
 // (invalid_argument, out_of_range; CLI11's own code for a bad flag), 1 for

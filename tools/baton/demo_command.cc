@@ -390,7 +390,7 @@ Command add_demo_command(CLI::App& parent) {
   app->add_option("--decode-size", o->decode_size, "Bytes per decode read (size)");
   app->add_option("--decode-interval-ms", o->decode_interval_ms, "Gap between decode reads");
   app->add_option("--decode-deadline-ms", o->decode_deadline_ms, "Decode deadline after submit");
-  app->add_option("--seed", o->seed, "Seed of the decode reads' offsets");
+  app->add_option("--seed", o->seed, "Seed of the decode reads' offsets")->check(kUnsigned64);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_demo(*o); }};
 }

@@ -25,9 +25,17 @@ Status prepare_json_output(const std::string& path) {
     }
     return Status::ok();
   }
+  std::error_code error;
+  // Refused now, not after a run of minutes: a directory, or a file that
+  // cannot be written over.
+  if (std::filesystem::is_directory(path, error)) {
+    return Status::invalid_argument("--json \"{}\": a directory, not a file", path);
+  }
+  if (std::filesystem::exists(path, error) && ::access(path.c_str(), W_OK) != 0) {
+    return Status::invalid_argument("--json \"{}\": the file is not writable", path);
+  }
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
-  std::error_code error;
   if (!std::filesystem::is_directory(dir, error) || ::access(dir.c_str(), W_OK) != 0) {
     return Status::invalid_argument("--json \"{}\": \"{}\" is not a writable directory", path, dir.string());
   }
