@@ -71,9 +71,13 @@ TEST(BenchAblation, EveryCellOfTheSweep) {
   EXPECT_EQ(skipped, 1);
   // Without --json the table says so too: a sweep of skipped cells is not
   // an empty output.
-  const CommandRun table = baton("bench ablation --duration-ms 10 --slice-sizes 1MiB --budgets 512KiB");
+  const CommandRun table = baton("bench ablation --duration-ms 10 --slice-sizes 1MiB --budgets 512KiB,8MiB");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("skipped: the budget is smaller than one slice"), std::string::npos) << table.out;
+  // Nothing but skips is no result: refused.
+  const CommandRun none = baton("bench ablation --duration-ms 10 --slice-sizes 1MiB --budgets 512KiB");
+  EXPECT_EQ(none.exit_code, 2) << none.out;
+  EXPECT_NE(none.err.find("nothing to measure"), std::string::npos) << none.err;
 }
 
 TEST(BenchSched, BadInputFailsWithOneLine) {

@@ -242,6 +242,7 @@ int run_ablation_bench(const SchedBenchOptions& o) {
   auto base = base_policy(o);
   if (!base) return fail(base.error());
   ordered_json cells = ordered_json::array();
+  int measured = 0;
   const auto path = topology::PathType::kNvswitch;  // the hot link of the workload
   for (const std::string& slice_text : o.slice_sizes) {
     auto slice = parse_size(slice_text);
@@ -265,6 +266,7 @@ int run_ablation_bench(const SchedBenchOptions& o) {
       }
       auto r = workloads::run_mixed(*w, policy);
       if (!r) return fail(r.error());
+      ++measured;
       cell["decode_p99_us"] = r->decode.p99_us;
       cell["decode_miss_ratio"] = r->decode.miss_ratio;
       cell["prefill_throughput_gbps"] = r->prefill.throughput_gbps;
@@ -276,6 +278,10 @@ int run_ablation_bench(const SchedBenchOptions& o) {
       }
       cells.push_back(cell);
     }
+  }
+  if (measured == 0) {  // every budget below every slice: a table of skips is no result
+    return fail(Status::invalid_argument("every --budgets value is below every --slice-sizes value: nothing to "
+                                         "measure (a budget must hold at least one slice)"));
   }
   return write_json({{"workload", workload_json(*w, o.peer)}, {"path", "nvswitch"}, {"cells", cells}}, o.json_path);
 }
