@@ -102,7 +102,9 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
   EXPECT_NE(baton("bench").exit_code, 0);
-  EXPECT_NE(baton("bench nosuchmode").exit_code, 0);
+  const CommandRun unknown = baton("bench nosuchmode");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("unknown command \"bench nosuchmode\""), std::string::npos) << unknown.err;
 }
 
 }  // namespace

@@ -1,8 +1,39 @@
 #include <fmt/core.h>
 
+#include <string>
+
 #include "baton/common/log.h"
 #include "commands.h"
 #include "json_output.h"
+
+namespace {
+
+// The word where a command line stops naming subcommands, as "bench bogus",
+// or "" when every word was one (or there was none): CLI11 says only "A
+// subcommand is required" for `baton bogus`.
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.starts_with("-")) {
+      // An option's value is its next word unless given with '='.
+      const CLI::Option* option = at->get_option_no_throw(word.substr(0, word.find('=')));
+      if (option != nullptr && option->get_type_size() != 0 && word.find('=') == std::string::npos) ++i;
+      continue;
+    }
+    const CLI::App* sub = nullptr;
+    for (const CLI::App* candidate : at->get_subcommands({})) {
+      if (candidate->check_name(word)) sub = candidate;
+    }
+    if (sub == nullptr) return at->get_subcommands({}).empty() ? std::string() : path + word;
+    at = sub;
+    path += word + " ";
+  }
+  return {};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
@@ -17,6 +48,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (const std::string word = unknown_command(app, argc, argv);
+        !word.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      fmt::print(stderr, "baton: unknown command \"{}\" (baton --help lists them)\n", word);
+      return 2;
+    }
     // --help is 0; every usage error is 2, as for values the commands refuse
     // themselves (CLI11's own codes, 105 for a value out of range, say nothing more).
     return app.exit(e) == 0 ? 0 : 2;
