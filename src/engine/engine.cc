@@ -164,6 +164,10 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   Datapath& datapath = *state_->datapath;
   std::uint64_t seen = datapath.ended_count();
   if (datapath.ended(batch.id)) return Status::ok();
+  if (timeout_ns <= 0) {  // a look, not a wait: no yield, no condition variable (a rank's poll of its loads)
+    if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
+    return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   auto ended_now = [&] {
     const std::uint64_t count = datapath.ended_count();

@@ -415,8 +415,11 @@ TEST(UcxEngineValidation, UnregisterReleaseAndShortWaitsAreRefusedWhileRequestsR
   ASSERT_TRUE(h.has_value());
   EXPECT_EQ(local.engine->unregister(local.region.handle).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(local.engine->wait(*h, 1).code(), StatusCode::kTimeout);  // 64 MiB do not land in a nanosecond
+  EXPECT_EQ(local.engine->wait(*h, 0).code(), StatusCode::kTimeout);  // a look
+  EXPECT_EQ(local.engine->wait(engine::BatchHandle{h->id + 1000}, 0).code(), StatusCode::kNotFound);
   EXPECT_EQ(local.engine->release(*h).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  EXPECT_TRUE(local.engine->wait(*h, 0).is_ok());
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
 }
 

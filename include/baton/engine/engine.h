@@ -215,7 +215,8 @@ class Engine {
   // same-host request). On an error `out` is unspecified.
   [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out);
   // Until every request of the batch ended (ok; see poll() for how) or the
-  // timeout passed (timeout). Wakes at once when the batch ends.
+  // timeout passed (timeout). Wakes at once when the batch ends. A timeout
+  // of 0 only looks: it neither yields nor sleeps.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
   // Cancels the requests still running and returns at once. A request
   // reports `cancelled` only once nothing it posted can still land in the
