@@ -591,6 +591,25 @@ TEST(BenchCompress, EveryKindIsVerifiedAndIncompressibleDataTravelsRaw) {
   EXPECT_GT(j["rows"][1]["ratio"].get<double>(), 1.5);    // half zero pages
 }
 
+// The run's secret lives in memory: a bench killed mid-run (SIGKILL, no
+// destructor runs) leaves no file behind. It used to leave
+// /tmp/baton-secret-XXXXXX.
+TEST(BenchCompress, AKilledRunLeavesNoSecretFileBehind) {
+  const auto secrets = [] {
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator("/tmp")) {
+      if (entry.path().filename().string().starts_with("baton-secret-")) found.push_back(entry.path());
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  };
+  const auto before = secrets();
+  // 3 × 512 MiB takes longer than 3 s here: the kill lands mid-run.
+  const CommandRun r = run_baton("bench compress --spawn --size 512MiB --data fp16", "timeout -s KILL 3");
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_EQ(secrets(), before);
+}
+
 TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
   for (const auto& [args, needle] : {std::pair<std::string, std::string>{"--spawn --data gzip", "unknown data kind"},
                                      {"--spawn --size 0", "sizes must be > 0"},

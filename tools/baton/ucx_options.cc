@@ -1,6 +1,8 @@
 #include "ucx_options.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -93,22 +95,27 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
 }
 
 Result<SpawnSecret> SpawnSecret::create(transport::UcxConfig& ucx) {
-  std::string path = "/tmp/baton-secret-XXXXXX";
-  const int fd = ::mkstemp(path.data());  // 0600
+  // A memfd, not a file in /tmp: nothing is left behind however the run
+  // ends (SIGTERM or SIGKILL included). It is inherited (no MFD_CLOEXEC), so
+  // the child opens it by the same /proc/self/fd path as we do.
+  const int fd = ::memfd_create("baton-secret", 0);
   if (fd < 0) return std::unexpected(Status::unavailable("cannot make a secret file: {}", std::strerror(errno)));
+  SpawnSecret made(fd);
+  if (::fchmod(fd, 0600) != 0) {
+    return std::unexpected(Status::unavailable("cannot make the secret file private: {}", std::strerror(errno)));
+  }
   std::random_device entropy;
   std::string secret;
   for (int i = 0; i < 32; ++i) secret += fmt::format("{:02x}", entropy() & 0xff);
-  const bool written = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
-  ::close(fd);
-  SpawnSecret made(path);
-  if (!written) return std::unexpected(Status::unavailable("cannot write the secret file {}", path));
-  ucx.secret_file = path;
+  if (::write(fd, secret.data(), secret.size()) != static_cast<ssize_t>(secret.size())) {
+    return std::unexpected(Status::unavailable("cannot write the secret file: {}", std::strerror(errno)));
+  }
+  ucx.secret_file = fmt::format("/proc/self/fd/{}", fd);
   return made;
 }
 
 SpawnSecret::~SpawnSecret() {
-  if (!path_.empty()) ::unlink(path_.c_str());
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string PeerOptions::link() const {

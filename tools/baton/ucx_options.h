@@ -27,18 +27,19 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
 
 // A random deployment secret in a private (0600) temporary file, for a
 // command that spawns its own peer where it must listen beyond loopback:
-// both sides read it (ucx.secret_file points at it). The file goes with
-// the object.
+// both sides read it (ucx.secret_file points at it). It lives in memory
+// (a memfd the child inherits) and goes with the object: no file is left
+// behind, even by a run that is killed.
 class SpawnSecret {
  public:
   [[nodiscard]] static Result<SpawnSecret> create(transport::UcxConfig& ucx);
-  SpawnSecret(SpawnSecret&& other) noexcept : path_(std::exchange(other.path_, {})) {}
+  SpawnSecret(SpawnSecret&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   SpawnSecret& operator=(SpawnSecret&&) = delete;
   ~SpawnSecret();
 
  private:
-  explicit SpawnSecret(std::string path) : path_(std::move(path)) {}
-  std::string path_;
+  explicit SpawnSecret(int fd) : fd_(fd) {}
+  int fd_ = -1;
 };
 
 // Where a scheduling bench sends its requests: the simulator, or a real peer
