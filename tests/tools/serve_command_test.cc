@@ -627,7 +627,8 @@ TEST(BenchCompress, BadInputIsOneLineAndExitsNonZero) {
 }
 
 // NICs that are not this machine's: the engine refuses them by name, and a
-// spawned serve that refuses them is reported as exited, not as slow.
+// spawned serve that refuses them is reported as refusing them (exit 2, bad
+// input), not as slow.
 TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsExited) {
   CommandRun r = run_baton("serve --buffer-size 1MiB --nics no-such-nic0");
   EXPECT_EQ(r.exit_code, 2);
@@ -636,9 +637,9 @@ TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsE
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("2 lanes for 3 NICs"), std::string::npos) << r.err;
   r = run_baton("bench throughput --spawn --nics no-such-nic0 --duration 1s");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // the child's bad input is ours
   EXPECT_NE(r.err.find("no such network interface"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("exited before giving its address"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("refused the settings passed on to it"), std::string::npos) << r.err;
 }
 
 // UCX prints its warnings on stdout, where a spawned serve gives its

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <system_error>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 namespace baton::cli {
@@ -75,6 +76,19 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
       return std::unexpected(Status::unavailable("serve: the child (pid {}) gave no address within 20 s", pid));
     }
     if ((n = ::read(out[0], chunk, sizeof chunk)) <= 0) {
+      // It closed its stdout: it is exiting. Exit code 2 is a `baton`
+      // command refusing its input, so the settings we passed on were bad:
+      // say so as bad input (our exit code 2 too), not as a peer that failed.
+      int status = 0;
+      pid_t reaped = 0;
+      for (int i = 0; i < 200 && (reaped = ::waitpid(pid, &status, WNOHANG)) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // at most 2 s; else the destructor kills it
+      }
+      if (reaped == pid) child.pid_ = -1;
+      if (reaped == pid && WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+        return std::unexpected(Status::invalid_argument(
+            "serve: the child (pid {}) refused the settings passed on to it (its error is above)", pid));
+      }
       return std::unexpected(
           Status::unavailable("serve: the child (pid {}) exited before giving its address (its error is above)", pid));
     }

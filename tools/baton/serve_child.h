@@ -22,9 +22,10 @@ class ServeChild {
   // Runs `<binary> <command> <args>` (by default this very binary's `serve`;
   // `store` prints the same first line) and waits (up to 20 s) for its
   // address line; inside network namespace `netns` (`ip netns exec`) when
-  // one is named. unavailable when it cannot start or exits first. The child
-  // gets SIGTERM if the thread that started it dies (PR_SET_PDEATHSIG):
-  // start it from a thread that outlives it.
+  // one is named. unavailable when it cannot start or exits first;
+  // invalid_argument when it exits 2 (it refused the arguments it was
+  // given). The child gets SIGTERM if the thread that started it dies
+  // (PR_SET_PDEATHSIG): start it from a thread that outlives it.
   [[nodiscard]] static Result<ServeChild> start(const std::vector<std::string>& args,
                                                 const std::string& binary = "/proc/self/exe",
                                                 const std::string& netns = "", const std::string& command = "serve");
