@@ -131,13 +131,21 @@ Result<double> time_d2d(CudaRuntime& rt, int device, const MatrixOptions& o) {
 
 }  // namespace
 
+Status MatrixOptions::validate() const {
+  if (gpus.empty()) return Status::invalid_argument("matrix: no GPUs listed (--gpus 0,1)");
+  for (int g : gpus) {
+    if (g < 0) return Status::invalid_argument("matrix: GPU {} is below 0", g);
+    if (std::count(gpus.begin(), gpus.end(), g) > 1) return Status::invalid_argument("matrix: GPU {} is listed twice", g);
+  }
+  if (block_bytes == 0 || repeat < 1) {
+    return Status::invalid_argument("matrix: block size {} and repeat {} must be > 0", block_bytes, repeat);
+  }
+  return Status::ok();
+}
+
 Result<std::vector<MatrixCell>> measure_matrix(std::shared_ptr<CudaRuntime> runtime, const MatrixOptions& o) {
   if (!runtime) return std::unexpected(Status::invalid_argument("matrix: no CUDA runtime (null)"));
-  if (o.gpus.empty()) return std::unexpected(Status::invalid_argument("matrix: no GPUs listed (--gpus 0,1)"));
-  if (o.block_bytes == 0 || o.repeat < 1) {
-    return std::unexpected(Status::invalid_argument("matrix: block size {} and repeat {} must be > 0", o.block_bytes,
-                                                    o.repeat));
-  }
+  if (Status s = o.validate(); !s.is_ok()) return std::unexpected(s);
   auto facts = o.topology_model.empty() ? topology::probe_machine() : topology::load_model(o.topology_model);
   if (!facts) return std::unexpected(facts.error());
   auto graph = topology::TopologyGraph::build(*facts);

@@ -21,6 +21,10 @@ struct MatrixOptions {
   int repeat = 10;  // timed blocks per path, after one untimed
   // A synthetic topology instead of this machine's probe (tests).
   std::string topology_model;
+
+  // What needs no machine: at least one GPU, none listed twice or below 0,
+  // a block and a repeat above 0. invalid_argument naming the value.
+  [[nodiscard]] Status validate() const;
 };
 
 struct MatrixCell {
@@ -36,8 +40,8 @@ struct MatrixCell {
   double model_latency_us = 0;
 };
 
-// invalid_argument for no GPUs, a GPU the topology does not have, a zero
-// block or repeat; the runtime's errors (out of memory, …) as they come.
+// validate()'s errors, invalid_argument for a GPU the topology does not
+// have; the runtime's errors (out of memory, …) as they come.
 [[nodiscard]] Result<std::vector<MatrixCell>> measure_matrix(std::shared_ptr<transport::CudaRuntime> runtime,
                                                              const MatrixOptions& options);
 

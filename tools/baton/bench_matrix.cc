@@ -71,9 +71,14 @@ std::string policy_fragment(const std::vector<workloads::MatrixCell>& cells, std
 int run_matrix(const MatrixCommandOptions& o) {
   auto block = parse_size(o.block_size);
   if (!block) return fail(2, fmt::format("--block-size: {}", block.error().message()));
+  // The flags first: a mistake is said as such on a machine without a GPU too.
+  workloads::MatrixOptions m{o.gpus, *block, o.repeat, o.topology_model};
+  if (Status s = m.validate(); !s.is_ok()) return fail(2, s.message());
+  if (!o.update_model.empty()) {
+    if (Status s = check_output_file("--update-model", o.update_model); !s.is_ok()) return fail(2, s.message());
+  }
   auto runtime = transport::cuda_runtime();
   if (!runtime) return fail(1, runtime.error().message());
-  workloads::MatrixOptions m{o.gpus, *block, o.repeat, o.topology_model};
   auto cells = workloads::measure_matrix(*runtime, m);
   if (!cells) return fail(1, cells.error().message());
 

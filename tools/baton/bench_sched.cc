@@ -22,6 +22,7 @@ namespace {
 using nlohmann::ordered_json;
 
 struct SchedBenchOptions {
+  std::string command;  // "bench mixed" or "bench ablation": how its errors begin
   std::string policy = "all";
   std::string policy_file;
   std::uint64_t seed = 1;
@@ -52,6 +53,12 @@ Status choose_cuda_path(SchedBenchOptions& o) {
   if (o.gpus.empty() || o.gpus.size() > 2) {
     return Status::invalid_argument("--real needs --gpus with one GPU (host -> GPU) or two (GPU -> GPU), got {}",
                                     o.gpus.size());
+  }
+  for (int g : o.gpus) {
+    if (g < 0) return Status::invalid_argument("--gpus: GPU {} is below 0", g);
+  }
+  if (o.gpus.size() == 2 && o.gpus[0] == o.gpus[1]) {
+    return Status::invalid_argument("--gpus {0},{0}: the same GPU twice (name one for host -> GPU)", o.gpus[0]);
   }
   workloads::MixedWorkload& w = o.workload;
   w.topology_model.clear();  // this machine's probe
@@ -94,7 +101,7 @@ void apply_ucx_defaults(CLI::App& app, SchedBenchOptions& o) {
   if (app.count("--duration-ms") == 0) o.duration_ms = 2000;
 }
 
-int fail(const Status& s) { return fail_command("bench", s); }
+int fail(const SchedBenchOptions& o, const Status& s) { return fail_command(o.command, s); }
 
 Result<sched::SchedPolicy> base_policy(const SchedBenchOptions& o) {
   if (o.policy_file.empty()) return sched::SchedPolicy::defaults();
@@ -147,16 +154,11 @@ ordered_json outcome_json(const workloads::ClassOutcome& c) {
           {"p99_us", c.p99_us},        {"p999_us", c.p999_us}};
 }
 
-int write_json(const ordered_json& j, const std::string& path) {
-  if (Status s = write_json_output(j.dump(2), path); !s.is_ok()) return fail(s);
-  return 0;
-}
-
 int run_mixed_bench(const SchedBenchOptions& o) {
   auto w = workload(o);
-  if (!w) return fail(w.error());
+  if (!w) return fail(o, w.error());
   auto base = base_policy(o);
-  if (!base) return fail(base.error());
+  if (!base) return fail(o, base.error());
   std::vector<sched::PolicyKind> kinds;
   if (o.policy == "all") {
     kinds = {sched::PolicyKind::kBaselineFifo, sched::PolicyKind::kStrictPriority, sched::PolicyKind::kEdf,
@@ -166,19 +168,19 @@ int run_mixed_bench(const SchedBenchOptions& o) {
   } else if (auto k = sched::parse_policy_kind(o.policy)) {
     kinds = {*k};
   } else {
-    return fail(Status::invalid_argument(
+    return fail(o, Status::invalid_argument(
         "--policy \"{}\": expected deadline_aware, baseline_fifo, strict_priority, edf, both or all", o.policy));
   }
   std::shared_ptr<transport::CudaRuntime> cuda;
   if (o.real_cuda) {
-    if (o.peer.real()) return fail(Status::invalid_argument("--real (CUDA copies) and a UCX peer exclude each other"));
+    if (o.peer.real()) return fail(o, Status::invalid_argument("--real (CUDA copies) and a UCX peer exclude each other"));
     auto rt = transport::cuda_runtime();
-    if (!rt) return fail(rt.error());
+    if (!rt) return fail(o, rt.error());
     cuda = *rt;
   }
   PeerOptions peer = o.peer;
   auto child = resolve_peer(peer, w->prefill_bytes + w->decode_bytes);
-  if (!child) return fail(child.error());
+  if (!child) return fail(o, child.error());
   ordered_json j{{"workload", workload_json(*w, peer)}, {"policies", ordered_json::object()}};
   if (cuda) {
     j["workload"]["transport"] = "cuda";
@@ -192,7 +194,7 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     auto r = cuda         ? workloads::run_mixed_cuda(*w, policy, cuda)
              : peer.real() ? workloads::run_mixed_ucx(*w, policy, peer.target, peer.ucx)
                            : workloads::run_mixed(*w, policy);
-    if (!r) return fail(r.error());
+    if (!r) return fail(o, r.error());
     results[kind] = *r;
     const workloads::ClassOutcome decode = workloads::summarize_class(r->decode_requests, r->end_ns);
     const workloads::ClassOutcome prefill = workloads::summarize_class(r->prefill_requests, r->end_ns);
@@ -231,25 +233,25 @@ int run_mixed_bench(const SchedBenchOptions& o) {
     if (both) fmt::print("decode P99 reduction: {:.1f}%\n", 100 * j["decode_p99_reduction"].get<double>());
   }
   if (*child) {
-    if (Status s = (*child)->stop(); !s.is_ok()) return fail(s);
+    if (Status s = (*child)->stop(); !s.is_ok()) return fail(o, s);
   }
-  return write_json(j, o.json_path);
+  return emit_json(o.command, j.dump(2), o.json_path);
 }
 
 int run_ablation_bench(const SchedBenchOptions& o) {
   auto w = workload(o);
-  if (!w) return fail(w.error());
+  if (!w) return fail(o, w.error());
   auto base = base_policy(o);
-  if (!base) return fail(base.error());
+  if (!base) return fail(o, base.error());
   ordered_json cells = ordered_json::array();
   int measured = 0;
   const auto path = topology::PathType::kNvswitch;  // the hot link of the workload
   for (const std::string& slice_text : o.slice_sizes) {
     auto slice = parse_size(slice_text);
-    if (!slice) return fail(slice.error());
+    if (!slice) return fail(o, slice.error());
     for (const std::string& budget_text : o.budgets) {
       auto budget = parse_size(budget_text);
-      if (!budget) return fail(budget.error());
+      if (!budget) return fail(o, budget.error());
       sched::SchedPolicy policy = *base;
       policy.kind = sched::PolicyKind::kDeadlineAware;
       policy.slice_bytes[static_cast<int>(path)] = *slice;
@@ -265,7 +267,7 @@ int run_ablation_bench(const SchedBenchOptions& o) {
         continue;
       }
       auto r = workloads::run_mixed(*w, policy);
-      if (!r) return fail(r.error());
+      if (!r) return fail(o, r.error());
       ++measured;
       cell["decode_p99_us"] = r->decode.p99_us;
       cell["decode_miss_ratio"] = r->decode.miss_ratio;
@@ -280,10 +282,12 @@ int run_ablation_bench(const SchedBenchOptions& o) {
     }
   }
   if (measured == 0) {  // every budget below every slice: a table of skips is no result
-    return fail(Status::invalid_argument("every --budgets value is below every --slice-sizes value: nothing to "
+    return fail(o, Status::invalid_argument("every --budgets value is below every --slice-sizes value: nothing to "
                                          "measure (a budget must hold at least one slice)"));
   }
-  return write_json({{"workload", workload_json(*w, o.peer)}, {"path", "nvswitch"}, {"cells", cells}}, o.json_path);
+  return emit_json(o.command,
+                   ordered_json{{"workload", workload_json(*w, o.peer)}, {"path", "nvswitch"}, {"cells", cells}}.dump(2),
+                   o.json_path);
 }
 
 void add_common(CLI::App* app, SchedBenchOptions& o) {
@@ -308,6 +312,7 @@ void add_common(CLI::App* app, SchedBenchOptions& o) {
 
 Command add_bench_mixed(CLI::App& bench) {
   auto o = std::make_shared<SchedBenchOptions>();
+  o->command = "bench mixed";
   CLI::App* app = bench.add_subcommand("mixed", "32 MB prefill vs 256 KB / 2 ms decode on one NVLink: FIFO, strict priority, EDF, deadline-aware");
   add_common(app, *o);
   app->add_option("--policy", o->policy, "all (default), both (baseline_fifo and deadline_aware), or one policy");
@@ -319,7 +324,7 @@ Command add_bench_mixed(CLI::App& bench) {
       ->delimiter(',');
   return {app, [o, app] {
             if (o->real_cuda) {
-              if (Status s = choose_cuda_path(*o); !s.is_ok()) return fail(s);
+              if (Status s = choose_cuda_path(*o); !s.is_ok()) return fail(*o, s);
               apply_cuda_defaults(*app, *o);
             } else if (o->peer.real()) {
               apply_ucx_defaults(*app, *o);
@@ -330,6 +335,7 @@ Command add_bench_mixed(CLI::App& bench) {
 
 Command add_bench_ablation(CLI::App& bench) {
   auto o = std::make_shared<SchedBenchOptions>();
+  o->command = "bench ablation";
   CLI::App* app = bench.add_subcommand("ablation", "The mixed workload across slice sizes and in-flight byte budgets");
   add_common(app, *o);
   app->add_option("--slice-sizes", o->slice_sizes, "Slice sizes to sweep")->delimiter(',');

@@ -25,19 +25,24 @@ Status prepare_json_output(const std::string& path) {
     }
     return Status::ok();
   }
+  return check_output_file("--json", path);
+}
+
+Status check_output_file(std::string_view flag, const std::string& path) {
+  if (path.empty()) return Status::invalid_argument("{} \"\": an empty path", flag);
   std::error_code error;
   // Refused now, not after a run of minutes: a directory, or a file that
   // cannot be written over.
   if (std::filesystem::is_directory(path, error)) {
-    return Status::invalid_argument("--json \"{}\": a directory, not a file", path);
+    return Status::invalid_argument("{} \"{}\": a directory, not a file", flag, path);
   }
   if (std::filesystem::exists(path, error) && ::access(path.c_str(), W_OK) != 0) {
-    return Status::invalid_argument("--json \"{}\": the file is not writable", path);
+    return Status::invalid_argument("{} \"{}\": the file is not writable", flag, path);
   }
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
   if (!std::filesystem::is_directory(dir, error) || ::access(dir.c_str(), W_OK) != 0) {
-    return Status::invalid_argument("--json \"{}\": \"{}\" is not a writable directory", path, dir.string());
+    return Status::invalid_argument("{} \"{}\": \"{}\" is not a writable directory", flag, path, dir.string());
   }
   return Status::ok();
 }

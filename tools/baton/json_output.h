@@ -15,6 +15,10 @@ namespace baton::cli {
 // invalid_argument naming the path.
 [[nodiscard]] Status prepare_json_output(const std::string& path);
 
+// The check prepare_json_output makes of a file PATH, for any option that
+// names a file the command will write (`flag` names it in the message).
+[[nodiscard]] Status check_output_file(std::string_view flag, const std::string& path);
+
 // Writes `json` and a newline to `path`; "-" is stdout, "" writes nothing.
 // unavailable naming the path when the file cannot be written.
 [[nodiscard]] Status write_json_output(const std::string& json, const std::string& path);
