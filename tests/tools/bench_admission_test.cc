@@ -44,7 +44,8 @@ TEST(BenchMluSweep, BadInputFailsWithOneLine) {
                                      {"bench mlu-sweep --transport ucx --spawn --load 1e300", "at most 10"},
                                      {"bench mlu-sweep --duration-ms inf", "at most 3.6e6"},
                                      {"bench mlu-sweep --deadlines-us nan", "--deadlines-us"},
-                                     {"bench mlu-sweep --spawn", "need --transport ucx"}}) {
+                                     {"bench mlu-sweep --spawn", "need --transport ucx"},
+                                     {"bench mlu-sweep --load 0.5", "--load needs --transport ucx"}}) {
     const CommandRun r = baton(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;

@@ -38,7 +38,8 @@ TEST(BenchCuda, BadFlagsAreNamedBeforeAnyDeviceIsLookedFor) {
         {"bench matrix --gpus 0 --update-model /nonexistent/model.yaml", "\"/nonexistent\" is not a writable directory"},
         {"bench matrix --gpus 0 --update-model /tmp", "a directory, not a file"},
         {"bench mixed --real --gpus 1,1", "the same GPU twice"},
-        {"bench mixed --real --gpus -2", "GPU -2 is below 0"}}) {
+        {"bench mixed --real --gpus -2", "GPU -2 is below 0"},
+        {"bench mixed --gpus 0", "--gpus needs --real"}}) {
     const CommandRun r = baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;

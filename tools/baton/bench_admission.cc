@@ -139,6 +139,11 @@ Command add_bench_mlu_sweep(CLI::App& bench) {
   add_peer_options(*app, o->peer);
   return {app, [o, app] {
             if (o->peer.real()) apply_ucx_defaults(*app, *o);
+            if (!o->peer.real() && app->count("--load") > 0) {
+              // The simulator's streams are fixed; a load it ignored would read as measured.
+              return fail_command("bench mlu-sweep",
+                                  Status::invalid_argument("--load needs --transport ucx (the simulator ignores it)"));
+            }
             return run_mlu_sweep_bench(*o);
           }};
 }

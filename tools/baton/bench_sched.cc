@@ -323,6 +323,9 @@ Command add_bench_mixed(CLI::App& bench) {
   app->add_option("--gpus", o->gpus, "With --real: one GPU (host -> GPU) or two (GPU -> GPU), as `baton topo` numbers them")
       ->delimiter(',');
   return {app, [o, app] {
+            if (!o->real_cuda && !o->gpus.empty()) {
+              return fail(*o, Status::invalid_argument("--gpus needs --real (the simulator's path is a model's)"));
+            }
             if (o->real_cuda) {
               if (Status s = choose_cuda_path(*o); !s.is_ok()) return fail(*o, s);
               apply_cuda_defaults(*app, *o);
