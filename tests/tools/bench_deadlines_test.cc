@@ -129,4 +129,17 @@ TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
   }
 }
 
+// A topology model's name is a flag: an unknown one exits 2 (bad input),
+// as in `baton topo --model`, naming the models there are.
+TEST(BenchDeadlines, AnUnknownTopologyModelIsBadInput) {
+  for (const char* args : {"bench deadlines --model dgx9000", "bench plan --topology-model dgx9000",
+                           "topo --model dgx9000"}) {
+    const CommandRun r = baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("\"dgx9000\" does not exist (expected one of: nvlink-pairs, nvswitch8, pcie4)"),
+              std::string::npos)
+        << args << ": " << r.err;
+  }
+}
+
 }  // namespace

@@ -123,7 +123,7 @@ Command add_bench_matrix(CLI::App& bench) {
   app->add_option("--gpus", o->gpus, "GPUs as `baton topo` numbers them: 0,1")->required()->delimiter(',');
   app->add_option("--block-size", o->block_size, "Bytes per timed copy (size)");
   app->add_option("--repeat", o->repeat, "Timed blocks per path")->check(CLI::Range(1, 100000));
-  app->add_option("--topology-model", o->topology_model, "A synthetic topology instead of this machine's probe");
+  app->add_option("--topology-model", o->topology_model, "A synthetic topology instead of this machine's probe")->check(kTopologyModel);
   app->add_option("--json", o->json, "Write the results as JSON to PATH ('-': stdout only)");
   app->add_option("--update-model", o->update_model,
                   "Write a policy fragment (cost_model:) with the measured figures to FILE");

@@ -188,6 +188,7 @@ Command add_bench_plan(CLI::App& bench) {
   app->add_option("--run-blocks", o->spec.run_blocks, "A free cache block after every N requested (0: contiguous)")
       ->capture_default_str();
   app->add_option("--topology-model", o->topology_model, "Synthetic machine whose NICs the ops use")
+      ->check(kTopologyModel)
       ->capture_default_str();
   app->add_option("--max-op", o->max_op, "Largest transport op")->capture_default_str();
   app->add_option("--stripe", o->stripe, "Stripe piece across the NICs of a node")->capture_default_str();

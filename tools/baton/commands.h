@@ -3,6 +3,7 @@
 // set up first) and returns the process exit code.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <functional>
@@ -12,8 +13,10 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "baton/common/status.h"
+#include "baton/topology/probe.h"
 
 namespace baton::cli {
 
@@ -36,6 +39,16 @@ inline const CLI::Validator kUnsigned64(
       return {};
     },
     "UINT64");
+
+// The name of a synthetic topology (topology/probe.h): an unknown one is a
+// flag the caller got wrong (exit 2), said before anything runs.
+inline const CLI::Validator kTopologyModel(
+    [](std::string& text) -> std::string {
+      const std::vector<std::string> names = topology::model_names();
+      if (std::find(names.begin(), names.end(), text) != names.end()) return {};
+      return fmt::format("topology model \"{}\" does not exist (expected one of: {})", text, fmt::join(names, ", "));
+    },
+    "MODEL");
 
 // A failed command's exit code: 2 for input the caller got wrong
 // (invalid_argument, out_of_range; CLI11's own code for a bad flag), 1 for
