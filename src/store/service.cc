@@ -1,8 +1,15 @@
 #include "baton/store/service.h"
 
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -38,6 +45,37 @@ grpc::Status to_grpc(const Status& s) {
     case StatusCode::kOk: break;
   }
   return {code, s.message(), std::string(to_string(s.code()))};
+}
+
+// gRPC writes its own errors to stderr in a multi-line format of its own;
+// ours already say what failed (a Status), so its lines go to our log at
+// debug (BATON_LOG_LEVEL=debug shows them).
+void route_grpc_log() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    gpr_set_log_function([](gpr_log_func_args* args) {
+      spdlog::debug("grpc {}:{}: {}", args->file, args->line, args->message);
+    });
+  });
+}
+
+// Why binding `host:port` fails, asked of the kernel: gRPC only says that
+// no address was added.
+std::string bind_error(const HostPort& address) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(std::string(address.host).c_str(), std::to_string(address.port).c_str(), &hints, &found) != 0) return {};
+  std::string why;
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  if (fd >= 0 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0 &&
+      ::bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
+    why = std::strerror(errno);
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return why;
 }
 
 Status from_grpc(const grpc::Status& s, const char* call) {
@@ -180,6 +218,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
   }
   auto state = std::make_unique<State>();
   state->service = std::make_unique<Service>(store, engine);
+  route_grpc_log();
   grpc::ServerBuilder builder;
   int port = 0;
   // gRPC sets SO_REUSEPORT by default: a second store on the same port
@@ -189,7 +228,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
   builder.RegisterService(state->service.get());
   state->server = builder.BuildAndStart();
   if (!state->server || port == 0) {
-    return std::unexpected(Status::unavailable("store: cannot listen on {}", config.listen));
+    const std::string why = bind_error(*address);
+    return std::unexpected(Status::unavailable("store: cannot listen on {}{}", config.listen, why.empty() ? "" : ": " + why));
   }
   state->address = fmt::format("{}:{}", host, port);
   State* raw = state.get();
@@ -264,6 +304,7 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& add
     return std::unexpected(Status::invalid_argument("StoreClient: address \"{}\", call timeout {} ns", address,
                                                     call_timeout_ns));
   }
+  route_grpc_log();
   auto state = std::make_unique<State>();
   state->stub = wire::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   state->timeout_ns = call_timeout_ns;
