@@ -22,6 +22,9 @@ Status KvLayout::validate() const {
         "KvLayout: {} layers x 2 x {} kv heads x {} page tokens = {} cells a page (at most {})", layers, kv_heads,
         page_tokens, cells, kMaxPageCells);
   }
+  if (order != KvOrder::kHnd && order != KvOrder::kNhd) {
+    return Status::invalid_argument("KvLayout: order {} is neither HND (0) nor NHD (1)", static_cast<int>(order));
+  }
   if (kv_heads % tp != 0) {
     return Status::invalid_argument("KvLayout: tp {} does not divide {} kv heads (replicated heads are not supported)",
                                     tp, kv_heads);

@@ -38,7 +38,43 @@ std::vector<double> latency_buckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
 
+// A replica as add_producer / add_consumer take it: a name, a valid layout,
+// one distinct rank per layout rank, each with the layout's pages (a rank
+// with other pages would be read or written at the wrong offsets).
+template <typename Rank>
+Status check_replica(const char* call, const std::string& name, const KvLayout& layout,
+                     const std::vector<Rank*>& ranks) {
+  if (name.empty()) return Status::invalid_argument("{}: an empty replica name", call);
+  if (auto s = layout.validate(); !s.is_ok()) return Status::invalid_argument("{} {}: {}", call, name, s.message());
+  if (ranks.size() != layout.ranks() || std::ranges::count(ranks, nullptr) > 0) {
+    return Status::invalid_argument("{} {}: {} ranks given (some null?), the layout has tp {} × sp {}", call, name,
+                                    ranks.size(), layout.tp, layout.sp);
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    if (std::find(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(r), ranks[r]) !=
+        ranks.begin() + static_cast<std::ptrdiff_t>(r)) {
+      return Status::invalid_argument("{} {}: rank {} is the same object as an earlier rank", call, name, r);
+    }
+    if (ranks[r]->page_bytes() != layout.page_bytes()) {
+      return Status::invalid_argument("{} {}: rank {}'s pages are {} bytes, the layout's {}", call, name, r,
+                                      ranks[r]->page_bytes(), layout.page_bytes());
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
+
+Status HandoffConfig::validate() const {
+  if (transfer_timeout_ns <= 0) {
+    return Status::invalid_argument("handoff config: transfer_timeout_ns {} (expected above 0)", transfer_timeout_ns);
+  }
+  if (load_timeout_ns < 0) {
+    return Status::invalid_argument("handoff config: load_timeout_ns {} (expected 0, the engine's, or above)",
+                                    load_timeout_ns);
+  }
+  return Status::ok();
+}
 
 struct ProducerReplica {
   KvLayout layout;
@@ -90,6 +126,7 @@ struct Wakeup {
 
 struct Orchestrator::State {
   HandoffConfig config;
+  Status config_error;  // config.validate(), answered by the calls that set up
   SteadyClock steady;
   const Clock* clock = nullptr;
   mutable std::mutex mutex;
@@ -339,6 +376,7 @@ struct Orchestrator::State {
 
 Orchestrator::Orchestrator(HandoffConfig config) : state_(std::make_unique<State>()) {
   state_->config = config;
+  state_->config_error = config.validate();
   state_->clock = config.clock != nullptr ? config.clock : &state_->steady;
   if (auto* m = config.metrics) {
     (void)m->declare_gauge("baton_handoff_pages",
@@ -357,11 +395,8 @@ Orchestrator::Orchestrator(HandoffConfig config) : state_(std::make_unique<State
 Orchestrator::~Orchestrator() = default;
 
 Status Orchestrator::add_producer(std::string name, const KvLayout& layout, std::vector<ProducerRank*> ranks) {
-  if (auto s = layout.validate(); !s.is_ok()) return Status::invalid_argument("add_producer {}: {}", name, s.message());
-  if (ranks.size() != layout.ranks() || std::ranges::count(ranks, nullptr) > 0) {
-    return Status::invalid_argument("add_producer {}: {} ranks given (some null?), the layout has tp {} × sp {}", name,
-                                    ranks.size(), layout.tp, layout.sp);
-  }
+  if (!state_->config_error.is_ok()) return state_->config_error;
+  if (auto s = check_replica("add_producer", name, layout, ranks); !s.is_ok()) return s;
   std::lock_guard lock(state_->mutex);
   if (state_->producers.contains(name)) return Status::already_exists("add_producer: {} exists", name);
   state_->producers.emplace(std::move(name), ProducerReplica{layout, std::move(ranks), {}});
@@ -369,11 +404,8 @@ Status Orchestrator::add_producer(std::string name, const KvLayout& layout, std:
 }
 
 Status Orchestrator::add_consumer(std::string name, const KvLayout& layout, std::vector<ConsumerRank*> ranks) {
-  if (auto s = layout.validate(); !s.is_ok()) return Status::invalid_argument("add_consumer {}: {}", name, s.message());
-  if (ranks.size() != layout.ranks() || std::ranges::count(ranks, nullptr) > 0) {
-    return Status::invalid_argument("add_consumer {}: {} ranks given (some null?), the layout has tp {} × sp {}", name,
-                                    ranks.size(), layout.tp, layout.sp);
-  }
+  if (!state_->config_error.is_ok()) return state_->config_error;
+  if (auto s = check_replica("add_consumer", name, layout, ranks); !s.is_ok()) return s;
   std::lock_guard lock(state_->mutex);
   if (state_->consumers.contains(name)) return Status::already_exists("add_consumer: {} exists", name);
   for (ConsumerRank* rank : ranks) {
@@ -385,6 +417,7 @@ Status Orchestrator::add_consumer(std::string name, const KvLayout& layout, std:
 }
 
 Result<TicketId> Orchestrator::create_ticket(const TicketSpec& spec) {
+  if (!state_->config_error.is_ok()) return std::unexpected(state_->config_error);
   if (spec.tokens == 0 || spec.request.empty()) {
     return std::unexpected(Status::invalid_argument("create_ticket: request \"{}\" with {} tokens (expected a name "
                                                     "and at least one token)",
@@ -495,7 +528,16 @@ Status Orchestrator::start(TicketId ticket) {
   if ((*e)->t.state != TicketState::kGenerated) {
     return Status::failed_precondition("start: ticket {} is {}", ticket, to_string((*e)->t.state));
   }
-  return state_->start(**e);
+  Status started = state_->start(**e);
+  if (started.code() == StatusCode::kResourceExhausted && state_->loading > 0) {
+    // Short of pages while completions are owed: late ones may have come
+    // back (a caller that never calls progress() must not find its pool
+    // full of retained pages). Nothing was dispatched, so it can try again.
+    state_->progress();
+    if (auto s = state_->usable(**e); !s.is_ok()) return s;
+    started = state_->start(**e);
+  }
+  return started;
 }
 
 Status Orchestrator::receive(TicketId ticket, TimeNs timeout_ns) {
@@ -555,6 +597,7 @@ Status Orchestrator::cancel(TicketId ticket) {
   if (!found) return found.error();
   Entry& e = **found;
   if (e.receiving) {
+    if (e.cancel_queued) return Status::invalid_argument("cancel: ticket {} has a cancel queued already", ticket);
     e.cancel_queued = true;  // runs when that receive returns; the loads go on
     return Status::ok();
   }

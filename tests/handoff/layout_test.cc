@@ -147,6 +147,17 @@ TEST(ReshapePlan, MismatchedKvAndInvalidLayoutsAreRefused) {
   wide.head_bytes = 1;
   EXPECT_NE(wide.validate().message().find("cells a page"), std::string::npos) << wide.validate().message();
   EXPECT_EQ(layout(1).pages_for(0xffffffffu), 0xffffffffu / layout(1).page_tokens + 1) << "no 32-bit wrap";
+  KvLayout unordered = layout(1);
+  unordered.order = static_cast<KvOrder>(7);
+  EXPECT_NE(unordered.validate().message().find("order 7"), std::string::npos) << unordered.validate().message();
+  EXPECT_EQ(ReshapePlan::compute(unordered, layout(1)).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ReshapePlan, RunsOfARankTheConsumerDoesNotHaveAreEmpty) {
+  const auto plan = ReshapePlan::compute(layout(2), layout(1)).value();
+  EXPECT_FALSE(plan.runs(0).empty());
+  EXPECT_TRUE(plan.runs(1).empty());
+  EXPECT_TRUE(plan.runs(0xffffffffu).empty());
 }
 
 TEST(PlanCache, ComputesOncePerLayoutPair) {

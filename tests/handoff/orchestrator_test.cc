@@ -490,7 +490,8 @@ constexpr std::uint32_t kProducerPool = 32;
 
 class FakeProducer final : public ProducerRank {
  public:
-  explicit FakeProducer(std::uint32_t index) : index_(index), pool_(64, kProducerPool) {}
+  FakeProducer(std::uint32_t index, std::uint64_t page_bytes) : index_(index), pool_(page_bytes, kProducerPool) {}
+  std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   std::string address() const override { return "fake-producer-" + std::to_string(index_); }
   engine::RegionHandle region() const override { return 100 + index_; }
   Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
@@ -532,7 +533,8 @@ class FakeProducer final : public ProducerRank {
 // or reports anything the test wants (report()).
 class FakeConsumer final : public ConsumerRank {
  public:
-  FakeConsumer() : pool_(64, kConsumerPool) {}
+  explicit FakeConsumer(std::uint64_t page_bytes) : pool_(page_bytes, kConsumerPool) {}
+  std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   std::uint32_t pool_pages() const override { return pool_.pages(); }
   Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
     std::lock_guard lock(mutex_);
@@ -636,8 +638,8 @@ struct Fakes {
 
   explicit Fakes(KvLayout l) : layout(l) {
     for (std::uint32_t r = 0; r < l.ranks(); ++r) {
-      producers.push_back(std::make_unique<FakeProducer>(r));
-      consumers.push_back(std::make_unique<FakeConsumer>());
+      producers.push_back(std::make_unique<FakeProducer>(r, l.page_bytes()));
+      consumers.push_back(std::make_unique<FakeConsumer>(l.page_bytes()));
     }
   }
   std::vector<ProducerRank*> producer_ranks() const {
@@ -1207,6 +1209,62 @@ TEST(HandoffCancelDuringReceive, WhenTheReceiveTimesOutTheTicketStaysTimedOut) {
   EXPECT_EQ(f.producer_free(), f.full_producers());
 }
 
+TEST(HandoffCancelDuringReceive, ASecondCancelWhileOneIsQueuedIsRefused) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  const TicketId id = generated_ticket(o, "r");
+  ASSERT_TRUE(o.start(id).is_ok());
+  ReceiveInFlight rx(o, f.rank(0), id, 5 * kSecond);
+  EXPECT_TRUE(o.cancel(id).is_ok());
+  auto again = o.cancel(id);
+  EXPECT_EQ(again.code(), StatusCode::kInvalidArgument) << again.to_string();
+  EXPECT_NE(again.message().find("queued already"), std::string::npos) << again.to_string();
+  f.complete_all(id);
+  EXPECT_EQ(rx.get().code(), StatusCode::kCancelled);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+}
+
+// A caller that never calls progress() still gets back the pages that
+// timed-out tickets retained: start() takes the late completions first.
+TEST(HandoffFailure, StartTakesLateCompletionsBeforeAllocating) {
+  Fakes f(tiny());
+  Orchestrator o(HandoffConfig{.transfer_timeout_ns = 1});
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  // 8 tokens are 2 pages a rank: 8 tickets fill each rank's 16 pages.
+  std::vector<TicketId> first;
+  for (int i = 0; i < 8; ++i) {
+    first.push_back(generated_ticket(o, "r" + std::to_string(i)));
+    ASSERT_TRUE(o.start(first.back()).is_ok());
+    EXPECT_EQ(o.receive(first.back()).code(), StatusCode::kTimeout);
+  }
+  EXPECT_EQ(counts(o), Counts(0, 0, 32)) << "every page retained behind its load";
+  const TicketId full = generated_ticket(o, "full");
+  EXPECT_EQ(o.start(full).code(), StatusCode::kResourceExhausted) << "nothing came back yet";
+  ASSERT_TRUE(o.cancel(full).is_ok());
+  for (TicketId id : first) f.complete_all(id);  // the late completions arrive; nobody polls
+  const TicketId next = generated_ticket(o, "next");
+  auto s = o.start(next);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(counts(o), Counts(4, 0, 0));
+  for (TicketId id : first) EXPECT_EQ(state(o, id), TicketState::kReleased);
+}
+
+TEST(HandoffBadInput, AnInvalidConfigIsSaidByTheCallsThatSetUp) {
+  for (const HandoffConfig& config : {HandoffConfig{.transfer_timeout_ns = 0}, HandoffConfig{.transfer_timeout_ns = -1},
+                                      HandoffConfig{.load_timeout_ns = -1}}) {
+    EXPECT_EQ(config.validate().code(), StatusCode::kInvalidArgument);
+    Fakes f(tiny());
+    Orchestrator o(config);
+    auto s = f.add_to(o);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("handoff config"), std::string::npos) << s.to_string();
+    EXPECT_EQ(o.add_consumer("decode", tiny(), f.consumer_ranks()).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(o.create_ticket({"r", "decode", kTokens}).error().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(HandoffConfig{}.validate().is_ok());
+}
+
 // 7. Bad input.
 TEST(HandoffBadInput, UnknownNamesAndShapesAreRefused) {
   Fakes f(tiny());
@@ -1217,13 +1275,23 @@ TEST(HandoffBadInput, UnknownNamesAndShapesAreRefused) {
   EXPECT_EQ(o.add_consumer("c", tiny(3), ranks).code(), StatusCode::kInvalidArgument) << "tp 3 of 2 heads";
   EXPECT_EQ(o.add_producer("p", tiny(), {f.producer_ranks()[0]}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(o.add_producer("p", tiny(), {nullptr, nullptr}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.add_consumer("", tiny(), ranks).code(), StatusCode::kInvalidArgument) << "an empty name";
+  EXPECT_EQ(o.add_consumer("c", tiny(), {ranks[0], ranks[0]}).code(), StatusCode::kInvalidArgument)
+      << "one rank given twice";
+  // Ranks whose pages are not the layout's: a tp 1 page is twice a tp 2
+  // one, so a consumer would read each head at the wrong offset.
+  auto wrong = o.add_producer("p", tiny(1), {f.producer_ranks()[0]});
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("rank 0's pages are 32 bytes, the layout's 64"), std::string::npos) << wrong.to_string();
+  EXPECT_EQ(o.add_consumer("c", tiny(1), {ranks[0]}).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(f.add_to(o).is_ok());
   EXPECT_EQ(o.add_consumer("decode", tiny(), ranks).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(o.add_producer("prefill", tiny(), f.producer_ranks()).code(), StatusCode::kAlreadyExists);
-  // Same ranks, other KV: 2 layers where the consumer has 1.
+  // Other KV: 2 layers where the consumer has 1.
   KvLayout deeper = tiny();
   deeper.layers = 2;
-  ASSERT_TRUE(o.add_producer("deeper", deeper, f.producer_ranks()).is_ok());
+  Fakes d(deeper);
+  ASSERT_TRUE(o.add_producer("deeper", deeper, d.producer_ranks()).is_ok());
 
   EXPECT_EQ(o.create_ticket({"r", "nope", kTokens}).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(o.create_ticket({"r", "decode", 0}).error().code(), StatusCode::kInvalidArgument);

@@ -74,6 +74,7 @@ class RemoteProducerRank final : public handoff::ProducerRank {
  public:
   RemoteProducerRank(WorkerProcess& p, std::uint64_t page_bytes, std::uint32_t pool_pages)
       : p_(p), pool_(page_bytes, pool_pages) {}
+  [[nodiscard]] std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   [[nodiscard]] std::string address() const override { return p_.address(); }
   [[nodiscard]] engine::RegionHandle region() const override { return p_.region(); }
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
@@ -94,6 +95,7 @@ class RemoteConsumerRank final : public handoff::ConsumerRank {
  public:
   RemoteConsumerRank(WorkerProcess& p, std::uint64_t page_bytes, std::uint32_t pool_pages)
       : p_(p), pool_(page_bytes, pool_pages) {}
+  [[nodiscard]] std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override {
     return pool_.allocate(pages);

@@ -45,8 +45,8 @@ struct KvLayout {
   static constexpr std::uint32_t kMaxParallel = 1024;
   static constexpr std::uint64_t kMaxPageCells = std::uint64_t{1} << 24;
 
-  // invalid_argument for a zero field, a field above its bound, tp not
-  // dividing kv_heads, or a page above 4 GiB.
+  // invalid_argument for a zero field, a field above its bound, an order
+  // that is not a KvOrder, tp not dividing kv_heads, or a page above 4 GiB.
   [[nodiscard]] Status validate() const;
   [[nodiscard]] std::uint32_t ranks() const { return tp * sp; }
   [[nodiscard]] std::uint32_t heads_per_rank() const { return kv_heads / tp; }
@@ -100,8 +100,12 @@ class ReshapePlan {
   [[nodiscard]] const KvLayout& producer() const { return producer_; }
   [[nodiscard]] const KvLayout& consumer() const { return consumer_; }
   // The runs landing on consumer tp rank `consumer_tp`, coalesced, in
-  // destination order; together they cover its page exactly once.
-  [[nodiscard]] std::span<const PageRun> runs(std::uint32_t consumer_tp) const { return runs_[consumer_tp]; }
+  // destination order; together they cover its page exactly once. Empty
+  // for a rank the consumer does not have.
+  [[nodiscard]] std::span<const PageRun> runs(std::uint32_t consumer_tp) const {
+    if (consumer_tp >= runs_.size()) return {};
+    return runs_[consumer_tp];
+  }
 
  private:
   KvLayout producer_, consumer_;

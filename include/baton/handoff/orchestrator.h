@@ -11,7 +11,8 @@
 //
 // Threads: every call may come from any thread (one mutex); receive()
 // waits without holding it, so cancel() from another thread is queued and
-// runs when that receive returns.
+// runs when that receive returns. Destroying the orchestrator while another
+// thread is inside one of its calls is undefined, as for any object.
 #pragma once
 
 #include <condition_variable>
@@ -56,6 +57,11 @@ struct HandoffConfig {
   // declared there).
   engine::MetricsRegistry* metrics = nullptr;
   const Clock* clock = nullptr;  // a SteadyClock when null
+
+  // invalid_argument for a transfer_timeout_ns not above 0 or a negative
+  // load_timeout_ns. An orchestrator made with an invalid config answers
+  // add_producer, add_consumer and create_ticket with this error.
+  [[nodiscard]] Status validate() const;
 };
 
 struct TicketSpec {
@@ -100,9 +106,10 @@ class Orchestrator {
   Orchestrator& operator=(const Orchestrator&) = delete;
 
   // A replica with one rank per layout rank (index = rank index); the
-  // ranks outlive the orchestrator. invalid_argument for an invalid layout,
-  // a rank count that is not the layout's (a missing worker rank) or a null
-  // rank; already_exists for a name taken.
+  // ranks outlive the orchestrator. invalid_argument for an empty name, an
+  // invalid layout, a rank count that is not the layout's (a missing worker
+  // rank), a null rank, one rank object given twice, or a rank whose
+  // page_bytes() is not the layout's; already_exists for a name taken.
   [[nodiscard]] Status add_producer(std::string name, const KvLayout& layout, std::vector<ProducerRank*> ranks);
   [[nodiscard]] Status add_consumer(std::string name, const KvLayout& layout, std::vector<ConsumerRank*> ranks);
 
@@ -122,7 +129,9 @@ class Orchestrator {
   [[nodiscard]] Status generated(TicketId ticket);
   // Allocates the destination pages on every consumer rank — a failure on
   // one rolls back the others before any load is dispatched — then tells
-  // each rank to load each row.
+  // each rank to load each row. Short of pages while loads are owed, it
+  // first takes the completions that arrived (progress()) and tries again;
+  // still short: resource_exhausted, the ticket stays generated.
   [[nodiscard]] Status start(TicketId ticket);
   // Until every row is loaded on every rank (ok), a load failed (its
   // error), or `timeout_ns` passed (0: transfer_timeout): the ticket then
@@ -133,7 +142,8 @@ class Orchestrator {
   // ticket it is queued and runs when that receive returns (a ticket that
   // completed meanwhile is then released, and receive answers cancelled).
   // invalid_argument for a ticket that ended already, completed included
-  // (finish() returns a completed ticket's pages).
+  // (finish() returns a completed ticket's pages), or whose cancel is
+  // queued already.
   [[nodiscard]] Status cancel(TicketId ticket);
   // The caller is done with a completed ticket's pages: every page returns.
   [[nodiscard]] Status finish(TicketId ticket);
@@ -142,8 +152,10 @@ class Orchestrator {
   void progress();
 
   // A producer replica died: tickets bound to it that did not start loading
-  // fail (their source pages died with it), later binds are refused, and
-  // its pages are never freed through it.
+  // fail (their source pages died with it) and later binds are refused.
+  // Tickets already loading from it still return their source pages to its
+  // ranks (free()) when their loads settle: a dead rank's object must stay
+  // alive and may refuse them.
   [[nodiscard]] Status producer_failed(std::string_view producer, const Status& why);
   // A consumer rank is gone: its replica stops (its pages may still be
   // written by a remote, so none is reused).

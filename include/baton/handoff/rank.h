@@ -56,6 +56,9 @@ struct LoadCompletion {
 class ProducerRank {
  public:
   virtual ~ProducerRank() = default;
+  // The size of its pages: the orchestrator refuses a rank whose pages are
+  // not its replica layout's (consumers would read the wrong bytes).
+  [[nodiscard]] virtual std::uint64_t page_bytes() const = 0;
   [[nodiscard]] virtual std::string address() const = 0;
   [[nodiscard]] virtual engine::RegionHandle region() const = 0;
   [[nodiscard]] virtual Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) = 0;
@@ -65,6 +68,8 @@ class ProducerRank {
 class ConsumerRank {
  public:
   virtual ~ConsumerRank() = default;
+  // As ProducerRank::page_bytes.
+  [[nodiscard]] virtual std::uint64_t page_bytes() const = 0;
   // The size of its pool, in pages (what allocate() answers is checked
   // against it).
   [[nodiscard]] virtual std::uint32_t pool_pages() const = 0;
@@ -105,6 +110,7 @@ class ProducerWorker final : public ProducerRank {
       const std::vector<std::string>& peers = {});
   ~ProducerWorker() override;
 
+  [[nodiscard]] std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   [[nodiscard]] std::string address() const override { return engine_.address(); }
   [[nodiscard]] engine::RegionHandle region() const override { return region_.handle; }
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
@@ -153,6 +159,7 @@ class ConsumerWorker final : public ConsumerRank {
                                                                            PageTable table = PageTable::kWorker);
   ~ConsumerWorker() override;
 
+  [[nodiscard]] std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
   [[nodiscard]] std::uint32_t pool_pages() const override { return pool_.pages(); }
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
   [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
