@@ -108,6 +108,16 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
   }
 }
 
+// A fault is off unless its flag is given: a value that used to mean "off"
+// inside (-1, 0) is refused instead of silently ignored.
+TEST(BenchHandoff, FaultFlagsOutOfRangeAreRefused) {
+  for (const std::string args : {"--kill-producer-at -1", "--stall-consumer-rank -1", "--cancel-every 0"}) {
+    const CommandRun r = baton::testing::run_baton("bench handoff --spawn " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("not in range"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 // A rank worker reads orders from its pipe: a line that is not UTF-8 JSON
 // is answered invalid_argument (its bad bytes replaced), and the worker
 // goes on and exits 0 at the end of its input. It threw from the echo

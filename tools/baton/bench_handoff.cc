@@ -130,6 +130,7 @@ class Bench {
   const HandoffOptions& o_;
   handoff::KvLayout pl_, cl_;
   TimeNs timeout_ns_ = 0;
+  SteadyClock clock_;  // the orchestrator's: tickets' dispatch times are on it
   engine::MetricsRegistry metrics_;
   std::unique_ptr<handoff::Orchestrator> orch_;
   std::vector<Replica> producers_, consumers_;
@@ -309,7 +310,14 @@ Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
   for (std::uint32_t i : wave) {
     Request& r = requests_[i];
     if (!r.started || r.final) continue;
-    Status s = orch_->receive(r.ticket);
+    // Each ticket waits until --timeout after its own dispatch, not after
+    // the receive before it ended: a stalled rank's wave ends in one
+    // timeout, not one per ticket.
+    TimeNs wait_ns = 0;  // the orchestrator's transfer_timeout
+    if (auto t = orch_->ticket(r.ticket); t && t->started_ns > 0) {
+      wait_ns = std::max<TimeNs>(1, t->started_ns + timeout_ns_ - clock_.now_ns());
+    }
+    Status s = orch_->receive(r.ticket, wait_ns);
     // From dispatch to the last rank's completion, as the orchestrator saw
     // it (not when this loop got round to the ticket).
     if (auto t = orch_->ticket(r.ticket); t && t->ended_ns > 0) r.ms = static_cast<double>(t->ended_ns - t->started_ns) / 1e6;
@@ -405,10 +413,6 @@ int Bench::run() {
   cl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.consumer_tp, o_.consumer_sp,
          o_.cfg};
   if (auto plan = handoff::ReshapePlan::compute(pl_, cl_); !plan) return fail(2, plan.error().message());
-  if (o_.stall_consumer_rank < -1 || o_.kill_producer_at < -1) {  // -1: off
-    return fail(2, fmt::format("--stall-consumer-rank {} / --kill-producer-at {}: -1 (off) or an index",
-                               o_.stall_consumer_rank, o_.kill_producer_at));
-  }
   if (o_.stall_consumer_rank >= static_cast<std::int64_t>(cl_.ranks())) {
     return fail(2, fmt::format("--stall-consumer-rank {}: a consumer replica has ranks 0..{}", o_.stall_consumer_rank,
                                cl_.ranks() - 1));
@@ -424,7 +428,8 @@ int Bench::run() {
                                "destinations, baseline); lower --window or --tokens to stay under 6 GiB",
                                o_.window, wave_bytes >> 20));
   }
-  orch_ = std::make_unique<handoff::Orchestrator>(handoff::HandoffConfig{.transfer_timeout_ns = timeout_ns_, .metrics = &metrics_});
+  orch_ = std::make_unique<handoff::Orchestrator>(
+      handoff::HandoffConfig{.transfer_timeout_ns = timeout_ns_, .metrics = &metrics_, .clock = &clock_});
   if (auto s = spawn(); !s.is_ok()) return fail(1, s.to_string());
 
   // One untimed wave first (indices after the counted ones): it faults in
@@ -572,10 +577,14 @@ Command add_bench_handoff(CLI::App& bench) {
   app->add_option("--page-tokens", o->page_tokens, "Tokens per page (vLLM block size)")->check(CLI::Range(1, 4096));
   app->add_option("--order", o->order, "Page layout: hnd or nhd");
   app->add_option("--timeout", o->timeout, "transfer_timeout: how long a receive waits (duration)");
-  app->add_option("--kill-producer-at", o->kill_producer_at, "SIGKILL rank 0 of request N's producer once it started");
+  // Each fault is off unless its flag is given (-1 / 0 inside).
+  app->add_option("--kill-producer-at", o->kill_producer_at, "SIGKILL rank 0 of request N's producer once it started")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1'000'000}));
   app->add_option("--stall-consumer-rank", o->stall_consumer_rank,
-                  "Rank R of consumer replica c0 withholds its completions until the end");
-  app->add_option("--cancel-every", o->cancel_every, "Cancel every Nth request once it started");
+                  "Rank R of consumer replica c0 withholds its completions until the end")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{256}));
+  app->add_option("--cancel-every", o->cancel_every, "Cancel every Nth request once it started")
+      ->check(CLI::Range(1, 1'000'000));
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { Bench b(*o); return b.run(); }};
 }
