@@ -1015,6 +1015,16 @@ TEST_P(UcxTransportTest, BadRegistrationsAndUnregistrationsAreRefused) {
   auto mapped_page = a_->register_memory(three + 2 * page, static_cast<std::size_t>(page));  // mapped: fine
   ASSERT_TRUE(mapped_page.has_value()) << mapped_page.error().to_string();
   EXPECT_TRUE(a_->unregister(*mapped_page).is_ok());
+  // Mapped but not writable (or not readable): a peer's write into it, or a
+  // read landing in it, would fault the engine's copying thread. Refused.
+  for (const int prot : {PROT_READ, PROT_NONE, PROT_WRITE}) {
+    ASSERT_EQ(mprotect(three + 2 * page, static_cast<std::size_t>(page), prot), 0);
+    const auto refused = a_->register_memory(three + 2 * page, static_cast<std::size_t>(page));
+    ASSERT_FALSE(refused.has_value()) << prot;
+    EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.error().message().find("must be readable and writable"), std::string::npos)
+        << refused.error().message();
+  }
   munmap(three, page);
   munmap(three + 2 * page, page);
   auto first = a_->register_memory(memory.data(), 4096);

@@ -143,19 +143,34 @@ Result<SharedAllocation> SharedAllocation::create(std::size_t length, int numa_n
   return a;
 }
 
-bool all_mapped(const void* addr, std::size_t length) {
-  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::uintptr_t at = reinterpret_cast<std::uintptr_t>(addr) & ~(page - 1);
-  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(addr) + length;
-  constexpr std::size_t kPagesPerCall = 1 << 14;  // 64 MiB of 4 KiB pages a call
-  std::vector<unsigned char> resident(kPagesPerCall);
-  while (at < end) {
-    const std::size_t bytes = std::min<std::uintptr_t>(end - at, kPagesPerCall * page);
-    // ENOMEM: some page of the range is not mapped.
-    if (mincore(reinterpret_cast<void*>(at), bytes, resident.data()) != 0) return false;
-    at += bytes;
+Status check_mapped_writable(const void* addr, std::size_t length) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(addr);
+  const std::uintptr_t end = begin + length;
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return Status::unavailable("cannot read /proc/self/maps: {}", std::strerror(errno));
+  // The mappings come in address order: walk them from `begin` until the
+  // range is covered, refusing a gap or a mapping without rw.
+  std::uintptr_t covered = begin;
+  Status verdict = Status::invalid_argument("[{:#x}, +{}) is not all mapped memory of this process", begin, length);
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long from = 0, to = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &from, &to, perms) != 3) continue;
+    // A line longer than the buffer (a long path) continues on the next
+    // read; its rest does not parse as a mapping and is skipped above.
+    if (to <= covered) continue;
+    if (from > covered) break;  // a gap: `verdict` says not mapped
+    if (perms[0] != 'r' || perms[1] != 'w') {
+      verdict = Status::invalid_argument("[{:#x}, +{}) includes memory mapped {} at {:#x} (a region must be readable "
+                                         "and writable)",
+                                         begin, length, perms, from);
+      break;
+    }
+    covered = to;
   }
-  return true;
+  std::fclose(maps);
+  return covered >= end ? Status::ok() : verdict;
 }
 
 Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size_t length) {

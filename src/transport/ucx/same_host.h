@@ -68,8 +68,11 @@ struct SharedAllocation {
   std::shared_ptr<const Mapping> mapping;
 };
 
-// Whether every page of [addr, +length) is mapped in this process (mincore).
-[[nodiscard]] bool all_mapped(const void* addr, std::size_t length);
+// Whether every page of [addr, +length) is mapped in this process, readable
+// and writable (/proc/self/maps): ok, or invalid_argument saying which part
+// is not. A peer writes into a region and reads land in one, so a read-only
+// page would fault the engine's thread that copies, not fail a request.
+[[nodiscard]] Status check_mapped_writable(const void* addr, std::size_t length);
 
 // A peer's memfd mapped here: opens /proc/<pid>/fd/<fd>, checks it is the
 // memfd named (inode) and holds `length` bytes, and maps it. unavailable

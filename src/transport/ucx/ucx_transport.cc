@@ -180,10 +180,12 @@ Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t lengt
     return std::unexpected(s);
   }
   // UCX maps an unmapped range without complaint (nothing pins it here);
-  // the first copy would then fail with EFAULT, blaming neither side.
-  if (kind == MemoryKind::kDram && !ucx::all_mapped(addr, length)) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::register_memory: [{}, +{}) is not all mapped memory of this process", addr, length));
+  // the first copy would then fail with EFAULT, blaming neither side, and
+  // a write into a read-only page would fault the thread that copies.
+  if (kind == MemoryKind::kDram) {
+    if (Status s = ucx::check_mapped_writable(addr, length); !s.is_ok()) {
+      return std::unexpected(Status(s.code(), "UcxTransport::register_memory: " + s.message()));
+    }
   }
   return state_->map_region(addr, length, kind);
 }
