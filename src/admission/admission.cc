@@ -395,7 +395,7 @@ Status AdmissionController::submit(RequestId id, const TransferRequest& request,
   o.seq = st.next_seq++;
   o.submitted_ns = now_ns;
   o.path = path.value_or(0);
-  o.expires_ns = now_ns + (request.timeout_ns != 0 ? request.timeout_ns : st.policy.transfer_timeout_ns);
+  o.expires_ns = time_after(now_ns, request.timeout_ns != 0 ? request.timeout_ns : st.policy.transfer_timeout_ns);
   st.expiries.insert({o.expires_ns, id});
   if (request.deadline_ns != 0) {
     const double m = st.mlu(request, request.bytes, now_ns, id);

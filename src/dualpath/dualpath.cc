@@ -247,7 +247,7 @@ struct DualPath::State {
   Status start_run(Handoff& h, Leg leg, ByteRange range, TimeNs now_ns) {
     // The caller's timeout bounds each run; default_timeout_ns only bounds
     // the wait while no leg can carry the handoff.
-    const TimeNs timeout_at_ns = h.spec.timeout_ns > 0 ? h.status.submitted_ns + h.spec.timeout_ns : 0;
+    const TimeNs timeout_at_ns = h.spec.timeout_ns > 0 ? time_after(h.status.submitted_ns, h.spec.timeout_ns) : 0;
     auto id = engine.start(h.spec, leg, range, timeout_at_ns);
     if (!id) return id.error();
     h.runs.push_back({*id, leg, range.offset, range.length, false, {}});
@@ -613,7 +613,7 @@ Result<HandoffId> DualPath::submit(const HandoffRequest& request) {
   h.spec = std::move(r);
   h.status.bytes = h.spec.bytes;
   h.status.submitted_ns = now;
-  h.end_by_ns = now + (h.spec.timeout_ns > 0 ? h.spec.timeout_ns : st.config.default_timeout_ns);
+  h.end_by_ns = time_after(now, h.spec.timeout_ns > 0 ? h.spec.timeout_ns : st.config.default_timeout_ns);
   if (h.spec.deadline_ns != 0) {
     h.end_by_ns = h.spec.timeout_ns > 0 ? std::min(h.end_by_ns, h.spec.deadline_ns) : h.spec.deadline_ns;
   }

@@ -168,6 +168,13 @@ Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
   if (r.op != Op::kRead && r.op != Op::kWrite) {
     return refuse(Status::invalid_argument("unknown op {}", static_cast<int>(r.op)));
   }
+  if (static_cast<int>(r.qos) >= sched::kQosClassCount) {
+    return refuse(Status::invalid_argument("unknown qos class {} (expected 0..{})", static_cast<int>(r.qos),
+                                           sched::kQosClassCount - 1));
+  }
+  if (r.deadline_ns < 0) {
+    return refuse(Status::invalid_argument("deadline {} ns (expected an absolute time, or 0 for none)", r.deadline_ns));
+  }
   const auto local = regions_.find(r.local_region);
   if (local == regions_.end()) return refuse(Status::not_found("no local region {}", r.local_region));
   const Region& lr = local->second.region;
@@ -380,7 +387,11 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   copies.clear();
   std::uint64_t bytes = 0;
   for (const Request& r : batch.requests) {
-    if (r.length > max_bytes - bytes || r.timeout_ns < 0) return std::nullopt;
+    // What check() refuses goes the loop's way, which says why.
+    if (r.length > max_bytes - bytes || r.timeout_ns < 0 || r.deadline_ns < 0 ||
+        static_cast<int>(r.qos) >= sched::kQosClassCount) {
+      return std::nullopt;
+    }
     // A deadline closer than 1 ns per byte (1 GB/s, below any same-host
     // copy measured) goes to admission, which may end it infeasible at once.
     if (r.deadline_ns != 0 && (r.deadline_ns <= now_ns || static_cast<std::uint64_t>(r.deadline_ns - now_ns) < r.length)) {

@@ -121,7 +121,7 @@ Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
   state_->core->loop->post([this, done, peer](admission::AdmissionController&, TimeNs) {
     state_->datapath->refresh(peer, [done](Status s) { done->set_value(std::move(s)); });
   });
-  if (result.wait_for(std::chrono::nanoseconds(timeout_ns)) != std::future_status::ready) {
+  if (result.wait_for(std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs))) != std::future_status::ready) {
     return Status::timeout("refresh: peer {} did not answer within {} ns", peer.address, timeout_ns);
   }
   return result.get();
@@ -168,7 +168,7 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
     if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
     return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs));
   auto ended_now = [&] {
     const std::uint64_t count = datapath.ended_count();
     if (count == seen) return false;

@@ -83,7 +83,7 @@ Status Harness::wait(sched::RequestId id, TimeNs timeout_ns) {
     return s.state != sched::RequestState::kQueued && s.state != sched::RequestState::kRunning &&
            s.state != sched::RequestState::kCancelling;
   };
-  const TimeNs end = now_ns() + timeout_ns;
+  const TimeNs end = time_after(now_ns(), timeout_ns);
   if (!c.wall) {
     // Virtual time: run the loop until the request ends or the timeout passes.
     while (true) {

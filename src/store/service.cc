@@ -292,7 +292,7 @@ struct StoreClient::State {
   std::string engine_address;  // the store's, once hello() told us
 
   void deadline(grpc::ClientContext& context) const {
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(timeout_ns));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs)));
   }
 };
 

@@ -381,6 +381,12 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   r = good;
   r.length = std::numeric_limits<std::uint64_t>::max();  // wraps past the end
   EXPECT_EQ(code(r), StatusCode::kOutOfRange);
+  r = good;
+  r.qos = static_cast<sched::QosClass>(200);  // indexed the class table out of bounds
+  EXPECT_EQ(code(r), StatusCode::kInvalidArgument);
+  r = good;
+  r.deadline_ns = -5;
+  EXPECT_EQ(code(r), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(good, std::string(5000, 'x')), StatusCode::kInvalidArgument);
   // Nothing of a refused batch ran: the good request did not land.
   EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(4096), kLocalSalt).has_value());
@@ -404,6 +410,29 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.submit(Batch{{good}, {}}).error().code(), StatusCode::kUnavailable);
   EXPECT_EQ(e.connect(target.engine->address()).error().code(), StatusCode::kUnavailable);
   EXPECT_EQ(e.register_memory(local.buffer.data(), 10).error().code(), StatusCode::kUnavailable);
+}
+
+// INT64_MAX as a timeout means "never": it used to wrap (now + timeout) into
+// the past and end the wait, the refresh or the request at once.
+TEST(UcxEngineValidation, AnInt64MaxTimeoutWaitsInsteadOfWrapping) {
+  for (const char* tls : {"", "tcp"}) {  // the loop-free same-host copy, the loop's path over UCX
+    SCOPED_TRACE(tls);
+    Side target(1 << 20, kTargetSalt, tls);
+    Side local(1 << 20, kLocalSalt, tls);
+    auto peer = local.engine->connect(target.engine->address());
+    ASSERT_TRUE(peer.has_value());
+    constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+    EXPECT_TRUE(local.engine->refresh(*peer, kNever).is_ok());
+    Request r = request(Op::kRead, local, 0, *peer, target, 0, 64 << 10);
+    r.timeout_ns = kNever;
+    auto h = local.engine->submit(Batch{{r}, {}});
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    EXPECT_TRUE(local.engine->wait(*h, kNever).is_ok());
+    auto st = local.engine->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    EXPECT_TRUE(local.engine->release(*h).is_ok());
+  }
 }
 
 TEST(UcxEngineValidation, UnregisterReleaseAndShortWaitsAreRefusedWhileRequestsRun) {

@@ -12,6 +12,18 @@ namespace baton {
 // Nanoseconds on some clock's timeline. Signed so that differences are safe.
 using TimeNs = std::int64_t;
 
+// `span` after `now`, saturating at the timeline's end: a timeout written
+// as INT64_MAX ("never") must not wrap into the past and end at once.
+[[nodiscard]] constexpr TimeNs time_after(TimeNs now, TimeNs span) {
+  TimeNs at = 0;
+  if (__builtin_add_overflow(now, span, &at)) return span > 0 ? INT64_MAX : INT64_MIN;
+  return at;
+}
+
+// What a wait on std::chrono clocks is cut to (about 100 years): their own
+// arithmetic (now + timeout) overflows for INT64_MAX.
+inline constexpr TimeNs kForeverNs = TimeNs{100} * 365 * 24 * 3600 * 1'000'000'000;
+
 class Clock {
  public:
   virtual ~Clock() = default;
