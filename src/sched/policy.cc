@@ -3,19 +3,25 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "baton/common/units.h"
@@ -154,7 +160,9 @@ Result<std::vector<PolicyReader::Entry>> PolicyReader::entries(
         bad_value(line, name, fmt::format("expected a mapping, got {}", describe(map))));
   }
   // yaml-cpp's iterators hand out a temporary pair; hold Nodes (handles), not
-  // references into it.
+  // references into it. Keys seen so far, for duplicates: a set, since a
+  // scan of the earlier keys made a long mapping quadratic.
+  std::map<std::string, std::size_t, std::less<>> seen_at;
   for (const auto& pair : map) {
     const YAML::Node key = pair.first;
     if (!key.IsScalar()) {
@@ -170,12 +178,9 @@ Result<std::vector<PolicyReader::Entry>> PolicyReader::entries(
     }
     // yaml-cpp keeps both pairs of a repeated key; reading either silently
     // would hide an edit that did not take effect.
-    for (const Entry& seen : out) {
-      if (seen.key == entry.key) {
-        return std::unexpected(Status::invalid_argument(
-            "{}:{}: duplicate key \"{}\" (first on line {})", origin_, line_of(key),
-            join(name, entry.key), line_of(seen)));
-      }
+    if (const auto [at, fresh] = seen_at.emplace(entry.key, out.size()); !fresh) {
+      return std::unexpected(Status::invalid_argument("{}:{}: duplicate key \"{}\" (first on line {})", origin_,
+                                                      line_of(key), join(name, entry.key), line_of(out[at->second])));
     }
     out.push_back(std::move(entry));
   }
@@ -284,6 +289,11 @@ Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) 
       if (o.bandwidth_gbps < 1e-3 || o.bandwidth_gbps > 1e5) {
         return bad_value(line_of(x), key,
                          fmt::format("bandwidth_gbps {} is outside 0.001 .. 100000 GB/s", o.bandwidth_gbps));
+      }
+      // A second per transfer is no link's; far beyond, its nanoseconds
+      // overflow the scheduler's clock.
+      if (o.latency_us > 1e6) {
+        return bad_value(line_of(x), key, fmt::format("latency_us {} is above 1000000 (one second)", o.latency_us));
       }
       policy.cost_model.push_back(o);
     }
@@ -640,6 +650,37 @@ std::optional<int> second_document_line(std::string_view text) {
   return std::nullopt;
 }
 
+// A policy is a page of settings; far beyond, it is not one (and yaml-cpp
+// takes memory a few hundred times a file's size).
+constexpr std::size_t kMaxPolicyBytes = 1 << 20;
+
+// The line where content follows the first YAML value, if it does:
+// YAML::Load reads that value and drops the rest without a word, e.g. a
+// block mapping after a flow one ("{policy: edf}\nweights: …"). The parser
+// is asked for two documents at most (YAML::LoadAll loops forever on ",").
+std::optional<int> content_after_first_value(std::string_view text) {
+  struct Events final : YAML::EventHandler {
+    std::optional<int> line;  // where a document started
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      if (!line) line = mark.line + 1;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  std::istringstream in{std::string(text)};
+  YAML::Parser parser(in);
+  Events first, second;
+  if (!parser.HandleNextDocument(first)) return std::nullopt;
+  if (!parser.HandleNextDocument(second)) return std::nullopt;
+  return second.line;
+}
+
 // Where text stops being UTF-8 text without control characters, if it does.
 struct NonText {
   int line = 1;
@@ -823,7 +864,15 @@ Result<SchedPolicy> parse_policy(std::string_view yaml_text, std::string_view or
     return std::unexpected(Status::invalid_argument(
         "{}:{}: a second YAML document (expected one policy per file)", origin, *line));
   }
+  if (yaml_text.size() > kMaxPolicyBytes) {
+    return std::unexpected(Status::invalid_argument("{}: more than {} bytes (a policy file is a page of settings)",
+                                                    origin, kMaxPolicyBytes));
+  }
   try {
+    if (auto line = content_after_first_value(yaml_text)) {
+      return std::unexpected(Status::invalid_argument(
+          "{}:{}: more YAML after the first value (a policy file is one mapping)", origin, *line));
+    }
     const YAML::Node document = YAML::Load(std::string(yaml_text));
     PolicyReader reader(origin);
     if (Status status = reader.read(document, policy); !status.is_ok()) return std::unexpected(std::move(status));
@@ -852,16 +901,21 @@ Result<SchedPolicy> load_policy(const std::string& path) {
         : type == std::filesystem::file_type::directory ? "a directory"
         : ec ? ec.message() : "not a regular file"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) {
-    return std::unexpected(
-        Status::not_found("load_policy: \"{}\" is not a readable regular file (cannot open)", path));
+  // Read with stdio, bounded: a file that cannot be read (/proc/self/mem)
+  // made the stream throw, and a huge one took memory many times its size.
+  std::FILE* file = std::fopen(path.c_str(), "rbe");
+  if (file == nullptr) {
+    return std::unexpected(Status::not_found("load_policy: \"{}\" cannot be opened: {}", path, std::strerror(errno)));
   }
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) {
-    return std::unexpected(
-        Status::not_found("load_policy: \"{}\" is not a readable regular file (read failed)", path));
+  std::string text(kMaxPolicyBytes + 1, '\0');
+  const std::size_t got = std::fread(text.data(), 1, text.size(), file);
+  const bool failed = std::ferror(file) != 0;
+  const int error = errno;
+  std::fclose(file);
+  if (failed) {
+    return std::unexpected(Status::not_found("load_policy: \"{}\" cannot be read: {}", path, std::strerror(error)));
   }
+  text.resize(got);
   return parse_policy(text, path);
 }
 

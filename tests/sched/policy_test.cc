@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace baton::sched {
@@ -382,6 +383,36 @@ TEST(SchedPolicyParse, OneDocumentPerFile) {
             "<string>:3: a second YAML document (expected one policy per file)");
 }
 
+// YAML::Load reads the first value and dropped what followed it without a
+// word: after a flow mapping, every later key (even a bad value) was
+// ignored, and a lone "," read as the defaults.
+TEST(SchedPolicyParse, NothingAfterTheFirstValueIsDroppedSilently) {
+  EXPECT_EQ(error_for("{policy: edf}\nstarvation_bound: 0s\ntransfer_timeout: potato\n"),
+            "<string>:2: more YAML after the first value (a policy file is one mapping)");
+  EXPECT_EQ(error_for("{policy: edf}\n{policy: baseline_fifo}\n"),
+            "<string>:2: more YAML after the first value (a policy file is one mapping)");
+  EXPECT_EQ(error_for(","), "<string>:1: more YAML after the first value (a policy file is one mapping)");
+  EXPECT_EQ(error_for(", policy: edf"), "<string>:1: more YAML after the first value (a policy file is one mapping)");
+  EXPECT_TRUE(parse_policy("{policy: edf}\n# a comment\n").has_value());
+}
+
+// A long mapping is refused at its first bad key at once: the duplicate
+// check was a scan of the earlier keys (quadratic: 100 000 keys took 13 s).
+TEST(SchedPolicyParse, ALongMappingIsCheckedInOnePass) {
+  std::string text = "slice_size:\n";
+  for (int i = 0; i < 30'000; ++i) text += fmt::format("  p{}: 1MiB\n", i);
+  EXPECT_EQ(error_for(text).substr(0, 35), "<string>:2: slice_size: unknown pat");
+  text += "  p0: 2MiB\n";  // every key is looked at (for duplicates) before any is used
+  EXPECT_NE(error_for(text).find(":30002: duplicate key \"slice_size.p0\" (first on line 2)"), std::string::npos)
+      << error_for(text);
+}
+
+TEST(SchedPolicyParse, AFileOverAMegabyteIsRefused) {
+  std::string text = "policy: edf\n";
+  text += std::string(1 << 20, '#');
+  EXPECT_EQ(error_for(text), "<string>: more than 1048576 bytes (a policy file is a page of settings)");
+}
+
 TEST(SchedPolicyParse, SyntaxErrorsCarryTheLine) {
   struct Case {
     const char* yaml;
@@ -447,6 +478,14 @@ TEST_F(LoadPolicy, ParseErrorsArePrefixedWithThePath) {
   ASSERT_FALSE(policy.has_value());
   EXPECT_EQ(policy.error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(policy.error().message(), path + ":3: weights.aging: \"-0.5\" is negative (expected >= 0)");
+}
+
+// A file that cannot be read made the stream throw (abort); it is an error.
+TEST_F(LoadPolicy, AnUnreadableFileIsAnErrorNotAnAbort) {
+  const auto policy = load_policy("/proc/self/mem");
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_EQ(policy.error().code(), StatusCode::kNotFound);
+  EXPECT_NE(policy.error().message().find("cannot be read"), std::string::npos) << policy.error().message();
 }
 
 TEST_F(LoadPolicy, EmptyFileIsDefaults) {
@@ -585,6 +624,8 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
                           "cost_model: {nvlink: {local: {bandwidth_gbps: -2}}}",
                           "cost_model: {nvlink: {local: {bandwidth_gbps: 1e-300}}}",
                           "cost_model: {nvlink: {local: {bandwidth_gbps: 1e12}}}",
+                          // Its nanoseconds overflowed the scheduler's clock.
+                          "cost_model: {nvlink: {local: {bandwidth_gbps: 1, latency_us: 1e16}}}",
                           "cost_model: {nvlink: {local: {bandwidth_gbps: 1, speed: 2}}}",
                           "cost_model: {nvlink: {local: 5}}"}) {
     const auto p = parse_policy(bad);

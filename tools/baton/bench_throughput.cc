@@ -223,7 +223,8 @@ Command add_bench_throughput(CLI::App& bench) {
   app->add_option("--threads", o->threads, "Submitting threads, one batch in flight each")->check(CLI::Range(1, 256));
   app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)");
   add_ucx_options(*app, o->ucx);
-  app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)");
+  app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
+      ->check(kPathGiven);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_throughput(*o); }};
 }

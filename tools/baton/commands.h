@@ -40,6 +40,11 @@ inline const CLI::Validator kUnsigned64(
     },
     "UINT64");
 
+// A file a command reads: "" (an unset shell variable) is refused, not
+// read as "no file".
+inline const CLI::Validator kPathGiven(
+    [](std::string& text) -> std::string { return text.empty() ? "an empty path" : ""; }, "PATH");
+
 // The name of a synthetic topology (topology/probe.h): an unknown one is a
 // flag the caller got wrong (exit 2), said before anything runs.
 inline const CLI::Validator kTopologyModel(
