@@ -389,8 +389,10 @@ TEST_F(UcxSecurityTest, RegionsAreSeenOnlyWhereExported) {
   EXPECT_EQ(b_->export_region(*hidden, {""}).code(), StatusCode::kInvalidArgument);
   // A peer is named by its listen address: anything else is refused, not
   // stored as a name no peer can ever present.
+  // A host name too: peers present numeric addresses, so "localhost:P"
+  // would reach no one without a word.
   for (const std::string bad : {"garbage", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:", ":7000", "host:port:x",
-                                "127.0.0.1:70x"}) {
+                                "127.0.0.1:70x", "localhost:7000", "peer.example:7000"}) {
     const Status refused = b_->export_region(*hidden, {a_->address(), bad});
     EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.message().find(bad), std::string::npos) << refused.message();

@@ -102,10 +102,11 @@ struct Request {
   RegionHandle remote_region = 0;   // the peer's Region::handle (remote_regions())
   std::uint64_t remote_offset = 0;
   std::uint64_t length = 0;
-  sched::QosClass qos = sched::QosClass::kPrefillBulk;
-  TimeNs deadline_ns = 0;  // absolute, on now_ns(); 0: none
+  sched::QosClass qos = sched::QosClass::kPrefillBulk;  // one of the four (others are refused)
+  TimeNs deadline_ns = 0;  // absolute, on now_ns(); 0: none (negative is refused)
   // Relative to submit; past it the request ends `timeout` (0: the
-  // policy's transfer_timeout, 60 s by default; negative is refused).
+  // policy's transfer_timeout, 60 s by default; negative is refused;
+  // INT64_MAX: never).
   TimeNs timeout_ns = 0;
 };
 
@@ -140,7 +141,11 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Each call below answers unavailable after shutdown().
+  // After shutdown(), the calls that take work or change state
+  // (register_memory, allocate_memory, unregister, export_region, region,
+  // connect, refresh, remote_regions, submit, cancel) answer unavailable;
+  // poll, wait and release still answer for the batches it ended, address()
+  // keeps its value, metrics_address() is empty.
 
   // The handshake address peers connect() to: "127.0.0.1:41234".
   [[nodiscard]] std::string address() const;
@@ -148,9 +153,11 @@ class Engine {
   [[nodiscard]] std::string metrics_address() const;
 
   // Registers [ptr, ptr + length) for transfers; peers reach it only once
-  // export_region() made it visible to them. invalid_argument
-  // for a null pointer, zero length or an overlap with a region; unavailable
-  // when UCX refuses.
+  // export_region() made it visible to them. invalid_argument for a null
+  // pointer, zero length, an overlap with a region, or memory that is not
+  // all mapped readable and writable (a peer's write into a read-only page
+  // would fault the copying thread); unavailable when UCX refuses. The
+  // memory must stay valid until unregister() or the engine is gone.
   // kVram: GPU memory of CUDA device `device` (-1: the one the pointer
   // belongs to, as Region::device then says), checked against the CUDA
   // runtime's pointer attributes (invalid_argument when the range is not
@@ -199,8 +206,9 @@ class Engine {
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer);
 
   // Validates every request before any is queued (all or nothing):
-  // invalid_argument for an empty batch, zero length, a negative timeout,
-  // an oversized or multi-peer notification; not_found for an unknown peer,
+  // invalid_argument for an empty batch, zero length, a negative timeout or
+  // deadline, an unknown op or qos class, an oversized or multi-peer
+  // notification; not_found for an unknown peer,
   // local region or remote region (refresh() may help); out_of_range for a
   // range outside its region; unavailable for a failed peer. Then admits the
   // requests. A same-host batch (UcxConfig::direct_copy_max_bytes) is copied
@@ -216,7 +224,8 @@ class Engine {
   [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out);
   // Until every request of the batch ended (ok; see poll() for how) or the
   // timeout passed (timeout). Wakes at once when the batch ends. A timeout
-  // of 0 only looks: it neither yields nor sleeps.
+  // of 0 (or below) only looks: it neither yields nor sleeps; INT64_MAX
+  // waits as long as it takes.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
   // Cancels the requests still running and returns at once. A request
   // reports `cancelled` only once nothing it posted can still land in the

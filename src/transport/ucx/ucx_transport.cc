@@ -3,6 +3,8 @@
 // slices.cc, regions.cc, listener.cc and initiator.cc.
 #include "baton/transport/ucx_transport.h"
 
+#include <arpa/inet.h>
+
 #include "transport/ucx/state.h"
 
 namespace baton::transport {
@@ -288,6 +290,16 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
     if (!split || split->port == 0) {
       return Status::invalid_argument("UcxTransport::export_region: peer \"{}\" is not a listen address: {}", name,
                                       split ? "port 0" : split.error().message());
+    }
+    // Peers say their listen address with a numeric host: a host name here
+    // would match none of them, and the export would reach no one silently.
+    in6_addr numeric{};
+    const std::string host(split->host);
+    if (::inet_pton(AF_INET, host.c_str(), &numeric) != 1 && ::inet_pton(AF_INET6, host.c_str(), &numeric) != 1) {
+      return Status::invalid_argument(
+          "UcxTransport::export_region: peer \"{}\": name a peer by its numeric listen address (as "
+          "Peer::address says it), not a host name",
+          name);
     }
   }
   if (peers.empty()) {
