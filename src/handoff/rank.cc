@@ -8,6 +8,9 @@ namespace {
 
 Status check_pages(std::uint64_t page_bytes, std::uint32_t pages, const char* call) {
   if (page_bytes == 0 || pages == 0) return Status::invalid_argument("{}: {} pages of {} bytes", call, pages, page_bytes);
+  if (pages > PagePool::kMaxPages) {
+    return Status::invalid_argument("{}: {} pages (a pool holds at most {})", call, pages, PagePool::kMaxPages);
+  }
   return Status::ok();
 }
 

@@ -390,6 +390,10 @@ TEST(WorkerMemory, CreateOverTheCallersRegionChecksItAndLeavesItRegistered) {
             StatusCode::kInvalidArgument)
       << "a pool whose size overflows";
   EXPECT_EQ(code(ProducerWorker::create(*e, std::uint64_t{1} << 62, 8)), StatusCode::kInvalidArgument);
+  // 100 Mi one-byte pages: 100 MiB of memory, but ~5 GB of bookkeeping
+  // (bad_alloc, an abort, before the bound).
+  EXPECT_EQ(code(ConsumerWorker::create(*e, 1, 100u << 20)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ProducerWorker::create(*e, 1, PagePool::kMaxPages + 1)), StatusCode::kInvalidArgument);
   auto unknown = ProducerWorker::create_over(*e, region->handle + 1000, 4096, 1);
   ASSERT_FALSE(unknown.has_value());
   EXPECT_EQ(unknown.error().code(), StatusCode::kNotFound);

@@ -15,6 +15,10 @@ namespace baton::handoff {
 
 class PagePool {
  public:
+  // Its bookkeeping takes about 48 bytes a free page; the workers refuse
+  // pools above this (16 Mi pages: 256 GiB of 16 KiB pages).
+  static constexpr std::uint32_t kMaxPages = 1u << 24;
+
   PagePool(std::uint64_t page_bytes, std::uint32_t pages);
 
   // `count` free pages, lowest first (neighbours coalesce into one
