@@ -109,13 +109,19 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
 }
 
 // A fault is off unless its flag is given: a value that used to mean "off"
-// inside (-1, 0) is refused instead of silently ignored.
+// inside (-1, 0) is refused instead of silently ignored; a stall needs a
+// timeout named.
 TEST(BenchHandoff, FaultFlagsOutOfRangeAreRefused) {
   for (const std::string args : {"--kill-producer-at -1", "--stall-consumer-rank -1", "--cancel-every 0"}) {
     const CommandRun r = baton::testing::run_baton("bench handoff --spawn " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("not in range"), std::string::npos) << args << ": " << r.err;
   }
+  // A stalled rank's tickets each wait the timeout in full: at the default
+  // 60 s that was a run of hours without a word.
+  const CommandRun r = baton::testing::run_baton("bench handoff --spawn --stall-consumer-rank 0");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--stall-consumer-rank needs a --timeout too"), std::string::npos) << r.err;
 }
 
 // A rank worker reads orders from its pipe: a line that is not UTF-8 JSON

@@ -43,6 +43,7 @@ struct HandoffOptions {
   std::uint32_t layers = 32, kv_heads = 8, head_dim = 128, dtype_bytes = 2, page_tokens = 16;
   std::string order = "hnd";
   std::string timeout = "60s";
+  bool timeout_given = false;  // --timeout named on the command line
   std::int64_t kill_producer_at = -1;
   std::int64_t stall_consumer_rank = -1;
   std::uint32_t cancel_every = 0;
@@ -130,7 +131,6 @@ class Bench {
   const HandoffOptions& o_;
   handoff::KvLayout pl_, cl_;
   TimeNs timeout_ns_ = 0;
-  SteadyClock clock_;  // the orchestrator's: tickets' dispatch times are on it
   engine::MetricsRegistry metrics_;
   std::unique_ptr<handoff::Orchestrator> orch_;
   std::vector<Replica> producers_, consumers_;
@@ -310,14 +310,7 @@ Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
   for (std::uint32_t i : wave) {
     Request& r = requests_[i];
     if (!r.started || r.final) continue;
-    // Each ticket waits until --timeout after its own dispatch, not after
-    // the receive before it ended: a stalled rank's wave ends in one
-    // timeout, not one per ticket.
-    TimeNs wait_ns = 0;  // the orchestrator's transfer_timeout
-    if (auto t = orch_->ticket(r.ticket); t && t->started_ns > 0) {
-      wait_ns = std::max<TimeNs>(1, t->started_ns + timeout_ns_ - clock_.now_ns());
-    }
-    Status s = orch_->receive(r.ticket, wait_ns);
+    Status s = orch_->receive(r.ticket);
     // From dispatch to the last rank's completion, as the orchestrator saw
     // it (not when this loop got round to the ticket).
     if (auto t = orch_->ticket(r.ticket); t && t->ended_ns > 0) r.ms = static_cast<double>(t->ended_ns - t->started_ns) / 1e6;
@@ -417,6 +410,11 @@ int Bench::run() {
     return fail(2, fmt::format("--stall-consumer-rank {}: a consumer replica has ranks 0..{}", o_.stall_consumer_rank,
                                cl_.ranks() - 1));
   }
+  if (o_.stall_consumer_rank >= 0 && !o_.timeout_given) {
+    // Each of the stalled rank's tickets waits the timeout in full, one
+    // receive after another: at the default 60 s a run takes hours.
+    return fail(2, "--stall-consumer-rank needs a --timeout too (each stalled ticket waits it in full), e.g. 200ms");
+  }
   if (o_.kill_producer_at >= static_cast<std::int64_t>(o_.requests)) {
     return fail(2, fmt::format("--kill-producer-at {}: there are {} requests", o_.kill_producer_at, o_.requests));
   }
@@ -428,8 +426,7 @@ int Bench::run() {
                                "destinations, baseline); lower --window or --tokens to stay under 6 GiB",
                                o_.window, wave_bytes >> 20));
   }
-  orch_ = std::make_unique<handoff::Orchestrator>(
-      handoff::HandoffConfig{.transfer_timeout_ns = timeout_ns_, .metrics = &metrics_, .clock = &clock_});
+  orch_ = std::make_unique<handoff::Orchestrator>(handoff::HandoffConfig{.transfer_timeout_ns = timeout_ns_, .metrics = &metrics_});
   if (auto s = spawn(); !s.is_ok()) return fail(1, s.to_string());
 
   // One untimed wave first (indices after the counted ones): it faults in
@@ -586,7 +583,11 @@ Command add_bench_handoff(CLI::App& bench) {
   app->add_option("--cancel-every", o->cancel_every, "Cancel every Nth request once it started")
       ->check(CLI::Range(1, 1'000'000));
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
-  return {app, [o] { Bench b(*o); return b.run(); }};
+  return {app, [o, app] {
+            o->timeout_given = app->count("--timeout") > 0;
+            Bench b(*o);
+            return b.run();
+          }};
 }
 
 }  // namespace baton::cli
