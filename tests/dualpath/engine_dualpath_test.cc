@@ -198,7 +198,10 @@ TEST(EngineDualPath, BothLegsDownBackOffThenFailUnavailableAtTheTimeout) {
   rig.prefill.engine->shutdown();
   rig.store.engine->shutdown();
   HandoffRequest r = rig.handoff(0, kBytes);
-  r.timeout_ns = 50 * kMs;
+  // Room for several rounds of backoff (at most 1 ms each) even where each
+  // failed attempt is slow: under TSan on a loaded 2-core VM 50 ms once
+  // held a single retry.
+  r.timeout_ns = 200 * kMs;
   auto id = rig.dual->submit(r);
   ASSERT_TRUE(id.has_value()) << id.error().to_string();
   const HandoffStatus st = rig.finish(*id);
