@@ -51,9 +51,8 @@ Status check_replica(const char* call, const std::string& name, const KvLayout& 
                                     ranks.size(), layout.tp, layout.sp);
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    if (std::find(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(r), ranks[r]) !=
-        ranks.begin() + static_cast<std::ptrdiff_t>(r)) {
-      return Status::invalid_argument("{} {}: rank {} is the same object as an earlier rank", call, name, r);
+    if (std::count(ranks.begin(), ranks.end(), ranks[r]) > 1) {
+      return Status::invalid_argument("{} {}: rank {} is the same object as another rank", call, name, r);
     }
     if (ranks[r]->page_bytes() != layout.page_bytes()) {
       return Status::invalid_argument("{} {}: rank {}'s pages are {} bytes, the layout's {}", call, name, r,
