@@ -45,6 +45,16 @@ bool UcxTransport::State::retired_in_use() {
   return !retired.empty();
 }
 
+// A revocation (ours, or a peer's we have yet to acknowledge) that a copy
+// on a caller's thread may be holding back.
+bool UcxTransport::State::revocation_waits_on_copies() const {
+  const bool copying = std::ranges::any_of(retired, [](const auto& w) { return !w.expired(); }) ||
+                       std::ranges::any_of(regions, [](const auto& r) { return r.second.serving > 0; });
+  if (!copying) return false;
+  return std::ranges::any_of(peers, [](const Peer& p) { return !p.revokes.empty(); }) ||
+         std::ranges::any_of(regions, [](const auto& r) { return r.second.revoking; });
+}
+
 bool UcxTransport::State::visible(const LocalRegion& r, const Session& session) {
   return session.authenticated && !r.revoking && (r.exported_all || r.exported_to.contains(session.name));
 }

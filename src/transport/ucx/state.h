@@ -567,6 +567,7 @@ struct UcxTransport::State {
   // regions.cc
   void publish_direct();
   bool retired_in_use();
+  [[nodiscard]] bool revocation_waits_on_copies() const;
   static bool visible(const LocalRegion& r, const Session& session);
   std::vector<RegionDescriptor> tell_regions(Session& session);
   Result<RegionHandle> map_region(void* addr, std::size_t length, MemoryKind kind, int numa_node = -1);

@@ -866,6 +866,10 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
     if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
   }
   if (!state_->staged_copies.empty()) sooner(state_->last_poll_ns + State::kStagedPollNs);
+  // A revocation held back only by copies on callers' threads (a retired
+  // direct table still in use): nothing wakes the loop when they end, so
+  // look again soon rather than at the idle tick.
+  if (state_->revocation_waits_on_copies()) sooner(state_->last_poll_ns + State::kStagedPollNs);
   for (const State::Peer& peer : state_->peers) {
     if (peer.state == PathState::kReady && peer.same_host_pid != 0 && peer.inflight > 0) {
       sooner(peer.next_holder_check_ns);
