@@ -28,6 +28,20 @@ std::string_view to_string(StatusCode code) {
   return "unknown";
 }
 
+std::string shown(std::string_view bytes, std::size_t most) {
+  std::string out;
+  for (const char c : bytes.substr(0, most)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
+      out.push_back(c);
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+    }
+  }
+  if (bytes.size() > most) out += fmt::format("… ({} bytes)", bytes.size());
+  return out;
+}
+
 std::string Status::to_string() const {
   if (is_ok()) return "ok";
   return fmt::format("{}: {}", baton::to_string(code_), message());

@@ -137,19 +137,6 @@ std::optional<Cell> parse_cell(std::string_view t) {
   return std::nullopt;
 }
 
-// Text from the file, for a message: bytes that are not printable ASCII as
-// \xNN, and at most 80 of them (a 50 MB line is not repeated back).
-std::string shown(std::string_view text) {
-  constexpr std::size_t kMost = 80;
-  std::string out;
-  for (const char c : text.substr(0, kMost)) {
-    const auto u = static_cast<unsigned char>(c);
-    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
-  }
-  if (text.size() > kMost) out += fmt::format("… ({} bytes)", text.size());
-  return out;
-}
-
 constexpr std::size_t kLongestNicName = 255;
 
 // "  NIC0: mlx5_0" → {"0", "mlx5_0"}; any other line → nullopt. By hand:

@@ -39,6 +39,21 @@ TEST(ControlWire, AnOversizedOrUnknownFrameIsRefusedFromItsHeader) {
   EXPECT_FALSE(take_frame(zero, 64).has_value());
 }
 
+TEST(ControlWire, AnotherProgramsAnswerIsNamedByItsBytes) {
+  const std::string http = "HTTP/1.1 400 Bad Request\r\n\r\n";
+  std::vector<std::uint8_t> buffer(http.begin(), http.end());
+  auto refused = take_frame(buffer, kMaxHandshakeFrameBytes);
+  ASSERT_FALSE(refused.has_value());
+  const std::string& m = refused.error().message();
+  EXPECT_NE(m.find("\"HTTP/1.1 400 Bad… (28 bytes)\""), std::string::npos) << m;
+  EXPECT_NE(m.find("not a Baton peer"), std::string::npos) << m;
+  std::vector<std::uint8_t> binary = {0, 0, 0, 0, 200, '"', 0x7f};
+  auto escaped = take_frame(binary, 64);
+  ASSERT_FALSE(escaped.has_value());
+  EXPECT_NE(escaped.error().message().find("\"\\x00\\x00\\x00\\x00\\xc8\\x22\\x7f\""), std::string::npos)
+      << escaped.error().message();
+}
+
 TEST(ControlWire, MessagesRoundTrip) {
   Hello hello;
   hello.nonce.fill(1);

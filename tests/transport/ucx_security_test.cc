@@ -314,6 +314,38 @@ TEST_F(UcxSecurityTest, AnImpostorListenerGetsNoEndpointsAndTheConnectFails) {
   ::close(listener);
 }
 
+// A user who points the engine at another program's port (an HTTP server)
+// learns so from the path's status, with the bytes that came back.
+TEST_F(UcxSecurityTest, APortOfAnotherProgramFailsThePathNamingWhatItSaid) {
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+  auto path = a_->connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), now());
+  ASSERT_TRUE(path.has_value());
+  int fd = -1;
+  ASSERT_TRUE(wait_until([&] {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) fd = ::accept(listener, nullptr, nullptr);
+    return fd >= 0;
+  }));
+  const std::string http = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+  send_all(fd, std::vector<std::uint8_t>(http.begin(), http.end()));
+  ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kFailed; }));
+  const Status st = a_->path_status(*path);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("\"HTTP/1.1 400 Bad"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("not a Baton peer"), std::string::npos) << st.message();
+  ::close(fd);
+  ::close(listener);
+}
+
 TEST_F(UcxSecurityTest, WithoutASecretOnlyLoopbackListensUnlessAllowed) {
   UcxConfig c = config("");
   c.listen_address = "0.0.0.0:0";

@@ -36,6 +36,10 @@ std::string_view to_string(StatusCode code);
 // The code a to_string() name stands for (a Status that crossed a process
 // boundary by name); nullopt for an unknown name.
 std::optional<StatusCode> status_code_from_string(std::string_view name);
+// Untrusted bytes (a file's, a peer's) for a message: printable ASCII as
+// it is, anything else (and `"`, `\`) as \xNN, at most `most` of them with
+// the full size after an ellipsis.
+std::string shown(std::string_view bytes, std::size_t most = 80);
 
 class [[nodiscard]] Status {
  public:

@@ -91,7 +91,10 @@ Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::
   r.get(kind);
   if (kind < static_cast<std::uint8_t>(ControlKind::kChallenge) ||
       kind > static_cast<std::uint8_t>(ControlKind::kReady)) {
-    return bad("unknown frame kind {}", kind);
+    // Most often another program answered (an HTTP server's "HTTP/1.1 ..."):
+    // the bytes say who, where a kind number would not.
+    return bad("unknown frame kind {} in bytes \"{}\": not a Baton peer, or a corrupt stream", kind,
+               shown({reinterpret_cast<const char*>(buffer.data()), buffer.size()}, 16));
   }
   if (length > max_body) return bad("a frame of {} bytes (at most {} here)", length, max_body);
   if (r.left() < length) return std::optional<Frame>{};
