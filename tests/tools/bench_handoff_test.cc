@@ -2,6 +2,7 @@
 // JSON contract, every request ending with a status under each fault flag,
 // no page leaked, and one-line errors for bad input.
 #include <cstdio>
+#include <utility>
 #include <fstream>
 #include <string>
 
@@ -100,11 +101,31 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
   for (const std::string args :
        {"bench handoff --requests 4", "bench handoff --spawn --kv-heads 6 --producer-tp 4",
         "bench handoff --spawn --stall-consumer-rank 2 --consumer-tp 2", "bench handoff --spawn --requests 4 --kill-producer-at 4",
-        "bench handoff --spawn --timeout soon", "bench handoff --spawn --order xyz",
+        "bench handoff --spawn --order xyz",
         "bench handoff --spawn --tokens 100000 --window 1024"}) {
     const CommandRun r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
+// A duration flag is checked as it is parsed, by the same rule in every
+// command, and says why: 100000000h overflowed into "not positive" before.
+TEST(BenchHandoff, DurationFlagsSayWhyTheyAreRefused) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"bench handoff --spawn --timeout soon", "\"soon\": expected a non-negative number first"},
+      {"bench handoff --spawn --timeout 100000000h", "\"100000000h\": too large"},
+      {"bench handoff --spawn --timeout 0ms", "\"0ms\" is zero (expected a positive duration)"},
+      {"bench idle --duration 1e400s", "unknown unit \"e400s\""},
+      {"bench throughput --duration 0s", "\"0s\" is zero"},
+      {"store --lock-timeout 9999999999h", "too large"},
+      {"bench store --spawn --lock-timeout 0s", "\"0s\" is zero"},
+      {"store --unsealed-timeout -1s", "expected a non-negative number first"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CommandRun r = baton::testing::run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
   }
 }
 

@@ -573,7 +573,8 @@ Command add_bench_handoff(CLI::App& bench) {
   app->add_option("--dtype-bytes", o->dtype_bytes, "Bytes per element")->check(CLI::Range(1, 8));
   app->add_option("--page-tokens", o->page_tokens, "Tokens per page (vLLM block size)")->check(CLI::Range(1, 4096));
   app->add_option("--order", o->order, "Page layout: hnd or nhd");
-  app->add_option("--timeout", o->timeout, "transfer_timeout: how long a receive waits (duration)");
+  app->add_option("--timeout", o->timeout, "transfer_timeout: how long a receive waits (duration)")
+      ->check(kPositiveDuration);
   // Each fault is off unless its flag is given (-1 / 0 inside).
   app->add_option("--kill-producer-at", o->kill_producer_at, "SIGKILL rank 0 of request N's producer once it started")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1'000'000}));

@@ -106,7 +106,7 @@ int run_idle(const IdleOptions& o) {
 Command add_bench_idle(CLI::App& bench) {
   auto o = std::make_shared<IdleOptions>();
   CLI::App* app = bench.add_subcommand("idle", "CPU an engine and its connected `baton serve` peer use while idle");
-  app->add_option("--duration", o->duration, "The quiet window (duration)");
+  app->add_option("--duration", o->duration, "The quiet window (duration)")->check(kPositiveDuration);
   add_ucx_options(*app, o->ucx);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_idle(*o); }};

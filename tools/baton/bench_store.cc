@@ -306,7 +306,8 @@ Command add_bench_store(CLI::App& bench) {
       ->check(CLI::Range(0, 10'000'000));
   app->add_option("--abandon", o->abandon, "Share of drill sessions never released");
   app->add_option("--cut", o->cut, "Share of drill queries cut by a 1 ms deadline");
-  app->add_option("--lock-timeout", o->lock_timeout, "The store's lock timeout (duration)");
+  app->add_option("--lock-timeout", o->lock_timeout, "The store's lock timeout (duration)")
+      ->check(kPositiveDuration);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_store_bench(*o); }};
 }

@@ -221,7 +221,8 @@ Command add_bench_throughput(CLI::App& bench) {
   app->add_option("--block-size", o->block_size, "Bytes per request (size)");
   app->add_option("--batch-size", o->batch_size, "Requests per batch")->check(CLI::Range(1, 1 << 16));
   app->add_option("--threads", o->threads, "Submitting threads, one batch in flight each")->check(CLI::Range(1, 256));
-  app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)");
+  app->add_option("--duration", o->duration, "How long to run (duration: 5s, 500ms …)")
+      ->check(kPositiveDuration);
   add_ucx_options(*app, o->ucx);
   app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
       ->check(kPathGiven);

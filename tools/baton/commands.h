@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "baton/common/status.h"
+#include "baton/common/units.h"
 #include "baton/topology/probe.h"
 
 namespace baton::cli {
@@ -44,6 +45,17 @@ inline const CLI::Validator kUnsigned64(
 // read as "no file".
 inline const CLI::Validator kPathGiven(
     [](std::string& text) -> std::string { return text.empty() ? "an empty path" : ""; }, "PATH");
+
+// A duration above zero that fits in nanoseconds ("200ms", "60s"): said
+// at parse time, with parse_duration's reason ("too large" for
+// 100000000h, not "not positive").
+inline const CLI::Validator kPositiveDuration(
+    [](std::string& text) -> std::string {
+      auto ns = parse_duration(text);
+      if (!ns) return ns.error().message();
+      return *ns > 0 ? "" : "\"" + text + "\" is zero (expected a positive duration)";
+    },
+    "DURATION");
 
 // The name of a synthetic topology (topology/probe.h): an unknown one is a
 // flag the caller got wrong (exit 2), said before anything runs.

@@ -33,6 +33,18 @@ std::string unknown_command(const CLI::App& app, int argc, char** argv) {
   return {};
 }
 
+// "bench handoff": the subcommands the parse reached, for a message.
+std::string parsed_command(const CLI::App& app) {
+  std::string path;
+  const CLI::App* at = &app;
+  for (;;) {
+    const auto subs = at->get_subcommands();
+    if (subs.empty()) return path;
+    at = subs.front();
+    path += (path.empty() ? "" : " ") + at->get_name();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,8 +66,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     // --help is 0; every usage error is 2, as for values the commands refuse
-    // themselves (CLI11's own codes, 105 for a value out of range, say nothing more).
-    return app.exit(e) == 0 ? 0 : 2;
+    // themselves (CLI11's own codes, 105 for a value out of range, say nothing
+    // more), and one line, as theirs are.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    const std::string command = parsed_command(app);
+    const std::string where = command.empty() ? "baton" : "baton " + command;
+    fmt::print(stderr, "{}: {} ({} --help lists the flags)\n", where, e.what(), where);
+    return 2;
   }
   if (auto s = baton::init_logging(log_level); !s.is_ok()) {
     fmt::print(stderr, "baton: {}\n", s.message());

@@ -190,12 +190,14 @@ Command add_store_command(CLI::App& parent) {
   app->add_option("--engine-listen", o->engine_listen, "The engine's handshake address (port 0: any free port)");
   app->add_option("--namespace", o->namespaces,
                   "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (repeatable), e.g. llama:288x2x16384:1000:0,1");
-  app->add_option("--lock-timeout", o->lock_timeout, "How long a query's lock lasts unless released (duration)");
-  app->add_option("--unsealed-timeout", o->unsealed_timeout, "How long allocated pages wait for their seal (duration)");
+  app->add_option("--lock-timeout", o->lock_timeout, "How long a query's lock lasts unless released (duration)")
+      ->check(kPositiveDuration);
+  app->add_option("--unsealed-timeout", o->unsealed_timeout, "How long allocated pages wait for their seal (duration)")
+      ->check(kPositiveDuration);
   app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
   app->add_option("--directory", o->directory, "Register in this etcd (host:port) under a lease");
   app->add_option("--name", o->name, "The store's name in the directory (default: its RPC address)");
-  app->add_option("--lease", o->lease, "The directory lease's TTL (duration, at least 1s)");
+  app->add_option("--lease", o->lease, "The directory lease's TTL (duration, at least 1s)")->check(kPositiveDuration);
   return {app, [o] { return run_store(*o); }};
 }
 
