@@ -586,7 +586,7 @@ TEST_P(UcxTransportTest, RegionRegisteredAfterConnectIsUsableAfterRefresh) {
 
   const auto write = slice(1, path, 1, Op::kWrite, source.data(), addr(late.data()), *late_region, late.size());
   const Status unknown = a_->submit(write, now());
-  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument) << unknown.to_string();
+  EXPECT_EQ(unknown.code(), StatusCode::kNotFound) << unknown.to_string();
   EXPECT_NE(unknown.message().find("remote_key"), std::string::npos) << unknown.message();
 
   ASSERT_TRUE(a_->refresh_regions(path).is_ok());
@@ -612,7 +612,7 @@ TEST_P(UcxTransportTest, RegionUnregisteredByThePeerBecomesUnusable) {
   auto& local = buffer(4096);
   ASSERT_TRUE(a_->register_memory(local.data(), local.size()).has_value());
   EXPECT_EQ(a_->submit(slice(1, path, 0, Op::kWrite, local.data(), addr(remote.data()), *region, 4096), now()).code(),
-            StatusCode::kInvalidArgument);
+            StatusCode::kNotFound);
 }
 
 // A staged region's access as a test drives it: each copy runs with memcpy
@@ -977,9 +977,8 @@ TEST_P(UcxTransportTest, EveryBadSliceIsRefusedBeforePosting) {
   expect(slice(1, path, 0, Op::kRead, local.data() + 4000, r, *rr, 97), StatusCode::kOutOfRange, "+97");
   expect(slice(1, path, 0, Op::kWrite, local.data(), r + 4000, *rr, 97), StatusCode::kOutOfRange, "remote range");
   expect(slice(1, path, 0, Op::kRead, local.data(), r - 1, *rr, 16), StatusCode::kOutOfRange, "remote range");
-  expect(slice(1, path, 0, Op::kWrite, local.data(), r, *rr + 77, 64), StatusCode::kInvalidArgument,
-         "remote_key");
-  expect(slice(1, path, 0, Op::kWrite, local.data(), r, 0, 64), StatusCode::kInvalidArgument, "remote_key 0");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r, *rr + 77, 64), StatusCode::kNotFound, "remote_key");
+  expect(slice(1, path, 0, Op::kWrite, local.data(), r, 0, 64), StatusCode::kNotFound, "remote_key 0");
   EXPECT_EQ(a_->slices_in_flight(), 0u);
   EXPECT_EQ(remote, std::vector<std::uint8_t>(4096, 0));  // nothing reached the peer
 

@@ -558,9 +558,11 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   }
   auto remote_it = peer.regions.find(m.remote_key);
   if (remote_it == peer.regions.end()) {
-    return Status::invalid_argument(
-        "UcxTransport::submit: slice {}: remote_key {} is not a region of peer {} ({} known; refresh_regions "
-        "learns new ones)",
+    // not_found, as the engine says at submit: most often the peer revoked
+    // it while a batch ran, and the batch's later slices end here.
+    return Status::not_found(
+        "UcxTransport::submit: slice {}: remote_key {} is not a region of peer {} ({} known; unregistered there, "
+        "or refresh_regions learns new ones)",
         slice.id, m.remote_key, peer.address, peer.regions.size());
   }
   const RemoteRegion& remote = remote_it->second->info;
