@@ -348,6 +348,38 @@ TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt
   EXPECT_EQ(target.engine->region(late_region->handle).error().code(), StatusCode::kNotFound);
 }
 
+// The holder unregisters a region while a peer's batch on it runs (TCP,
+// slow enough on loopback): what was under way completes byte-exact, what
+// was still queued ends not_found, as a request submitted after it would.
+TEST(UcxEngineRegions, ARegionRevokedMidBatchEndsTheRestNotFound) {
+  Side target(64 << 20, kTargetSalt, "tcp");
+  Side local(64 << 20, kLocalSalt, "tcp");
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  auto h = local.engine->submit(mib_reads(local, *peer, target));
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  ASSERT_TRUE(target.engine->unregister(target.region.handle).is_ok());
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  ASSERT_TRUE(st->done);
+  int completed = 0, not_found = 0;
+  for (std::size_t i = 0; i < st->requests.size(); ++i) {
+    const sched::RequestStatus& r = st->requests[i];
+    if (r.state == sched::RequestState::kCompleted) {
+      ++completed;
+      EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).subspan(i << 20, 1 << 20), kTargetSalt, i << 20))
+          << "request " << i;
+    } else {
+      EXPECT_EQ(r.status.code(), StatusCode::kNotFound) << "request " << i << ": " << r.status.to_string();
+      not_found += r.status.code() == StatusCode::kNotFound;
+    }
+  }
+  EXPECT_GT(not_found, 0) << "the revocation came after every request had started";
+  EXPECT_EQ(completed + not_found, 64);
+  EXPECT_EQ(st->status.code(), StatusCode::kNotFound) << st->status.to_string();
+}
+
 TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   Side target(1 << 20, kTargetSalt);
   Side local(1 << 20, kLocalSalt);
