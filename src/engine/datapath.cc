@@ -397,9 +397,6 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     if (r.deadline_ns != 0 && (r.deadline_ns <= now_ns || static_cast<std::uint64_t>(r.deadline_ns - now_ns) < r.length)) {
       return std::nullopt;
     }
-    // So does a timeout that tight: the loop ends it `timeout` as it would
-    // any, where a copy here could only end it completed.
-    if (r.timeout_ns != 0 && static_cast<std::uint64_t>(r.timeout_ns) < r.length) return std::nullopt;
     if (!batch.notification.empty() && r.peer != batch.requests[0].peer) return std::nullopt;
     bytes += r.length;
     copies.push_back({r.peer, r.op, r.local_region, r.local_offset, r.remote_region, r.remote_offset, r.length});

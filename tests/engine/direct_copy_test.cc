@@ -271,35 +271,6 @@ TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
   }
 }
 
-// A timeout under 1 ns per byte cannot be kept by a copy on the caller's
-// thread: the batch takes the loop, which ends it `timeout` as it would on
-// any path (it completed before, 1 ns or not). A roomy one stays direct.
-TEST(DirectCopy, ATimeoutTooTightForTheCopyTakesTheLoopAndTimesOut) {
-  Pair p;
-  Request tight = p.request(Op::kRead, 0, p.held_region, 0, 4096);
-  tight.timeout_ns = 1;
-  auto h = p.initiator->submit(Batch{{tight}, {}});
-  ASSERT_TRUE(h.has_value()) << h.error().to_string();
-  ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
-  auto st = p.initiator->poll(*h);
-  ASSERT_TRUE(st.has_value());
-  ASSERT_EQ(st->requests.size(), 1u);
-  EXPECT_EQ(st->requests[0].state, sched::RequestState::kTimedOut) << st->requests[0].status.to_string();
-  EXPECT_EQ(st->status.code(), StatusCode::kTimeout) << st->status.to_string();
-  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), 0);
-  EXPECT_TRUE(p.initiator->release(*h).is_ok());
-
-  Request roomy = tight;
-  roomy.timeout_ns = 10 * kSecond;
-  auto direct = p.initiator->submit(Batch{{roomy}, {}});
-  ASSERT_TRUE(direct.has_value());
-  auto done = p.initiator->poll(*direct);
-  ASSERT_TRUE(done.has_value());
-  EXPECT_TRUE(done->done) << "a direct batch has ended when submit returns";
-  EXPECT_TRUE(done->status.is_ok()) << done->status.to_string();
-  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), 1);
-}
-
 // Batches that take the loop copy on datapath threads when there are some
 // (UcxConfig::copy_threads): byte-exact both ways, with batches of several
 // requests split into slices over both lanes, and the scheduler counting
