@@ -1,7 +1,10 @@
 // `baton bench deadlines` as a user runs it: the JSON contract (every class
 // of every policy counted over all submitted requests), the orderings the
 // workload exists to show, determinism by seed, and one-line errors.
+#include <cstdio>
+#include <fstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -127,6 +130,31 @@ TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
     EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// A policy file is the caller's input in every command that takes one: a
+// missing one, a directory or bad YAML exits 2 before anything runs
+// (a missing one exited 1, as if the run had failed).
+TEST(BenchDeadlines, APolicyFileThatCannotBeUsedIsBadInputEverywhere) {
+  const std::string bad = ::testing::TempDir() + "/bad_policy.yaml";
+  {
+    std::ofstream out(bad);
+    out << "bogus: [";
+  }
+  const std::pair<std::string, std::string> files[] = {
+      {"/nonexistent/policy.yaml", "not a readable regular file (no such file)"},
+      {"/tmp", "not a readable regular file (a directory)"},
+      {bad, "invalid YAML"},
+  };
+  for (const char* command : {"bench deadlines --duration-ms 5", "bench mixed --duration-ms 5",
+                              "bench throughput --spawn", "bench latency --spawn"}) {
+    for (const auto& [file, message] : files) {
+      const CommandRun r = baton(std::string(command) + " --policy-file " + file);
+      EXPECT_EQ(r.exit_code, 2) << command << " " << file << ": " << r.err;
+      EXPECT_NE(r.err.find(message), std::string::npos) << command << " " << file << ": " << r.err;
+    }
+  }
+  std::remove(bad.c_str());
 }
 
 // A topology model's name is a flag: an unknown one exits 2 (bad input),

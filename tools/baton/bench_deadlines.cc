@@ -167,7 +167,7 @@ Command add_bench_deadlines(CLI::App& bench) {
   app->add_option("--policies", o->policies, "Policies to run (baseline_fifo, strict_priority, edf, deadline_aware)")
       ->delimiter(',');
   app->add_option("--policy-file", o->policy_file, "Start every policy from this YAML instead of the defaults")
-      ->check(kPathGiven);
+      ->check(kPolicyFile);
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
   add_peer_options(*app, o->peer);
   return {app, [o, app] {

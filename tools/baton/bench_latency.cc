@@ -124,7 +124,7 @@ Command add_bench_latency(CLI::App& bench) {
   app->add_option("--warmup", o->warmup, "Requests run before the clock starts")->check(CLI::Range(0, 10'000'000));
   add_ucx_options(*app, o->peer.ucx);
   app->add_option("--policy-file", o->peer.policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
-      ->check(kPathGiven);
+      ->check(kPolicyFile);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_latency(*o); }};
 }

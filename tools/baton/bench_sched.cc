@@ -294,7 +294,7 @@ void add_common(CLI::App* app, SchedBenchOptions& o) {
   app->add_option("--seed", o.seed, "Seed of the arrivals and the simulated lanes")->check(kUnsigned64);
   app->add_option("--duration-ms", o.duration_ms, "Virtual time over which requests arrive");
   app->add_option("--policy-file", o.policy_file, "Start from this policy YAML instead of the defaults")
-      ->check(kPathGiven);
+      ->check(kPolicyFile);
   app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
   auto* w = &o.workload;
   app->add_option_function<double>(

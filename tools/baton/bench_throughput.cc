@@ -225,7 +225,7 @@ Command add_bench_throughput(CLI::App& bench) {
       ->check(kPositiveDuration);
   add_ucx_options(*app, o->ucx);
   app->add_option("--policy-file", o->policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
-      ->check(kPathGiven);
+      ->check(kPolicyFile);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o] { return run_throughput(*o); }};
 }

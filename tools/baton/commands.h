@@ -17,6 +17,7 @@
 
 #include "baton/common/status.h"
 #include "baton/common/units.h"
+#include "baton/sched/policy.h"
 #include "baton/topology/probe.h"
 
 namespace baton::cli {
@@ -41,10 +42,17 @@ inline const CLI::Validator kUnsigned64(
     },
     "UINT64");
 
-// A file a command reads: "" (an unset shell variable) is refused, not
-// read as "no file".
-inline const CLI::Validator kPathGiven(
-    [](std::string& text) -> std::string { return text.empty() ? "an empty path" : ""; }, "PATH");
+// A policy file (sched/policy.h): read and checked as the flag is parsed,
+// so a missing, unreadable or bad one is the caller's error (exit 2) with
+// load_policy's reason, before anything runs. "" (an unset shell variable)
+// is refused, not read as "no file".
+inline const CLI::Validator kPolicyFile(
+    [](std::string& text) -> std::string {
+      if (text.empty()) return "an empty path";
+      auto policy = sched::load_policy(text);
+      return policy ? "" : policy.error().message();
+    },
+    "PATH");
 
 // A duration above zero that fits in nanoseconds ("200ms", "60s"): said
 // at parse time, with parse_duration's reason ("too large" for
