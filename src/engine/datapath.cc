@@ -83,8 +83,12 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
     return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
   }
   if (it->second.live_requests > 0) {
-    return Status::failed_precondition("unregister: region {} has {} requests queued or in flight", handle,
-                                       it->second.live_requests);
+    // Counted per batch until the whole batch ends: a request that ended
+    // early in a batch still running counts too, so the message says so.
+    return Status::failed_precondition(
+        "unregister: region {} is named by {} requests of batches that have not ended (wait for them, or cancel "
+        "and wait)",
+        handle, it->second.live_requests);
   }
   if (auto key = local_keys_.find(handle); key != local_keys_.end()) {
     if (Status s = staging_.local()->unregister(key->second); !s.is_ok()) {

@@ -309,6 +309,9 @@ Status PolicyReader::read_weights(const Entry& section, SchedPolicy& policy) con
     const std::string key = join("weights", e.key);
     auto value = non_negative_number(e, key);
     if (!value) return value.error();
+    if (*value > SchedPolicy::kMaxWeight) {
+      return bad_value(line_of(e), key, fmt::format("\"{}\" is above {:g} (a factor)", e.value.Scalar(), SchedPolicy::kMaxWeight));
+    }
     if (e.key == "deadline") policy.w_deadline = *value;
     if (e.key == "priority") policy.w_priority = *value;
     if (e.key == "aging") policy.w_aging = *value;
@@ -327,6 +330,11 @@ Status PolicyReader::read_class_priority(const Entry& section, SchedPolicy& poli
     }
     auto value = non_negative_number(e, join("class_priority", e.key));
     if (!value) return value.error();
+    if (*value > SchedPolicy::kMaxClassPriority) {
+      return bad_value(line_of(e), join("class_priority", e.key),
+                       fmt::format("\"{}\" is above {:g} (µs of laxity)", e.value.Scalar(),
+                                   SchedPolicy::kMaxClassPriority));
+    }
     policy.class_priority[static_cast<int>(*qos)] = *value;
   }
   return Status::ok();
@@ -782,17 +790,15 @@ Status SchedPolicy::validate() const {
   const std::array<std::pair<std::string_view, double>, 3> weights{
       {{"w_deadline", w_deadline}, {"w_priority", w_priority}, {"w_aging", w_aging}}};
   for (const auto& [name, value] : weights) {
-    if (!std::isfinite(value) || value < 0) {
-      return Status::invalid_argument("SchedPolicy: {} is {} (expected a finite number >= 0)",
-                                      name, value);
+    if (!(value >= 0 && value <= kMaxWeight)) {  // NaN fails too
+      return Status::invalid_argument("SchedPolicy: {} is {} (expected 0 .. {:g})", name, value, kMaxWeight);
     }
   }
   for (int q = 0; q < kQosClassCount; ++q) {
     const double value = class_priority[q];
-    if (!std::isfinite(value) || value < 0) {
-      return Status::invalid_argument(
-          "SchedPolicy: class_priority[{}] is {} (expected a finite number >= 0)",
-          kQosNames[q], value);
+    if (!(value >= 0 && value <= kMaxClassPriority)) {
+      return Status::invalid_argument("SchedPolicy: class_priority[{}] is {} (expected 0 .. {:g})", kQosNames[q],
+                                      value, kMaxClassPriority);
     }
   }
   const AdmissionPolicy& a = admission;

@@ -212,6 +212,9 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"weights: {deadline: abc}\n", "<string>:1: weights.deadline: \"abc\" is not a number"},
       {"weights: {priority: 1.5x}\n", "<string>:1: weights.priority: \"1.5x\" is not a number"},
       {"weights: {priority: inf}\n", "<string>:1: weights.priority: \"inf\" is not finite"},
+      // Finite but so large that urgencies overflowed to inf, and their differences to NaN.
+      {"weights:\n  deadline: 1e308\n", "<string>:2: weights.deadline: \"1e308\" is above 1e+06 (a factor)"},
+      {"class_priority: {hot_kv: 1e10}\n", "<string>:1: class_priority.hot_kv: \"1e10\" is above 1e+09 (µs of laxity)"},
       {"weights: {deadline: [1]}\n", "<string>:1: weights.deadline: expected a value, got a sequence"},
       {"weights: 3\n", "<string>:1: weights: expected a mapping, got \"3\""},
       {"\nweights: [1, 2]\n", "<string>:2: weights: expected a mapping, got a sequence"},
@@ -517,6 +520,12 @@ TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
   p = SchedPolicy::defaults();
   p.class_priority[static_cast<int>(QosClass::kHotKv)] = -1;
   expect_refused(p, "class_priority[hot_kv]");
+  p = SchedPolicy::defaults();
+  p.w_priority = 1e308;
+  expect_refused(p, "w_priority");
+  p = SchedPolicy::defaults();
+  p.class_priority[static_cast<int>(QosClass::kDecodeCritical)] = 1e300;
+  expect_refused(p, "class_priority[decode_critical]");
   p = SchedPolicy::defaults();
   p.starvation_bound_ns = 0;
   expect_refused(p, "starvation_bound_ns");

@@ -73,6 +73,10 @@ struct SchedPolicy {
   double w_aging = 0.05;
   // Indexed by QosClass; in urgency units (µs of laxity).
   std::array<double, kQosClassCount> class_priority{10000, 5000, 1000, 0};
+  // Bounds that keep every urgency finite: a weight of 1e308 made class
+  // terms and aging infinite, and their difference NaN, in the heap keys.
+  static constexpr double kMaxWeight = 1e6;
+  static constexpr double kMaxClassPriority = 1e9;  // µs: 1000 s of laxity
   // Deadline pressure starts when a request's laxity (time to its deadline
   // less the time to send what is left) falls below this; from then on it
   // outranks work without a deadline of its class and is ordered
