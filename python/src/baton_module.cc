@@ -372,10 +372,19 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
   }
   if (PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer view{};
-    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
       PyErr_Clear();
       raise(StatusCode::kInvalidArgument, "register: the buffer is read-only or not contiguous (a writable, "
                                           "C-contiguous buffer is needed: peers write into it)");
+    }
+    // Python object pointers (numpy dtype=object): bytes a peer writes
+    // there are pointers the interpreter follows (a segfault found so).
+    if (view.format != nullptr && std::string_view(view.format).find('O') != std::string_view::npos) {
+      const std::string format = view.format;
+      PyBuffer_Release(&view);
+      raise(StatusCode::kInvalidArgument,
+            fmt::format("register: the buffer holds Python objects (format \"{}\"); plain bytes or numbers only",
+                        format));
     }
     ptr = view.buf;
     length = static_cast<std::size_t>(view.len);

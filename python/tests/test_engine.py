@@ -307,6 +307,11 @@ def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine)
         engine.register(b"read-only bytes")
     with pytest.raises(baton.InvalidArgument):
         engine.register(np.zeros(16, dtype=np.uint8)[::2])  # not contiguous
+    # Python object pointers: a transfer into them crashed the interpreter.
+    with pytest.raises(baton.InvalidArgument, match="Python objects"):
+        engine.register(np.array([object() for _ in range(4)], dtype=object))
+    with pytest.raises(baton.InvalidArgument, match="Python objects"):
+        engine.register(np.zeros(4, dtype=[("a", np.uint8), ("b", object)]))
     with pytest.raises(ValueError):
         engine.register(object())
     # Nobody listens: ConnectionError.
