@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "baton/transport/secret.h"
@@ -105,6 +106,31 @@ class UcxSecurityTest : public ::testing::Test {
       poll_all();
     }
     return true;
+  }
+
+  // a_ connects to a listening socket of the test's own (an impostor, or
+  // another program): `listener` and the accepted `fd` are the test's to
+  // close; nullopt (a test failure) when either step did not happen.
+  std::optional<PathId> connect_to_raw_listener(int& listener, int& fd) {
+    listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    EXPECT_EQ(::listen(listener, 4), 0);
+    socklen_t len = sizeof sa;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+    auto path = a_->connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), now());
+    EXPECT_TRUE(path.has_value());
+    if (!path) return std::nullopt;
+    const bool accepted = wait_until([&] {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) fd = ::accept(listener, nullptr, nullptr);
+      return fd >= 0;
+    });
+    EXPECT_TRUE(accepted);
+    if (!accepted) return std::nullopt;
+    return *path;
   }
 
   // a_ (or `from`) connects to b_; the path's final state.
@@ -285,22 +311,10 @@ TEST_F(UcxSecurityTest, AnImpostorListenerGetsNoEndpointsAndTheConnectFails) {
   ASSERT_TRUE(a_);
   // A listener that does not know the secret: challenges, then welcomes
   // with a made-up proof.
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof sa;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
-  auto path = a_->connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), now());
-  ASSERT_TRUE(path.has_value());
+  int listener = -1;
   int fd = -1;
-  ASSERT_TRUE(wait_until([&] {
-    pollfd p{listener, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) fd = ::accept(listener, nullptr, nullptr);
-    return fd >= 0;
-  }));
+  const auto path = connect_to_raw_listener(listener, fd);
+  ASSERT_TRUE(path.has_value());
   send_all(fd, ucx::encode_frame(ucx::ControlKind::kChallenge, ucx::encode(ucx::Challenge{})));
   ucx::Welcome welcome;
   welcome.session = 1;
@@ -319,22 +333,10 @@ TEST_F(UcxSecurityTest, AnImpostorListenerGetsNoEndpointsAndTheConnectFails) {
 TEST_F(UcxSecurityTest, APortOfAnotherProgramFailsThePathNamingWhatItSaid) {
   a_ = make(config());
   ASSERT_TRUE(a_);
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof sa;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
-  auto path = a_->connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), now());
-  ASSERT_TRUE(path.has_value());
+  int listener = -1;
   int fd = -1;
-  ASSERT_TRUE(wait_until([&] {
-    pollfd p{listener, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) fd = ::accept(listener, nullptr, nullptr);
-    return fd >= 0;
-  }));
+  const auto path = connect_to_raw_listener(listener, fd);
+  ASSERT_TRUE(path.has_value());
   const std::string http = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
   send_all(fd, std::vector<std::uint8_t>(http.begin(), http.end()));
   ASSERT_TRUE(wait_until([&] { return a_->path_state(*path) == PathState::kFailed; }));
