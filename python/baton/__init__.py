@@ -41,14 +41,18 @@ __all__ = [
 
 
 class _Waker:
-    """Resolves the futures of one engine's awaited batches when its batch
-    event fd turns readable: no thread, no polling."""
+    """Resolves the futures of one engine's awaited batches on one asyncio
+    loop when the engine's batch event fd turns readable, or when the engine
+    closes: no thread, no polling. It watches a dup of the fd, so a number
+    the engine's close() frees and a later engine reuses is never confused
+    with it."""
 
-    def __init__(self, loop, fd):
+    def __init__(self, loop, engine, fd):
         self.loop = loop
-        self.fd = fd
+        self.engine = engine
+        self.fd = os.dup(fd)
         self.waiting = []  # (batch, future)
-        loop.add_reader(fd, self._ready)
+        loop.add_reader(self.fd, self._ready)
 
     def _ready(self):
         try:
@@ -72,24 +76,55 @@ class _Waker:
                 future.set_exception(e)
         self.waiting = still
         if not still:
+            self.stop()
+
+    def stop(self):
+        if self.fd < 0:
+            return  # stopped already (a check queued by close() came after)
+        if _wakers.get((self.loop, self.engine)) is self:
+            del _wakers[(self.loop, self.engine)]
+        if not self.loop.is_closed():
             self.loop.remove_reader(self.fd)
-            _wakers.pop((id(self.loop), self.fd), None)
+        os.close(self.fd)
+        self.fd = -1
 
 
-_wakers = {}
+_wakers = {}  # (asyncio loop, Engine) -> _Waker, while something awaits
 
 
 def _await_batch(self):
     loop = asyncio.get_running_loop()
     future = loop.create_future()
-    fd = self._engine_fd()
-    key = (id(loop), fd)
-    waker = _wakers.get(key)
+    engine = self._engine
+    waker = _wakers.get((loop, engine))
     if waker is None:
-        waker = _wakers[key] = _Waker(loop, fd)
+        waker = _wakers[(loop, engine)] = _Waker(loop, engine, self._engine_fd())
     waker.waiting.append((self, future))
     waker.check()  # it may have ended already
     return future.__await__()
 
 
+def _close(self):
+    """Shuts the engine down: running batches are cancelled, peers see it go;
+    later calls raise Unavailable. An `await` on one of its batches ends
+    (with Unavailable, or the batch's own end), from any thread."""
+    try:
+        _close_engine(self)
+    finally:
+        for (loop, engine), waker in list(_wakers.items()):
+            if engine is self:
+                try:
+                    loop.call_soon_threadsafe(waker.check)
+                except RuntimeError:  # its loop is closed: nothing awaits there any more
+                    waker.stop()
+
+
+def _exit(self, *exc):
+    self.close()
+    return False
+
+
+_close_engine = Engine.close
 Batch.__await__ = _await_batch
+Engine.close = _close
+Engine.__exit__ = _exit

@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -118,6 +119,7 @@ struct RegionState {
   py::object owner;            // the object registered (or None for allocate())
   std::optional<Py_buffer> view;  // held until unregister, so a bytearray cannot move
   py::object views;            // allocate(): the AllocatedView that Region.buffer's views hold, once asked
+  bool tensor = false;         // registered through data_ptr(): nothing pins its storage (see check_unmoved)
   ~RegionState() {
     if (view || views) {
       py::gil_scoped_acquire gil;
@@ -148,6 +150,11 @@ struct PyRegion {
   std::shared_ptr<EngineState> engine;  // the engine it belongs to, kept alive by the region
 };
 
+const engine::Region& registered(const PyRegion& r, const char* what) {
+  if (!r.state) raise(StatusCode::kFailedPrecondition, std::string(what) + ": the region was unregistered");
+  return r.state->region;
+}
+
 struct PyPeer {
   std::shared_ptr<EngineState> engine;
   std::string address;
@@ -157,6 +164,14 @@ struct PyRequest {
   engine::Request request;
   std::optional<double> deadline_ms;  // relative to submit
   std::shared_ptr<EngineState> engine;  // the local region's: a request runs on that engine only
+  std::vector<std::shared_ptr<RegionState>> regions;  // this engine's regions it names, looked at again at submit
+};
+
+// A peer's region as Peer.regions lists it: a handle means something only
+// at the peer that exported it, so the region remembers whose it is.
+struct PyRemoteRegion {
+  transport::RemoteRegion region;
+  std::string peer;  // the Peer's address
 };
 
 // A region, or a request's local region, of another engine names a handle
@@ -211,14 +226,25 @@ baton::TimeNs seconds_ns(const char* what, double s) {
   return static_cast<baton::TimeNs>(s * 1e9);
 }
 
-baton::transport::RegionHandle remote_handle(const py::object& remote) {
-  if (py::isinstance<baton::transport::RemoteRegion>(remote)) {
-    return remote.cast<baton::transport::RemoteRegion>().key;
+// The handle `remote` names at `peer`: a RemoteRegion of that peer, or an
+// integer (anything with __index__, numpy's included).
+baton::transport::RegionHandle remote_handle(const py::object& remote, const std::string& peer) {
+  if (py::isinstance<PyRemoteRegion>(remote)) {
+    const auto& r = remote.cast<const PyRemoteRegion&>();
+    if (r.peer != peer) {
+      raise(StatusCode::kInvalidArgument,
+            fmt::format("remote: region {} is peer \"{}\"'s, not \"{}\"'s (the same handle there is another region)",
+                        r.region.key, r.peer, peer));
+    }
+    return r.region.key;
   }
-  if (py::isinstance<py::int_>(remote)) {
-    const long long v = remote.cast<long long>();
-    if (v < 0 || v > 0xffffffffLL) raise(StatusCode::kInvalidArgument, "remote handle " + std::to_string(v));
-    return static_cast<baton::transport::RegionHandle>(v);
+  if (PyIndex_Check(remote.ptr())) {
+    const py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(remote.ptr()));
+    if (!v) throw py::error_already_set();
+    if (v < py::int_(0) || v > py::int_(0xffffffffLL)) {
+      raise(StatusCode::kInvalidArgument, "remote handle " + std::string(py::repr(v)) + " (expected 0 to 2**32-1)");
+    }
+    return v.cast<baton::transport::RegionHandle>();
   }
   raise(StatusCode::kInvalidArgument, "remote: expected a region handle (int) or a peer's region");
 }
@@ -237,6 +263,7 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   r.request.op = parse_op(op);
   if (!local.state) raise(StatusCode::kNotFound, "local: an unregistered region");
   r.engine = local.engine;
+  r.regions.push_back(local.state);
   r.request.local_region = local.state->region.handle;
   r.request.local_offset = non_negative("local_offset", local_offset);
   r.request.peer = peer_address(peer);
@@ -250,9 +277,10 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
     const auto& other = remote.cast<const PyRegion&>();
     if (!other.state) raise(StatusCode::kNotFound, "remote: an unregistered region");
     check_same_engine(*local.engine, other.engine, "remote");
+    r.regions.push_back(other.state);
     r.request.remote_region = other.state->region.handle;
   } else {
-    r.request.remote_region = remote_handle(remote);
+    r.request.remote_region = remote_handle(remote, r.request.peer);
   }
   r.request.remote_offset = non_negative("remote_offset", remote_offset);
   if (length <= 0) raise(StatusCode::kInvalidArgument, "length is " + std::to_string(length) + " (expected > 0)");
@@ -264,6 +292,21 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   return r;
 }
 
+// A tensor registered through data_ptr() holds no buffer export: resize_()
+// or set_() can move its storage and free the registered memory. Caught at
+// submit (a move during a transfer cannot be, docs/python.md says so).
+void check_unmoved(const RegionState& state) {
+  if (!state.tensor) return;
+  const auto ptr = state.owner.attr("data_ptr")().cast<std::uintptr_t>();
+  const auto length = state.owner.attr("numel")().cast<std::size_t>() * state.owner.attr("element_size")().cast<std::size_t>();
+  if (ptr != state.region.base || length != state.region.length) {
+    raise(StatusCode::kFailedPrecondition,
+          fmt::format("submit: the tensor of region {} moved or changed size since register ({} bytes at {:#x}, now {} "
+                      "at {:#x}: resize_() or set_()); unregister it and register it again",
+                      state.region.handle, state.region.length, state.region.base, length, ptr));
+  }
+}
+
 // Requests with their deadlines made absolute on the engine's clock.
 engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vector<PyRequest>& requests,
                        std::string notification) {
@@ -273,33 +316,59 @@ engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vecto
   const baton::TimeNs now = e.now_ns();
   for (const PyRequest& r : requests) {
     check_same_engine(s, r.engine, "submit: local");
+    for (const auto& region : r.regions) check_unmoved(*region);
     b.requests.push_back(r.request);
     if (r.deadline_ms) b.requests.back().deadline_ns = now + milliseconds_ns("deadline_ms", r.deadline_ms);
   }
   return b;
 }
 
-// Wait, then the batch's own failure as an exception; the batch stays known.
+// Engine::wait in slices, looking for a signal between them with the GIL: a
+// wait that never comes back to Python never sees Ctrl-C. Called without
+// the GIL; `interrupted` says a signal handler raised (its exception is set,
+// for the caller to throw once it holds the GIL again).
+Status wait_interruptible(engine::Engine& e, engine::BatchHandle h, baton::TimeNs limit, bool& interrupted) {
+  constexpr baton::TimeNs kSlice = 50'000'000;  // how late Ctrl-C may be seen
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const baton::TimeNs left =
+        limit - std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    Status s = e.wait(h, std::clamp<baton::TimeNs>(left, 0, kSlice));
+    if (s.code() != StatusCode::kTimeout) return s;
+    if (left <= kSlice) return Status::timeout("wait: batch {} still running after {} s", h.id, limit / 1e9);
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      interrupted = true;
+      return s;
+    }
+  }
+}
+
+// Wait, then the batch's own failure as an exception; the batch stays known
+// (after Ctrl-C too: it runs on, for the caller to cancel or wait again).
 void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> timeout_s) {
   const baton::TimeNs limit = seconds_ns("timeout", timeout_s.value_or(365.0 * 24 * 3600));
   Status waited;
   engine::BatchStatus st;
+  bool interrupted = false;
   {
     py::gil_scoped_release release;
-    waited = e.wait(h, limit);
+    waited = wait_interruptible(e, h, limit, interrupted);
     if (waited.is_ok()) {
       auto polled = e.poll(h);
       if (polled) st = std::move(*polled);
       else waited = polled.error();
     }
   }
+  if (interrupted) throw py::error_already_set();
   ok_or_raise(waited);
   ok_or_raise(st.status);
 }
 
-// One request, start to end: submit, wait, release. Past `timeout_s` the
-// request is cancelled, and the Timeout says so: the caller must know that
-// nothing more lands in its buffer once this returns.
+// One request, start to end: submit, wait, release. Past `timeout_s`, or
+// on Ctrl-C, the request is cancelled, and the Timeout (or the
+// KeyboardInterrupt) comes once it ended: the caller must know that nothing
+// more lands in its buffer once this returns.
 void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
   const char* op = r.request.op == engine::Op::kRead ? "read" : "write";
   auto e = es.get(op);
@@ -307,6 +376,7 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
   engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
   Status failed;
   bool cancelled = false;
+  bool interrupted = false;
   {
     py::gil_scoped_release release;
     auto submitted = e->submit(batch);
@@ -314,7 +384,7 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
       failed = submitted.error();
     } else {
       const engine::BatchHandle h = *submitted;
-      Status waited = e->wait(h, limit);
+      Status waited = wait_interruptible(*e, h, limit, interrupted);
       if (waited.code() == StatusCode::kTimeout) {
         cancelled = e->cancel(h).is_ok();  // not when it ended just now
         waited = e->wait(h, 60'000'000'000);  // a copy under way finishes first
@@ -328,16 +398,54 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
       (void)e->release(h);
     }
   }
+  if (interrupted) throw py::error_already_set();
   if (cancelled) {
     raise(StatusCode::kTimeout,
-          std::string(op) + ": not done within " + std::to_string(timeout_s.value_or(0)) +
-              " s; the request was cancelled (nothing more lands in the buffer)");
+          fmt::format("{}: not done within {} s; the request was cancelled (nothing more lands in the buffer)", op,
+                      timeout_s.value_or(0)));
   }
   ok_or_raise(failed);
 }
 
-// The buffer of `obj`, writable and contiguous: the buffer protocol (numpy,
-// bytearray, memoryview, …) or a CPU torch tensor (data_ptr()).
+// The memory of a GPU array, read off its `__cuda_array_interface__`
+// (version 2 or later: data, shape, typestr, strides). Anything malformed in
+// it is InvalidArgument naming what, not a KeyError from deep inside.
+void gpu_array_of(const py::object& obj, void*& ptr, std::size_t& length, int& device) {
+  try {
+    const py::dict cai = obj.attr("__cuda_array_interface__");
+    if (cai.contains("strides") && !cai["strides"].is_none()) {
+      raise(StatusCode::kInvalidArgument, "register: the GPU array is not contiguous (.contiguous() it first)");
+    }
+    const py::tuple data = cai["data"];
+    if (data.size() != 2) raise(StatusCode::kInvalidArgument, "register: __cuda_array_interface__ data is not (pointer, read-only)");
+    if (data[1].cast<bool>()) raise(StatusCode::kInvalidArgument, "register: the GPU array is read-only");
+    std::size_t items = 1;
+    for (const py::handle d : py::tuple(cai["shape"])) {
+      if (__builtin_mul_overflow(items, d.cast<std::size_t>(), &items)) {
+        raise(StatusCode::kInvalidArgument, "register: the GPU array's shape holds more than 2**64 items");
+      }
+    }
+    const std::string typestr = cai["typestr"].cast<std::string>();
+    std::size_t itemsize = 0;
+    if (typestr.size() >= 3 && typestr.find_first_not_of("0123456789", 2) == std::string::npos) {
+      itemsize = std::stoul(typestr.substr(2));
+    }
+    if (itemsize == 0 || __builtin_mul_overflow(items, itemsize, &length)) {
+      raise(StatusCode::kInvalidArgument, "register: GPU array typestr \"" + typestr + "\" with that shape");
+    }
+    ptr = reinterpret_cast<void*>(data[0].cast<std::uintptr_t>());
+    if (py::hasattr(obj, "device") && py::hasattr(obj.attr("device"), "index") &&
+        !obj.attr("device").attr("index").is_none()) {
+      device = obj.attr("device").attr("index").cast<int>();
+    }
+  } catch (py::error_already_set& e) {
+    if (e.matches(exceptions().base)) throw;  // ours, already saying what
+    raise(StatusCode::kInvalidArgument, fmt::format("register: a malformed __cuda_array_interface__ ({})", e.what()));
+  } catch (const std::exception& e) {  // a cast that failed, a number too long
+    raise(StatusCode::kInvalidArgument, fmt::format("register: a malformed __cuda_array_interface__ ({})", e.what()));
+  }
+}
+
 // What register() takes: host memory (the buffer protocol, a CPU torch
 // tensor) or GPU memory (`__cuda_array_interface__`: a CUDA torch tensor, a
 // CuPy array; `kind` turns kVram and `device` the tensor's GPU, or -1 for
@@ -349,25 +457,8 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
   kind = engine::MemoryKind::kDram;
   device = -1;
   if (py::hasattr(obj, "__cuda_array_interface__")) {
-    const py::dict cai = obj.attr("__cuda_array_interface__");
-    if (cai.contains("strides") && !cai["strides"].is_none()) {
-      raise(StatusCode::kInvalidArgument, "register: the GPU array is not contiguous (.contiguous() it first)");
-    }
-    const py::tuple data = cai["data"];
-    if (data[1].cast<bool>()) raise(StatusCode::kInvalidArgument, "register: the GPU array is read-only");
-    std::size_t items = 1;
-    for (const py::handle d : py::tuple(cai["shape"])) items *= d.cast<std::size_t>();
-    const std::string typestr = cai["typestr"].cast<std::string>();
-    std::size_t itemsize = 0;
-    if (typestr.size() >= 3) itemsize = std::stoul(typestr.substr(2));
-    if (itemsize == 0) raise(StatusCode::kInvalidArgument, "register: GPU array typestr \"" + typestr + "\"");
-    ptr = reinterpret_cast<void*>(data[0].cast<std::uintptr_t>());
-    length = items * itemsize;
+    gpu_array_of(obj, ptr, length, device);
     kind = engine::MemoryKind::kVram;
-    if (py::hasattr(obj, "device") && py::hasattr(obj.attr("device"), "index") &&
-        !obj.attr("device").attr("index").is_none()) {
-      device = obj.attr("device").attr("index").cast<int>();
-    }
     return state;
   }
   if (PyObject_CheckBuffer(obj.ptr())) {
@@ -397,6 +488,7 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
     }
     ptr = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<std::uintptr_t>());
     length = obj.attr("numel")().cast<std::size_t>() * obj.attr("element_size")().cast<std::size_t>();
+    state->tensor = true;
     return state;
   }
   raise(StatusCode::kInvalidArgument, "register: expected an object with a writable buffer (numpy array, "
@@ -443,15 +535,16 @@ PYBIND11_MODULE(_baton, m) {
   // As the `baton` command: BATON_LOG_LEVEL, else warnings and worse, on stderr.
   if (Status s = baton::init_logging(); !s.is_ok()) (void)baton::init_logging("warn");
 
-  py::class_<baton::transport::RemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it")
-      .def_property_readonly("handle", [](const baton::transport::RemoteRegion& r) { return r.key; })
-      .def_readonly("base", &baton::transport::RemoteRegion::base)
-      .def_readonly("length", &baton::transport::RemoteRegion::length)
-      .def_readonly("staged", &baton::transport::RemoteRegion::staged,
-                    "True for the peer's GPU memory: its engine answers each transfer with a copy")
-      .def("__repr__", [](const baton::transport::RemoteRegion& r) {
-        return "RemoteRegion(handle=" + std::to_string(r.key) + ", length=" + std::to_string(r.length) +
-               (r.staged ? ", staged=True" : "") + ")";
+  py::class_<PyRemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it; it goes with that peer only")
+      .def_property_readonly("handle", [](const PyRemoteRegion& r) { return r.region.key; })
+      .def_property_readonly("base", [](const PyRemoteRegion& r) { return r.region.base; })
+      .def_property_readonly("length", [](const PyRemoteRegion& r) { return r.region.length; })
+      .def_property_readonly("staged", [](const PyRemoteRegion& r) { return r.region.staged; },
+                             "True for the peer's GPU memory: its engine answers each transfer with a copy")
+      .def_readonly("peer", &PyRemoteRegion::peer, "The address of the peer that exported it")
+      .def("__repr__", [](const PyRemoteRegion& r) {
+        return "RemoteRegion(peer=\"" + r.peer + "\", handle=" + std::to_string(r.region.key) +
+               ", length=" + std::to_string(r.region.length) + (r.region.staged ? ", staged=True" : "") + ")";
       });
 
   py::class_<AllocatedView, std::shared_ptr<AllocatedView>>(
@@ -462,12 +555,14 @@ PYBIND11_MODULE(_baton, m) {
       });
 
   py::class_<PyRegion>(m, "Region", "Memory registered with an engine")
-      .def_property_readonly("handle", [](const PyRegion& r) { return r.state ? r.state->region.handle : 0; })
-      .def_property_readonly("length", [](const PyRegion& r) { return r.state ? r.state->region.length : 0; })
-      .def_property_readonly("address", [](const PyRegion& r) { return r.state ? r.state->region.base : 0; })
+      // After unregister the handle may name a later region: refused, not 0.
+      .def_property_readonly("handle", [](const PyRegion& r) { return registered(r, "handle").handle; })
+      .def_property_readonly("length", [](const PyRegion& r) { return registered(r, "length").length; })
+      .def_property_readonly("address", [](const PyRegion& r) { return registered(r, "address").base; })
+      .def_property_readonly("registered", [](const PyRegion& r) { return r.state != nullptr; })
       .def_property_readonly("buffer",
                              [](const PyRegion& r) -> py::object {
-                               if (!r.state) raise(StatusCode::kFailedPrecondition, "buffer: unregistered");
+                               registered(r, "buffer");
                                if (!r.allocated) return r.state->owner;
                                if (!r.state->views) {
                                  auto keeper = std::make_shared<AllocatedView>();
@@ -481,8 +576,9 @@ PYBIND11_MODULE(_baton, m) {
                                return py::reinterpret_steal<py::object>(view);
                              })
       .def("__repr__", [](const PyRegion& r) {
-        return "Region(handle=" + std::to_string(r.state ? r.state->region.handle : 0) +
-               ", length=" + std::to_string(r.state ? r.state->region.length : 0) + ")";
+        if (!r.state) return std::string("Region(unregistered)");
+        return "Region(handle=" + std::to_string(r.state->region.handle) +
+               ", length=" + std::to_string(r.state->region.length) + ")";
       });
 
   py::class_<PyPeer>(m, "Peer", "Another engine, by its handshake address")
@@ -495,7 +591,9 @@ PYBIND11_MODULE(_baton, m) {
                                  py::gil_scoped_release release;
                                  r.emplace(e->remote_regions(engine::Peer{p.address, {}}));
                                }
-                               return value_or_raise(std::move(*r));
+                               std::vector<PyRemoteRegion> out;
+                               for (auto& region : value_or_raise(std::move(*r))) out.push_back({region, p.address});
+                               return out;
                              })
       .def("__repr__", [](const PyPeer& p) { return "Peer(\"" + p.address + "\")"; });
 
@@ -541,6 +639,7 @@ PYBIND11_MODULE(_baton, m) {
                                return out;
                              })
       .def("_engine_fd", [](const PyBatch& b) { return b.engine->get("await")->batch_event_fd(); })
+      .def_property_readonly("_engine", [](const PyBatch& b) { return b.engine; })
       .def("cancel", [](const PyBatch& b) { ok_or_raise(b.engine->get("cancel")->cancel(b.handle)); })
       .def("release", [](const PyBatch& b) { ok_or_raise(b.engine->get("release")->release(b.handle)); });
 

@@ -559,3 +559,176 @@ def test_an_unregistered_region_is_not_found_and_listening_wide_needs_a_secret_o
         baton.Engine(listen="0.0.0.0:0")
     with baton.Engine(listen="0.0.0.0:0", allow_unauthenticated=True) as open_engine:
         assert open_engine.address
+
+
+def test_await_ends_when_its_engine_closes_and_a_later_engine_still_wakes(holder):
+    # close() frees the engine's event fd, whose number a later engine is
+    # likely to get: the await on the closed engine ends, and the later
+    # engine's awaits are woken by their own fd.
+    async def main():
+        engine = baton.Engine(same_host_copy=False)  # TCP: 1 GiB takes far longer than the 50 ms below
+        peer = engine.connect(holder.address)
+        region = engine.register(np.zeros(SIZE, dtype=np.uint8))
+        batch = engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE,
+                                             qos="background") for _ in range(256)])
+
+        async def wait():
+            await batch
+
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        engine.close()
+        with pytest.raises((baton.Unavailable, baton.Cancelled)):
+            await asyncio.wait_for(task, 10)
+        for _ in range(3):  # each engine likely on the fd number of the one before
+            with baton.Engine(same_host_copy=False) as later:
+                peer = later.connect(holder.address)
+                local = np.zeros(SIZE, dtype=np.uint8)
+                region = later.register(local)
+                batch = later.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle,
+                                                    length=SIZE)])
+                await asyncio.wait_for(_awaited(batch), 10)
+                assert batch.status == "ok" and np.array_equal(local, pattern(SIZE, 7))
+
+    asyncio.run(main())
+
+
+async def _awaited(batch):
+    await batch
+
+
+def _interrupt_in(seconds):
+    """SIGINT to this process after `seconds`: what Ctrl-C sends."""
+    import signal
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_ctrl_c_interrupts_a_blocked_wait_and_read(holder):
+    # The holder stopped, a TCP read cannot end; Ctrl-C still comes through.
+    # A batch's wait returns at once and leaves the batch running; the
+    # synchronous read cancels its request and raises once nothing more
+    # can land.
+    engine = baton.Engine(same_host_copy=False)
+    peer = engine.connect(holder.address)
+    for_batch, for_read = np.zeros(SIZE, dtype=np.uint8), np.zeros(SIZE, dtype=np.uint8)
+    batch_region, read_region = engine.register(for_batch), engine.register(for_read)
+    holder.proc.stdin.write("stop\n")
+    holder.proc.stdin.flush()
+    time.sleep(0.2)
+    try:
+        batch = engine.submit([baton.Request(op="read", local=batch_region, peer=peer, remote=holder.handle,
+                                             length=SIZE)])
+        _interrupt_in(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            batch.wait()
+        assert not batch.done  # interrupted, not ended: the batch runs on, the caller decides
+        _interrupt_in(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            engine.read(local=read_region, peer=peer, remote=holder.handle, length=SIZE)
+        batch.cancel()
+    finally:
+        holder.proc.send_signal(18)  # SIGCONT
+    with pytest.raises(baton.Cancelled):
+        batch.wait(timeout=30)  # a slice under way may land before it ends; nothing after
+    landed = for_batch.copy()
+    time.sleep(0.3)  # the holder answers what it was asked before it stopped
+    assert np.array_equal(for_batch, landed) and not for_read.any()
+    engine.close()
+
+
+class FakeTensor:
+    """What register() reads off a CPU torch tensor (data_ptr, numel,
+    element_size), with resize_() moving its storage as torch's does when
+    it grows."""
+
+    def __init__(self, n):
+        self.array = np.zeros(n, dtype=np.uint8)
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def numel(self):
+        return self.array.size
+
+    def element_size(self):
+        return 1
+
+    def is_contiguous(self):
+        return True
+
+    def resize_(self, n):
+        self.array = np.zeros(n, dtype=np.uint8)
+
+
+def test_a_tensor_whose_storage_moved_is_refused_at_submit(holder, engine):
+    peer = engine.connect(holder.address)
+    t = FakeTensor(SIZE)
+    region = engine.register(t)
+    engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    assert np.array_equal(t.array, pattern(SIZE, 7))
+    t.resize_(2 * SIZE)  # the registered memory is freed
+    with pytest.raises(baton.FailedPrecondition, match="moved or changed size since register"):
+        engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    with pytest.raises(baton.FailedPrecondition, match="resize_"):
+        engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE)])
+    assert not t.array.any()
+    engine.unregister(region)
+    region = engine.register(t)  # registered again: its new storage
+    engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    assert np.array_equal(t.array[:SIZE], pattern(SIZE, 7))
+
+
+def test_a_peers_region_goes_with_that_peer_and_handles_are_integers(holder, engine):
+    other = Holder(size=SIZE)
+    try:
+        a, b = engine.connect(holder.address), engine.connect(other.address)
+        theirs = a.regions[0]
+        assert theirs.peer == a.address and b.regions[0].handle == theirs.handle  # the same number at each
+        assert repr(theirs).startswith(f'RemoteRegion(peer="{a.address}"')
+        local = np.zeros(SIZE, dtype=np.uint8)
+        region = engine.register(local)
+        with pytest.raises(baton.InvalidArgument, match="is peer .*'s, not"):
+            engine.read(local=region, peer=b, remote=theirs, length=SIZE)
+        with pytest.raises(baton.InvalidArgument, match="is peer .*'s, not"):
+            baton.Request(op="read", local=region, peer=b.address, remote=theirs, length=SIZE)
+        assert not local.any()
+        engine.read(local=region, peer=a.address, remote=theirs, length=16)  # its peer by address is that peer
+        engine.read(local=region, peer=a, remote=np.int64(holder.handle), length=SIZE)  # anything with __index__
+        assert np.array_equal(local, pattern(SIZE, 7))
+        for bad in (2 ** 70, -1, 2 ** 32):
+            with pytest.raises(baton.InvalidArgument, match="remote handle"):
+                engine.read(local=region, peer=a, remote=bad, length=16)
+        with pytest.raises(baton.InvalidArgument, match="expected a region handle"):
+            engine.read(local=region, peer=a, remote=1.0, length=16)
+    finally:
+        other.close()
+
+
+def test_an_unregistered_region_says_so_instead_of_handle_zero(engine):
+    region = engine.register(bytearray(4096))
+    assert region.registered and region.handle > 0 and region.length == 4096
+    engine.unregister(region)
+    assert not region.registered and repr(region) == "Region(unregistered)"
+    for attribute in ("handle", "length", "address", "buffer"):
+        with pytest.raises(baton.FailedPrecondition, match="unregistered"):
+            getattr(region, attribute)
+
+
+def test_a_malformed_gpu_array_interface_is_invalid_argument(engine):
+    def array(**cai):
+        a = GpuArray(4096)
+        a.__cuda_array_interface__ = dict(a.__cuda_array_interface__, **cai)
+        return a
+
+    bad = [array(data=None), array(data=(1,)), array(shape=("x",)), array(typestr="|u"), array(typestr="<fx"),
+           array(shape=(1 << 40, 1 << 40)), array(shape=(1 << 62,), typestr="<f8")]
+    missing = GpuArray(4096)
+    del missing.__cuda_array_interface__["data"]
+    not_a_dict = GpuArray(4096)
+    not_a_dict.__cuda_array_interface__ = 7
+    for a in bad + [missing, not_a_dict]:
+        with pytest.raises(baton.InvalidArgument, match="register: "):
+            engine.register(a)
