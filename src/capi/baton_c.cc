@@ -64,6 +64,11 @@ static_assert(BATON_MEMORY_VRAM == static_cast<int>(baton::transport::MemoryKind
 constexpr TimeNs kMaxRelativeNs = std::numeric_limits<TimeNs>::max() / 2;
 constexpr TimeNs kDefaultRefreshNs = 5'000'000'000;
 
+// baton_engine_config sizes: the first layout's (up to `nics`), and the
+// most a caller's struct may claim (this one is 64 bytes).
+constexpr std::size_t kFirstConfigSize = offsetof(baton_engine_config, nics);
+constexpr std::size_t kMaxConfigSize = 4096;
+
 thread_local std::string last_error;
 
 // Keeps `text` for baton_last_error() and returns `code`. Never throws: out
@@ -226,8 +231,12 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
     if (out == nullptr) return misuse("baton_engine_create: engine is NULL");
     engine::EngineConfig c;
     if (config != nullptr) {
-      if (config->size < sizeof(std::size_t)) {
-        return misuse("baton_engine_create: config->size is {} (baton_engine_config_init() sets it)", config->size);
+      // The first layout ended before `nics`; a size above kMaxConfigSize
+      // is garbage, and its "fields past ours are zero" scan would read
+      // whatever memory follows the struct.
+      if (config->size < kFirstConfigSize || config->size > kMaxConfigSize) {
+        return misuse("baton_engine_create: config->size is {} (expected {} to {}; baton_engine_config_init() sets it)",
+                      config->size, kFirstConfigSize, kMaxConfigSize);
       }
       // A newer baton.h's struct: fields this library does not know must be
       // unset (zero), else the caller asked for something it would ignore.
@@ -249,7 +258,8 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
       const std::string nics = field(*config, offsetof(baton_engine_config, nics));
       for (std::size_t at = 0; !nics.empty() && at <= nics.size();) {
         const std::size_t comma = std::min(nics.find(',', at), nics.size());
-        c.ucx.nics.push_back(nics.substr(at, comma - at));  // an empty name is refused by create
+        if (comma == at) return invalid("baton_engine_create: nics \"{}\" holds an empty name", nics);
+        c.ucx.nics.push_back(nics.substr(at, comma - at));
         at = comma + 1;
       }
       if (config->size >= offsetof(baton_engine_config, gpu_paths) + sizeof(std::int32_t)) {
@@ -301,8 +311,10 @@ void baton_engine_destroy(baton_engine* handle) {
       box = std::move(it->second);
       r.engines.erase(it);
     }
-    // The engine goes when the last call still running on it returns
-    // (here, when none does).
+    // Shut down here, not when the last call still running on it returns:
+    // a thread in baton_wait would keep the engine moving bytes into memory
+    // the caller frees once this returns. That wait returns now.
+    box->engine->shutdown();
     box.reset();
     return BATON_OK;
   });
@@ -421,6 +433,11 @@ int baton_submit(baton_engine* handle, const baton_request* requests, size_t cou
     }
     if (notification == nullptr && notification_length != 0) {
       return misuse("baton_submit: notification is NULL with length {}", notification_length);
+    }
+    // Before the copy: a corrupt length would read far past the caller's bytes.
+    if (notification_length > baton::transport::kMaxNotificationBytes) {
+      return invalid("baton_submit: notification_length is {} (at most {} bytes)", notification_length,
+                     baton::transport::kMaxNotificationBytes);
     }
     engine::Batch b;
     if (notification_length != 0) {

@@ -155,7 +155,10 @@ Result<std::vector<transport::RemoteRegion>> Datapath::remote_regions(const Peer
 Result<transport::PathId> Datapath::live_path(const std::string& peer) const {
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
-    return std::unexpected(Status::not_found("no peer \"{}\" (connect() to it first)", peer));
+    return std::unexpected(Status::not_found(
+        "no peer \"{}\" (connect() to it first; a peer is named by the address connect() returned: "
+        "\"localhost:7000\" is \"127.0.0.1:7000\")",
+        peer));
   }
   if (Status s = ucx_.path_status(it->second); !s.is_ok()) return std::unexpected(s);
   return it->second;

@@ -5,12 +5,16 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "baton/c/baton.h"
@@ -143,13 +147,23 @@ TEST(CApi, CreateChecksItsArguments) {
   ASSERT_EQ(baton_engine_create(&newer.known, &e), BATON_OK) << last_error();
   baton_engine_destroy(e);
 
-  // An older baton.h's struct that ends after listen_address: the rest are defaults.
+  // The first layout's struct (it ended before `nics`): the rest are defaults.
   baton_engine_config_init(&config);
-  config.size = offsetof(baton_engine_config, listen_address) + sizeof(const char*);
+  config.size = offsetof(baton_engine_config, nics);
   config.listen_address = "127.0.0.1:0";
-  config.policy_file = "/nonexistent/ignored.yaml";  // past the struct's size: not read
+  config.nics = "no-such-nic0";  // past the struct's size: not read
   ASSERT_EQ(baton_engine_create(&config, &e), BATON_OK) << last_error();
   baton_engine_destroy(e);
+  // Shorter than any layout, or larger than any struct could be: a corrupt
+  // size, refused before a byte past the first field is read.
+  for (const std::size_t size : {std::size_t{8}, offsetof(baton_engine_config, secret_file), std::size_t{20},
+                                 offsetof(baton_engine_config, nics) - 1, std::size_t{4097}, SIZE_MAX}) {
+    config.size = size;
+    e = nullptr;
+    EXPECT_EQ(baton_engine_create(&config, &e), BATON_MISUSE) << size;
+    EXPECT_NE(last_error().find("config->size is"), std::string::npos) << last_error();
+    EXPECT_EQ(e, nullptr);
+  }
 
   baton_engine_config_init(&config);
   config.policy_file = "/nonexistent/policy.yaml";
@@ -163,8 +177,11 @@ TEST(CApi, CreateChecksItsArguments) {
   config.nics = "no-such-nic0";
   EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
   EXPECT_NE(last_error().find("no such network interface"), std::string::npos) << last_error();
-  config.nics = "lo,";  // an empty name after the comma
-  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
+  for (const char* nics : {"lo,", ",,", ",lo", "lo,,lo"}) {  // an empty name
+    config.nics = nics;
+    EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << nics;
+    EXPECT_NE(last_error().find("an empty name"), std::string::npos) << last_error();
+  }
   config.nics = nullptr;
   config.gpu_paths = 2;
   EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT) << last_error();
@@ -511,6 +528,77 @@ TEST(CApi, TwoEnginesMoveBytesAndANotification) {
 
   ASSERT_EQ(baton_unregister(local.handle, mine.handle), BATON_OK) << last_error();
   EXPECT_EQ(baton_unregister(local.handle, mine.handle), BATON_NOT_FOUND);
+}
+
+// A notification length past the limit is refused before a byte of it is
+// read: a corrupt length (1 GiB behind a 12-byte string) read far past it.
+TEST(CApi, ANotificationTooLongIsRefusedBeforeItIsRead) {
+  Engine local;
+  std::vector<std::byte> buffer(4096);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(local.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &mine),
+            BATON_OK)
+      << last_error();
+  const baton_request r = request(BATON_OP_READ, mine.handle, "127.0.0.1:1", 1, 16);
+  char note[12] = "hello world";
+  std::uint64_t batch = 0;
+  for (const std::size_t length : {std::size_t{4097}, std::size_t{1} << 30, SIZE_MAX}) {
+    EXPECT_EQ(baton_submit(local.handle, &r, 1, note, length, &batch), BATON_INVALID_ARGUMENT) << length;
+    EXPECT_NE(last_error().find("at most 4096 bytes"), std::string::npos) << last_error();
+  }
+}
+
+// Destroy while another thread waits on a batch: the engine shuts down in
+// destroy, the waiter returns, and nothing lands in the caller's memory
+// after destroy returned (it used to go on copying until the batch ended,
+// into memory the caller had freed).
+TEST(CApi, DestroyWhileAThreadWaitsStopsEveryCopyBeforeItReturns) {
+  constexpr std::size_t kBytes = 4 << 20;
+  Engine target;
+  baton_engine* local = nullptr;
+  ASSERT_EQ(baton_engine_create(nullptr, &local), BATON_OK) << last_error();
+  baton_region served{};
+  ASSERT_EQ(baton_allocate_memory(target.handle, kBytes, -1, &served), BATON_OK) << last_error();
+  baton::engine::fill_pattern(std::span(static_cast<std::byte*>(served.base), kBytes), 9);
+  ASSERT_EQ(baton_export_region(target.handle, served.handle, nullptr, 0), BATON_OK) << last_error();
+  std::vector<std::byte> buffer(kBytes);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(local, buffer.data(), kBytes, BATON_MEMORY_DRAM, -1, &mine), BATON_OK)
+      << last_error();
+  char peer[64];
+  ASSERT_EQ(baton_connect(local, target.address().c_str(), peer, sizeof peer, nullptr), BATON_OK) << last_error();
+  // 64 GiB of reads: seconds of copying, far past the destroy below.
+  std::vector<baton_request> reads(16384, request(BATON_OP_READ, mine.handle, peer, served.handle, kBytes));
+  std::uint64_t batch = 0;
+  ASSERT_EQ(baton_submit(local, reads.data(), reads.size(), nullptr, 0, &batch), BATON_OK) << last_error();
+  std::atomic<int> waited{-1};
+  std::thread waiter([&] { waited = baton_wait(local, batch, 60 * kSecond); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  baton_engine_destroy(local);
+  std::memset(buffer.data(), 0, kBytes);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(), [](std::byte b) { return b == std::byte{0}; }))
+      << "bytes landed after baton_engine_destroy returned";
+  waiter.join();  // returned: the shutdown woke it
+  EXPECT_NE(waited.load(), -1);
+  std::uint64_t ignored = 0;
+  EXPECT_EQ(baton_submit(local, reads.data(), 1, nullptr, 0, &ignored), BATON_MISUSE);  // the handle is gone
+}
+
+// connect() names a peer by its address resolved; another spelling of it
+// is not found, and the message says which name to use.
+TEST(CApi, APeerIsNamedByTheAddressConnectReturned) {
+  Engine target;
+  Engine local;
+  const std::string address = target.address();
+  const std::string port = address.substr(address.rfind(':'));
+  const std::string spelled = "localhost" + port;
+  char peer[64];
+  ASSERT_EQ(baton_connect(local.handle, spelled.c_str(), peer, sizeof peer, nullptr), BATON_OK) << last_error();
+  EXPECT_EQ(std::string(peer), "127.0.0.1" + port);
+  EXPECT_EQ(baton_refresh(local.handle, peer, 0), BATON_OK) << last_error();
+  EXPECT_EQ(baton_refresh(local.handle, spelled.c_str(), 0), BATON_NOT_FOUND);
+  EXPECT_NE(last_error().find("named by the address connect() returned"), std::string::npos) << last_error();
 }
 
 }  // namespace

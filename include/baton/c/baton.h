@@ -12,7 +12,7 @@
  * memory takes its capacity and reports the size it needs (text: bytes
  * including the terminating NUL). A NULL buffer with capacity 0 asks for the
  * size only (BATON_OK); a buffer too small answers BATON_OUT_OF_RANGE with the
- * size reported and nothing written.
+ * size reported and nothing written. The size pointer (`needed`) may be NULL.
  *
  * Threads: any thread may call any function, as with the C++ Engine. */
 #ifndef BATON_C_BATON_H
@@ -81,7 +81,9 @@ typedef struct baton_engine baton_engine;
 
 /* Every string is optional: NULL (or "") keeps the default. */
 typedef struct baton_engine_config {
-  size_t size;                 /* sizeof(baton_engine_config): set by baton_engine_config_init() */
+  /* sizeof(baton_engine_config): set by baton_engine_config_init(). Below
+   * the first layout's (offsetof nics) or above 4096: BATON_MISUSE. */
+  size_t size;
   const char* listen_address;  /* "host:port" peers connect to; default "127.0.0.1:0" (a free port) */
   const char* ucx_tls;         /* UCX_TLS for this engine ("tcp"); default: UCX's own */
   const char* secret_file;     /* the deployment secret (chmod 600); default: $BATON_TOKEN_FILE, else loopback only */
@@ -114,8 +116,10 @@ BATON_C_API int baton_engine_create(const baton_engine_config* config, baton_eng
  * cancelled where they were still running), and the address, event fd and
  * notification calls still answer. The handle stays valid until destroyed. */
 BATON_C_API int baton_engine_shutdown(baton_engine* engine);
-/* Shuts the engine down and frees it (and the memory it allocated); the
- * handle turns unknown. NULL is ignored. */
+/* Shuts the engine down (as baton_engine_shutdown: a thread waiting on one
+ * of its batches returns, and nothing lands in registered memory once this
+ * returns) and frees it (and the memory it allocated); the handle turns
+ * unknown, so poll what you need first. NULL is ignored. */
 BATON_C_API void baton_engine_destroy(baton_engine* engine);
 /* The address peers connect to, "127.0.0.1:41234" (a caller buffer). */
 BATON_C_API int baton_engine_address(baton_engine* engine, char* address, size_t capacity, size_t* needed);
@@ -164,9 +168,11 @@ typedef struct baton_remote_region {
 } baton_remote_region;
 
 /* Handshakes with the engine listening at `address` ("host:port"), blocking
- * until ready; its name for requests goes into `peer` (a caller buffer; a
- * size query or a buffer too small still connects). Connecting again to a
- * live peer returns at once. */
+ * until ready or the handshake's 5 s ran out (BATON_UNAVAILABLE); its name
+ * for requests goes into `peer` (a caller buffer; a size query or a buffer
+ * too small still connects): the address resolved ("localhost:7000" is named
+ * "127.0.0.1:7000"), which every later call names it by. Connecting again
+ * to a live peer returns at once. */
 BATON_C_API int baton_connect(baton_engine* engine, const char* address, char* peer, size_t capacity,
                               size_t* needed);
 /* Waits up to timeout_ns (0: 5 s) for the peer's current list of regions. */
@@ -203,15 +209,17 @@ typedef struct baton_batch_status {
 } baton_batch_status;
 
 /* Validates every request, then queues them all (or none) into *batch
- * (count: at most 2^24). `notification` (at most 4 KiB; NULL when
- * notification_length is 0) goes to the peer once every request
+ * (count: at most 2^24). `notification` (at most 4 KiB, a longer
+ * notification_length is BATON_INVALID_ARGUMENT before a byte is read; NULL
+ * when notification_length is 0) goes to the peer once every request
  * completed; it needs a single peer. */
 BATON_C_API int baton_submit(baton_engine* engine, const baton_request* requests, size_t count,
                              const void* notification, size_t notification_length, uint64_t* batch);
 /* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */
 BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_status* status);
 /* Until the batch ended (BATON_OK; then poll it) or timeout_ns passed
- * (BATON_TIMEOUT; a negative timeout_ns is BATON_INVALID_ARGUMENT). A
+ * (BATON_TIMEOUT; 0 is a look that answers at once; a negative timeout_ns
+ * is BATON_INVALID_ARGUMENT). A
  * same-host batch up to UcxConfig::direct_copy_max_bytes (16 MiB) is copied
  * inside baton_submit: it has ended when submit returns. */
 BATON_C_API int baton_wait(baton_engine* engine, uint64_t batch, int64_t timeout_ns);
