@@ -92,7 +92,7 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench ablation --slice-sizes 12parsecs", "\"12parsecs\""},
       // Refused before the run, not after it.
       {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},
-      {"bench mixed --json ''", "an empty path"},
+      {"bench mixed --json ''", "--json: an empty value"},
       {"bench mixed --json /tmp", "\"/tmp\": a directory, not a file"},
   };
   for (const auto& [args, needle] : cases) {

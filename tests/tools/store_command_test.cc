@@ -76,7 +76,11 @@ TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
                                  // Flags that did nothing without --directory, and addresses that are no address.
                                  "store --namespace a:1x1x4096:4 --name foo", "store --namespace a:1x1x4096:4 --lease 5s",
                                  "store --namespace a:1x1x4096:4 --directory garbage",
-                                 "store --namespace a:1x1x4096:4 --engine-listen garbage"}) {
+                                 "store --namespace a:1x1x4096:4 --engine-listen garbage",
+                                 // The engine's flags are the other commands' (its refusal named --token-file,
+                                 // which store did not take); an empty value is no value.
+                                 "store --namespace a:1x1x4096:4 --lanes 0",
+                                 "store --namespace a:1x1x4096:4 --token-file ''"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

@@ -136,4 +136,27 @@ TEST(TopoCommand, BadInputFailsWithOneLine) {
   }
 }
 
+// Output that cannot be written (a full disk, here /dev/full) fails the
+// run and says so; it exited 0 with the table lost.
+TEST(TopoCommand, OutputThatCannotBeWrittenFailsTheRun) {
+  const std::string err = fmt::format("{}/full-{}.err", ::testing::TempDir(), getpid());
+  const int status = std::system(fmt::format("{} topo --model pcie4 >/dev/full 2>{}", BATON_BINARY, err).c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(baton::testing::slurp(err).find("baton topo: writing the output failed"), std::string::npos)
+      << baton::testing::slurp(err);
+}
+
+// Any flag given an empty value (an unset variable in a script) is refused
+// in one line; some fell back to their defaults without a word.
+TEST(TopoCommand, AnEmptyValueIsRefusedEverywhere) {
+  for (const std::string args : {"bench mixed --decode-size ''", "bench mlu-sweep --request-size ''",
+                                 "serve --token-file ''", "demo --target ''", "bench deadlines --background-size ''"}) {
+    const CommandRun r = baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find(": an empty value"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
 }  // namespace

@@ -1,5 +1,9 @@
 #include <fmt/core.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
 #include <string>
 
 #include "baton/common/log.h"
@@ -33,6 +37,22 @@ std::string unknown_command(const CLI::App& app, int argc, char** argv) {
   return {};
 }
 
+// The first option given an empty value ("--token-file ''", a variable
+// that was not set): refused, never taken for "the default". Flags take no
+// value and are not looked at.
+const CLI::Option* empty_value(const CLI::App& app) {
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->get_type_size() == 0 || option->count() == 0) continue;
+    for (const std::string& value : option->results()) {
+      if (value.empty()) return option;
+    }
+  }
+  for (const CLI::App* sub : app.get_subcommands()) {
+    if (const CLI::Option* option = empty_value(*sub)) return option;
+  }
+  return nullptr;
+}
+
 // "bench handoff": the subcommands the parse reached, for a message.
 std::string parsed_command(const CLI::App& app) {
   std::string path;
@@ -43,6 +63,32 @@ std::string parsed_command(const CLI::App& app) {
     at = subs.front();
     path += (path.empty() ? "" : " ") + at->get_name();
   }
+}
+
+// "bench store", "serve": the command as its messages name it.
+std::string command_name(const CLI::App& app, const baton::cli::Command& command) {
+  const CLI::App* parent = command.app->get_parent();
+  return parent != nullptr && parent != &app ? parent->get_name() + " " + command.app->get_name()
+                                             : command.app->get_name();
+}
+
+// Runs the command. An exception that reaches here (a thread the system
+// would not start: std::system_error) is the command's failure in one line,
+// not std::terminate's abort; stdout that could not be written (a full
+// disk, a closed pipe) fails the run instead of losing its output silently.
+int finish(const std::string& name, const baton::cli::Command& command) {
+  int rc = 1;
+  try {
+    rc = command.run();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "baton {}: {}\n", name, e.what());
+    rc = 1;
+  }
+  if ((std::fflush(stdout) != 0 || std::ferror(stdout) != 0) && rc == 0) {
+    fmt::print(stderr, "baton {}: writing the output failed: {}\n", name, std::strerror(errno));
+    rc = 1;
+  }
+  return rc;
 }
 
 }  // namespace
@@ -74,6 +120,12 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}: {} ({} --help lists the flags)\n", where, e.what(), where);
     return 2;
   }
+  if (const CLI::Option* empty = empty_value(app)) {
+    const std::string command = parsed_command(app);
+    const std::string where = command.empty() ? "baton" : "baton " + command;
+    fmt::print(stderr, "{}: {}: an empty value ({} --help lists the flags)\n", where, empty->get_name(), where);
+    return 2;
+  }
   if (auto s = baton::init_logging(log_level); !s.is_ok()) {
     fmt::print(stderr, "baton: {}\n", s.message());
     return 2;
@@ -82,14 +134,10 @@ int main(int argc, char** argv) {
     if (!command.app->parsed()) continue;
     if (const CLI::Option* json = command.app->get_option_no_throw("--json"); json != nullptr && json->count() > 0) {
       if (auto s = baton::cli::prepare_json_output(json->as<std::string>()); !s.is_ok()) {
-        const CLI::App* parent = command.app->get_parent();
-        return baton::cli::fail_command(
-            parent != nullptr && parent != &app ? parent->get_name() + " " + command.app->get_name()
-                                                : command.app->get_name(),
-            s);
+        return baton::cli::fail_command(command_name(app, command), s);
       }
     }
-    return command.run();
+    return finish(command_name(app, command), command);
   }
   return 2;
 }

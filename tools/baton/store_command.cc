@@ -20,6 +20,7 @@
 #include "baton/store/directory.h"
 #include "baton/store/service.h"
 #include "commands.h"
+#include "ucx_options.h"
 
 namespace baton::cli {
 namespace {
@@ -27,6 +28,7 @@ namespace {
 struct StoreOptions {
   std::string listen = "127.0.0.1:0";
   std::string engine_listen = "127.0.0.1:0";
+  transport::UcxConfig ucx;  // the engine's, but for listen_address: --engine-listen
   std::vector<std::string> namespaces;
   std::string lock_timeout = "120s";
   std::string unsealed_timeout = "60s";
@@ -131,6 +133,7 @@ int run_store(const StoreOptions& o) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   engine::EngineConfig config;
+  config.ucx = o.ucx;
   config.ucx.listen_address = o.engine_listen;
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
@@ -188,6 +191,7 @@ Command add_store_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("store", "Hold KV blocks and serve the store's RPCs until SIGINT/SIGTERM");
   app->add_option("--listen", o->listen, "RPC address (loopback; port 0: any free port)");
   app->add_option("--engine-listen", o->engine_listen, "The engine's handshake address (port 0: any free port)");
+  add_ucx_options(*app, o->ucx);
   app->add_option("--namespace", o->namespaces,
                   "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,…] (repeatable), e.g. llama:288x2x16384:1000:0,1");
   app->add_option("--lock-timeout", o->lock_timeout, "How long a query's lock lasts unless released (duration)")
