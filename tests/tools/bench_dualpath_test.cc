@@ -152,6 +152,14 @@ TEST(BenchDualpath, BadInputFailsWithOneLine) {
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+  // The real run's flags, on a simulated one: refused, not ignored (a
+  // malformed one ran without a word).
+  for (const std::string args : {"bench fault --requests 8 --block-size 12XB", "bench fault --requests 8 --block-size 64KiB",
+                                 "bench dualpath --requests 4 --prefill-memory bogus"}) {
+    const CommandRun r = baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find("needs --transport ucx"), std::string::npos) << args << ": " << r.err;
+  }
 }
 
 }  // namespace

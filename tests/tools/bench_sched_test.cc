@@ -53,6 +53,21 @@ TEST(BenchMixed, OnePolicyAlone) {
   EXPECT_FALSE(j.contains("decode_p99_reduction"));
 }
 
+// A run in which no decode request arrived has no percentiles and no
+// reduction to show: said so, not printed as 0.0 µs and a 0% cut.
+TEST(BenchMixed, NoDecodeRequestIsNoFigure) {
+  const CommandRun table = baton("bench mixed --duration-ms 2 --decode-interval-us 1e12");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("no decode request completed"), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("decode p50"), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("reduction"), std::string::npos) << table.out;
+  const CommandRun r = baton("bench mixed --duration-ms 2 --decode-interval-us 1e12 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["decode_p99_reduction"].is_null()) << j["decode_p99_reduction"];
+  EXPECT_EQ(j["policies"]["baseline_fifo"]["decode_critical"]["count"], 0);
+}
+
 TEST(BenchAblation, EveryCellOfTheSweep) {
   const CommandRun r = baton("bench ablation --duration-ms 10 --slice-sizes 64KiB,1MiB --budgets 512KiB,8MiB --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -75,6 +75,7 @@ TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
                                  "store --namespace a:1x1x4096:4:0,0", "store --namespace a:1x1x4096:4:-1",
                                  // Flags that did nothing without --directory, and addresses that are no address.
                                  "store --namespace a:1x1x4096:4 --name foo", "store --namespace a:1x1x4096:4 --lease 5s",
+                                 "store --namespace a:1x1x4096:4 --lease 10s",  // its default, given: still nothing to do
                                  "store --namespace a:1x1x4096:4 --directory garbage",
                                  "store --namespace a:1x1x4096:4 --engine-listen garbage",
                                  // The engine's flags are the other commands' (its refusal named --token-file,

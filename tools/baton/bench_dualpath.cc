@@ -333,14 +333,18 @@ void add_common(CLI::App* app, DualPathBenchOptions& o, std::string_view default
                   "Time over which handoffs arrive (Poisson): virtual, or real with --transport ucx (default 40; "
                   "1000 with ucx)");
   app->add_option("--handoff-size", o.handoff_size, "Bytes per handoff (e.g. 1MiB)");
-  app->add_option("--block-size", o.block_size,
-                  "ucx: bytes per KV block, the store's unit and what a failover knows landed");
-  app->add_option("--prefill-memory", o.prefill_memory,
-                  "ucx: the prefill peer's KV: caller (its own buffer, registered, as a framework's tensors; "
-                  "reached with CMA) or engine (allocated by its engine; mapped by this one)");
+  const CLI::Option* block = app->add_option("--block-size", o.block_size,
+                                             "ucx: bytes per KV block, the store's unit and what a failover knows landed");
+  const CLI::Option* memory =
+      app->add_option("--prefill-memory", o.prefill_memory,
+                      "ucx: the prefill peer's KV: caller (its own buffer, registered, as a framework's tensors; "
+                      "reached with CMA) or engine (allocated by its engine; mapped by this one)");
   app->add_option("--seed", o.seed, "Seed of the arrivals and the backoff jitter")->check(kUnsigned64);
   app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
   add_peer_options(*app, o.peer);
+  // Only the real run has blocks and a prefill process: the simulator took
+  // them without a look, malformed or not.
+  o.peer.ucx_options.insert(o.peer.ucx_options.end(), {block, memory});
 }
 
 // With --transport ucx the run takes real time: longer defaults, unless given.

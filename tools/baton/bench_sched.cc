@@ -214,23 +214,31 @@ int run_mixed_bench(const SchedBenchOptions& o) {
   if (both) {
     const double fifo = results[sched::PolicyKind::kBaselineFifo].decode.p99_us;
     const double aware = results[sched::PolicyKind::kDeadlineAware].decode.p99_us;
-    j["decode_p99_reduction"] = fifo > 0 ? 1.0 - aware / fifo : 0.0;
+    // No decode request completed under FIFO: there is no reduction to
+    // report (null), not a 0% one.
+    j["decode_p99_reduction"] = fifo > 0 ? nlohmann::json(1.0 - aware / fifo) : nlohmann::json();
     // Issue 15's measures on real copies: the P95 cut, and bulk kept.
     const auto& f = results[sched::PolicyKind::kBaselineFifo];
     const auto& a = results[sched::PolicyKind::kDeadlineAware];
-    j["decode_p95_reduction"] = f.decode.p95_us > 0 ? 1.0 - a.decode.p95_us / f.decode.p95_us : 0.0;
-    j["prefill_throughput_vs_fifo"] =
-        f.prefill.throughput_gbps > 0 ? a.prefill.throughput_gbps / f.prefill.throughput_gbps : 0.0;
+    j["decode_p95_reduction"] =
+        f.decode.p95_us > 0 ? nlohmann::json(1.0 - a.decode.p95_us / f.decode.p95_us) : nlohmann::json();
+    j["prefill_throughput_vs_fifo"] = f.prefill.throughput_gbps > 0
+                                          ? nlohmann::json(a.prefill.throughput_gbps / f.prefill.throughput_gbps)
+                                          : nlohmann::json();
   }
   if (o.json_path != "-") {
     for (const auto& [kind, r] : results) {
-      fmt::print("{:<15} decode p50 {:>9.1f} us  p99 {:>9.1f} us  miss {:>6.2f}%   prefill {:>6.1f} GB/s  "
-                 "(preempted {}, spilled {}, wasted {})\n",
-                 sched::to_string(kind), r.decode.p50_us, r.decode.p99_us, 100 * r.decode.miss_ratio,
-                 r.prefill.throughput_gbps, r.stats.slices_preempted, r.stats.slices_spilled,
+      const std::string decode =
+          r.decode.count == 0 ? fmt::format("{:<46}", "no decode request completed")
+                              : fmt::format("decode p50 {:>9.1f} us  p99 {:>9.1f} us  miss {:>6.2f}%", r.decode.p50_us,
+                                            r.decode.p99_us, 100 * r.decode.miss_ratio);
+      fmt::print("{:<15} {}   prefill {:>6.1f} GB/s  (preempted {}, spilled {}, wasted {})\n", sched::to_string(kind),
+                 decode, r.prefill.throughput_gbps, r.stats.slices_preempted, r.stats.slices_spilled,
                  format_size(r.stats.bytes_wasted));
     }
-    if (both) fmt::print("decode P99 reduction: {:.1f}%\n", 100 * j["decode_p99_reduction"].get<double>());
+    if (both && !j["decode_p99_reduction"].is_null()) {
+      fmt::print("decode P99 reduction: {:.1f}%\n", 100 * j["decode_p99_reduction"].get<double>());
+    }
   }
   if (*child) {
     if (Status s = (*child)->stop(); !s.is_ok()) return fail(o, s);

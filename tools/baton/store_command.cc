@@ -36,6 +36,7 @@ struct StoreOptions {
   std::string directory;  // etcd host:port; empty: none
   std::string name;       // the store's name in the directory
   std::string lease = "10s";
+  bool entry_flags_given = false;  // --name or --lease, even at its default value
 };
 
 // "NAME:SLOTSxSEGMENTSxBYTES:BLOCKS[:NUMA,NUMA…]", e.g. llama:288x2x16384:1000:0,1
@@ -107,7 +108,7 @@ int run_store(const StoreOptions& o) {
     return code;
   };
   if (o.namespaces.empty()) return fail(2, "at least one --namespace is needed");
-  if (o.directory.empty() && (!o.name.empty() || o.lease != StoreOptions{}.lease)) {
+  if (o.directory.empty() && o.entry_flags_given) {
     return fail(2, "--name and --lease need --directory (they are the store's entry there)");
   }
   if (!o.directory.empty()) {
@@ -202,7 +203,10 @@ Command add_store_command(CLI::App& parent) {
   app->add_option("--directory", o->directory, "Register in this etcd (host:port) under a lease");
   app->add_option("--name", o->name, "The store's name in the directory (default: its RPC address)");
   app->add_option("--lease", o->lease, "The directory lease's TTL (duration, at least 1s)")->check(kPositiveDuration);
-  return {app, [o] { return run_store(*o); }};
+  return {app, [app, o] {
+            o->entry_flags_given = app->count("--name") + app->count("--lease") > 0;
+            return run_store(*o);
+          }};
 }
 
 }  // namespace baton::cli
