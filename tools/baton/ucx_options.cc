@@ -69,7 +69,8 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
          "Fail a path whose posted slices made no progress this long (duration; 0: never; default 10s)"));
   added.push_back(app.add_option("--token-file", ucx.secret_file,
                  "The deployment secret peers prove to each other (a chmod 600 file of 16..4096 bytes; default: "
-                 "$BATON_TOKEN_FILE; none: loopback only)"));
+                 "$BATON_TOKEN_FILE; none: loopback only)")
+                     ->check(CLI::ExistingFile));  // a missing one is the caller's input: exit 2, as the rest
   added.push_back(app.add_flag("--allow-unauthenticated", ucx.allow_unauthenticated,
                "Listen beyond loopback without a secret: any host that reaches the port becomes a peer"));
   return added;
