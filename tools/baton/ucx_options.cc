@@ -70,7 +70,10 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
   added.push_back(app.add_option("--token-file", ucx.secret_file,
                  "The deployment secret peers prove to each other (a chmod 600 file of 16..4096 bytes; default: "
                  "$BATON_TOKEN_FILE; none: loopback only)")
-                     ->check(CLI::ExistingFile));  // a missing one is the caller's input: exit 2, as the rest
+                     // A missing one is the caller's input: exit 2, as the rest.
+                     ->check(CLI::Validator(
+                         [](std::string& path) { return path.empty() ? "an empty value" : CLI::ExistingFile(path); },
+                         "FILE")));
   added.push_back(app.add_flag("--allow-unauthenticated", ucx.allow_unauthenticated,
                "Listen beyond loopback without a secret: any host that reaches the port becomes a peer"));
   return added;
