@@ -64,11 +64,14 @@ std::optional<Enum> find_name(const std::array<std::string_view, N>& names,
   return std::nullopt;
 }
 
-std::string path_names_or_default() {
-  std::vector<std::string_view> names{"default"};
+// "a, b or c": the path types, with `default` first where a section takes one.
+std::string path_names(bool with_default) {
+  std::vector<std::string_view> names;
+  if (with_default) names.push_back("default");
   for (int i = 0; i < kPathTypeCount; ++i) names.push_back(to_string(static_cast<PathType>(i)));
   return either(names);
 }
+std::string path_names_or_default() { return path_names(true); }
 
 // The policy file, read into a SchedPolicy. Each error names the origin, the
 // 1-based line, the dotted key and the offending text.
@@ -255,7 +258,8 @@ Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) 
     auto path = topology::parse_path_type(p.key);
     if (!path) {
       return bad_value(line_of(p), "cost_model",
-                       fmt::format("unknown path \"{}\" (expected {})", p.key, path_names_or_default()));
+                       fmt::format("unknown path \"{}\" (expected {}; cost_model has no default)", p.key,
+                                   path_names(false)));
     }
     const std::string path_key = join("cost_model", p.key);
     auto proximities = entries(p.value, path_key, line_of(p), {});

@@ -642,6 +642,12 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
     EXPECT_EQ(p.error().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(p.error().message().find("cost_model"), std::string::npos) << p.error().message();
   }
+  // No `default` there, unlike slice_size and credits: the message does not
+  // offer it (it said "unknown path \"default\" (expected default, …)").
+  const auto p = parse_policy("cost_model: {default: {local: {bandwidth_gbps: 1}}}");
+  ASSERT_FALSE(p.has_value());
+  EXPECT_NE(p.error().message().find("cost_model has no default"), std::string::npos) << p.error().message();
+  EXPECT_EQ(p.error().message().find("expected default"), std::string::npos) << p.error().message();
 }
 
 }  // namespace

@@ -319,8 +319,13 @@ int run_fault_bench(const DualPathBenchOptions& o) {
     fmt::print("{} handoffs of {}, direct dead {} -> {} ms ({}): {} completed, {} dropped, {} affected\n", o.requests,
                format_size(w->bytes), o.kill_at_ms, o.restore_at_ms, dualpath::to_string(race->strategy), completed,
                o.requests - static_cast<int>(completed), affected);
-    fmt::print("  recovery {} us after the fault; back on direct at {} us; {} failovers, {} probes\n",
-               j["recovery_us"].dump(), j["returned_to_direct_at_us"].dump(), s.failovers, s.probes);
+    // null: it never happened in the run, said in words.
+    auto at = [](const nlohmann::json& v, std::string_view when, std::string_view never) {
+      return v.is_null() ? std::string(never) : fmt::format("{} {} us", when, v.dump());
+    };
+    fmt::print("  {}; {}; {} failovers, {} probes\n",
+               at(j["recovery_us"], "recovery", "no recovery after the fault"),
+               at(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers, s.probes);
   }
   return write_bench_json(kMode, j, o.json_path);
 }

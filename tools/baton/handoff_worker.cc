@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <deque>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -327,8 +328,14 @@ Command add_handoff_worker_command(CLI::App& parent) {
                                         "(internal) one producer or consumer rank of `baton bench handoff`, driven "
                                         "by JSON lines on stdin");
   app->add_option("--role", opts->role, "producer or consumer")->required()->check(CLI::IsMember({"producer", "consumer"}));
-  app->add_option("--page-bytes", opts->page_bytes, "bytes per page")->required()->check(CLI::PositiveNumber);
-  app->add_option("--pages", opts->pages, "pages in the pool")->required()->check(CLI::PositiveNumber);
+  // Integer ranges: CLI::PositiveNumber's message printed the bound as a
+  // 300-digit double.
+  app->add_option("--page-bytes", opts->page_bytes, "bytes per page")
+      ->required()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+  app->add_option("--pages", opts->pages, "pages in the pool")
+      ->required()
+      ->check(CLI::Range(std::uint32_t{1}, std::numeric_limits<std::uint32_t>::max()));
   return {app, [opts] { return run_worker(*opts); }};
 }
 
