@@ -301,7 +301,9 @@ int run_ablation_bench(const SchedBenchOptions& o) {
 void add_common(CLI::App* app, SchedBenchOptions& o) {
   app->add_option("--seed", o.seed, "Seed of the arrivals and the simulated lanes")->check(kUnsigned64);
   app->add_option("--duration-ms", o.duration_ms, "Virtual time over which requests arrive");
-  app->add_option("--policy-file", o.policy_file, "Start from this policy YAML instead of the defaults")
+  app->add_option("--policy-file", o.policy_file,
+                  "Start from this policy YAML instead of the defaults (its `policy:` is replaced by each policy "
+                  "the bench compares: --policy)")
       ->check(kPolicyFile);
   app->add_option("--json", o.json_path, "Write the results as JSON to PATH ('-': stdout only)");
   auto* w = &o.workload;
