@@ -59,6 +59,14 @@ class _Waker:
             os.read(self.fd, 8)
         except BlockingIOError:
             pass
+        # The read reset the counter for every watcher of this engine: the
+        # wakers on other loops (other threads) may not have seen it.
+        for (loop, engine), waker in list(_wakers.items()):
+            if engine is self.engine and waker is not self:
+                try:
+                    loop.call_soon_threadsafe(waker.check)
+                except RuntimeError:  # that loop is closed
+                    pass
         self.check()
 
     def check(self):

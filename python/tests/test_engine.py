@@ -732,3 +732,37 @@ def test_a_malformed_gpu_array_interface_is_invalid_argument(engine):
     for a in bad + [missing, not_a_dict]:
         with pytest.raises(baton.InvalidArgument, match="register: "):
             engine.register(a)
+
+
+def test_asyncio_loops_in_two_threads_await_batches_of_one_engine(holder):
+    # Both loops watch the engine's one event counter; the one that reads it
+    # first passes the wake-up on, so neither loop's await is left waiting.
+    # (Through the loop: a batch copied inside submit is done before its await.)
+    engine = baton.Engine(direct_copy_max_bytes=0)
+    peer = engine.connect(holder.address)
+    errors = []
+
+    def run(index):
+        local = np.zeros(1 << 20, dtype=np.uint8)
+        region = engine.register(local)
+
+        async def main():
+            for _ in range(20):
+                batch = engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle,
+                                                     length=1 << 20, qos="hot_kv")])
+                await asyncio.wait_for(_awaited(batch), 10)
+                batch.release()
+
+        try:
+            asyncio.run(main())
+            assert np.array_equal(local, pattern(SIZE, 7)[:1 << 20])
+        except BaseException as e:  # reported to the test's thread
+            errors.append(f"loop {index}: {type(e).__name__} {e}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    engine.close()
+    assert not any(t.is_alive() for t in threads) and errors == []
