@@ -28,6 +28,13 @@ Result<Shape> shape_of(const FixtureSpec& spec) {
         "fixture: layers {}, tp {}, block tokens {}, KV heads {}, head dim {}, dtype bytes {} must all be > 0",
         spec.layers, spec.tp, spec.block_tokens, spec.kv_heads, spec.head_dim, spec.dtype_bytes));
   }
+  // vLLM splits the KV heads over TP, or replicates them when TP is a
+  // multiple of them; anything else (12 heads over TP 8) it refuses, and a
+  // rounded-down share would describe KV no server holds.
+  if (!spec.mla && spec.kv_heads % spec.tp != 0 && spec.tp % spec.kv_heads != 0) {
+    return std::unexpected(Status::invalid_argument(
+        "fixture: {} KV heads do not split over TP {} (one must divide the other)", spec.kv_heads, spec.tp));
+  }
   Shape shape{};
   const std::uint64_t slots = std::uint64_t{spec.layers} * spec.tp;
   shape.segments = spec.mla ? 1 : 2;

@@ -86,6 +86,9 @@ TEST(Fixtures, RefusesBadSpecs) {
   EXPECT_EQ(fill_fixture({.kv_heads = 0}, t).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(fill_fixture({.head_dim = 0}, t).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(fill_fixture({.dtype_bytes = 0}, t).code(), StatusCode::kInvalidArgument);
+  // Heads that do not split over TP: refused, not rounded down to one a rank.
+  EXPECT_EQ(fill_fixture({.tp = 8, .kv_heads = 12}, t).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fill_fixture({.tp = 3, .kv_heads = 8}, t).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(fill_fixture({.layers = 70000, .tp = 1}, t).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(fill_fixture({.tp = 1, .block_tokens = 1u << 20, .head_dim = 1u << 12}, t).code(),
             StatusCode::kInvalidArgument);

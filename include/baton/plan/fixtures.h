@@ -28,7 +28,7 @@ struct FixtureSpec {
   std::uint32_t tp = 8;
   bool mla = false;  // one latent segment per slot (replicated per rank); else K and V
   std::uint32_t block_tokens = 16;
-  std::uint32_t kv_heads = 8;    // total; a rank holds max(1, kv_heads / tp). Ignored for MLA
+  std::uint32_t kv_heads = 8;    // total, split over TP (one divides the other); ignored for MLA
   std::uint32_t head_dim = 128;  // MLA: the latent width (DeepSeek-V3: 512 + 64 = 576)
   std::uint32_t dtype_bytes = 2;
   NumaLayout numa = NumaLayout::kSingle;
