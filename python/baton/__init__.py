@@ -61,12 +61,7 @@ class _Waker:
             pass
         # The read reset the counter for every watcher of this engine: the
         # wakers on other loops (other threads) may not have seen it.
-        for (loop, engine), waker in list(_wakers.items()):
-            if engine is self.engine and waker is not self:
-                try:
-                    loop.call_soon_threadsafe(waker.check)
-                except RuntimeError:  # that loop is closed
-                    pass
+        _wake(self.engine, but=self)
         self.check()
 
     def check(self):
@@ -100,6 +95,17 @@ class _Waker:
 _wakers = {}  # (asyncio loop, Engine) -> _Waker, while something awaits
 
 
+def _wake(engine, but=None):
+    """Has every waker of `engine` (but `but`) look at its batches, on its
+    own loop's thread."""
+    for (loop, of), waker in list(_wakers.items()):
+        if of is engine and waker is not but:
+            try:
+                loop.call_soon_threadsafe(waker.check)
+            except RuntimeError:  # its loop is closed: nothing awaits there any more
+                waker.stop()
+
+
 def _await_batch(self):
     loop = asyncio.get_running_loop()
     future = loop.create_future()
@@ -119,12 +125,7 @@ def _close(self):
     try:
         _close_engine(self)
     finally:
-        for (loop, engine), waker in list(_wakers.items()):
-            if engine is self:
-                try:
-                    loop.call_soon_threadsafe(waker.check)
-                except RuntimeError:  # its loop is closed: nothing awaits there any more
-                    waker.stop()
+        _wake(self)
 
 
 def _exit(self, *exc):

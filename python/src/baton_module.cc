@@ -314,9 +314,14 @@ engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vecto
   b.notification = std::move(notification);
   b.requests.reserve(requests.size());
   const baton::TimeNs now = e.now_ns();
+  std::vector<const RegionState*> checked;  // a batch names a few regions, many times each
   for (const PyRequest& r : requests) {
     check_same_engine(s, r.engine, "submit: local");
-    for (const auto& region : r.regions) check_unmoved(*region);
+    for (const auto& region : r.regions) {
+      if (std::ranges::find(checked, region.get()) != checked.end()) continue;
+      check_unmoved(*region);
+      checked.push_back(region.get());
+    }
     b.requests.push_back(r.request);
     if (r.deadline_ms) b.requests.back().deadline_ns = now + milliseconds_ns("deadline_ms", r.deadline_ms);
   }
