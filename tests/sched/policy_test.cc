@@ -77,7 +77,7 @@ TEST(SchedPolicyDefaults, DocumentedValues) {
   EXPECT_EQ(p.slice_for(PathType::kNvlink), 512 * kKiB);
   EXPECT_EQ(p.slice_for(PathType::kNvswitch), 512 * kKiB);
   EXPECT_EQ(p.slice_for(PathType::kPcieP2p), 256 * kKiB);
-  EXPECT_EQ(p.slice_for(PathType::kHostStaging), 256 * kKiB);
+  EXPECT_EQ(p.slice_for(PathType::kHostStaging), kMiB);
   EXPECT_EQ(p.slice_for(PathType::kTcp), 256 * kKiB);
   for (PathType path : {PathType::kGdr, PathType::kRdma, PathType::kShm}) {
     EXPECT_EQ(p.slice_for(path), 64 * kKiB) << to_string(path);
@@ -85,10 +85,11 @@ TEST(SchedPolicyDefaults, DocumentedValues) {
   for (PathType path : kAllPaths) {
     const bool fabric = path == PathType::kNvlink || path == PathType::kNvswitch;
     const bool tcp = path == PathType::kTcp;  // a byte budget: 1 MiB of any slices
+    const bool staging = path == PathType::kHostStaging;  // two 1 MiB copies queued
     const PathCredits& c = p.credits_for(path);
     EXPECT_EQ(c.lanes, fabric ? 4 : 2) << to_string(path);
     EXPECT_EQ(c.slices_per_lane, tcp ? 8 : 2) << to_string(path);
-    EXPECT_EQ(c.inflight_bytes, fabric ? 8 * kMiB : tcp ? kMiB : 4 * kMiB) << to_string(path);
+    EXPECT_EQ(c.inflight_bytes, fabric ? 8 * kMiB : tcp ? kMiB : staging ? 2 * kMiB : 4 * kMiB) << to_string(path);
   }
 }
 
