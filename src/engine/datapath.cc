@@ -759,9 +759,33 @@ bool Datapath::ended(std::uint64_t id) {
   return ended_.contains(id);
 }
 
-bool Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {
+Datapath::WaitEnd Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(ended_mutex_);
-  return ended_cv_.wait_until(lock, deadline, [&] { return ended_.contains(id); });
+  // A batch released by another thread after it ended is in neither set.
+  auto ended = [&] { return ended_.contains(id) || !running_.contains(id); };
+  if (ended_cv_.wait_until(lock, deadline, [&] { return ended() || waiters_closed_; })) {
+    return ended() ? WaitEnd::kEnded : WaitEnd::kClosed;
+  }
+  return WaitEnd::kTimedOut;
+}
+
+bool Datapath::enter_wait() {
+  std::lock_guard lock(ended_mutex_);
+  if (waiters_closed_) return false;
+  ++waiters_;
+  return true;
+}
+
+void Datapath::leave_wait() {
+  std::lock_guard lock(ended_mutex_);
+  if (--waiters_ == 0 && waiters_closed_) ended_cv_.notify_all();
+}
+
+void Datapath::close_waiters() {
+  std::unique_lock lock(ended_mutex_);
+  waiters_closed_ = true;
+  ended_cv_.notify_all();
+  ended_cv_.wait(lock, [&] { return waiters_ == 0; });
 }
 
 }  // namespace baton::engine

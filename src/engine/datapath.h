@@ -84,8 +84,18 @@ class Datapath {
   // waiting. Sequentially consistent with publish_ended: one of the two
   // sees the other.
   [[nodiscard]] int ended_fd() const;
-  // Until batch `id` ended or `deadline` passed; true when it ended.
-  [[nodiscard]] bool wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
+  // Until batch `id` ended (released counts: only an ended batch can be),
+  // close_waiters() was called, or `deadline` passed. Call it between
+  // enter_wait() and leave_wait().
+  enum class WaitEnd : std::uint8_t { kEnded, kClosed, kTimedOut };
+  [[nodiscard]] WaitEnd wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline);
+  // Brackets a caller's whole wait, so that close_waiters() knows when the
+  // last one left; enter_wait() is false once it was called.
+  [[nodiscard]] bool enter_wait();
+  void leave_wait();
+  // Ends every wait (kClosed) and returns once no caller is inside one:
+  // the engine's destructor, before it frees what they read.
+  void close_waiters();
   // Whether batch `id` ended, without waiting (a waiter's spin: no syscall).
   [[nodiscard]] bool ended(std::uint64_t id);
   // How many batches ended so far: a waiter's spin reads this, not the mutex
@@ -210,6 +220,8 @@ class Datapath {
   EndedMap ended_;                          // guarded by ended_mutex_
   std::vector<EndedNode> spare_ended_;      // guarded by ended_mutex_
   std::unordered_set<std::uint64_t> running_;        // guarded by ended_mutex_
+  int waiters_ = 0;                         // guarded by ended_mutex_
+  bool waiters_closed_ = false;             // guarded by ended_mutex_
 };
 
 }  // namespace baton::engine

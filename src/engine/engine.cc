@@ -25,6 +25,9 @@ Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Engine::~Engine() {
   shutdown();
+  // A thread still in wait() returns `unavailable` before the datapath it
+  // reads goes: a batch still cancelling would never end once the loop stops.
+  state_->datapath->close_waiters();
   state_->core->wall->stop();  // the loop thread goes before what it uses
 }
 
@@ -162,6 +165,11 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   // the loop's mutex) only when that moved; it yields between looks, since
   // a waiter that spins on a busy machine takes the core the loop needs.
   Datapath& datapath = *state_->datapath;
+  if (!datapath.enter_wait()) return Status::unavailable("wait: the engine is being destroyed");
+  struct Leave {
+    Datapath& d;
+    ~Leave() { d.leave_wait(); }
+  } leave{datapath};
   std::uint64_t seen = datapath.ended_count();
   if (datapath.ended(batch.id)) return Status::ok();
   if (timeout_ns <= 0) {  // a look, not a wait: no yield, no condition variable (a rank's poll of its loads)
@@ -181,8 +189,13 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
                  /*yield=*/true)) {
     return Status::ok();
   }
-  if (!state_->datapath->known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
-  if (state_->datapath->wait_ended(batch.id, deadline)) return Status::ok();
+  if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
+  switch (datapath.wait_ended(batch.id, deadline)) {
+    case Datapath::WaitEnd::kEnded: return Status::ok();
+    case Datapath::WaitEnd::kClosed:
+      return Status::unavailable("wait: the engine was destroyed before batch {} ended", batch.id);
+    case Datapath::WaitEnd::kTimedOut: break;
+  }
   return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
 }
 

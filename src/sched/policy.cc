@@ -815,6 +815,10 @@ Status SchedPolicy::validate() const {
     }
   }
   const AdmissionPolicy& a = admission;
+  if (a.order != AdmissionOrder::kFifo && a.order != AdmissionOrder::kEdf) {
+    return Status::invalid_argument("SchedPolicy: admission order {} is not an order (expected fifo or edf)",
+                                    static_cast<int>(a.order));
+  }
   if (!(a.theta_compress >= 0) || !(a.theta_local >= a.theta_compress) || !std::isfinite(a.theta_local)) {
     return Status::invalid_argument(
         "SchedPolicy: admission thresholds {} (compress) and {} (local) must satisfy 0 <= compress <= local",

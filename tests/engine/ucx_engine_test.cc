@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <random>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -309,6 +310,64 @@ TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   EXPECT_TRUE(released.is_ok()) << released.to_string();
   EXPECT_EQ(local.engine->poll(*h).error().code(), StatusCode::kNotFound);
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
+}
+
+// A waiter that wakes after another thread released the ended batch went
+// back to sleep: the batch was no longer "ended" (46 of 200 such waits ran
+// to their timeout, and INT64_MAX hung).
+TEST(UcxEngineBatch, AWaitEndsWhenAnotherThreadReleasesTheEndedBatch) {
+  Side target(4 << 20, kTargetSalt, "tcp");  // longer than the waiter's spin: it sleeps
+  Side local(4 << 20, kLocalSalt, "tcp");
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value());
+  for (int i = 0; i < 100; ++i) {
+    auto h = local.engine->submit(Batch{{request(Op::kRead, local, 0, *peer, target, 0, 4 << 20)}, {}});
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    Status waited;
+    std::atomic<bool> calling{false};
+    std::thread waiter([&] {
+      calling = true;
+      waited = local.engine->wait(*h, 5 * kSecond);
+    });
+    while (!calling) std::this_thread::yield();
+    for (;;) {
+      auto st = local.engine->poll(*h);
+      ASSERT_TRUE(st.has_value()) << st.error().to_string();
+      if (st->done) break;
+    }
+    EXPECT_TRUE(local.engine->release(*h).is_ok());
+    waiter.join();
+    // ok, or not_found when the waiter came after the release; never a
+    // timeout for a batch that ended.
+    ASSERT_TRUE(waited.is_ok() || waited.code() == StatusCode::kNotFound)
+        << "iteration " << i << ": " << waited.to_string();
+  }
+}
+
+// The destructor shut the engine down and stopped its loop while a batch
+// was still cancelling: the waiter never woke, and the destructor hung on
+// the condition variable it slept on (1 run in 10).
+TEST(UcxEngineBatch, DestroyingTheEngineEndsAWaitInAnotherThread) {
+  Side target(64 << 20, kTargetSalt, "tcp");  // 64 MiB over loopback TCP: tens of ms
+  for (int i = 0; i < 5; ++i) {
+    Side local(64 << 20, kLocalSalt, "tcp");
+    auto peer = local.engine->connect(target.engine->address());
+    ASSERT_TRUE(peer.has_value());
+    auto h = local.engine->submit(mib_reads(local, *peer, target));
+    ASSERT_TRUE(h.has_value());
+    Engine* engine = local.engine.get();
+    std::atomic<bool> calling{false};
+    Status waited;
+    std::thread waiter([&, engine] {
+      calling = true;
+      waited = engine->wait(*h, std::numeric_limits<TimeNs>::max());
+    });
+    while (!calling) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + 2 * i));  // inside wait() by now
+    local.engine.reset();
+    waiter.join();
+    EXPECT_TRUE(waited.is_ok() || waited.code() == StatusCode::kUnavailable) << waited.to_string();
+  }
 }
 
 TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt) {

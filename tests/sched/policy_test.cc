@@ -531,6 +531,9 @@ TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
   p.starvation_bound_ns = 0;
   expect_refused(p, "starvation_bound_ns");
   p = SchedPolicy::defaults();
+  p.admission.order = static_cast<AdmissionOrder>(9);  // was accepted, and read as fifo
+  expect_refused(p, "admission order 9 is not an order");
+  p = SchedPolicy::defaults();
   p.slice_bytes[static_cast<int>(PathType::kGdr)] = 0;
   expect_refused(p, "slice_bytes[gdr]");
   p = SchedPolicy::defaults();

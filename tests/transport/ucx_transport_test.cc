@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <ostream>
 
@@ -1138,6 +1140,15 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
   bad = config();
   bad.stall_timeout_ms = -1;
   expect_refused(bad, "stall_timeout_ms is -1");
+  // Above a year a timeout in ns added to the clock could wrap and fire at
+  // once (INT64_MAX ms did: a handshake "timed out" after 3 ms).
+  for (auto field : {&UcxConfig::stall_timeout_ms, &UcxConfig::handshake_timeout_ms, &UcxConfig::revoke_timeout_ms}) {
+    for (std::int64_t ms : {kMaxTimeoutMs + 1, std::numeric_limits<std::int64_t>::max()}) {
+      bad = config();
+      bad.*field = ms;
+      expect_refused(bad, fmt::format("is {} (expected", ms));
+    }
+  }
   bad = config();
   bad.tls = "bogus";  // UCX warns and has no transport left: the caller's setting, not the machine
   expect_refused(bad, "tls \"bogus\" leaves UCX no transport");

@@ -223,9 +223,11 @@ class Engine {
   // same-host request). On an error `out` is unspecified.
   [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out);
   // Until every request of the batch ended (ok; see poll() for how) or the
-  // timeout passed (timeout). Wakes at once when the batch ends. A timeout
-  // of 0 (or below) only looks: it neither yields nor sleeps; INT64_MAX
-  // waits as long as it takes.
+  // timeout passed (timeout). Wakes at once when the batch ends, also when
+  // another thread released it meanwhile (ok). A timeout of 0 (or below)
+  // only looks: it neither yields nor sleeps; INT64_MAX waits as long as it
+  // takes. A wait under way when the engine is destroyed ends `unavailable`
+  // before the destructor returns.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
   // Cancels the requests still running and returns at once. A request
   // reports `cancelled` only once nothing it posted can still land in the

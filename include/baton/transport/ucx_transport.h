@@ -27,6 +27,9 @@ namespace baton::transport {
 
 inline constexpr std::uint64_t kMinTcpSegmentBytes = 8 << 10;   // UCX's own default
 inline constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buffer per connection at most
+// The handshake, revoke and stall timeouts: a year at most, so that one in
+// ns added to the clock stays far from wrapping (1e13 ms fired at once).
+inline constexpr std::int64_t kMaxTimeoutMs = 365LL * 24 * 3600 * 1000;
 
 struct UcxConfig {
   // Where peers reach us: "host:port"; port 0 picks a free one (see address()).
@@ -60,7 +63,8 @@ struct UcxConfig {
   // closed on arrival (each has handshake_timeout_ms to prove it).
   int max_unauthenticated = 64;
   // unregister() waits this long for peers to acknowledge a revocation;
-  // one that did not is disconnected (its endpoints here closed).
+  // one that did not is disconnected (its endpoints here closed). Each of
+  // the three timeouts in ms here is at most kMaxTimeoutMs (a year).
   std::int64_t revoke_timeout_ms = 5000;
   // Peer-failure reporting (UCP_ERR_HANDLING_MODE_PEER): a dead peer fails
   // its slices with `unavailable` instead of leaving them in flight. UCX 1.13

@@ -5,6 +5,8 @@
 
 #include <arpa/inet.h>
 
+#include <tuple>
+
 #include "transport/ucx/state.h"
 
 namespace baton::transport {
@@ -66,17 +68,14 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     return std::unexpected(Status::invalid_argument("UcxTransport::create: lanes_per_peer is {} (expected 1..{})",
                                                     config.lanes_per_peer, ucx::kMaxLanes));
   }
-  if (config.stall_timeout_ms < 0) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::create: stall_timeout_ms is {} (expected >= 0; 0: never)", config.stall_timeout_ms));
-  }
-  if (config.handshake_timeout_ms <= 0) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::create: handshake_timeout_ms is {} (expected > 0)", config.handshake_timeout_ms));
-  }
-  if (config.revoke_timeout_ms <= 0) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::create: revoke_timeout_ms is {} (expected > 0)", config.revoke_timeout_ms));
+  for (auto [name, value, zero_ok] : {std::tuple{"stall_timeout_ms", config.stall_timeout_ms, true},
+                                      std::tuple{"handshake_timeout_ms", config.handshake_timeout_ms, false},
+                                      std::tuple{"revoke_timeout_ms", config.revoke_timeout_ms, false}}) {
+    if (value < (zero_ok ? 0 : 1) || value > kMaxTimeoutMs) {
+      return std::unexpected(Status::invalid_argument("UcxTransport::create: {} is {} (expected {}..{}{})", name,
+                                                      value, zero_ok ? 0 : 1, kMaxTimeoutMs,
+                                                      zero_ok ? "; 0: never" : ""));
+    }
   }
   if (config.max_unauthenticated < 1) {
     return std::unexpected(Status::invalid_argument(
@@ -561,9 +560,9 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     // not_found, as the engine says at submit: most often the peer revoked
     // it while a batch ran, and the batch's later slices end here.
     return Status::not_found(
-        "UcxTransport::submit: slice {}: remote_key {} is not a region of peer {} ({} known; unregistered there, "
-        "or refresh_regions learns new ones)",
-        slice.id, m.remote_key, peer.address, peer.regions.size());
+        "remote_key {} is not a region of peer {} ({} known): unregistered there, or registered since its "
+        "regions were last learned (a refresh learns them); slice {}",
+        m.remote_key, peer.address, peer.regions.size(), slice.id);
   }
   const RemoteRegion& remote = remote_it->second->info;
   if (m.remote_addr < remote.base || slice.bytes > remote.length ||
