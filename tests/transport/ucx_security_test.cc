@@ -268,9 +268,16 @@ TEST_F(UcxSecurityTest, DifferentSecretsMeetNoRegionAndNoKey) {
     EXPECT_NE(st.message().find("authentication failed"), std::string::npos) << st.message();
     EXPECT_TRUE(from->remote_regions(path)->empty());
   }
-  // Nor does a listener without a secret accept an engine that has one.
+  // Nor does a listener without a secret accept an engine that has one; the
+  // reason reaches the connecting side worded for it ("this engine" read
+  // backwards there).
   const PathId reverse = connect(*b_, *c_);
-  EXPECT_EQ(b_->path_status(reverse).code(), StatusCode::kPermissionDenied);
+  const Status refused = b_->path_status(reverse);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.message().find("refused us: authentication failed: the listener has no secret and the connecting "
+                                   "engine has one"),
+            std::string::npos)
+      << refused.message();
 }
 
 TEST_F(UcxSecurityTest, AHelloWithAWrongProofGetsARefusalAndNothingElse) {

@@ -1149,6 +1149,11 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
       expect_refused(bad, fmt::format("is {} (expected", ms));
     }
   }
+  for (const char* tls : {",", "tcp,", ",tcp", "tcp,,self"}) {
+    bad = config();
+    bad.tls = tls;
+    expect_refused(bad, "has an empty transport name");
+  }
   bad = config();
   bad.tls = "bogus";  // UCX warns and has no transport left: the caller's setting, not the machine
   expect_refused(bad, "tls \"bogus\" leaves UCX no transport");

@@ -61,6 +61,8 @@ class ControlConnection {
   // Finishes a connect and writes what is queued; unavailable on failure.
   Status flush();
   [[nodiscard]] bool wants_write() const { return connecting_ || !out_.empty(); }
+  // Whether a connect has not completed yet (no TCP connection so far).
+  [[nodiscard]] bool connecting() const { return connecting_; }
 
   static constexpr std::size_t kMaxQueuedBytes = 64U << 20;
 

@@ -240,8 +240,10 @@ void UcxTransport::State::drive_paths(TimeNs now_ns) {
     }
     watch(*peer.control, peer.write_watched);
     if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
+      const std::string_view stage =
+          peer.control->connecting() ? "no TCP connection to its listener yet" : stage_text(peer.stage);
       fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({})", id,
-                                        peer.address, config.handshake_timeout_ms, stage_text(peer.stage)));
+                                        peer.address, config.handshake_timeout_ms, stage));
     }
   }
 }

@@ -179,8 +179,11 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   if (!hello) return hello.error();
   if (!ucx::same_proof(hello->proof,
                        ucx::initiator_proof(secret, session.nonce, hello->nonce, self_description(*hello)))) {
-    const std::string why = secret.empty() ? "authentication failed: this engine has no secret and the peer has one"
-                                           : "authentication failed: the peer does not hold this engine's secret";
+    // Sent to the connecting engine, which shows it as "<us> refused us: …":
+    // worded for either side to read.
+    const std::string why = secret.empty()
+                                ? "authentication failed: the listener has no secret and the connecting engine has one"
+                                : "authentication failed: the connecting engine does not hold the listener's secret";
     (void)session.conn->send(ControlKind::kRefusal, ucx::encode_text(why));
     (void)session.conn->flush();
     return Status::permission_denied("{}", why);

@@ -5,6 +5,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <ranges>
 #include <tuple>
 
 #include "transport/ucx/state.h"
@@ -76,6 +78,13 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
                                                       value, zero_ok ? 0 : 1, kMaxTimeoutMs,
                                                       zero_ok ? "; 0: never" : ""));
     }
+  }
+  // UCX reads "a,,b" or "," as naming a transport "" (and then reports
+  // "no such element"): the caller's list, so said as such.
+  if (!config.tls.empty() && std::ranges::any_of(std::views::split(config.tls, ','),
+                                                 [](auto name) { return std::ranges::empty(name); })) {
+    return std::unexpected(Status::invalid_argument("UcxTransport::create: tls \"{}\" has an empty transport name",
+                                                    config.tls));
   }
   if (config.max_unauthenticated < 1) {
     return std::unexpected(Status::invalid_argument(
