@@ -165,17 +165,19 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   // the loop's mutex) only when that moved; it yields between looks, since
   // a waiter that spins on a busy machine takes the core the loop needs.
   Datapath& datapath = *state_->datapath;
-  if (!datapath.enter_wait()) return Status::unavailable("wait: the engine is being destroyed");
-  struct Leave {
-    Datapath& d;
-    ~Leave() { d.leave_wait(); }
-  } leave{datapath};
   std::uint64_t seen = datapath.ended_count();
   if (datapath.ended(batch.id)) return Status::ok();
   if (timeout_ns <= 0) {  // a look, not a wait: no yield, no condition variable (a rank's poll of its loads)
     if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
     return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
   }
+  // Only the part that can last is counted for the destructor: a batch that
+  // already ended (most small ones) pays no more than before.
+  if (!datapath.enter_wait()) return Status::unavailable("wait: the engine is being destroyed");
+  struct Leave {
+    Datapath& d;
+    ~Leave() { d.leave_wait(); }
+  } leave{datapath};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs));
   auto ended_now = [&] {
     const std::uint64_t count = datapath.ended_count();
