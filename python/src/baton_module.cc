@@ -120,6 +120,8 @@ struct RegionState {
   std::optional<Py_buffer> view;  // held until unregister, so a bytearray cannot move
   py::object views;            // allocate(): the AllocatedView that Region.buffer's views hold, once asked
   bool tensor = false;         // registered through data_ptr(): nothing pins its storage (see check_unmoved)
+  bool unregistering = false;  // unregister() runs without the GIL: no new view of memory about to be unmapped
+  bool closed = false;         // its engine was closed: no longer registered
   ~RegionState() {
     if (view || views) {
       py::gil_scoped_acquire gil;
@@ -132,15 +134,45 @@ struct RegionState {
   [[nodiscard]] bool has_live_views() const { return views && Py_REFCNT(views.ptr()) > 1; }
 };
 
+// Nothing may need the GIL while `mutex` is held: a thread holding the GIL
+// may be waiting for the mutex (a RegionState is destroyed outside it).
 struct EngineState {
   std::shared_ptr<engine::Engine> engine;  // null once closed
-  std::mutex mutex;                        // guards `engine` and `regions`
+  std::mutex mutex;                        // guards `engine`, `regions` and `orphans`
   std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
+  // Batches whose Batch object went without release(): released once they
+  // ended (sweep_orphans), so a dropped batch does not stay in the engine.
+  std::vector<engine::BatchHandle> orphans;
+
+  // Dropped without close() (its last object gone, or the interpreter
+  // exiting): closed as close() does, so the engine stops before the
+  // buffers it may still write into go.
+  ~EngineState();
 
   std::shared_ptr<engine::Engine> get(const char* call) {
     std::lock_guard lock(mutex);
     if (!engine) raise(StatusCode::kUnavailable, std::string(call) + ": the engine is closed");
     return engine;
+  }
+  void orphan(engine::BatchHandle h) {
+    std::lock_guard lock(mutex);
+    if (engine) orphans.push_back(h);
+  }
+  // Releases the orphans that ended; without the GIL.
+  void sweep_orphans(engine::Engine& e) {
+    std::vector<engine::BatchHandle> look;
+    {
+      std::lock_guard lock(mutex);
+      if (orphans.empty()) return;
+      look.swap(orphans);
+    }
+    std::erase_if(look, [&e](engine::BatchHandle h) {
+      const Status ended = e.wait(h, 0);  // a look: no loop round trip
+      if (ended.code() == StatusCode::kNotFound) return true;
+      return ended.is_ok() && e.release(h).is_ok();  // kept while slices are still on the wire
+    });
+    std::lock_guard lock(mutex);
+    orphans.insert(orphans.end(), look.begin(), look.end());
   }
 };
 
@@ -183,9 +215,18 @@ void check_same_engine(const EngineState& s, const std::shared_ptr<EngineState>&
 }
 
 struct PyBatch {
-  std::shared_ptr<EngineState> engine;
+  std::shared_ptr<EngineState> engine;  // null once moved from
   engine::BatchHandle handle;
   std::uint64_t bytes = 0;
+  bool released = false;
+
+  PyBatch(std::shared_ptr<EngineState> e, engine::BatchHandle h, std::uint64_t b)
+      : engine(std::move(e)), handle(h), bytes(b) {}
+  PyBatch(PyBatch&&) = default;
+  PyBatch(const PyBatch&) = delete;
+  ~PyBatch() {
+    if (engine && !released) engine->orphan(handle);
+  }
 };
 
 engine::Op parse_op(const std::string& op) {
@@ -246,14 +287,16 @@ baton::transport::RegionHandle remote_handle(const py::object& remote, const std
     }
     return v.cast<baton::transport::RegionHandle>();
   }
-  raise(StatusCode::kInvalidArgument, "remote: expected a region handle (int) or a peer's region");
+  throw py::type_error("remote: expected a region handle (int) or a peer's region, not " +
+                       std::string(py::str(py::type::of(remote).attr("__name__"))));
 }
 
 std::string peer_address(const py::object& peer) {
   if (peer.is_none()) return {};  // between this engine's own regions
   if (py::isinstance<PyPeer>(peer)) return peer.cast<const PyPeer&>().address;
   if (py::isinstance<py::str>(peer)) return peer.cast<std::string>();
-  raise(StatusCode::kInvalidArgument, "peer: expected a Peer (engine.connect()), \"host:port\" or None");
+  throw py::type_error("peer: expected a Peer (engine.connect()), \"host:port\" or None, not " +
+                       std::string(py::str(py::type::of(peer).attr("__name__"))));
 }
 
 PyRequest make_request(const std::string& op, const PyRegion& local, long long local_offset, const py::object& peer,
@@ -469,9 +512,10 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
   if (PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer view{};
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-      PyErr_Clear();
-      raise(StatusCode::kInvalidArgument, "register: the buffer is read-only or not contiguous (a writable, "
-                                          "C-contiguous buffer is needed: peers write into it)");
+      const py::error_already_set why;  // Python's reason (read-only, strided, a dtype with no buffer form)
+      raise(StatusCode::kInvalidArgument, fmt::format("register: the buffer cannot be exported writable and "
+                                                      "C-contiguous ({}); peers write into it",
+                                                      why.what()));
     }
     // Python object pointers (numpy dtype=object): bytes a peer writes
     // there are pointers the interpreter follows (a segfault found so).
@@ -496,8 +540,9 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
     state->tensor = true;
     return state;
   }
-  raise(StatusCode::kInvalidArgument, "register: expected an object with a writable buffer (numpy array, "
-                                      "bytearray, memoryview), a torch tensor or a GPU array (__cuda_array_interface__)");
+  throw py::type_error("register: expected an object with a writable buffer (numpy array, bytearray, memoryview), "
+                       "a torch tensor or a GPU array (__cuda_array_interface__), not " +
+                       std::string(py::str(py::type::of(obj).attr("__name__"))));
 }
 
 // close() and leaving a `with` block: once, from any thread.
@@ -511,7 +556,10 @@ void close_engine(EngineState& s) {
   }
   // Views of allocated memory keep the engine (and the mapping) from here
   // on; a region object left over no longer does.
-  for (auto& [handle, region] : regions) region->views = py::object();
+  for (auto& [handle, region] : regions) {
+    region->views = py::object();
+    region->closed = true;
+  }
   if (e) {
     py::gil_scoped_release release;
     e->shutdown();  // waiters wake; calls in flight finish on their own reference
@@ -519,6 +567,8 @@ void close_engine(EngineState& s) {
   }
   regions.clear();  // the buffers go once no peer can reach them
 }
+
+EngineState::~EngineState() { close_engine(*this); }
 
 // engine.read / engine.write: one request with Request's keywords.
 auto one_request(std::string op) {
@@ -564,11 +614,15 @@ PYBIND11_MODULE(_baton, m) {
       .def_property_readonly("handle", [](const PyRegion& r) { return registered(r, "handle").handle; })
       .def_property_readonly("length", [](const PyRegion& r) { return registered(r, "length").length; })
       .def_property_readonly("address", [](const PyRegion& r) { return registered(r, "address").base; })
-      .def_property_readonly("registered", [](const PyRegion& r) { return r.state != nullptr; })
+      .def_property_readonly("registered", [](const PyRegion& r) { return r.state != nullptr && !r.state->closed; })
       .def_property_readonly("buffer",
                              [](const PyRegion& r) -> py::object {
                                registered(r, "buffer");
                                if (!r.allocated) return r.state->owner;
+                               if (r.state->unregistering) {
+                                 raise(StatusCode::kFailedPrecondition,
+                                       "buffer: the region is being unregistered (its memory is about to be unmapped)");
+                               }
                                if (!r.state->views) {
                                  auto keeper = std::make_shared<AllocatedView>();
                                  keeper->engine = r.engine->get("buffer");
@@ -646,7 +700,11 @@ PYBIND11_MODULE(_baton, m) {
       .def("_engine_fd", [](const PyBatch& b) { return b.engine->get("await")->batch_event_fd(); })
       .def_property_readonly("_engine", [](const PyBatch& b) { return b.engine; })
       .def("cancel", [](const PyBatch& b) { ok_or_raise(b.engine->get("cancel")->cancel(b.handle)); })
-      .def("release", [](const PyBatch& b) { ok_or_raise(b.engine->get("release")->release(b.handle)); });
+      .def("release", [](PyBatch& b) {
+        const Status s = b.engine->get("release")->release(b.handle);
+        if (s.is_ok() || s.code() == StatusCode::kNotFound) b.released = true;
+        ok_or_raise(s);
+      });
 
   py::class_<EngineState, std::shared_ptr<EngineState>>(m, "Engine", "A Baton engine: registered memory, peers, batches")
       .def(py::init([](const std::string& listen, std::optional<std::string> ucx_tls, std::optional<std::string> policy_file,
@@ -746,6 +804,12 @@ PYBIND11_MODULE(_baton, m) {
            [](EngineState& s, const PyRegion& r, std::optional<std::vector<std::string>> peers) {
              if (!r.state) raise(StatusCode::kNotFound, "export: an unregistered region");
              check_same_engine(s, r.engine, "export");
+             // The engine's empty list means every peer: an empty list here is a
+             // mistake, not an allowlist of nobody.
+             if (peers && peers->empty()) {
+               raise(StatusCode::kInvalidArgument,
+                     "export: peers=[] names no peer (peers=None exports to every peer that proved the secret)");
+             }
              auto e = s.get("export");
              py::gil_scoped_release release;
              const Status st = e->export_region(r.state->region.handle, peers.value_or(std::vector<std::string>{}));
@@ -759,6 +823,9 @@ PYBIND11_MODULE(_baton, m) {
              if (!r.state) raise(StatusCode::kNotFound, "unregister: the region was already unregistered");
              check_same_engine(s, r.engine, "unregister");
              auto e = s.get("unregister");
+             if (r.state->unregistering) {
+               raise(StatusCode::kFailedPrecondition, "unregister: another thread is unregistering the region");
+             }
              if (r.state->has_live_views()) {
                raise(StatusCode::kFailedPrecondition,
                      "unregister: region " + std::to_string(r.state->region.handle) +
@@ -766,14 +833,20 @@ PYBIND11_MODULE(_baton, m) {
                          "first: unregistering unmaps that memory)");
              }
              Status st;
+             r.state->unregistering = true;  // no view of Region.buffer from here on (it needs the GIL)
              {
                py::gil_scoped_release release;
                st = e->unregister(r.state->region.handle);
              }
+             if (!st.is_ok()) r.state->unregistering = false;
              ok_or_raise(st);
-             std::lock_guard lock(s.mutex);
-             s.regions.erase(r.state->region.handle);
-             r.state.reset();
+             std::shared_ptr<RegionState> gone;
+             {
+               std::lock_guard lock(s.mutex);
+               s.regions.erase(r.state->region.handle);
+               gone = std::move(r.state);
+             }
+             gone.reset();  // outside the mutex: it may release the GIL (AllocatedView)
            },
            py::arg("region"), "Revokes the region from peers and releases it")
       .def("connect",
@@ -809,9 +882,10 @@ PYBIND11_MODULE(_baton, m) {
              baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
              {
                py::gil_scoped_release release;
+               s->sweep_orphans(*e);
                h = e->submit(b);
              }
-             return PyBatch{s, value_or_raise(std::move(h)), bytes};
+             return PyBatch(s, value_or_raise(std::move(h)), bytes);
            },
            py::arg("requests"), py::arg("notification") = py::bytes(""))
       .def("read", one_request("read"), py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"),

@@ -312,8 +312,17 @@ def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine)
         engine.register(np.array([object() for _ in range(4)], dtype=object))
     with pytest.raises(baton.InvalidArgument, match="Python objects"):
         engine.register(np.zeros(4, dtype=[("a", np.uint8), ("b", object)]))
-    with pytest.raises(ValueError):
-        engine.register(object())
+    # The wrong type altogether: TypeError, as Python's own calls raise.
+    for wrong in (object(), None, 5, "abc"):
+        with pytest.raises(TypeError, match="register: expected"):
+            engine.register(wrong)
+    with pytest.raises(TypeError, match="peer: expected"):
+        baton.Request(op="read", local=local, peer=123, remote=holder.handle, length=16)
+    with pytest.raises(TypeError, match="remote: expected"):
+        baton.Request(op="read", local=local, peer=peer, remote=None, length=16)
+    # A buffer numpy cannot export says why (the dtype), not only "read-only or not contiguous".
+    with pytest.raises(baton.InvalidArgument, match="cannot be exported"):
+        engine.register(np.zeros(4, dtype="datetime64[s]"))
     # Nobody listens: ConnectionError.
     with pytest.raises(ConnectionError):
         engine.connect("127.0.0.1:1")
@@ -437,7 +446,7 @@ def test_no_peer_means_between_this_engines_own_regions_over_its_gpus(engine):
         c = other.register(np.zeros(4096, dtype=np.uint8))
         with pytest.raises(baton.InvalidArgument, match="another engine"):
             engine.write(local=a, peer=None, remote=c, length=4096)
-    with pytest.raises(baton.InvalidArgument, match="or None"):
+    with pytest.raises(TypeError, match="or None"):
         engine.write(local=a, peer=7, remote=b, length=4096)
     # Ours with a peer, or a bare handle with no peer: which region is meant?
     with pytest.raises(baton.InvalidArgument, match="peer=None"):
@@ -517,6 +526,17 @@ def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
         with pytest.raises(baton.InvalidArgument, match="listen address"):
             engine.export(local, peers=[bad])
     engine.export(local, peers=["10.1.2.3:7000"])
+    # An empty list is not "every peer" (the engine's empty list): it names nobody.
+    with pytest.raises(baton.InvalidArgument, match="names no peer"):
+        engine.export(local, peers=[])
+    # A NUL would end the host for the resolver, or the path for the system calls.
+    for bad in ("127.0.0.1\0evil.example:80", "127.0.0.1:80\0junk"):
+        with pytest.raises(baton.InvalidArgument, match="NUL"):
+            engine.connect(bad)
+    with pytest.raises(baton.InvalidArgument, match="NUL"):
+        baton.Engine(listen="127.0.0.1\0junk:0")
+    with pytest.raises(baton.InvalidArgument, match="NUL"):
+        baton.Engine(policy_file="/dev/null\0.yaml")
     for lanes in (0, 65, 1 << 30):
         with pytest.raises(baton.InvalidArgument, match="lanes"):
             baton.Engine(lanes=lanes)
@@ -701,7 +721,7 @@ def test_a_peers_region_goes_with_that_peer_and_handles_are_integers(holder, eng
         for bad in (2 ** 70, -1, 2 ** 32):
             with pytest.raises(baton.InvalidArgument, match="remote handle"):
                 engine.read(local=region, peer=a, remote=bad, length=16)
-        with pytest.raises(baton.InvalidArgument, match="expected a region handle"):
+        with pytest.raises(TypeError, match="expected a region handle"):
             engine.read(local=region, peer=a, remote=1.0, length=16)
     finally:
         other.close()
@@ -766,3 +786,115 @@ def test_asyncio_loops_in_two_threads_await_batches_of_one_engine(holder):
         t.join(timeout=120)
     engine.close()
     assert not any(t.is_alive() for t in threads) and errors == []
+
+
+def run_child(code, timeout=120):
+    """`code` in a fresh interpreter: what it does wrong may be a crash."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("how", ["del", "exit"])
+def test_an_engine_dropped_with_a_batch_running_stops_before_its_buffers_go(holder, how):
+    # The buffers went first and the loop kept copying into freed memory: a segfault.
+    code = f"""
+import baton, numpy as np
+e = baton.Engine()
+p = e.connect("{holder.address}")
+buf = e.register(np.zeros(256 << 20, np.uint8))
+rq = [baton.Request(op="read", local=buf, local_offset=i << 20, peer=p, remote={holder.handle},
+                    remote_offset=(i % 4) << 20, length=1 << 20) for i in range(256)]
+b = e.submit(rq * 8)
+print("running" if not b.done else "ended", flush=True)
+if "{how}" == "del":
+    del buf, e, b
+    import gc; gc.collect()
+print("survived", flush=True)
+"""
+    r = run_child(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "survived"
+
+
+def test_unregister_races_neither_a_new_view_nor_another_threads_call():
+    # A view taken while unregister() ran pointed at unmapped memory, and the
+    # region's last reference, dropped under the engine's mutex, released the
+    # GIL to a thread waiting for that mutex: a deadlock.
+    code = """
+import threading, baton
+e = baton.Engine()
+stop = False
+def poller():
+    while not stop:
+        e.address
+threading.Thread(target=poller, daemon=True).start()
+taken_while_unregistering = 0
+for i in range(300):
+    r = e.allocate(1 << 16)
+    r.buffer.release()
+    go = threading.Event(); got = []
+    def grab():
+        go.wait()
+        try:
+            got.append(r.buffer)
+        except baton.BatonError as x:
+            got.append(x)
+    t = threading.Thread(target=grab); t.start(); go.set()
+    try:
+        e.unregister(r)
+        unregistered = True
+    except baton.FailedPrecondition:
+        unregistered = False  # the view came first
+    t.join()
+    view = got[0]
+    if isinstance(view, memoryview):
+        assert not unregistered, "unregister() returned while a view of the region lived"
+        view.release()
+        e.unregister(r)
+print("ok", flush=True)
+stop = True
+e.close()
+"""
+    r = run_child(code, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ok" in r.stdout
+
+
+def held(engine):
+    for line in engine.metrics_text().splitlines():
+        if line.startswith("baton_engine_batches_held "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no baton_engine_batches_held")
+
+
+def test_a_batch_dropped_without_release_is_released_once_it_ended(holder, engine):
+    peer = engine.connect(holder.address)
+    local = engine.register(bytearray(4096))
+    rq = baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=4096)
+    batches = [engine.submit([rq]) for _ in range(50)]
+    for b in batches:
+        b.wait()
+    del batches, b  # never released
+    gc.collect()
+    assert held(engine) == 50  # the engine cannot know yet
+    last = engine.submit([rq])  # each submit releases the dropped batches that ended
+    last.wait()
+    assert held(engine) == 1
+    last.release()
+    assert held(engine) == 0
+    # release() once, then the drop: nothing left to release, nothing raised.
+    b = engine.submit([rq])
+    b.wait()
+    b.release()
+    del b
+    gc.collect()
+    engine.submit([rq]).wait()
+    assert held(engine) == 1  # the batch just dropped, until the next submit
+
+
+def test_a_closed_engines_regions_are_no_longer_registered():
+    e = baton.Engine()
+    region = e.register(bytearray(4096))
+    assert region.registered
+    e.close()
+    assert not region.registered

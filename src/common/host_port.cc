@@ -5,6 +5,11 @@
 namespace baton {
 
 Result<HostPort> split_host_port(std::string_view text) {
+  // The resolver stops at a NUL: "127.0.0.1\0evil.example:80" would reach
+  // 127.0.0.1. Not echoed: the text is not printable.
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos) {
+    return std::unexpected(Status::invalid_argument("address: a NUL byte at offset {}", nul));
+  }
   const auto colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return std::unexpected(Status::invalid_argument(

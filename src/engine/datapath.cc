@@ -41,6 +41,8 @@ Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission:
   (void)metrics_.declare_counter("baton_engine_notifications_sent_total", "Batch notifications sent to peers");
   (void)metrics_.declare_counter("baton_engine_direct_batches_total",
                                  "Batches copied on the submitting thread (same-host, without the loop)");
+  (void)metrics_.declare_gauge("baton_engine_batches_held",
+                               "Batches submitted and not yet released, running or ended (each holds its statuses)");
 }
 
 Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
@@ -551,6 +553,16 @@ void Datapath::flush_direct_metrics() {
     }
     if (const auto b = n.bytes[op].exchange(0)) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
   }
+}
+
+void Datapath::before_scrape() {
+  flush_direct_metrics();
+  std::size_t held = 0;
+  {
+    std::lock_guard lock(ended_mutex_);
+    held = running_.size() + ended_.size();
+  }
+  metrics_.set("baton_engine_batches_held", {}, held);
 }
 
 Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {

@@ -57,6 +57,8 @@ class Datapath {
   // Adds what direct batches counted since the last call to the metrics
   // (each loop turn, and before a scrape).
   void flush_direct_metrics();
+  // Before a scrape: the above, and the batches held (not yet released).
+  void before_scrape();
   // Cancels every running batch and closes the transport.
   void shutdown(TimeNs now_ns);
   // After shutdown(): true once nothing can still touch the caller's memory

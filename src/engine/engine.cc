@@ -46,7 +46,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   state->datapath =
       std::make_unique<Datapath>(*c.staging, *c.scheduler, *c.admission, c.metrics, c.next_id, *c.loop);
   state->datapath->set_clock([&c] { return c.now_ns(); });
-  c.before_metrics = [d = state->datapath.get()] { d->flush_direct_metrics(); };  // counted on submitting threads
+  c.before_metrics = [d = state->datapath.get()] { d->before_scrape(); };  // direct batches count on submitting threads
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
   c.loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { d->on_turn(now_ns); });
   if (Status s = c.wall->start(); !s.is_ok()) return std::unexpected(s);

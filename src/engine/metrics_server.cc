@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include "baton/common/host_port.h"
+#include "baton/common/socket_address.h"
 
 namespace baton::engine {
 
@@ -25,8 +26,11 @@ struct MetricsServer::Impl {
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view address,
                                                             std::function<std::string()> text) {
   auto parsed = split_host_port(address);
-  if (!parsed) {
-    return std::unexpected(Status::invalid_argument("MetricsServer::start: {}", parsed.error().message()));
+  // Resolved here too: a host that does not resolve is the caller's error,
+  // as for the engine's listen address, not a bind that failed.
+  if (auto resolved = parse_socket_address(address); !parsed || !resolved) {
+    return std::unexpected(Status::invalid_argument(
+        "MetricsServer::start: {}", (parsed ? resolved.error() : parsed.error()).message()));
   }
   const std::string bind_host(parsed->host);  // brackets dropped: getaddrinfo wants a bare IPv6 address
 

@@ -2,7 +2,6 @@
 
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
-#include <netdb.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "baton/common/host_port.h"
+#include "baton/common/socket_address.h"
 #include "baton/plan/wire.h"
 #include "store.grpc.pb.h"
 
@@ -61,20 +60,15 @@ void route_grpc_log() {
 
 // Why binding `host:port` fails, asked of the kernel: gRPC only says that
 // no address was added.
-std::string bind_error(const HostPort& address) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(std::string(address.host).c_str(), std::to_string(address.port).c_str(), &hints, &found) != 0) return {};
+std::string bind_error(const SocketAddress& address) {
   std::string why;
-  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(address.get()->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int on = 1;
   if (fd >= 0 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0 &&
-      ::bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      ::bind(fd, address.get(), address.length) != 0) {
     why = std::strerror(errno);
   }
   if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(found);
   return why;
 }
 
@@ -202,12 +196,11 @@ std::string StoreServer::address() const { return state_->address; }
 Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engine::Engine& engine,
                                                         ServerConfig config) {
   // gRPC takes a port modulo 65536 and logs its own errors for the rest.
-  auto address = split_host_port(config.listen);
+  auto address = parse_socket_address(config.listen);
   if (!address) return std::unexpected(Status(address.error().code(), "store: listen: " + address.error().message()));
   // Until the store proves the deployment secret as the engine does, it
   // serves this host only.
-  const std::string_view host = address->host;
-  if (host != "127.0.0.1" && host != "localhost" && host != "::1") {
+  if (!is_loopback(address->get())) {
     return std::unexpected(Status::invalid_argument(
         "store: listen \"{}\": the store serves loopback only (127.0.0.1:PORT) until its RPCs are authenticated",
         config.listen));
@@ -231,7 +224,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(BlockStore& store, engin
     const std::string why = bind_error(*address);
     return std::unexpected(Status::unavailable("store: cannot listen on {}{}", config.listen, why.empty() ? "" : ": " + why));
   }
-  state->address = fmt::format("{}:{}", host, port);
+  // The host as the caller wrote it (brackets kept), with the port bound.
+  state->address = fmt::format("{}:{}", config.listen.substr(0, config.listen.rfind(':')), port);
   State* raw = state.get();
   state->collector = std::thread([raw, &store, &engine, every = config.collect_every_ns] {
     std::unique_lock lock(raw->mutex);

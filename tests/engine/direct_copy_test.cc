@@ -119,6 +119,13 @@ TEST(DirectCopy, SameHostBatchesEndWhenSubmitReturnsByteExact) {
   EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), 20);
   EXPECT_EQ(p.initiator->stats().slices_posted, 0u);  // the scheduler never saw them
   EXPECT_EQ(counter(m, "baton_ucx_thread_copies_total"), 0);  // nor did a copy thread
+  // Released batches are gone; one that is not is held until it is.
+  EXPECT_EQ(counter(m, "baton_engine_batches_held"), 0);
+  auto kept = p.initiator->submit(Batch{{p.request(Op::kRead, 0, p.held_region, 0, 4096)}, {}});
+  ASSERT_TRUE(kept.has_value()) << kept.error().to_string();
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_batches_held"), 1);
+  ASSERT_TRUE(p.initiator->release(*kept).is_ok());
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_batches_held"), 0);
 }
 
 // A batch copied within submit ends before the caller could watch the

@@ -64,7 +64,8 @@ TEST(MetricsServer, CallsTheCallbackOncePerScrape) {
 }
 
 TEST(MetricsServer, RejectsMalformedAddresses) {
-  for (const char* address : {"nohost", "127.0.0.1:99999", ":80", "[]:80", "127.0.0.1:", "127.0.0.1:80x", "127.0.0.1:-1"}) {
+  for (const char* address : {"nohost", "127.0.0.1:99999", ":80", "[]:80", "127.0.0.1:", "127.0.0.1:80x", "127.0.0.1:-1",
+                              "no-such-host.invalid:0"}) {
     auto server = MetricsServer::start(address, [] { return std::string(); });
     ASSERT_FALSE(server.has_value()) << address;
     EXPECT_EQ(server.error().code(), StatusCode::kInvalidArgument) << address << ": " << server.error().to_string();

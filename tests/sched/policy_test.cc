@@ -492,6 +492,15 @@ TEST_F(LoadPolicy, AnUnreadableFileIsAnErrorNotAnAbort) {
   EXPECT_NE(policy.error().message().find("cannot be read"), std::string::npos) << policy.error().message();
 }
 
+// A NUL ends the path for the system calls: another file would be read.
+TEST_F(LoadPolicy, APathWithANulIsRefused) {
+  const std::string path = write("policy: edf\n");
+  const auto policy = load_policy(path + std::string("\0.ignored", 9));
+  ASSERT_FALSE(policy.has_value());
+  EXPECT_EQ(policy.error().code(), StatusCode::kInvalidArgument) << policy.error().to_string();
+  ASSERT_TRUE(load_policy(path).has_value());
+}
+
 TEST_F(LoadPolicy, EmptyFileIsDefaults) {
   const auto policy = load_policy(write(""));
   ASSERT_TRUE(policy.has_value()) << policy.error().to_string();

@@ -307,6 +307,13 @@ TEST(StoreService, AStoreThatIsNotThereIsUnavailableAndOnlyLoopbackIsServed) {
     EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.error().message().find("is not a number"), std::string::npos) << refused.error().message();
   }
+  auto unresolved = StoreServer::start(*served.store, *served.engine, {.listen = "no-such-host.invalid:0"});
+  ASSERT_FALSE(unresolved.has_value());
+  EXPECT_EQ(unresolved.error().code(), StatusCode::kInvalidArgument) << unresolved.error().to_string();
+  // Any loopback address is this host's, not only 127.0.0.1.
+  auto other_loopback = StoreServer::start(*served.store, *served.engine, {.listen = "127.0.0.2:0"});
+  ASSERT_TRUE(other_loopback.has_value()) << other_loopback.error().to_string();
+  EXPECT_TRUE((*other_loopback)->address().starts_with("127.0.0.2:")) << (*other_loopback)->address();
   EXPECT_EQ(StoreClient::connect("").error().code(), StatusCode::kInvalidArgument);
 }
 

@@ -491,6 +491,9 @@ TEST(NvidiaSmiParser, APipeReadsAsAFile) {
 TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {
   EXPECT_EQ(load_nvidia_smi_topo(data("no-such-file.txt")).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(load_nvidia_smi_topo(std::string(BATON_TEST_DATA_DIR)).error().code(), StatusCode::kNotFound);
+  // A NUL ends the path for the system calls: the directory would be opened.
+  EXPECT_EQ(load_nvidia_smi_topo(std::string(BATON_TEST_DATA_DIR) + std::string("\0x", 2)).error().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(NvidiaSmiParser, FileErrorsNameTheFile) {

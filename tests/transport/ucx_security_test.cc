@@ -25,7 +25,7 @@
 #include "baton/transport/secret.h"
 #include "baton/transport/ucx_transport.h"
 #include "transport/ucx/control_wire.h"
-#include "transport/ucx/socket_address.h"
+#include "baton/common/socket_address.h"
 
 namespace baton::transport {
 namespace {
@@ -43,7 +43,7 @@ std::size_t open_fds() {
 
 // A blocking client socket to `address` ("127.0.0.1:port"), or -1.
 int dial(const std::string& address) {
-  auto to = ucx::parse_socket_address(address);
+  auto to = parse_socket_address(address);
   if (!to) return -1;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -399,6 +399,8 @@ TEST_F(UcxSecurityTest, SecretFilesMustBePrivateAndLongEnough) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(read_secret_file((dir / "missing").string()).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(read_secret_file(dir.string()).error().code(), StatusCode::kInvalidArgument);
+  // A NUL ends the path for the system calls: the good file would be read.
+  EXPECT_EQ(read_secret_file(good + std::string("\0.ignored", 9)).error().code(), StatusCode::kInvalidArgument);
 
   // The file named by BATON_TOKEN_FILE is the secret when none is said.
   ::setenv("BATON_TOKEN_FILE", good.c_str(), 1);

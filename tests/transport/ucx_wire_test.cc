@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include "transport/ucx/buffer_pool.h"
-#include "transport/ucx/socket_address.h"
 
 namespace baton::transport::ucx {
 namespace {
@@ -185,23 +184,6 @@ TEST(UcxBufferPool, ReusesLargeBuffersWithinItsBound) {
   const std::size_t before = pool.kept_bytes();
   pool.give(std::move(tiny));
   EXPECT_EQ(pool.kept_bytes(), before);
-}
-
-TEST(UcxSocketAddress, ParsesAndFormats) {
-  auto a = parse_socket_address("127.0.0.1:4000");
-  ASSERT_TRUE(a.has_value()) << a.error().to_string();
-  EXPECT_EQ(format_socket_address(a->get()), "127.0.0.1:4000");
-  EXPECT_EQ(port_of(a->get()), 4000);
-  auto v6 = parse_socket_address("[::1]:0");
-  ASSERT_TRUE(v6.has_value()) << v6.error().to_string();
-  EXPECT_EQ(format_socket_address(v6->get()), "[::1]:0");
-  for (const char* bad : {"", "127.0.0.1", ":4000", "127.0.0.1:", "127.0.0.1:xx", "127.0.0.1:65536",
-                          "127.0.0.1:-1", "127.0.0.1:40 00"}) {
-    auto r = parse_socket_address(bad);
-    ASSERT_FALSE(r.has_value()) << bad;
-    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(r.error().message().find(bad), std::string::npos) << r.error().message();
-  }
 }
 
 }  // namespace

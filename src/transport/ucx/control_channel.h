@@ -13,7 +13,7 @@
 
 #include "baton/common/status.h"
 #include "transport/ucx/control_wire.h"
-#include "transport/ucx/socket_address.h"
+#include "baton/common/socket_address.h"
 
 namespace baton::transport::ucx {
 

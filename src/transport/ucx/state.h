@@ -64,7 +64,7 @@
 #include "transport/ucx/copy_workers.h"
 #include "transport/ucx/progress_threads.h"
 #include "transport/ucx/same_host.h"
-#include "transport/ucx/socket_address.h"
+#include "baton/common/socket_address.h"
 #include "transport/ucx/wire.h"
 
 namespace baton::transport::ucx {

@@ -107,7 +107,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
         config.progress_threads));
   }
   if (Status s = check_nics(config); !s.is_ok()) return std::unexpected(s);
-  auto listen = ucx::parse_socket_address(config.listen_address);
+  auto listen = parse_socket_address(config.listen_address);
   if (!listen) return std::unexpected(listen.error());
 
   auto state = std::make_unique<State>();
@@ -128,14 +128,14 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
                                                     state->secret.size(), kMinSecretBytes, kMaxSecretBytes));
   }
   if (state->secret.empty()) {
-    if (!ucx::is_loopback(listen->get()) && !config.allow_unauthenticated) {
+    if (!is_loopback(listen->get()) && !config.allow_unauthenticated) {
       return std::unexpected(Status::invalid_argument(
           "UcxTransport::create: listening on {} without a secret would let any host that reaches it read and write "
           "the memory peers are given: set a secret (--token-file, BATON_TOKEN_FILE, UcxConfig::secret), listen on "
           "loopback, or say allow_unauthenticated",
           config.listen_address));
     }
-    if (ucx::is_loopback(listen->get())) {
+    if (is_loopback(listen->get())) {
       spdlog::debug("ucx: no secret: listening on loopback {} only, for processes of this host",
                     config.listen_address);
     } else {
@@ -347,15 +347,15 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   if (s.shut_down) {
     return std::unexpected(Status::unavailable("UcxTransport::connect: {}: the transport shut down", peer_address));
   }
-  auto target = ucx::parse_socket_address(peer_address);
+  auto target = parse_socket_address(peer_address);
   if (!target) {
     return std::unexpected(Status::invalid_argument("UcxTransport::connect: {}", target.error().message()));
   }
-  if (ucx::port_of(target->get()) == 0) {
+  if (port_of(target->get()) == 0) {
     return std::unexpected(
         Status::invalid_argument("UcxTransport::connect: address \"{}\" has port 0", peer_address));
   }
-  const std::string address = ucx::format_socket_address(target->get());
+  const std::string address = format_socket_address(target->get());
   for (PathId id = 0; id < s.peers.size(); ++id) {
     if (s.peers[id].address == address && s.peers[id].state != PathState::kFailed) return id;
   }

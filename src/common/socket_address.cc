@@ -1,4 +1,4 @@
-#include "transport/ucx/socket_address.h"
+#include "baton/common/socket_address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-namespace baton::transport::ucx {
+namespace baton {
 
 Result<SocketAddress> parse_socket_address(std::string_view text) {
   auto split = split_host_port(text);
@@ -75,4 +75,4 @@ bool is_loopback(const sockaddr* address) {
   return false;
 }
 
-}  // namespace baton::transport::ucx
+}  // namespace baton

@@ -1,5 +1,5 @@
-// "host:port" ↔ sockaddr, for the listener and for connect. Private to
-// transport/ucx.
+// "host:port" ↔ sockaddr, resolved: for the listeners (the engine's, its
+// metrics endpoint's, the store's) and for connect.
 #pragma once
 
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include "baton/common/host_port.h"
 #include "baton/common/status.h"
 
-namespace baton::transport::ucx {
+namespace baton {
 
 struct SocketAddress {
   sockaddr_storage storage{};
@@ -31,4 +31,4 @@ struct SocketAddress {
 // 127.0.0.0/8, ::1 or an IPv4-mapped 127.x: reachable from this host only.
 [[nodiscard]] bool is_loopback(const sockaddr* address);
 
-}  // namespace baton::transport::ucx
+}  // namespace baton

@@ -1,0 +1,42 @@
+#include "baton/common/socket_address.h"
+
+#include <gtest/gtest.h>
+
+namespace baton {
+namespace {
+
+TEST(SocketAddress, ParsesAndFormats) {
+  auto a = parse_socket_address("127.0.0.1:4000");
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  EXPECT_EQ(format_socket_address(a->get()), "127.0.0.1:4000");
+  EXPECT_EQ(port_of(a->get()), 4000);
+  EXPECT_TRUE(is_loopback(a->get()));
+  auto v6 = parse_socket_address("[::1]:0");
+  ASSERT_TRUE(v6.has_value()) << v6.error().to_string();
+  EXPECT_EQ(format_socket_address(v6->get()), "[::1]:0");
+  EXPECT_TRUE(is_loopback(v6->get()));
+  auto any = parse_socket_address("0.0.0.0:1");
+  ASSERT_TRUE(any.has_value());
+  EXPECT_FALSE(is_loopback(any->get()));
+}
+
+TEST(SocketAddress, RefusesWhatIsNotAnAddress) {
+  // ".invalid" never resolves (RFC 6761), with or without a resolver.
+  for (const char* bad : {"", "127.0.0.1", ":4000", "127.0.0.1:", "127.0.0.1:xx", "127.0.0.1:65536",
+                          "127.0.0.1:-1", "127.0.0.1:40 00", "no-such-host.invalid:4000"}) {
+    auto r = parse_socket_address(bad);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.error().message().find(bad), std::string::npos) << r.error().message();
+  }
+  // The resolver stops at a NUL: this would reach 127.0.0.1.
+  const std::string nul("127.0.0.1\0evil.example:80", 25);
+  auto r = parse_socket_address(nul);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("NUL"), std::string::npos) << r.error().message();
+  EXPECT_FALSE(split_host_port(nul).has_value());
+}
+
+}  // namespace
+}  // namespace baton
