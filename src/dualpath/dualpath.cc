@@ -213,7 +213,7 @@ struct DualPath::State {
     if (l.excluded) return;
     l.excluded = true;
     l.successes = 0;
-    l.next_probe_ns = now_ns + config.probe_interval_ns;
+    l.next_probe_ns = time_after(now_ns, config.probe_interval_ns);
     ++stats.exclusions;
     count("baton_dualpath_exclusions_total");
   }
@@ -330,7 +330,7 @@ struct DualPath::State {
 
   void enter_backoff(Handoff& h, TimeNs now_ns) {
     h.status.state = HandoffState::kBackoff;
-    h.retry_at_ns = std::min(now_ns + backoff_ns(h.attempts), h.end_by_ns);
+    h.retry_at_ns = std::min(time_after(now_ns, backoff_ns(h.attempts)), h.end_by_ns);
   }
 
   // The legs to try, most preferred first. A retry in backoff tries an
@@ -377,7 +377,7 @@ struct DualPath::State {
     }
     place_free(h, now_ns, false);
     if (config.strategy == Strategy::kRequestHedging && direct_ok && !h.status.ended()) {
-      h.hedge_at_ns = now_ns + hedge_delay_ns(h);
+      h.hedge_at_ns = time_after(now_ns, hedge_delay_ns(h));
     }
   }
 
@@ -497,7 +497,7 @@ struct DualPath::State {
         engine.forget(*l.probe);
         const bool ok = v.state == RequestState::kCompleted;
         l.probe.reset();
-        l.next_probe_ns = now_ns + config.probe_interval_ns;
+        l.next_probe_ns = time_after(now_ns, config.probe_interval_ns);
         if (!ok) {
           l.successes = 0;
           ++stats.probes_failed;
@@ -518,7 +518,7 @@ struct DualPath::State {
         ++stats.probes;
         count("baton_dualpath_probes_total");
       } else {
-        l.next_probe_ns = now_ns + config.probe_interval_ns;
+        l.next_probe_ns = time_after(now_ns, config.probe_interval_ns);
       }
     }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 
 namespace baton::handoff {
@@ -62,6 +63,27 @@ Status check_replica(const char* call, const std::string& name, const KvLayout& 
   return Status::ok();
 }
 
+// A rank belongs to one replica: shared, one replica's completions and
+// pages would be taken for the other's (its tickets then time out).
+template <typename Rank, typename Replicas>
+Status check_unshared(const char* call, const std::string& name, const std::vector<Rank*>& ranks,
+                      const Replicas& replicas) {
+  for (const auto& [other, replica] : replicas) {
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (std::ranges::find(replica.ranks, ranks[r]) != replica.ranks.end()) {
+        return Status::invalid_argument("{} {}: rank {} is a rank of replica {} already", call, name, r, other);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// The pages rank `rank` holds of a request of `tokens` tokens, every CFG
+// row: 64 bits, as cfg × pages wraps 32.
+std::uint64_t request_pages(const KvLayout& l, std::uint32_t rank, std::uint32_t tokens) {
+  return std::uint64_t{l.cfg} * l.rank_pages(rank, l.pages_for(tokens));
+}
+
 }  // namespace
 
 Status HandoffConfig::validate() const {
@@ -119,7 +141,7 @@ struct Wakeup {
   }
   void wait(std::uint64_t seen, TimeNs timeout_ns) {
     std::unique_lock lock(mutex);
-    cv.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return count != seen; });
+    cv.wait_for(lock, std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs)), [&] { return count != seen; });
   }
 };
 
@@ -307,10 +329,9 @@ struct Orchestrator::State {
   Status start(Entry& e) {
     ConsumerReplica& c = consumers.at(e.t.consumer);
     const KvLayout& cl = c.layout;
-    const std::uint32_t total = cl.pages_for(e.t.tokens);
     std::vector<std::vector<std::uint32_t>> got(c.ranks.size());
     for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
-      const std::uint32_t want = cl.cfg * cl.rank_pages(r, total);
+      const auto want = static_cast<std::uint32_t>(request_pages(cl, r, e.t.tokens));  // ≤ its pool: create_ticket
       auto pages = want == 0 ? Result<std::vector<std::uint32_t>>{} : c.ranks[r]->allocate(want);
       if (pages) {
         std::set<std::uint32_t> distinct(pages->begin(), pages->end());
@@ -398,6 +419,7 @@ Status Orchestrator::add_producer(std::string name, const KvLayout& layout, std:
   if (auto s = check_replica("add_producer", name, layout, ranks); !s.is_ok()) return s;
   std::lock_guard lock(state_->mutex);
   if (state_->producers.contains(name)) return Status::already_exists("add_producer: {} exists", name);
+  if (auto s = check_unshared("add_producer", name, ranks, state_->producers); !s.is_ok()) return s;
   state_->producers.emplace(std::move(name), ProducerReplica{layout, std::move(ranks), {}});
   return Status::ok();
 }
@@ -407,6 +429,7 @@ Status Orchestrator::add_consumer(std::string name, const KvLayout& layout, std:
   if (auto s = check_replica("add_consumer", name, layout, ranks); !s.is_ok()) return s;
   std::lock_guard lock(state_->mutex);
   if (state_->consumers.contains(name)) return Status::already_exists("add_consumer: {} exists", name);
+  if (auto s = check_unshared("add_consumer", name, ranks, state_->consumers); !s.is_ok()) return s;
   for (ConsumerRank* rank : ranks) {
     if (!rank->on_completion([w = state_->wakeup] { w->wake(); })) state_->polled = true;
   }
@@ -430,6 +453,17 @@ Result<TicketId> Orchestrator::create_ticket(const TicketSpec& spec) {
   if (!c->second.stopped.is_ok()) {
     return std::unexpected(Status::failed_precondition("create_ticket: consumer {} stopped: {}", spec.consumer,
                                                        c->second.stopped.to_string()));
+  }
+  // A request no rank's pool can ever hold is refused now, not left to
+  // wait for pages (and cfg × pages cannot wrap past a pool's size).
+  const ConsumerReplica& replica = c->second;
+  for (std::uint32_t r = 0; r < replica.ranks.size(); ++r) {
+    const std::uint64_t want = request_pages(replica.layout, r, spec.tokens);
+    if (want > replica.ranks[r]->pool_pages()) {
+      return std::unexpected(Status::invalid_argument(
+          "create_ticket: {} tokens × cfg {} need {} pages on consumer {} rank {}, whose pool holds {}", spec.tokens,
+          replica.layout.cfg, want, spec.consumer, r, replica.ranks[r]->pool_pages()));
+    }
   }
   Entry e;
   e.t.id = state_->next++;
@@ -461,10 +495,14 @@ Status Orchestrator::bind(TicketId ticket, std::string_view producer) {
   if (auto plan = state_->plans.get(pl, entry.t.consumer_layout); !plan) {
     return Status::invalid_argument("bind ticket {} to {}: {}", ticket, producer, plan.error().message());
   }
-  const std::uint32_t total = pl.pages_for(entry.t.tokens);
   std::vector<std::vector<std::uint32_t>> got(p->second.ranks.size());
   for (std::uint32_t r = 0; r < p->second.ranks.size(); ++r) {
-    const std::uint32_t want = pl.cfg * pl.rank_pages(r, total);
+    const std::uint64_t wanted = request_pages(pl, r, entry.t.tokens);
+    if (wanted > std::numeric_limits<std::uint32_t>::max()) {
+      return Status::invalid_argument("bind ticket {} to {}: {} tokens need {} pages on rank {}", ticket, producer,
+                                      entry.t.tokens, wanted, r);
+    }
+    const auto want = static_cast<std::uint32_t>(wanted);
     if (want == 0) continue;
     auto pages = p->second.ranks[r]->allocate(want);
     const bool distinct = pages && std::set<std::uint32_t>(pages->begin(), pages->end()).size() == pages->size();
@@ -551,7 +589,7 @@ Status Orchestrator::receive(TicketId ticket, TimeNs timeout_ns) {
   }
   if (e.receiving) return Status::failed_precondition("receive: ticket {} is being received already", ticket);
   const TimeNs wait_ns = timeout_ns == 0 ? state_->config.transfer_timeout_ns : timeout_ns;
-  const TimeNs deadline = state_->now() + wait_ns;
+  const TimeNs deadline = time_after(state_->now(), wait_ns);  // INT64_MAX: no end
   e.receiving = true;
   while (e.t.state == TicketState::kLoading) {
     const std::uint64_t seen = state_->wakeup->seen();

@@ -176,6 +176,11 @@ Status BlockStore::add_namespace(const NamespaceConfig& c) {
     return Status::invalid_argument("add_namespace {}: {} blocks a pool (at most {})", c.name, c.blocks_per_numa,
                                     kMaxBlocksPerPool);
   }
+  std::uint64_t pool_bytes = 0;
+  if (__builtin_mul_overflow(c.layout.block_bytes(), std::uint64_t{c.blocks_per_numa}, &pool_bytes)) {
+    return Status::invalid_argument("add_namespace {}: {} blocks of {} bytes a pool is more than 2**64 bytes", c.name,
+                                    c.blocks_per_numa, c.layout.block_bytes());
+  }
   for (std::size_t i = 0; i < c.numa_nodes.size(); ++i) {
     if (std::find(c.numa_nodes.begin(), c.numa_nodes.begin() + i, c.numa_nodes[i]) != c.numa_nodes.begin() + i) {
       return Status::invalid_argument("add_namespace {}: NUMA node {} named twice", c.name, c.numa_nodes[i]);
@@ -187,7 +192,7 @@ Status BlockStore::add_namespace(const NamespaceConfig& c) {
   ns.layout = c.layout;
   ns.per_pool = c.blocks_per_numa;
   for (int numa : c.numa_nodes) {
-    auto region = state_->engine.allocate_memory(c.layout.block_bytes() * c.blocks_per_numa, numa);
+    auto region = state_->engine.allocate_memory(pool_bytes, numa);
     Status s = region ? state_->engine.export_region(region->handle) : region.error();
     if (!s.is_ok()) {
       if (region) (void)state_->engine.unregister(region->handle);
@@ -248,7 +253,7 @@ Result<std::vector<BlockPage>> BlockStore::allocate_blocks(std::string_view name
     Page& p = ns.pages[page];
     p.kind = PageKind::kUnsealed;
     p.producer = std::string(producer);
-    p.expires_ns = now_ns + state_->config.unsealed_timeout_ns;
+    p.expires_ns = time_after(now_ns, state_->config.unsealed_timeout_ns);  // INT64_MAX: never
     ns.unsealed.insert(page);
     const Pool& pool = ns.pool(page);
     out.push_back({page, pool.region.handle, ns.offset(page), ns.address(page), pool.numa});
@@ -368,7 +373,7 @@ Result<QueryAnswer> BlockStore::query(std::string_view name, std::span<const std
     answer.session = state_->rng();
   } while (answer.session == 0 || state_->sessions.contains(answer.session));
   state_->sessions.emplace(answer.session,
-                           Session{std::string(name), std::move(found), now_ns + state_->config.lock_timeout_ns});
+                           Session{std::string(name), std::move(found), time_after(now_ns, state_->config.lock_timeout_ns)});
   state_->publish();
   return answer;
 }

@@ -92,7 +92,8 @@ struct Directory::State {
       return std::unexpected(Status::unavailable("etcd {}{}: {}", endpoint, path, httplib::to_string(r.error())));
     }
     json answer = json::parse(r->body, nullptr, false);
-    if (r->status != 200 || answer.is_discarded()) {
+    // Every gateway answer is an object; callers read its fields with value().
+    if (r->status != 200 || answer.is_discarded() || !answer.is_object()) {
       return std::unexpected(
           Status::unavailable("etcd {}{}: HTTP {}: {}", endpoint, path, r->status, r->body.substr(0, 200)));
     }
@@ -131,7 +132,11 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
     return Status::invalid_argument("register_store: name \"{}\", address \"{}\" (expected both)", record.name,
                                     record.address);
   }
-  if (ttl_ns < 1'000'000'000) return Status::invalid_argument("register_store: a TTL of {} ns (at least 1 s)", ttl_ns);
+  // etcd refuses a lease above 9e9 s, in an answer its gateway cuts short.
+  constexpr TimeNs kMaxTtlNs = TimeNs{9'000'000'000} * 1'000'000'000;
+  if (ttl_ns < 1'000'000'000 || ttl_ns > kMaxTtlNs) {
+    return Status::invalid_argument("register_store: a TTL of {} ns (expected 1 s to etcd's most, 9e9 s)", ttl_ns);
+  }
   {
     std::lock_guard lock(state_->mutex);
     if (!state_->lease.empty()) return Status::invalid_argument("register_store: registered already");
@@ -139,8 +144,12 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
   const std::int64_t ttl_s = ttl_ns / 1'000'000'000;
   auto grant = state_->post("/v3/lease/grant", {{"TTL", ttl_s}});
   if (!grant) return grant.error();
-  const std::string lease = grant->value("ID", "");
-  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", grant->dump());
+  // The gateway writes int64 fields as strings; a number is taken too.
+  const json id = grant->value("ID", json());
+  const std::string lease = id.is_string() ? id.get<std::string>()
+                            : id.is_number_integer() ? id.dump()
+                                                     : std::string();
+  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", grant->dump().substr(0, 200));
   const std::string key = state_->prefix + record.name;
   auto put = state_->post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(to_json(record).dump())},
                                          {"lease", lease}});
@@ -186,7 +195,12 @@ Result<std::vector<StoreRecord>> Directory::stores() {
                             {{"key", base64(state_->prefix)}, {"range_end", base64(prefix_end(state_->prefix))}});
   if (!range) return std::unexpected(range.error());
   std::vector<StoreRecord> out;
-  for (const auto& kv : range->value("kvs", json::array())) {
+  const json kvs = range->value("kvs", json::array());
+  if (!kvs.is_array()) return std::unexpected(Status::internal("etcd: a range answer whose kvs is no list"));
+  for (const auto& kv : kvs) {
+    if (!kv.is_object() || !kv.value("value", json()).is_string() || !kv.value("key", json("")).is_string()) {
+      return std::unexpected(Status::internal("etcd: a range answer with a malformed entry"));
+    }
     auto value = unbase64(kv.value("value", ""));
     json j = value ? json::parse(*value, nullptr, false) : json();
     try {
@@ -234,8 +248,13 @@ Status Directory::watch(std::function<void(std::vector<StoreRecord>)> on_change)
         for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
           const json message = json::parse(pending.substr(0, nl), nullptr, false);
           pending.erase(0, nl + 1);
-          const json& result = message.is_object() ? message.value("result", json::object()) : json::object();
-          if (result.value("created", false) || !result.value("events", json::array()).empty()) {
+          // Anything but {"result": {"created": true} or {"events": [...]}}
+          // changes nothing; a field of another type is not a reason to stop.
+          const json result = message.is_object() ? message.value("result", json::object()) : json::object();
+          if (!result.is_object()) continue;
+          const json created = result.value("created", json(false));
+          const json events = result.value("events", json::array());
+          if ((created.is_boolean() && created.get<bool>()) || (events.is_array() && !events.empty())) {
             if (auto live = stores(); live) on_change(std::move(*live));
           }
         }

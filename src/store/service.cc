@@ -284,6 +284,7 @@ struct StoreClient::State {
   std::shared_ptr<SlabCache> slabs = std::make_shared<SlabCache>();
   TimeNs timeout_ns = 0;
   std::string engine_address;  // the store's, once hello() told us
+  std::map<std::string, BlockLayout> layouts;  // its namespaces', as hello() last told them
 
   void deadline(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs)));
@@ -414,6 +415,22 @@ Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std
                                     hashes.size(), timeout_ns);
   }
   if (Status s = layout.validate(); !s.is_ok()) return s;
+  // Checked before anything is written: seal() checks it too, but only after
+  // the writes, and a block larger than the namespace's spills into the
+  // pages after it — another producer's sealed blocks.
+  if (!state_->layouts.contains(ns)) {  // a namespace added since the last hello()
+    auto h = hello();
+    if (!h) return h.error();
+    for (const NamespaceInfo& n : h->second) state_->layouts[n.name] = n.layout;
+  }
+  const auto known = state_->layouts.find(ns);
+  if (known == state_->layouts.end()) return Status::not_found("put: the store has no namespace \"{}\"", ns);
+  if (known->second != layout) {
+    const BlockLayout& want = known->second;
+    return Status::invalid_argument(
+        "put {}: layout {} slots × {} segments × {} bytes, the namespace's is {} × {} × {} (nothing written)", ns,
+        layout.slots, layout.segments, layout.segment_bytes, want.slots, want.segments, want.segment_bytes);
+  }
   auto peer = store_peer(engine);
   if (!peer) return peer.error();
   auto pages = allocate_blocks(ns, static_cast<std::uint32_t>(hashes.size()), producer);

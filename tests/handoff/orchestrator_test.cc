@@ -1291,6 +1291,11 @@ TEST(HandoffBadInput, UnknownNamesAndShapesAreRefused) {
   ASSERT_TRUE(f.add_to(o).is_ok());
   EXPECT_EQ(o.add_consumer("decode", tiny(), ranks).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(o.add_producer("prefill", tiny(), f.producer_ranks()).code(), StatusCode::kAlreadyExists);
+  // A rank of one replica given to another: its completions and pages would be taken for either.
+  const Status shared = o.add_consumer("decode-2", tiny(), ranks);
+  EXPECT_EQ(shared.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shared.message().find("a rank of replica decode"), std::string::npos) << shared.to_string();
+  EXPECT_EQ(o.add_producer("prefill-2", tiny(), f.producer_ranks()).code(), StatusCode::kInvalidArgument);
   // Other KV: 2 layers where the consumer has 1.
   KvLayout deeper = tiny();
   deeper.layers = 2;
@@ -1300,6 +1305,15 @@ TEST(HandoffBadInput, UnknownNamesAndShapesAreRefused) {
   EXPECT_EQ(o.create_ticket({"r", "nope", kTokens}).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(o.create_ticket({"r", "decode", 0}).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(o.create_ticket({"", "decode", kTokens}).error().code(), StatusCode::kInvalidArgument);
+  // More pages than a rank's pool holds can never start: refused at once.
+  auto huge = o.create_ticket({"r", "decode", (kConsumerPool + 1) * tiny().page_tokens});
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_EQ(huge.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.error().message().find("whose pool holds 16"), std::string::npos) << huge.error().to_string();
+  // cfg × pages in 32 bits wrapped to none: 2**30 pages a row, 4 rows.
+  Fakes rows(tiny(2, 4));
+  ASSERT_TRUE(o.add_consumer("rows", tiny(2, 4), rows.consumer_ranks()).is_ok());
+  EXPECT_EQ(o.create_ticket({"r", "rows", 0xFFFFFFFFu}).error().code(), StatusCode::kInvalidArgument);
   auto id = o.create_ticket({"r", "decode", kTokens});
   ASSERT_TRUE(id.has_value());
   EXPECT_EQ(o.bind(*id, "nope").code(), StatusCode::kNotFound);

@@ -152,6 +152,21 @@ TEST(BlockStore, LocksExpireAndTheCollectorReclaimsThem) {
   EXPECT_EQ(rig.store->release(answer->session).code(), StatusCode::kNotFound);
 }
 
+// INT64_MAX means never: it wrapped into the past and expired at once.
+TEST(BlockStore, TimeoutsOfInt64MaxNeverExpire) {
+  Rig rig(16, StoreConfig{.lock_timeout_ns = INT64_MAX, .unsealed_timeout_ns = INT64_MAX});
+  rig.put({1, 2});
+  auto answer = rig.store->query("llama", std::vector<std::uint64_t>{1, 2}, "d", 10 * kSecond);
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_TRUE(rig.store->allocate_blocks("llama", 1, "p", 10 * kSecond).has_value());
+  rig.store->tick(1000 * kSecond);
+  const StoreStats s = rig.store->stats();
+  EXPECT_EQ(s.sessions, 1u);
+  EXPECT_EQ(s.expired_locks, 0u);
+  EXPECT_EQ(s.unsealed, 1u);
+  EXPECT_TRUE(rig.store->release(answer->session).is_ok());
+}
+
 TEST(BlockStore, EvictionTakesTheLeastRecentlyUsedAndNeverALockedBlock) {
   Rig rig(4);
   rig.put({10, 11, 12, 13});
@@ -261,6 +276,9 @@ TEST(BlockStore, BadInputGetsAClearStatusAndChangesNothing) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(st.add_namespace({"x", kLayout, 0, {-1}}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.add_namespace({"x", kLayout, 4, {}}).code(), StatusCode::kInvalidArgument);
+  // A pool whose size wraps 64 bits (a 10 KB region handed out as 32 812 blocks).
+  const Status wrapped = st.add_namespace({"x", {.slots = 65498, .segments = 2, .segment_bytes = 4291696333u}, 32812, {-1}});
+  EXPECT_EQ(wrapped.code(), StatusCode::kInvalidArgument) << wrapped.to_string();
   EXPECT_EQ(st.layout("x").error().code(), StatusCode::kNotFound);
   EXPECT_EQ(*st.layout("llama"), kLayout);
 }

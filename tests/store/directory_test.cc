@@ -6,6 +6,7 @@
 #include "baton/store/router.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -14,8 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace baton::store {
@@ -247,6 +251,75 @@ TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {
   ASSERT_TRUE(nowhere.has_value());
   EXPECT_EQ((*nowhere)->stores().error().code(), StatusCode::kUnavailable);
   EXPECT_EQ((*nowhere)->register_store(record("store-a")).code(), StatusCode::kUnavailable);
+}
+
+// A gateway that answers well-formed JSON of other types than etcd's (a
+// proxy, another version, a wrong port): a Status, never a terminate.
+class FakeGateway {
+ public:
+  FakeGateway() {
+    for (const char* path : {"/v3/kv/range", "/v3/lease/grant", "/v3/kv/put", "/v3/lease/revoke", "/v3/watch"}) {
+      server_.Post(path, [this, path](const httplib::Request&, httplib::Response& response) {
+        std::lock_guard lock(mutex_);
+        response.set_content(answers_.contains(path) ? answers_[path] : "{}", "application/json");
+      });
+    }
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~FakeGateway() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  void answer(const std::string& path, std::string body) {
+    std::lock_guard lock(mutex_);
+    answers_[path] = std::move(body);
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::map<std::string, std::string> answers_;
+};
+
+TEST(Directory, AnswersOfOtherJsonTypesGetAStatusNotATerminate) {
+  FakeGateway etcd;
+  auto d = Directory::connect(etcd.endpoint(), "/f/");
+  ASSERT_TRUE(d.has_value());
+  for (const char* body : {"[]", "5", R"({"kvs":"x"})", R"({"kvs":[5]})", R"({"kvs":[{"key":"eA==","value":5}]})",
+                           R"({"kvs":[{"key":7,"value":"e30="}]})"}) {
+    etcd.answer("/v3/kv/range", body);
+    auto stores = (*d)->stores();
+    ASSERT_FALSE(stores.has_value()) << body;
+    EXPECT_TRUE(stores.error().code() == StatusCode::kInternal || stores.error().code() == StatusCode::kUnavailable)
+        << body << ": " << stores.error().to_string();
+  }
+  etcd.answer("/v3/kv/range", R"({"kvs":[]})");
+  EXPECT_TRUE((*d)->stores().has_value());
+
+  etcd.answer("/v3/lease/grant", R"({"ID":[1]})");
+  EXPECT_EQ((*d)->register_store(record("store-a"), 2 * kSecond).code(), StatusCode::kUnavailable);
+  etcd.answer("/v3/lease/grant", R"({"ID":123456})");  // a number, not the gateway's string: taken
+  ASSERT_TRUE((*d)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  ASSERT_TRUE((*d)->deregister().is_ok());
+  EXPECT_EQ((*d)->register_store(record("store-a"), INT64_MAX).code(), StatusCode::kInvalidArgument)
+      << "above etcd's 9e9 s";
+
+  // The watch's lines: of other types they change nothing; the last one
+  // says the watch exists, so the list is read and handed over.
+  etcd.answer("/v3/watch", "{\"result\":\"x\"}\n{\"result\":{\"created\":\"yes\"}}\n[1]\n"
+                           "{\"result\":{\"events\":7}}\n{\"result\":{\"created\":true}}\n");
+  std::atomic<int> calls = 0;
+  ASSERT_TRUE((*d)->watch([&](std::vector<StoreRecord>) { ++calls; }).is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (calls == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  (*d)->unwatch();
+  EXPECT_GT(calls.load(), 0);
 }
 
 }  // namespace

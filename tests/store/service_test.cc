@@ -279,6 +279,21 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   EXPECT_EQ(c.query("llama", hashes, "d")->found, 0u) << "nothing refused was sealed";
 
   ASSERT_TRUE(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
+  // A block larger than the namespace's would spill into the next pages
+  // (another producer's sealed blocks): refused before a page is taken.
+  BlockLayout larger = kLayout;
+  larger.segment_bytes *= 2;
+  std::vector<std::byte> big(2 * larger.block_bytes(), std::byte{0x5a});
+  auto big_region = producer->register_memory(big.data(), big.size());
+  ASSERT_TRUE(big_region.has_value());
+  const auto before = c.stats();
+  ASSERT_TRUE(before.has_value());
+  const Status spilled = c.put(*producer, "llama", "q", std::vector<std::uint64_t>{0x9100, 0x9101}, larger,
+                               big_region->handle);
+  EXPECT_EQ(spilled.code(), StatusCode::kInvalidArgument) << spilled.to_string();
+  EXPECT_NE(spilled.message().find("nothing written"), std::string::npos) << spilled.message();
+  EXPECT_EQ(c.stats()->unsealed, before->unsealed);
+  EXPECT_EQ(c.stats()->free_pages, before->free_pages);
   auto requester = make_engine();
   auto fetched = c.fetch(*requester, "llama", hashes, "d");
   ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();

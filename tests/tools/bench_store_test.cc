@@ -48,7 +48,10 @@ TEST(BenchStore, BadInputFailsWithOneLine) {
   for (const std::string args : {"bench store --blocks 4", "bench store --spawn --layers 4096 --tp 32",
                                  "bench store --spawn --blocks 4000000 --segment-bytes 1048576",
                                  "bench store --spawn --abandon 0.8 --cut 0.5",
-                                 "bench store --spawn --lock-timeout 2h"}) {
+                                 "bench store --spawn --lock-timeout 2h",
+                                 // 2**47 bytes a block × 2**17 blocks wrapped to 0 and passed the 4 GiB check
+                                 "bench store --spawn --layers 64 --tp 1024 --kv-split --segment-bytes 1073741824 "
+                                 "--blocks 131072"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

@@ -77,7 +77,7 @@ int run_store_bench(const StoreBenchOptions& o) {
   const store::BlockLayout layout{o.layers * o.tp, o.kv_split ? 2u : 1u, o.segment_bytes};
   if (auto s = layout.validate(); !s.is_ok()) return fail(2, s.message());
   const std::uint64_t block_bytes = layout.block_bytes();
-  if (block_bytes * o.blocks > (std::uint64_t{4} << 30)) {
+  if (o.blocks > (std::uint64_t{4} << 30) / block_bytes) {  // a product could wrap 64 bits
     return fail(2, fmt::format("{} blocks of {} bytes is above 4 GiB; lower --blocks or --segment-bytes", o.blocks,
                                block_bytes));
   }

@@ -37,10 +37,11 @@ class Directory {
                                                                   const std::string& prefix = "/baton/stores/");
   ~Directory();  // stops the keepalive; a registration then expires with its lease
 
-  // Registers `record` under a lease of `ttl_ns` (≥ 1 s: etcd's grain) and
-  // keeps it alive from a thread every third of it. invalid_argument for
-  // an empty name or address, a short TTL, or a second registration;
-  // unavailable when etcd cannot be reached.
+  // Registers `record` under a lease of `ttl_ns` (1 s, etcd's grain, to
+  // etcd's most, 9e9 s) and keeps it alive from a thread every third of it.
+  // invalid_argument for an empty name or address, a TTL out of that range,
+  // or a second registration; unavailable when etcd cannot be reached or
+  // answers no JSON object.
   [[nodiscard]] Status register_store(const StoreRecord& record, TimeNs ttl_ns = 10'000'000'000);
   // Revokes the lease: the record leaves at once.
   [[nodiscard]] Status deregister();
@@ -49,7 +50,8 @@ class Directory {
   void abandon();
 
   // The live stores, by name. unavailable when etcd cannot be reached;
-  // internal for a record that does not parse.
+  // internal for an answer or a record that does not parse (a field of
+  // another JSON type included).
   [[nodiscard]] Result<std::vector<StoreRecord>> stores();
 
   // Pushes membership: calls `on_change` with the live stores once the
