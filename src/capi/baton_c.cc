@@ -356,10 +356,17 @@ int baton_allocate_memory(baton_engine* handle, size_t length, int numa_node, ba
   });
 }
 
+// More names than any deployment has peers: a count past it is a caller's
+// mistake (a negative number cast), not a list to allocate for.
+constexpr std::size_t kMaxExportPeers = std::size_t{1} << 20;
+
 int baton_export_region(baton_engine* handle, uint32_t region, const char* const* peers, size_t peer_count) {
   return with_engine("baton_export_region", handle, [&](EngineBox& box) -> int {
     if (peers == nullptr && peer_count != 0) {
       return misuse("baton_export_region: peers is NULL with peer_count {}", peer_count);
+    }
+    if (peer_count > kMaxExportPeers) {
+      return invalid("baton_export_region: peer_count is {} (expected at most {})", peer_count, kMaxExportPeers);
     }
     std::vector<std::string> names;
     names.reserve(peer_count);

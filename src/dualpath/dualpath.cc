@@ -29,6 +29,13 @@ using sched::RequestState;
 
 using Ranges = std::vector<ByteRange>;  // sorted, disjoint, merged
 
+// A delay computed in double, as nanoseconds: beyond int64 the cast is
+// undefined (x86 gives INT64_MIN, so a huge hedge factor hedged at once).
+TimeNs saturated_ns(double ns) {
+  if (!(ns < 9.2e18)) return INT64_MAX;  // NaN too
+  return static_cast<TimeNs>(ns);
+}
+
 void add(Ranges& rs, ByteRange r) {
   if (r.length == 0) return;
   auto it = std::ranges::upper_bound(rs, r.offset, {}, &ByteRange::offset);
@@ -177,6 +184,9 @@ Status DualPathConfig::validate() const {
   if (probe_bytes == 0) return bad("probe_bytes", probe_bytes, "> 0");
   if (piece_bytes == 0) return bad("piece_bytes", piece_bytes, "> 0");
   if (probe_successes < 1) return bad("probe_successes", probe_successes, ">= 1");
+  if (strategy != Strategy::kHedge && strategy != Strategy::kRequestHedging && strategy != Strategy::kFailoverOnly) {
+    return bad("strategy", static_cast<int>(strategy), "hedge, request_hedging or failover_only");
+  }
   return Status::ok();
 }
 
@@ -325,7 +335,7 @@ struct DualPath::State {
     if (config.backoff_jitter > 0) {
       d *= std::uniform_real_distribution<double>(1 - config.backoff_jitter, 1 + config.backoff_jitter)(rng);
     }
-    return std::max<TimeNs>(1, static_cast<TimeNs>(d));
+    return std::max<TimeNs>(1, saturated_ns(d));
   }
 
   void enter_backoff(Handoff& h, TimeNs now_ns) {
@@ -384,7 +394,7 @@ struct DualPath::State {
   [[nodiscard]] TimeNs hedge_delay_ns(const Handoff& h) const {
     if (config.hedge_delay_ns > 0) return config.hedge_delay_ns;
     const double expected_ns = engine.expected_direct_ns(h.spec);
-    return std::max(config.hedge_delay_min_ns, static_cast<TimeNs>(config.hedge_factor * expected_ns));
+    return std::max(config.hedge_delay_min_ns, saturated_ns(config.hedge_factor * expected_ns));
   }
 
   // A handoff's runs that ended and can land nothing more (the others are
@@ -606,6 +616,10 @@ Result<HandoffId> DualPath::submit(const HandoffRequest& request) {
     return std::unexpected(Status::invalid_argument(
         "dualpath submit: timeout {} ns and deadline {} ns must be >= 0", r.timeout_ns, r.deadline_ns));
   }
+  if (static_cast<int>(r.qos) >= sched::kQosClassCount) {
+    return std::unexpected(Status::invalid_argument("dualpath submit: unknown qos class {} (expected 0..{})",
+                                                    static_cast<int>(r.qos), sched::kQosClassCount - 1));
+  }
   if (Status s = st.engine.validate(r); !s.is_ok()) return std::unexpected(s);
   const TimeNs now = st.engine.now_ns();
   Handoff h;
@@ -680,7 +694,8 @@ Status DualPath::run_until(TimeNs t_ns) {
 
 Status DualPath::run_until_idle(TimeNs limit_ns) {
   State& st = *state_;
-  const TimeNs end = st.engine.now_ns() + limit_ns;
+  if (limit_ns < 0) return Status::invalid_argument("dualpath run_until_idle: a limit of {} ns", limit_ns);
+  const TimeNs end = time_after(st.engine.now_ns(), limit_ns);  // INT64_MAX: no limit
   if (st.engine.wall_clock()) {
     while (true) {
       const TimeNs now = st.engine.now_ns();

@@ -48,6 +48,14 @@ class EngineLegs final : public Legs {
   [[nodiscard]] bool wall_clock() const override { return true; }
 
   [[nodiscard]] Status validate(const HandoffRequest& r) const override {
+    // Where the bytes land: refused here, not by the first leg's batch (the
+    // handoff would be failed before the caller had its id).
+    auto local = engine_.region(r.local_region);
+    if (!local) return Status(local.error().code(), fmt::format("dualpath submit: {}", local.error().message()));
+    if (r.local_offset > local->length || r.bytes > local->length - r.local_offset) {
+      return Status::out_of_range("dualpath submit: [{}, +{}) is outside local region {} ({} bytes)", r.local_offset,
+                                  r.bytes, r.local_region, local->length);
+    }
     for (Leg leg : {Leg::kDirect, Leg::kStore}) {
       const std::vector<Source>& src = sources(r, leg);
       if (src.empty()) {

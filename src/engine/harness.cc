@@ -47,6 +47,14 @@ Result<std::vector<sched::RequestId>> Harness::submit(std::span<const sched::Tra
       return std::unexpected(Status::invalid_argument(
           "submit: request {} of the batch has timeout {} ns (expected > 0, or 0 for the policy's)", i, r.timeout_ns));
     }
+    if (static_cast<int>(r.qos) >= sched::kQosClassCount) {  // the scheduler indexes its class table with it
+      return std::unexpected(Status::invalid_argument("submit: request {} of the batch has qos class {} (expected 0..{})",
+                                                      i, static_cast<int>(r.qos), sched::kQosClassCount - 1));
+    }
+    if (r.op != transport::Op::kRead && r.op != transport::Op::kWrite) {
+      return std::unexpected(
+          Status::invalid_argument("submit: request {} of the batch has op {}", i, static_cast<int>(r.op)));
+    }
     // rank() refuses unknown endpoints, a node to itself and NIC to NIC.
     if (auto route = c.graph.rank(r.from, r.to); !route) {
       return std::unexpected(

@@ -300,6 +300,9 @@ TEST(CApi, BadValuesAreInvalidArgument) {
   const char* not_addresses[] = {"10.0.0.1:7000", "garbage"};
   EXPECT_EQ(baton_export_region(e.handle, region.handle, not_addresses, 2), BATON_INVALID_ARGUMENT);
   EXPECT_NE(last_error().find("garbage"), std::string::npos) << last_error();
+  // A count no list has (a negative number cast): refused before anything is read or allocated.
+  EXPECT_EQ(baton_export_region(e.handle, region.handle, not_addresses, SIZE_MAX), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("peer_count"), std::string::npos) << last_error();
 
   baton_request r = request(BATON_OP_READ, region.handle, "127.0.0.1:1", 1, 8);
   // A corrupt count is refused before anything is read or allocated.

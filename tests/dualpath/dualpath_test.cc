@@ -181,6 +181,35 @@ TEST(DualPath, DeadPrimaryAtSubmitGoesToTheStoreAndLaterOnesSkipDirect) {
   rig.expect_exactly_once(1, 4 * kMiB);
 }
 
+// Factors and delays beyond int64 once multiplied: a double cast to int64
+// is undefined there (x86: INT64_MIN). A huge hedge factor hedged at the
+// minimum delay, and a huge backoff retried every nanosecond.
+TEST(DualPath, HugeFactorsAndDelaysSaturateInsteadOfWrapping) {
+  {
+    DualPathConfig c;
+    c.hedge_factor = 1e300;
+    Rig rig(Strategy::kRequestHedging, c);
+    const HandoffId id = rig.submit(64 * kMiB);
+    ASSERT_TRUE(rig.dual->run_until_idle().is_ok());
+    EXPECT_EQ(rig.status(id).winner, Leg::kDirect);
+    EXPECT_EQ(rig.status(id).first_store_ns, -1) << "the store leg started: the delay wrapped";
+  }
+  {
+    DualPathConfig c;
+    c.backoff_initial_ns = c.backoff_max_ns = INT64_MAX;
+    Rig rig(Strategy::kFailoverOnly, c);
+    rig.set_leg_down("gpu0", "gpu1", true);
+    rig.set_leg_down("nic1", "gpu1", true);
+    const HandoffId id = rig.submit(2 * kMiB, 0, 1000 * kUs);
+    ASSERT_TRUE(rig.dual->run_until(500 * kUs).is_ok());
+    EXPECT_LE(rig.status(id).retries, 1u) << "a backoff of INT64_MAX retried at once";
+  }
+  Rig rig(Strategy::kHedge);
+  const HandoffId id = rig.submit(2 * kMiB);
+  ASSERT_TRUE(rig.dual->run_until_idle(INT64_MAX).is_ok()) << "INT64_MAX is no limit, not one in the past";
+  EXPECT_EQ(rig.status(id).state, HandoffState::kCompleted);
+}
+
 TEST(DualPath, BothDownBacksOffThenSucceedsWhenOneReturns) {
   Rig rig(Strategy::kFailoverOnly);
   rig.set_leg_down("gpu0", "gpu1", true);
@@ -326,6 +355,7 @@ TEST(DualPath, BadInputsGetAClearStatus) {
   EXPECT_EQ(bad_config([](DualPathConfig& c) { c.probe_bytes = 0; }), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad_config([](DualPathConfig& c) { c.probe_successes = 0; }), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad_config([](DualPathConfig& c) { c.default_timeout_ns = 0; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad_config([](DualPathConfig& c) { c.strategy = static_cast<Strategy>(7); }), StatusCode::kInvalidArgument);
 
   Rig rig(Strategy::kHedge);
   auto submit = [&](HandoffRequest r) {
@@ -341,6 +371,10 @@ TEST(DualPath, BadInputsGetAClearStatus) {
   HandoffRequest negative{"gpu0", "nic1", "gpu1", 1};
   negative.timeout_ns = -5;
   EXPECT_EQ(submit(negative), StatusCode::kInvalidArgument);
+  HandoffRequest unknown_class{"gpu0", "nic1", "gpu1", 1};
+  unknown_class.qos = static_cast<sched::QosClass>(9);  // the scheduler indexes its class table with it
+  EXPECT_EQ(submit(unknown_class), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rig.dual->run_until_idle(-1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(rig.dual->status(99).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(rig.dual->cancel(99).code(), StatusCode::kNotFound);
   ASSERT_TRUE(rig.dual->run_until(10 * kUs).is_ok());

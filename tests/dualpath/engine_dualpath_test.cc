@@ -225,6 +225,21 @@ TEST(EngineDualPath, AHandoffPastItsTimeoutEndsTimedOut) {
   EXPECT_LT(st.bytes_landed, kBytes);
 }
 
+// INT64_MAX is no limit: it wrapped into the past, and the handoff was
+// given up at once with nothing landed.
+TEST(EngineDualPath, RunUntilIdleWithoutALimitWaitsForTheHandoff) {
+  constexpr std::uint64_t kBytes = 8 * kMiB;
+  Rig rig(Strategy::kHedge, kBytes);
+  ASSERT_TRUE(rig.dual);
+  auto id = rig.dual->submit(rig.handoff(0, kBytes));
+  ASSERT_TRUE(id.has_value()) << id.error().to_string();
+  ASSERT_TRUE(rig.dual->run_until_idle(INT64_MAX).is_ok());
+  auto s = rig.dual->status(*id);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->state, HandoffState::kCompleted) << s->status.to_string();
+  EXPECT_EQ(s->bytes_landed, kBytes);
+}
+
 TEST(EngineDualPath, ACancelEndsItAndRunUntilIdleWaitsForTheLegsToSettle) {
   constexpr std::uint64_t kBytes = 32 * kMiB;
   Rig rig(Strategy::kHedge, kBytes, "tcp");
@@ -276,6 +291,17 @@ TEST(EngineDualPath, SourcesThatDoNotDescribeTheHandoffAreRefusedAtSubmit) {
   r.direct_from = r.store_from = "";
   r.store_sources = r.direct_sources;
   EXPECT_EQ(refused(r), StatusCode::kInvalidArgument) << "both legs on one peer";
+  // Where the bytes land, and how: refused at submit, not a handoff failed
+  // before its caller had its id.
+  r = rig.handoff(0, kBytes);
+  r.local_region += 1000;
+  EXPECT_EQ(refused(r), StatusCode::kNotFound) << "no such local region";
+  r = rig.handoff(0, kBytes);
+  r.local_offset = UINT64_MAX - 10;
+  EXPECT_EQ(refused(r), StatusCode::kOutOfRange) << "past the local region";
+  r = rig.handoff(0, kBytes);
+  r.qos = static_cast<sched::QosClass>(9);
+  EXPECT_EQ(refused(r), StatusCode::kInvalidArgument) << "no such qos class";
   EXPECT_EQ(rig.dual->stats().submitted, 0u);
 
   DualPathConfig bad;

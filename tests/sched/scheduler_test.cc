@@ -525,6 +525,12 @@ TEST(Scheduler, EngineRefusesBadRequests) {
   EXPECT_EQ(e->submit({"gpu0", "gpu0", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e->submit({"gpu0", "gpu9", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(e->submit({"nic0", "nic1", 1, QosClass::kHotKv, 0, true}).error().code(), StatusCode::kInvalidArgument);
+  // The scheduler indexes its class table with the class: one past it read beyond.
+  EXPECT_EQ(e->submit({"gpu0", "gpu1", 1, static_cast<QosClass>(kQosClassCount), 0, true}).error().code(),
+            StatusCode::kInvalidArgument);
+  TransferRequest bad_op{"gpu0", "gpu1", 1, QosClass::kHotKv, 0, true};
+  bad_op.op = static_cast<transport::Op>(7);
+  EXPECT_EQ(e->submit(bad_op).error().code(), StatusCode::kInvalidArgument);
   const std::vector<TransferRequest> batch{{"gpu0", "gpu1", 1, QosClass::kHotKv, 0, true},
                                            {"gpu0", "nowhere", 1, QosClass::kHotKv, 0, true}};
   const auto r = e->submit(batch);

@@ -147,7 +147,8 @@ BATON_C_API int baton_register_memory(baton_engine* engine, void* ptr, size_t le
  * Same-host peers reach it directly. */
 BATON_C_API int baton_allocate_memory(baton_engine* engine, size_t length, int numa_node, baton_region* region);
 /* Makes a region visible to the peers named (their listen addresses), or to
- * every peer that proves the secret when peer_count is 0. */
+ * every peer that proves the secret when peer_count is 0; at most 2^20
+ * names. */
 BATON_C_API int baton_export_region(baton_engine* engine, uint32_t region, const char* const* peers,
                                     size_t peer_count);
 /* Revokes a region from every peer and unmaps it; once it returns BATON_OK
@@ -221,7 +222,10 @@ BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_sta
  * (BATON_TIMEOUT; 0 is a look that answers at once; a negative timeout_ns
  * is BATON_INVALID_ARGUMENT). A
  * same-host batch up to UcxConfig::direct_copy_max_bytes (16 MiB) is copied
- * inside baton_submit: it has ended when submit returns. */
+ * inside baton_submit while the engine's loop holds no request of its own
+ * and no deadline of it is closer than 1 ns a byte: it has ended when
+ * submit returns, unless it has a notification (it ends once the loop sent
+ * that, just after). Any other batch goes through the loop. */
 BATON_C_API int baton_wait(baton_engine* engine, uint64_t batch, int64_t timeout_ns);
 /* Cancels the batch's running requests and returns at once; wait() before
  * reusing their memory. A batch that already ended: BATON_INVALID_ARGUMENT. */

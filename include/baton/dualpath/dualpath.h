@@ -164,9 +164,10 @@ class DualPath {
   DualPath& operator=(const DualPath&) = delete;
 
   // invalid_argument (zero bytes, a source equal to the destination, the two
-  // sources equal, a negative timeout; over an Engine, sources that do not
-  // cover the handoff exactly or no local region); not_found for an unknown
-  // endpoint; the engine's refusal of either leg (a leg that is down is not
+  // sources equal, a negative timeout, an unknown qos class; over an Engine,
+  // sources that do not cover the handoff exactly); not_found for an unknown
+  // endpoint or, over an Engine, local region; out_of_range for a local
+  // range outside that region; the engine's refusal of either leg (a leg that is down is not
   // refused: it fails over), at once. A region revoked after DualPath first
   // saw it is refused by the engine when its run starts: the handoff then
   // ends failed with that status. Legs start at the current instant,
@@ -182,7 +183,8 @@ class DualPath {
   // already past handles what is due and returns).
   [[nodiscard]] Status run_until(TimeNs t_ns);
   // Until every handoff has ended (probes of a dead leg do not keep it
-  // busy); timeout after `limit_ns` of virtual (or, over an Engine, real) time.
+  // busy); timeout after `limit_ns` of virtual (or, over an Engine, real) time
+  // (INT64_MAX: no limit; a negative one is invalid_argument).
   [[nodiscard]] Status run_until_idle(TimeNs limit_ns = 3'600'000'000'000);
 
   // Whether routing may use the leg from `from` to `to` (false while it is
