@@ -2,6 +2,7 @@
 // Each run gets files of its own: ctest runs tests in parallel.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -54,16 +55,24 @@ inline CommandRun run_baton(const std::string& args, const std::string& prefix =
   const std::string stem = fmt::format("{}/baton_{}_{}_{}", ::testing::TempDir(), getpid(),
                                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), runs++);
   const int status = std::system(fmt::format("{} {} {} >{}.out 2>{}.err", prefix, BATON_BINARY, args, stem, stem).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
+  CommandRun run{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(stem + ".out"), slurp(stem + ".err")};
+  std::remove((stem + ".out").c_str());  // read: nothing left in /tmp
+  std::remove((stem + ".err").c_str());
+  return run;
 }
 
 // A deployment secret in a private file, for peers that listen beyond
 // loopback (between network namespaces): pass it as --token-file.
+// Removed when the test program exits.
 inline std::string secret_file() {
-  const std::string path = fmt::format("{}/baton_secret_{}", ::testing::TempDir(), getpid());
-  std::ofstream(path) << "a test secret of enough bytes\n";
-  ::chmod(path.c_str(), 0600);
-  return path;
+  struct Removed {
+    std::string path;
+    ~Removed() { std::remove(path.c_str()); }
+  };
+  static const Removed made{fmt::format("{}/baton_secret_{}", ::testing::TempDir(), getpid())};
+  std::ofstream(made.path) << "a test secret of enough bytes\n";
+  ::chmod(made.path.c_str(), 0600);
+  return made.path;
 }
 
 }  // namespace baton::testing

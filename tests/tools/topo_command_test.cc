@@ -98,6 +98,7 @@ TEST(TopoCommand, JsonToAFileAndTableToStdout) {
   EXPECT_NE(r.out.find("Topology from model:pcie4"), std::string::npos);
   EXPECT_NE(r.out.find("gpu3"), std::string::npos);
   expect_contract(nlohmann::json::parse(slurp(path)), 4, 2);
+  std::remove(path.c_str());
 }
 
 TEST(TopoCommand, TableShowsTheRouteMatrix) {
@@ -126,6 +127,7 @@ TEST(TopoCommand, BadInputFailsWithOneLine) {
   }
   // Two sources at once is a usage error from the command line parser.
   EXPECT_NE(baton("topo --model pcie4 --nvidia-smi " + malformed).exit_code, 0);
+  std::remove(malformed.c_str());
   EXPECT_NE(baton("topo --no-such-flag").exit_code, 0);
   EXPECT_NE(baton("").exit_code, 0);
   // An empty path or model fell back to probing this machine without a word.
@@ -145,6 +147,7 @@ TEST(TopoCommand, OutputThatCannotBeWrittenFailsTheRun) {
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_NE(baton::testing::slurp(err).find("baton topo: writing the output failed"), std::string::npos)
       << baton::testing::slurp(err);
+  std::remove(err.c_str());
 }
 
 // Any flag given an empty value (an unset variable in a script) is refused

@@ -1,6 +1,7 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -94,6 +95,10 @@ int finish(const std::string& name, const baton::cli::Command& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a child that died (a handoff rank's stdin, a peer's socket)
+  // is an error to report, not a silent exit 141. The children we start are
+  // `baton` too: their writes to a parent gone fail the same way.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
   app.require_subcommand(1);
   std::string log_level;

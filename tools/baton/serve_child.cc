@@ -13,6 +13,8 @@
 #include <thread>
 #include <utility>
 
+#include "baton/common/units.h"
+
 namespace baton::cli {
 
 Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const std::string& binary,
@@ -52,7 +54,15 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
   // passed on to our stderr: UCX prints its warnings on stdout.
   constexpr std::size_t kMostBeforeAddress = 64 << 10;
   std::string text;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // 20 s, and 10 s more a GiB of buffer: it fills the buffer before it
+  // answers (about 5 s a GiB on a slow VM).
+  std::uint64_t buffer_bytes = 0;
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] != "--buffer-size") continue;
+    if (auto b = parse_size(args[i + 1])) buffer_bytes = *b;
+  }
+  const auto wait_for = std::chrono::seconds(20 + 10 * (buffer_bytes >> 30));
+  const auto deadline = std::chrono::steady_clock::now() + wait_for;
   for (;;) {
     if (const auto eol = text.find('\n'); eol != std::string::npos) {
       const std::string line = text.substr(0, eol);
@@ -73,7 +83,8 @@ Result<ServeChild> ServeChild::start(const std::vector<std::string>& args, const
     char chunk[256];
     ssize_t n = 0;
     if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0) {
-      return std::unexpected(Status::unavailable("serve: the child (pid {}) gave no address within 20 s", pid));
+      return std::unexpected(
+          Status::unavailable("serve: the child (pid {}) gave no address within {} s", pid, wait_for.count()));
     }
     if ((n = ::read(out[0], chunk, sizeof chunk)) <= 0) {
       // It closed its stdout: it is exiting. Exit code 2 is a `baton`

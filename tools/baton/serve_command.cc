@@ -62,7 +62,19 @@ int run_serve(const ServeOptions& o) {
     region = (*engine)->register_memory(own.data(), own.size());
   }
   if (!region) return fail_command("serve", region.error());
-  engine::fill_pattern(std::span(reinterpret_cast<std::byte*>(region->base), region->length), kServeSalt);
+  // In slices, looking for a stop signal between them: gigabytes take
+  // seconds to fill, and a Ctrl-C (or a parent gone) must not wait for them.
+  const std::span buffer(reinterpret_cast<std::byte*>(region->base), region->length);
+  constexpr std::size_t kSlice = std::size_t{64} << 20;
+  for (std::size_t at = 0; at < buffer.size(); at += kSlice) {
+    const timespec no_wait{};
+    if (const int early = sigtimedwait(&stop, nullptr, &no_wait); early > 0) {
+      spdlog::info("baton serve: {} received while filling the buffer", early == SIGINT ? "SIGINT" : "SIGTERM");
+      (*engine)->shutdown();  // before `own` goes
+      return 0;
+    }
+    engine::fill_pattern(buffer.subspan(at, std::min(kSlice, buffer.size() - at)), kServeSalt, at);
+  }
   if (Status s = (*engine)->export_region(region->handle, o.export_to); !s.is_ok()) return fail_command("serve", s);
   fmt::print("address {}\n", (*engine)->address());
   fmt::print("region {} bytes {}\n", region->handle, region->length);
