@@ -93,6 +93,7 @@ TEST(BenchAblation, EveryCellOfTheSweep) {
   const CommandRun none = baton("bench ablation --duration-ms 10 --slice-sizes 1MiB --budgets 512KiB");
   EXPECT_EQ(none.exit_code, 2) << none.out;
   EXPECT_NE(none.err.find("nothing to measure"), std::string::npos) << none.err;
+  EXPECT_TRUE(none.out.empty()) << "refused before a row is printed: " << none.out;
 }
 
 TEST(BenchSched, BadInputFailsWithOneLine) {
@@ -105,6 +106,7 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench mixed --prefill-burst 1000000000", "requests would arrive (at most 2000000)"},
       {"bench dualpath --requests 100000000", "--requests 100000000: expected 1..1000000"},
       {"bench ablation --slice-sizes 12parsecs", "\"12parsecs\""},
+      {"bench deadlines --policies edf,edf", "edf named twice"},
       // Refused before the run, not after it.
       {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},
       {"bench mixed --json ''", "--json: an empty value"},
@@ -120,6 +122,13 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
   const CommandRun unknown = baton("bench nosuchmode");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.err.find("unknown command \"bench nosuchmode\""), std::string::npos) << unknown.err;
+  // A flag nobody knows, before any command: named, not "a subcommand is required".
+  for (const char* args : {"--bogus", "--bogus=1", "-x", "bench --bogus"}) {
+    const CommandRun flag = baton(args);
+    EXPECT_EQ(flag.exit_code, 2) << args;
+    EXPECT_NE(flag.err.find("unknown flag"), std::string::npos) << args << ": " << flag.err;
+    EXPECT_EQ(std::count(flag.err.begin(), flag.err.end(), '\n'), 1) << args << ": " << flag.err;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // the same scheduler (baseline_fifo, strict_priority, edf, deadline_aware).
 // On the simulator (virtual clock) or over UCX to a `baton serve`.
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -100,6 +102,9 @@ int run(DeadlinesOptions o) {
   for (const std::string& name : o.policies) {
     auto kind = sched::parse_policy_kind(name);
     if (!kind) return fail(Status::invalid_argument("--policies: {}", kind.error().message()));
+    if (std::ranges::find(kinds, *kind) != kinds.end()) {
+      return fail(Status::invalid_argument("--policies: {} named twice (the JSON keeps one result a policy)", name));
+    }
     kinds.push_back(*kind);
   }
   auto base = o.policy_file.empty() ? Result<sched::SchedPolicy>(sched::SchedPolicy::defaults())

@@ -1,5 +1,6 @@
 // `baton bench mixed` and `baton bench ablation`: the scheduler's claims,
 // measured on the seed workload under the virtual clock (same seed, same JSON).
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <tuple>
@@ -251,46 +252,54 @@ int run_ablation_bench(const SchedBenchOptions& o) {
   auto base = base_policy(o);
   if (!base) return fail(o, base.error());
   ordered_json cells = ordered_json::array();
-  int measured = 0;
   const auto path = topology::PathType::kNvswitch;  // the hot link of the workload
-  for (const std::string& slice_text : o.slice_sizes) {
-    auto slice = parse_size(slice_text);
-    if (!slice) return fail(o, slice.error());
-    for (const std::string& budget_text : o.budgets) {
-      auto budget = parse_size(budget_text);
-      if (!budget) return fail(o, budget.error());
+  // Parsed and checked before a row is printed: a table of skips is no result.
+  std::vector<std::uint64_t> slices, budgets;
+  for (const std::string& text : o.slice_sizes) {
+    auto v = parse_size(text);
+    if (!v) return fail(o, v.error());
+    slices.push_back(*v);
+  }
+  for (const std::string& text : o.budgets) {
+    auto v = parse_size(text);
+    if (!v) return fail(o, v.error());
+    budgets.push_back(*v);
+  }
+  if (std::ranges::none_of(slices, [&](std::uint64_t s) {
+        return std::ranges::any_of(budgets, [s](std::uint64_t b) { return b >= s; });
+      })) {
+    return fail(o, Status::invalid_argument("every --budgets value is below every --slice-sizes value: nothing to "
+                                         "measure (a budget must hold at least one slice)"));
+  }
+  for (const std::uint64_t slice : slices) {
+    for (const std::uint64_t budget : budgets) {
       sched::SchedPolicy policy = *base;
       policy.kind = sched::PolicyKind::kDeadlineAware;
-      policy.slice_bytes[static_cast<int>(path)] = *slice;
-      policy.credits[static_cast<int>(path)].inflight_bytes = *budget;
-      ordered_json cell{{"slice_bytes", *slice}, {"inflight_bytes", *budget}};
-      if (*budget < *slice) {
+      policy.slice_bytes[static_cast<int>(path)] = slice;
+      policy.credits[static_cast<int>(path)].inflight_bytes = budget;
+      ordered_json cell{{"slice_bytes", slice}, {"inflight_bytes", budget}};
+      if (budget < slice) {
         cell["skipped"] = "budget smaller than one slice";
         if (o.json_path != "-") {
-          fmt::print("slice {:>8}  budget {:>8}  skipped: the budget is smaller than one slice\n", format_size(*slice),
-                     format_size(*budget));
+          fmt::print("slice {:>8}  budget {:>8}  skipped: the budget is smaller than one slice\n", format_size(slice),
+                     format_size(budget));
         }
         cells.push_back(cell);
         continue;
       }
       auto r = workloads::run_mixed(*w, policy);
       if (!r) return fail(o, r.error());
-      ++measured;
       cell["decode_p99_us"] = r->decode.p99_us;
       cell["decode_miss_ratio"] = r->decode.miss_ratio;
       cell["prefill_throughput_gbps"] = r->prefill.throughput_gbps;
       cell["bytes_wasted"] = r->stats.bytes_wasted;
       if (o.json_path != "-") {
         fmt::print("slice {:>8}  budget {:>8}  decode p99 {:>8.1f} us  miss {:>6.2f}%  prefill {:>6.1f} GB/s\n",
-                   format_size(*slice), format_size(*budget), r->decode.p99_us, 100 * r->decode.miss_ratio,
+                   format_size(slice), format_size(budget), r->decode.p99_us, 100 * r->decode.miss_ratio,
                    r->prefill.throughput_gbps);
       }
       cells.push_back(cell);
     }
-  }
-  if (measured == 0) {  // every budget below every slice: a table of skips is no result
-    return fail(o, Status::invalid_argument("every --budgets value is below every --slice-sizes value: nothing to "
-                                         "measure (a budget must hold at least one slice)"));
   }
   return emit_json(o.command,
                    ordered_json{{"workload", workload_json(*w, o.peer)}, {"path", "nvswitch"}, {"cells", cells}}.dump(2),

@@ -24,7 +24,8 @@ std::string unknown_command(const CLI::App& app, int argc, char** argv) {
     if (word.starts_with("-")) {
       // An option's value is its next word unless given with '='.
       const CLI::Option* option = at->get_option_no_throw(word.substr(0, word.find('=')));
-      if (option != nullptr && option->get_type_size() != 0 && word.find('=') == std::string::npos) ++i;
+      if (option == nullptr) return path + word.substr(0, word.find('='));  // a flag it does not know
+      if (option->get_type_size() != 0 && word.find('=') == std::string::npos) ++i;
       continue;
     }
     const CLI::App* sub = nullptr;
@@ -113,6 +114,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (const std::string word = unknown_command(app, argc, argv);
         !word.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      const auto last = word.rfind(' ');
+      if (word.compare(last == std::string::npos ? 0 : last + 1, 1, "-") == 0) {
+        const std::string where = last == std::string::npos ? "baton" : "baton " + word.substr(0, last);
+        fmt::print(stderr, "{}: unknown flag \"{}\" ({} --help lists the flags)\n", where,
+                   word.substr(last == std::string::npos ? 0 : last + 1), where);
+        return 2;
+      }
       fmt::print(stderr, "baton: unknown command \"{}\" (baton --help lists them)\n", word);
       return 2;
     }
