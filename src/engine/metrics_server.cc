@@ -25,13 +25,12 @@ struct MetricsServer::Impl {
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(std::string_view address,
                                                             std::function<std::string()> text) {
-  auto parsed = split_host_port(address);
   // Resolved here too: a host that does not resolve is the caller's error,
   // as for the engine's listen address, not a bind that failed.
-  if (auto resolved = parse_socket_address(address); !parsed || !resolved) {
-    return std::unexpected(Status::invalid_argument(
-        "MetricsServer::start: {}", (parsed ? resolved.error() : parsed.error()).message()));
+  if (auto resolved = parse_socket_address(address); !resolved) {
+    return std::unexpected(Status::invalid_argument("MetricsServer::start: {}", resolved.error().message()));
   }
+  const auto parsed = split_host_port(address);  // cannot fail now: the host, for httplib
   const std::string bind_host(parsed->host);  // brackets dropped: getaddrinfo wants a bare IPv6 address
 
   auto impl = std::make_unique<Impl>();

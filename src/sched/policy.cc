@@ -24,6 +24,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include "baton/common/file_path.h"
 #include "baton/common/units.h"
 
 namespace baton::sched {
@@ -915,10 +916,7 @@ Result<SchedPolicy> parse_policy(std::string_view yaml_text, std::string_view or
 }
 
 Result<SchedPolicy> load_policy(const std::string& path) {
-  // The system calls stop at a NUL: another file would be read.
-  if (const auto nul = path.find('\0'); nul != std::string::npos) {
-    return std::unexpected(Status::invalid_argument("load_policy: the path has a NUL byte at offset {}", nul));
-  }
+  if (Status s = check_file_path("load_policy", path); !s.is_ok()) return std::unexpected(s);
   std::error_code ec;
   const std::filesystem::file_type type = std::filesystem::status(path, ec).type();
   if (type != std::filesystem::file_type::regular) {

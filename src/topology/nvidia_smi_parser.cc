@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "baton/common/file_path.h"
 #include "baton/topology/probe.h"
 
 namespace baton::topology {
@@ -431,10 +432,7 @@ Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
   // device that never ends (/dev/zero) is refused rather than read forever.
   // 256 devices' matrix is well under 1 MiB.
   constexpr std::size_t kMostBytes = 16 << 20;
-  // The system calls stop at a NUL: another file would be read.
-  if (const auto nul = path.find('\0'); nul != std::string::npos) {
-    return std::unexpected(Status::invalid_argument("nvidia-smi topo: the path has a NUL byte at offset {}", nul));
-  }
+  if (Status s = check_file_path("nvidia-smi topo", path); !s.is_ok()) return std::unexpected(s);
   std::ifstream file;
   std::istream* in = &std::cin;
   if (path != "-") {

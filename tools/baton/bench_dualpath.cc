@@ -64,6 +64,10 @@ ordered_json us_or_null(std::optional<TimeNs> t_ns) {
   return t_ns ? ordered_json(static_cast<double>(*t_ns) / 1e3) : ordered_json(nullptr);
 }
 
+std::string at_or_never(const ordered_json& us, std::string_view when, std::string_view never) {
+  return us.is_null() ? std::string(never) : fmt::format("{} {} us", when, us.dump());
+}
+
 namespace {
 
 int fail(std::string_view mode, const Status& s) { return fail_bench(mode, s); }
@@ -319,13 +323,10 @@ int run_fault_bench(const DualPathBenchOptions& o) {
     fmt::print("{} handoffs of {}, direct dead {} -> {} ms ({}): {} completed, {} dropped, {} affected\n", o.requests,
                format_size(w->bytes), o.kill_at_ms, o.restore_at_ms, dualpath::to_string(race->strategy), completed,
                o.requests - static_cast<int>(completed), affected);
-    // null: it never happened in the run, said in words.
-    auto at = [](const nlohmann::json& v, std::string_view when, std::string_view never) {
-      return v.is_null() ? std::string(never) : fmt::format("{} {} us", when, v.dump());
-    };
     fmt::print("  {}; {}; {} failovers, {} probes\n",
-               at(j["recovery_us"], "recovery", "no recovery after the fault"),
-               at(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers, s.probes);
+               at_or_never(j["recovery_us"], "recovery", "no recovery after the fault"),
+               at_or_never(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers,
+               s.probes);
   }
   return write_bench_json(kMode, j, o.json_path);
 }

@@ -54,6 +54,10 @@ void print_latencies(const nlohmann::ordered_json& latency_us);
                                                const std::vector<double>& store_only_us);
 // Microseconds, or null.
 [[nodiscard]] nlohmann::ordered_json us_or_null(std::optional<TimeNs> t_ns);
+// For people: "`when` N us" for us_or_null's number, `never` for its null
+// (it never happened in the run, said in words).
+[[nodiscard]] std::string at_or_never(const nlohmann::ordered_json& us, std::string_view when,
+                                      std::string_view never);
 
 // The runs over real processes: a `baton serve` as the prefill peer (and a
 // second one standing in for its restart), a `baton store` holding the same

@@ -489,13 +489,10 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
                o.requests, format_size(w.bytes), static_cast<double>(kill - t0) / 1e6, o.restore_at_ms,
                dualpath::to_string(*strategy), out->completed, o.requests - static_cast<int>(out->completed),
                out->verified, format_size(out->lost_bytes));
-    // As the simulated run says it: null is "never", not a number.
-    auto at = [](const nlohmann::json& v, std::string_view when, std::string_view never) {
-      return v.is_null() ? std::string(never) : fmt::format("{} {} us", when, v.dump());
-    };
     fmt::print("  {} in flight at the kill, {} affected; {}; {}; {} failovers, {} probes\n", in_flight_at_fault,
-               affected, at(j["recovery_us"], "recovery (kill -> first store byte)", "no recovery after the kill"),
-               at(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers, s.probes);
+               affected, at_or_never(j["recovery_us"], "recovery (kill -> first store byte)", "no recovery after the kill"),
+               at_or_never(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers,
+               s.probes);
   }
   return write_bench_json(kMode, j, o.json_path);
 }

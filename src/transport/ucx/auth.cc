@@ -10,15 +10,13 @@
 #include <fstream>
 #include <iterator>
 
+#include "baton/common/file_path.h"
 #include "baton/transport/secret.h"
 
 namespace baton::transport {
 
 Result<std::string> read_secret_file(const std::string& path) {
-  // The system calls stop at a NUL: another file would be read.
-  if (const auto nul = path.find('\0'); nul != std::string::npos) {
-    return std::unexpected(Status::invalid_argument("secret file: the path has a NUL byte at offset {}", nul));
-  }
+  if (Status s = check_file_path("secret file", path); !s.is_ok()) return std::unexpected(s);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     return std::unexpected(Status::not_found("secret file {}: {}", path, std::strerror(errno)));
