@@ -272,16 +272,18 @@ Result<DeadlinesResult> run_deadlines(const DeadlinesWorkload& w, const std::vec
                                       const sched::SchedPolicy& base) {
   if (Status s = w.validate(); !s.is_ok()) return std::unexpected(s);
   DeadlinesResult result;
-  result.link_gbps = w.link_gbps;
-  if (result.link_gbps == 0) {
-    engine::HarnessConfig config;
-    config.topology_model = w.topology_model;
-    auto probe = engine::Harness::create(config);
-    if (!probe) return std::unexpected(probe.error());
-    auto route = (*probe)->topology().rank(w.from, w.to);
-    if (!route) return std::unexpected(route.error());
-    result.link_gbps = route->best().cost.bandwidth_gbps;
+  // The link is checked even with link_gbps given: every request of the
+  // run would fail on it, and the caller named it.
+  engine::HarnessConfig config;
+  config.topology_model = w.topology_model;
+  auto probe = engine::Harness::create(config);
+  if (!probe) return std::unexpected(probe.error());
+  auto route = (*probe)->topology().rank(w.from, w.to);
+  if (!route) {
+    return std::unexpected(Status::invalid_argument("deadlines: no link {} -> {} in topology model \"{}\": {}", w.from,
+                                                    w.to, w.topology_model, route.error().message()));
   }
+  result.link_gbps = w.link_gbps != 0 ? w.link_gbps : route->best().cost.bandwidth_gbps;
   if (Status s = w.within_request_bound(result.link_gbps); !s.is_ok()) return std::unexpected(s);
   result.run_ns = w.run_ns(result.link_gbps);
   const std::vector<Arrival> all = arrivals(w, result.link_gbps);

@@ -170,4 +170,16 @@ TEST(BenchDeadlines, AnUnknownTopologyModelIsBadInput) {
   }
 }
 
+// A simulated link between nodes the model lacks is the caller's error,
+// named, whether or not --link-gbps spares the lookup of its bandwidth.
+TEST(BenchDeadlines, ALinkTheModelLacksIsBadInput) {
+  for (const char* args : {"bench deadlines --from bogus --duration-ms 5",
+                           "bench deadlines --to gpu9 --link-gbps 10 --duration-ms 5"}) {
+    const CommandRun r = baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("no link"), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("topology model \"pcie4\""), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 }  // namespace

@@ -554,6 +554,38 @@ TEST(BenchSimulated, RefusesUcxOptionsItWouldIgnore) {
   EXPECT_NE(r.err.find("needs one of --target and --spawn"), std::string::npos) << r.err;
 }
 
+TEST(BenchSimulated, RealRunsRefuseTheSimulatedLinksFlags) {
+  // Over UCX the link is the real one: --from/--to/--model were dropped.
+  for (const char* name : {"--from gpu0", "--to gpu1", "--model pcie4"}) {
+    const std::string args = fmt::format("bench deadlines --transport ucx --spawn {} --duration-ms 5", name);
+    const CommandRun r = run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(name).substr(0, std::string(name).find(' ')) + " is for the simulated link"),
+              std::string::npos)
+        << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+TEST(Cli, AMalformedAddressIsBadInputBeforeAnythingRuns) {
+  // Said as the flag is parsed: the demo printed its plan and spawned a
+  // serve first, then exited 1 from the connect.
+  for (const auto& [args, flag] : {std::pair<std::string, std::string>{"demo --target bogus", "--target"},
+                                   {"bench throughput --target 127.0.0.1:99999", "--target"},
+                                   {"bench latency --target :80", "--target"},
+                                   {"bench deadlines --transport ucx --target bogus", "--target"},
+                                   {"bench compress --target bogus", "--target"},
+                                   {"serve --listen 127.0.0.1", "--listen"},
+                                   {"serve --metrics-address localhost", "--metrics-address"},
+                                   {"store --listen 127.0.0.1:x", "--listen"},
+                                   {"store --directory etcd", "--directory"}}) {
+    const CommandRun r = run_baton(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(flag + ": address"), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+  }
+}
+
 TEST(BenchMluSweepUcx, AdmissionLearnsTheRealLinkMluIsFiniteAndFallsWithTheDeadline) {
   const CommandRun r =
       run_baton(

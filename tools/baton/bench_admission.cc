@@ -135,15 +135,11 @@ Command add_bench_mlu_sweep(CLI::App& bench) {
   app->add_option("--duration-ms", o->duration_ms, "Virtual time over which batches arrive");
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
   app->add_option("--request-size", o->request_size, "Bytes per request (size; 1MiB on sim, 256KiB over UCX)");
-  app->add_option("--load", o->load, "ucx: the streams offer this fraction of the measured link");
+  // The simulator's streams are fixed; a load it ignored would read as measured.
+  o->peer.ucx_only = {app->add_option("--load", o->load, "ucx: the streams offer this fraction of the measured link")};
   add_peer_options(*app, o->peer);
   return {app, [o, app] {
             if (o->peer.real()) apply_ucx_defaults(*app, *o);
-            if (!o->peer.real() && app->count("--load") > 0) {
-              // The simulator's streams are fixed; a load it ignored would read as measured.
-              return fail_command("bench mlu-sweep",
-                                  Status::invalid_argument("--load needs --transport ucx (the simulator ignores it)"));
-            }
             return run_mlu_sweep_bench(*o);
           }};
 }

@@ -116,10 +116,10 @@ Command add_bench_compress(CLI::App& bench) {
   app->add_option("--theta-compress", o->config.theta_compress,
                   "The compressing run's admission.theta_compress (0: every request may compress when it pays)");
   app->add_option("--seed", o->config.seed, "Seed of the data")->check(kUnsigned64);
-  app->add_option("--target", o->target, "A running `baton serve` (host:port)");
+  app->add_option("--target", o->target, "A running `baton serve` (host:port)")->check(kHostPort);
   app->add_flag("--spawn", o->spawn, "Start a `baton serve` child and use it");
   app->add_option("--netns", o->netns, "--spawn: start it inside this network namespace (scripts/netns-link)");
-  app->add_option("--listen", o->listen, "--spawn: its handshake address (host:port)");
+  app->add_option("--listen", o->listen, "--spawn: its handshake address (host:port)")->check(kHostPort);
   app->add_option("--json", o->json_path, "Write the results as JSON to PATH ('-': stdout only)");
   add_ucx_options(*app, o->ucx);
   return {app, [o] { return run(*o); }};

@@ -157,9 +157,10 @@ Command add_bench_deadlines(CLI::App& bench) {
   DeadlinesWorkload* w = &o->workload;
   app->add_option("--load", w->load, "Offered bytes as a fraction of the link's bandwidth (0.9; 1.2 overloads)");
   app->add_option("--link-gbps", w->link_gbps, "The link's bandwidth for --load (default: the path's, or measured over UCX)");
-  app->add_option("--model", w->topology_model, "sim: topology model of the link")->check(kTopologyModel);
-  app->add_option("--from", w->from, "sim: the link's source node");
-  app->add_option("--to", w->to, "sim: the link's destination node");
+  o->peer.sim_only = {
+      app->add_option("--model", w->topology_model, "sim: topology model of the link")->check(kTopologyModel),
+      app->add_option("--from", w->from, "sim: the link's source node"),
+      app->add_option("--to", w->to, "sim: the link's destination node")};
   app->add_option("--decode-share", w->decode_share, "Share of the offered bytes that are decode reads");
   app->add_option("--prefill-share", w->prefill_share, "Share that is prefill (background takes the rest)");
   app->add_option("--decode-size", o->decode_size, "Bytes per decode request (size)");

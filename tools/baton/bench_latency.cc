@@ -116,7 +116,7 @@ int run_latency(const LatencyOptions& o) {
 Command add_bench_latency(CLI::App& bench) {
   auto o = std::make_shared<LatencyOptions>();
   CLI::App* app = bench.add_subcommand("latency", "One request at a time against a `baton serve` peer: p50/p99/p99.9");
-  app->add_option("--target", o->peer.target, "A running `baton serve` (host:port)");
+  app->add_option("--target", o->peer.target, "A running `baton serve` (host:port)")->check(kHostPort);
   app->add_flag("--spawn", o->peer.spawn, "Start a `baton serve` child on 127.0.0.1 and use it");
   app->add_option("--op", o->op, "read or write");
   app->add_option("--block-size", o->block_size, "Bytes per request (size)");

@@ -215,7 +215,7 @@ int run_throughput(const ThroughputOptions& o) {
 Command add_bench_throughput(CLI::App& bench) {
   auto o = std::make_shared<ThroughputOptions>();
   CLI::App* app = bench.add_subcommand("throughput", "Batches of block reads/writes against a `baton serve` peer over UCX");
-  app->add_option("--target", o->target, "A running `baton serve` (host:port)");
+  app->add_option("--target", o->target, "A running `baton serve` (host:port)")->check(kHostPort);
   app->add_flag("--spawn", o->spawn, "Start a `baton serve` child on 127.0.0.1 and use it");
   app->add_option("--op", o->op, "read or write");
   app->add_option("--block-size", o->block_size, "Bytes per request (size)");

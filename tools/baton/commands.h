@@ -15,6 +15,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include "baton/common/host_port.h"
 #include "baton/common/status.h"
 #include "baton/common/units.h"
 #include "baton/sched/policy.h"
@@ -41,6 +42,16 @@ inline const CLI::Validator kUnsigned64(
       return {};
     },
     "UINT64");
+
+// A "host:port" (common/host_port.h), checked as the flag is parsed: a
+// malformed one is the caller's error (exit 2) before a child is spawned or
+// a line printed. Resolving the host is left to whoever connects or listens.
+inline const CLI::Validator kHostPort(
+    [](std::string& text) -> std::string {
+      auto parsed = split_host_port(text);
+      return parsed ? "" : parsed.error().message();
+    },
+    "HOST:PORT");
 
 // A policy file (sched/policy.h): read and checked as the flag is parsed,
 // so a missing, unreadable or bad one is the caller's error (exit 2) with

@@ -380,7 +380,7 @@ Command add_demo_command(CLI::App& parent) {
   auto o = std::make_shared<DemoOptions>();
   CLI::App* app = parent.add_subcommand(
       "demo", "Pull a vLLM-shaped KV cache from a `baton serve` peer with decode reads racing it: FIFO vs deadline-aware");
-  app->add_option("--target", o->target, "A running `baton serve` (host:port); default: spawn one on 127.0.0.1");
+  app->add_option("--target", o->target, "A running `baton serve` (host:port); default: spawn one on 127.0.0.1")->check(kHostPort);
   add_ucx_options(*app, o->ucx);
   app->add_option("--layers", o->kv.layers, "Model layers")->check(CLI::Range(1, 1024));
   app->add_option("--tp", o->kv.tp, "Tensor-parallel ranks of the holder")->check(CLI::Range(1, 64));

@@ -94,12 +94,12 @@ Command add_serve_command(CLI::App& parent) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* app = parent.add_subcommand("serve", "Register a pattern-filled buffer and serve it to peers until SIGINT/SIGTERM");
   app->add_option("--buffer-size", o->buffer_size, "Bytes to register (size: 256MiB, 1GB …)");
-  app->add_option("--listen", o->ucx.listen_address, "Handshake address host:port (port 0: any free port)");
+  app->add_option("--listen", o->ucx.listen_address, "Handshake address host:port (port 0: any free port)")->check(kHostPort);
   add_ucx_options(*app, o->ucx);
   app->add_option("--export-to", o->export_to,
                   "Export the buffer only to these peers (their listen addresses, repeatable); default: every peer "
                   "that proves the secret");
-  app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
+  app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)")->check(kHostPort);
   app->add_option("--memory", o->memory,
                   "engine: allocated by the engine (same-host peers map it); caller: a buffer of ours, registered "
                   "(same-host peers use CMA), as a framework's KV tensors are");

@@ -190,7 +190,7 @@ int run_store(const StoreOptions& o) {
 Command add_store_command(CLI::App& parent) {
   auto o = std::make_shared<StoreOptions>();
   CLI::App* app = parent.add_subcommand("store", "Hold KV blocks and serve the store's RPCs until SIGINT/SIGTERM");
-  app->add_option("--listen", o->listen, "RPC address (loopback; port 0: any free port)");
+  app->add_option("--listen", o->listen, "RPC address (loopback; port 0: any free port)")->check(kHostPort);
   app->add_option("--engine-listen", o->engine_listen, "The engine's handshake address (port 0: any free port)");
   add_ucx_options(*app, o->ucx);
   app->add_option("--namespace", o->namespaces,
@@ -199,8 +199,8 @@ Command add_store_command(CLI::App& parent) {
       ->check(kPositiveDuration);
   app->add_option("--unsealed-timeout", o->unsealed_timeout, "How long allocated pages wait for their seal (duration)")
       ->check(kPositiveDuration);
-  app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)");
-  app->add_option("--directory", o->directory, "Register in this etcd (host:port) under a lease");
+  app->add_option("--metrics-address", o->metrics_address, "Serve GET /metrics on host:port (port 0: any free port)")->check(kHostPort);
+  app->add_option("--directory", o->directory, "Register in this etcd (host:port) under a lease")->check(kHostPort);
   app->add_option("--name", o->name, "The store's name in the directory (default: its RPC address)");
   app->add_option("--lease", o->lease, "The directory lease's TTL (duration, at least 1s)")->check(kPositiveDuration);
   return {app, [app, o] {

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "baton/common/units.h"
+#include "commands.h"
 
 namespace baton::cli {
 namespace {
@@ -128,10 +129,28 @@ std::string PeerOptions::link() const {
 
 void add_peer_options(CLI::App& app, PeerOptions& peer) {
   app.add_option("--transport", peer.transport, "sim (virtual clock, the default) or ucx (real loopback transfers)");
-  app.add_option("--target", peer.target, "ucx: a running `baton serve` (host:port)");
+  app.add_option("--target", peer.target, "ucx: a running `baton serve` (host:port)")->check(kHostPort);
   app.add_flag("--spawn", peer.spawn, "ucx: start a `baton serve` child on 127.0.0.1 and use it");
   peer.ucx_options = add_ucx_options(app, peer.ucx);
 }
+
+namespace {
+
+// The first option of `options` given on the command line, by every name
+// ("--a / --no-a", without CLI11's "{false}" markers); empty if none was.
+std::string first_given(const std::vector<const CLI::Option*>& options) {
+  for (const CLI::Option* o : options) {
+    if (o->count() == 0) continue;
+    std::vector<std::string> names;
+    for (std::string name : CLI::detail::split(o->get_name(false, true), ',')) {
+      names.push_back(name.substr(0, name.find('{')));
+    }
+    return fmt::format("{}", fmt::join(names, " / "));
+  }
+  return {};
+}
+
+}  // namespace
 
 Status check_peer(const PeerOptions& peer) {
   if (peer.transport != "sim" && peer.transport != "ucx") {
@@ -141,18 +160,16 @@ Status check_peer(const PeerOptions& peer) {
     if (peer.spawn == !peer.target.empty()) {
       return Status::invalid_argument("--transport ucx needs one of --target and --spawn");
     }
+    if (std::string name = first_given(peer.sim_only); !name.empty()) {
+      return Status::invalid_argument("{} is for the simulated link; --transport ucx measures the real one", name);
+    }
     return Status::ok();
   }
   if (peer.spawn || !peer.target.empty()) return Status::invalid_argument("--spawn and --target need --transport ucx");
-  for (const CLI::Option* o : peer.ucx_options) {
-    if (o->count() == 0) continue;
-    // Every name of the option ("--a / --no-a"), without CLI11's "{false}" markers.
-    std::vector<std::string> names;
-    for (std::string name : CLI::detail::split(o->get_name(false, true), ',')) {
-      names.push_back(name.substr(0, name.find('{')));
-    }
-    return Status::invalid_argument("{} needs --transport ucx (the simulator moves no bytes and would ignore it)",
-                                    fmt::join(names, " / "));
+  std::string name = first_given(peer.ucx_options);
+  if (name.empty()) name = first_given(peer.ucx_only);
+  if (!name.empty()) {
+    return Status::invalid_argument("{} needs --transport ucx (the simulator moves no bytes and would ignore it)", name);
   }
   return Status::ok();
 }

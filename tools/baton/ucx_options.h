@@ -50,6 +50,10 @@ struct PeerOptions {
   bool spawn = false;
   transport::UcxConfig ucx;
   std::vector<const CLI::Option*> ucx_options;  // owned by the command's CLI::App
+  // A command's own options that only one side reads (check_peer refuses
+  // them on the other): the simulated link's nodes, a real link's load.
+  std::vector<const CLI::Option*> sim_only;
+  std::vector<const CLI::Option*> ucx_only;
   [[nodiscard]] bool real() const { return transport == "ucx"; }
   // "ucx to HOST:PORT (tls …)", for the JSON's description of the link.
   [[nodiscard]] std::string link() const;
@@ -59,8 +63,9 @@ struct PeerOptions {
 void add_peer_options(CLI::App& app, PeerOptions& peer);
 
 // Checks the flags together (invalid_argument naming them): --transport is
-// sim or ucx; ucx needs one of --target and --spawn; sim takes neither, nor
-// a UCX option (the simulator would ignore it).
+// sim or ucx; ucx needs one of --target and --spawn and takes no sim_only
+// option; sim takes neither, nor a UCX or ucx_only option (each side would
+// ignore the other's).
 [[nodiscard]] Status check_peer(const PeerOptions& peer);
 
 // check_peer(); then with --spawn starts a `baton serve` with
