@@ -289,15 +289,12 @@ Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) 
       if (!(o.bandwidth_gbps > 0)) {
         return bad_value(line_of(x), key, "bandwidth_gbps is missing or zero (expected GB/s > 0)");
       }
-      // Beyond these a figure is a typo, and its inverse (ns per byte)
-      // overflows or rounds to nothing.
-      if (o.bandwidth_gbps < 1e-3 || o.bandwidth_gbps > 1e5) {
+      using Override = SchedPolicy::CostOverride;
+      if (o.bandwidth_gbps < Override::kMinBandwidthGbps || o.bandwidth_gbps > Override::kMaxBandwidthGbps) {
         return bad_value(line_of(x), key,
                          fmt::format("bandwidth_gbps {} is outside 0.001 .. 100000 GB/s", o.bandwidth_gbps));
       }
-      // A second per transfer is no link's; far beyond, its nanoseconds
-      // overflow the scheduler's clock.
-      if (o.latency_us > 1e6) {
+      if (o.latency_us > Override::kMaxLatencyUs) {
         return bad_value(line_of(x), key, fmt::format("latency_us {} is above 1000000 (one second)", o.latency_us));
       }
       policy.cost_model.push_back(o);
@@ -868,6 +865,26 @@ Status SchedPolicy::validate() const {
   if (static_cast<int>(preempt_min_class) >= kQosClassCount) {
     return Status::invalid_argument("SchedPolicy: preempt_min_class {} is not a class",
                                     static_cast<int>(preempt_min_class));
+  }
+  // What CostModel::set refuses, said before an engine is built on it (a
+  // path cast from an integer indexed past the model's table).
+  for (std::size_t i = 0; i < cost_model.size(); ++i) {
+    const CostOverride& o = cost_model[i];
+    if (static_cast<int>(o.path) >= topology::kPathTypeCount ||
+        static_cast<int>(o.proximity) >= topology::kProximityCount) {
+      return Status::invalid_argument("SchedPolicy: cost_model[{}] has path {} at proximity {} (expected path < {}, "
+                                      "proximity < {})",
+                                      i, static_cast<int>(o.path), static_cast<int>(o.proximity),
+                                      topology::kPathTypeCount, topology::kProximityCount);
+    }
+    // NaN fails both comparisons.
+    if (!(o.bandwidth_gbps >= CostOverride::kMinBandwidthGbps && o.bandwidth_gbps <= CostOverride::kMaxBandwidthGbps) ||
+        !(o.latency_us >= 0 && o.latency_us <= CostOverride::kMaxLatencyUs)) {
+      return Status::invalid_argument(
+          "SchedPolicy: cost_model[{}] ({} at {}) has bandwidth {} GB/s and latency {} us (expected 0.001 .. 100000 "
+          "GB/s, 0 .. 1000000 us)",
+          i, topology::to_string(o.path), topology::to_string(o.proximity), o.bandwidth_gbps, o.latency_us);
+    }
   }
   return Status::ok();
 }

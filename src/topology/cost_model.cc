@@ -1,6 +1,7 @@
 #include "baton/topology/cost_model.h"
 
 #include <array>
+#include <cmath>
 
 namespace baton::topology {
 namespace {
@@ -11,14 +12,18 @@ constexpr std::array<std::string_view, kPathTypeCount> kPathNames{
 int idx(PathType p) { return static_cast<int>(p); }
 int idx(Proximity p) { return static_cast<int>(p); }
 
+// Enumerators cast from a caller's integer are checked before they index.
+bool known(PathType p) { return idx(p) < kPathTypeCount; }
+bool known(Proximity p) { return idx(p) < kProximityCount; }
+
 }  // namespace
 
-std::string_view to_string(PathType path) { return kPathNames[idx(path)]; }
+std::string_view to_string(PathType path) { return known(path) ? kPathNames[idx(path)] : "unknown"; }
 
 std::string_view to_string(Proximity proximity) {
   static constexpr std::array<std::string_view, kProximityCount> kNames{
       "PIX", "PXB", "PHB", "NODE", "SYS", "local", "remote"};
-  return kNames[idx(proximity)];
+  return known(proximity) ? kNames[idx(proximity)] : "unknown";
 }
 
 Result<PathType> parse_path_type(std::string_view name) {
@@ -97,6 +102,7 @@ double CostModel::score(double bandwidth_gbps, double latency_us) {
 
 std::optional<PathCost> CostModel::cost(PathType path, Proximity proximity,
                                         int nvlinks) const {
+  if (!known(path) || !known(proximity)) return std::nullopt;
   const Entry& e = table_[idx(path)][idx(proximity)];
   if (!e.usable) return std::nullopt;
   double gbps = e.bandwidth_gbps;
@@ -109,12 +115,16 @@ std::optional<PathCost> CostModel::cost(PathType path, Proximity proximity,
 
 Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
                       double latency_us) {
-  if (!(bandwidth_gbps > 0)) {
-    return Status::invalid_argument("CostModel::set: {} bandwidth {} GB/s must be > 0",
+  if (!known(path) || !known(proximity)) {
+    return Status::invalid_argument("CostModel::set: path {} at proximity {} (expected path < {}, proximity < {})",
+                                    idx(path), idx(proximity), kPathTypeCount, kProximityCount);
+  }
+  if (!(bandwidth_gbps > 0) || !std::isfinite(bandwidth_gbps)) {
+    return Status::invalid_argument("CostModel::set: {} bandwidth {} GB/s must be > 0 and finite",
                                     to_string(path), bandwidth_gbps);
   }
-  if (!(latency_us >= 0)) {
-    return Status::invalid_argument("CostModel::set: {} latency {} us must be >= 0",
+  if (!(latency_us >= 0) || !std::isfinite(latency_us)) {
+    return Status::invalid_argument("CostModel::set: {} latency {} us must be >= 0 and finite",
                                     to_string(path), latency_us);
   }
   table_[idx(path)][idx(proximity)] = {true, bandwidth_gbps, latency_us};
@@ -122,6 +132,7 @@ Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
 }
 
 void CostModel::disable(PathType path, Proximity proximity) {
+  if (!known(path) || !known(proximity)) return;  // nothing there to disable
   table_[idx(path)][idx(proximity)] = {};
 }
 

@@ -542,6 +542,24 @@ TEST(SchedPolicyValidate, RefusesOutOfRangeFields) {
   p = SchedPolicy::defaults();
   p.admission.order = static_cast<AdmissionOrder>(9);  // was accepted, and read as fifo
   expect_refused(p, "admission order 9 is not an order");
+  // A cost override cast from integers indexed past the cost model's table
+  // when an engine was built on it (free(): invalid pointer).
+  for (const auto& [path, proximity] : {std::pair{8, 0}, std::pair{0, 9}, std::pair{255, 255}}) {
+    p = SchedPolicy::defaults();
+    p.cost_model.push_back({static_cast<PathType>(path), static_cast<topology::Proximity>(proximity), 10, 1});
+    expect_refused(p, "cost_model[0] has path");
+  }
+  for (const auto& [gbps, us] : {std::pair{0.0, 1.0}, std::pair{1e-300, 1.0}, std::pair{1e12, 1.0},
+                                 std::pair{std::numeric_limits<double>::quiet_NaN(), 1.0}, std::pair{1.0, -1.0},
+                                 std::pair{1.0, 1e16}, std::pair{1.0, std::numeric_limits<double>::infinity()}}) {
+    p = SchedPolicy::defaults();
+    p.cost_model.push_back({PathType::kRdma, topology::Proximity::kRemote, 14, 1});
+    p.cost_model.push_back({PathType::kTcp, topology::Proximity::kLocal, gbps, us});
+    expect_refused(p, "cost_model[1] (tcp at local)");
+  }
+  p = SchedPolicy::defaults();
+  p.cost_model.push_back({PathType::kTcp, topology::Proximity::kLocal, 1e5, 1e6});  // the bounds themselves
+  EXPECT_TRUE(p.validate().is_ok()) << p.validate().to_string();
   p = SchedPolicy::defaults();
   p.slice_bytes[static_cast<int>(PathType::kGdr)] = 0;
   expect_refused(p, "slice_bytes[gdr]");

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace baton::topology {
 namespace {
 
@@ -68,7 +70,30 @@ TEST(CostModel, RefusesNonsense) {
   EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 0.0, 1.0).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, -3.0, 1.0).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 3.0, -1.0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, std::numeric_limits<double>::infinity(), 1.0).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 3.0, std::numeric_limits<double>::infinity()).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_DOUBLE_EQ(m.cost(PathType::kTcp, Proximity::kLocal)->bandwidth_gbps, 3.0);  // unchanged
+}
+
+// An enumerator cast from a caller's integer indexed past the table: an
+// engine built with such a cost override freed an invalid pointer.
+TEST(CostModel, RefusesPathsAndProximitiesOutsideTheirEnums) {
+  CostModel m;
+  for (const auto& [path, proximity] : {std::pair{kPathTypeCount, 0}, std::pair{0, kProximityCount},
+                                        std::pair{200, 0}, std::pair{255, 255}}) {
+    const auto p = static_cast<PathType>(path);
+    const auto x = static_cast<Proximity>(proximity);
+    const Status s = m.set(p, x, 10.0, 1.0);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << path << " " << proximity;
+    EXPECT_NE(s.message().find("expected path < 8, proximity < 7"), std::string::npos) << s.message();
+    EXPECT_FALSE(m.cost(p, x).has_value());
+    m.disable(p, x);  // nothing there: no write
+  }
+  EXPECT_EQ(to_string(static_cast<PathType>(kPathTypeCount)), "unknown");
+  EXPECT_EQ(to_string(static_cast<Proximity>(kProximityCount)), "unknown");
+  EXPECT_DOUBLE_EQ(m.cost(PathType::kTcp, Proximity::kLocal)->bandwidth_gbps, 3.0);  // the table untouched
 }
 
 TEST(PathType, NamesRoundTrip) {

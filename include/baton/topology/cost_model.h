@@ -70,15 +70,17 @@ class CostModel {
 
   // Cost of `path` at `proximity`. nvlink/nvswitch scale with `nvlinks`.
   // nullopt when that combination is not a usable path (e.g. GDR across
-  // the SMP interconnect, which NCCL also refuses by default).
+  // the SMP interconnect, which NCCL also refuses by default, or a value
+  // outside the enums).
   [[nodiscard]] std::optional<PathCost> cost(PathType path, Proximity proximity,
                                              int nvlinks = 0) const;
 
   // Overrides one entry (bandwidth per link for nvlink/nvswitch). Refuses
-  // non-positive bandwidth or negative latency.
+  // a path or proximity outside its enum (a cast integer), non-positive
+  // bandwidth, negative latency, or either not finite.
   Status set(PathType path, Proximity proximity, double bandwidth_gbps,
              double latency_us);
-  // Marks a combination unusable.
+  // Marks a combination unusable (one outside the enums is none: ignored).
   void disable(PathType path, Proximity proximity);
 
   [[nodiscard]] static double score(double bandwidth_gbps, double latency_us);
