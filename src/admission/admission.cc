@@ -156,7 +156,7 @@ struct AdmissionController::State {
 
   double mlu(const TransferRequest& request, std::uint64_t remaining_bytes, TimeNs now_ns, RequestId self) {
     if (request.deadline_ns == 0) return 0;
-    const TimeNs left = request.deadline_ns - now_ns;
+    const TimeNs left = time_until(now_ns, request.deadline_ns);
     auto path = scheduler.route(request.from, request.to, now_ns);
     if (left <= 0 || !path) return kMluUnbounded;
     estimator.sync(transport.paths());  // a peer may have connected since
@@ -195,7 +195,7 @@ struct AdmissionController::State {
     const Owner copy = o;
     Status why = Status::deadline_infeasible(
         "request {}: MLU {:.3g} >= theta_local {} ({} bytes left, {} ns to the deadline); recompute locally", o.id,
-        mlu_now, a.theta_local, remaining(o), o.request.deadline_ns - now_ns);
+        mlu_now, a.theta_local, remaining(o), time_until(now_ns, o.request.deadline_ns));
     if (o.admitted) {
       (void)scheduler.abandon(o.id, std::move(why), now_ns);  // the finish hook settles capacity
     } else {
@@ -226,7 +226,7 @@ struct AdmissionController::State {
   [[nodiscard]] bool fits(const Owner& o) const {
     if (a.max_owners > 0 && admitted_owners >= a.max_owners) return false;
     if (a.max_inflight_bytes > 0 && admitted_owners > 0 &&
-        admitted_bytes + o.request.bytes > a.max_inflight_bytes) {
+        (admitted_bytes > a.max_inflight_bytes || o.request.bytes > a.max_inflight_bytes - admitted_bytes)) {
       return false;
     }
     return true;
@@ -244,7 +244,7 @@ struct AdmissionController::State {
     ++stats.admitted;
     maybe_compress(o);
     if (o.request.deadline_ns != 0 && can_degrade()) {
-      o.next_eval_ns = now_ns + a.reevaluate_interval_ns;
+      o.next_eval_ns = time_after(now_ns, a.reevaluate_interval_ns);
       timers.insert({o.next_eval_ns, o.id});
     }
   }
@@ -262,13 +262,13 @@ struct AdmissionController::State {
         continue;
       }
       if (a.max_owners > 0 && admitted_owners >= a.max_owners) break;  // nothing else fits either
-      if (now_ns - o.submitted_ns >= policy.starvation_bound_ns) break;
+      if (time_until(o.submitted_ns, now_ns) >= policy.starvation_bound_ns) break;
     }
   }
 
   void drop_infeasible_waiting(TimeNs now_ns) {
     if (!a.drop_infeasible || waiting.empty() || now_ns < next_drop_scan_ns) return;
-    next_drop_scan_ns = now_ns + a.reevaluate_interval_ns;
+    next_drop_scan_ns = time_after(now_ns, a.reevaluate_interval_ns);
     std::vector<RequestId> ids;
     for (const auto& [key, id] : waiting) ids.push_back(id);
     for (RequestId id : ids) {
@@ -379,11 +379,9 @@ void AdmissionController::set_mlu_observer(MluObserver observer) { state_->obser
 
 Status AdmissionController::submit(RequestId id, const TransferRequest& request, TimeNs now_ns) {
   State& st = *state_;
-  if (request.bytes == 0) return Status::invalid_argument("submit: request {} has 0 bytes", id);
-  if (request.timeout_ns < 0) {
-    return Status::invalid_argument("submit: request {} has timeout {} ns (expected > 0, or 0 for the policy's {} ns)",
-                                    id, request.timeout_ns, st.policy.transfer_timeout_ns);
-  }
+  // Refused here, not only when the scheduler takes it: a waiting owner is
+  // counted (bytes, class) before it is admitted.
+  if (Status s = sched::check_request(id, request); !s.is_ok()) return s;
   if (st.owners.contains(id) || st.ended.contains(id) || st.scheduler.status(id)) {
     return Status::already_exists("submit: request {} exists already", id);
   }
@@ -481,7 +479,7 @@ void AdmissionController::tick(TimeNs now_ns) {
     if (!s || (s->state != RequestState::kQueued && s->state != RequestState::kRunning)) continue;
     st.reevaluate(o, now_ns);
     if (st.owners.contains(id)) {
-      o.next_eval_ns = now_ns + st.a.reevaluate_interval_ns;
+      o.next_eval_ns = time_after(now_ns, st.a.reevaluate_interval_ns);
       st.timers.insert({o.next_eval_ns, id});
     }
   }

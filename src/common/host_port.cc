@@ -13,7 +13,7 @@ Result<HostPort> split_host_port(std::string_view text) {
   const auto colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return std::unexpected(Status::invalid_argument(
-        "address \"{}\": expected host:port (e.g. 127.0.0.1:4000)", text));
+        "address \"{}\": expected host:port (e.g. 127.0.0.1:4000)", shown(text)));
   }
   std::string_view host = text.substr(0, colon);
   const std::string_view port_text = text.substr(colon + 1);
@@ -25,9 +25,9 @@ Result<HostPort> split_host_port(std::string_view text) {
   if (port_text.empty() || error != std::errc{} || end != port_text.data() + port_text.size() ||
       port > 65535) {
     return std::unexpected(Status::invalid_argument(
-        "address \"{}\": port \"{}\" is not a number in 0..65535", text, port_text));
+        "address \"{}\": port \"{}\" is not a number in 0..65535", shown(text), shown(port_text)));
   }
-  if (host.empty()) return std::unexpected(Status::invalid_argument("address \"{}\": empty host", text));
+  if (host.empty()) return std::unexpected(Status::invalid_argument("address \"{}\": empty host", shown(text)));
   return HostPort{host, port};
 }
 

@@ -21,7 +21,7 @@ Result<SocketAddress> parse_socket_address(std::string_view text) {
   const std::string port_z = std::to_string(port);
   if (const int rc = getaddrinfo(host_z.c_str(), port_z.c_str(), &hints, &found); rc != 0) {
     return std::unexpected(Status::invalid_argument("address \"{}\": cannot resolve host \"{}\": {}",
-                                                    text, host, gai_strerror(rc)));
+                                                    shown(text), shown(host), gai_strerror(rc)));
   }
   SocketAddress out;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -34,7 +34,7 @@ Result<SocketAddress> parse_socket_address(std::string_view text) {
   freeaddrinfo(found);
   if (out.length == 0) {
     return std::unexpected(
-        Status::invalid_argument("address \"{}\": host \"{}\" has no IPv4 or IPv6 address", text, host));
+        Status::invalid_argument("address \"{}\": host \"{}\" has no IPv4 or IPv6 address", shown(text), shown(host)));
   }
   return out;
 }

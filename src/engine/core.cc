@@ -74,8 +74,10 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
                    config.ucx.nics.empty() ? "fewer than two, UCX chooses" : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
     }
     // A TCP slice crosses as one UCX segment, whatever the policy's slice
-    // size (the descriptor and headers fit in the headroom).
-    if (config.ucx.tcp_segment_bytes != 0) {
+    // size (the descriptor and headers fit in the headroom). A value out of
+    // UcxConfig's range is left for create() to refuse, not raised into it.
+    if (config.ucx.tcp_segment_bytes >= transport::kMinTcpSegmentBytes &&
+        config.ucx.tcp_segment_bytes <= transport::kMaxTcpSegmentBytes) {
       constexpr std::uint64_t kHeadroom = 4 << 10;
       config.ucx.tcp_segment_bytes =
           std::max(config.ucx.tcp_segment_bytes, std::min(policy.slice_for(topology::PathType::kTcp) + kHeadroom,

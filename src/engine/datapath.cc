@@ -733,10 +733,6 @@ bool Datapath::shutdown_complete() {
   return ucx_.shutdown_complete();
 }
 
-bool Datapath::known(std::uint64_t id) {
-  std::lock_guard lock(ended_mutex_);
-  return running_.contains(id) || ended_.contains(id);
-}
 
 bool Datapath::ended_status(std::uint64_t id, BatchStatus& out) {
   std::lock_guard lock(ended_mutex_);
@@ -766,9 +762,10 @@ Datapath::Taken Datapath::take_ended_if_clean(std::uint64_t id) {
   return taken;
 }
 
-bool Datapath::ended(std::uint64_t id) {
+Datapath::Look Datapath::look(std::uint64_t id) {
   std::lock_guard lock(ended_mutex_);
-  return ended_.contains(id);
+  if (ended_.contains(id)) return Look::kEnded;
+  return running_.contains(id) ? Look::kRunning : Look::kUnknown;
 }
 
 Datapath::WaitEnd Datapath::wait_ended(std::uint64_t id, std::chrono::steady_clock::time_point deadline) {

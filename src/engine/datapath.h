@@ -98,13 +98,13 @@ class Datapath {
   // Ends every wait (kClosed) and returns once no caller is inside one:
   // the engine's destructor, before it frees what they read.
   void close_waiters();
-  // Whether batch `id` ended, without waiting (a waiter's spin: no syscall).
-  [[nodiscard]] bool ended(std::uint64_t id);
+  // Where batch `id` is, without waiting (a waiter's spin: no syscall):
+  // ended, still running, or unknown (never submitted, or released).
+  enum class Look { kUnknown, kRunning, kEnded };
+  [[nodiscard]] Look look(std::uint64_t id);
   // How many batches ended so far: a waiter's spin reads this, not the mutex
   // the loop publishes under, and looks up its batch only when it moved.
   [[nodiscard]] std::uint64_t ended_count() const { return ended_count_.load(std::memory_order_acquire); }
-  // Whether `id` names a batch not yet released (running or ended).
-  [[nodiscard]] bool known(std::uint64_t id);
   // The final status of an ended batch into `out` (its storage reused),
   // without the loop; false while it runs (or when unknown).
   [[nodiscard]] bool ended_status(std::uint64_t id, BatchStatus& out);

@@ -165,10 +165,16 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   // the loop's mutex) only when that moved; it yields between looks, since
   // a waiter that spins on a busy machine takes the core the loop needs.
   Datapath& datapath = *state_->datapath;
+  using Look = Datapath::Look;
   std::uint64_t seen = datapath.ended_count();
-  if (datapath.ended(batch.id)) return Status::ok();
+  // Running now and unknown later means another thread released it
+  // meanwhile: it ended (ok), where a handle unknown at once is not_found.
+  switch (datapath.look(batch.id)) {
+    case Look::kEnded: return Status::ok();
+    case Look::kUnknown: return Status::not_found("wait: no batch {}", batch.id);
+    case Look::kRunning: break;
+  }
   if (timeout_ns <= 0) {  // a look, not a wait: no yield, no condition variable (a rank's poll of its loads)
-    if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
     return Status::timeout("wait: batch {} still running after {} ns", batch.id, timeout_ns);
   }
   // Only the part that can last is counted for the destructor: a batch that
@@ -183,7 +189,7 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
     const std::uint64_t count = datapath.ended_count();
     if (count == seen) return false;
     seen = count;
-    return datapath.ended(batch.id);
+    return datapath.look(batch.id) != Look::kRunning;
   };
   if (spin_until(ended_now,
                  std::min(kBatchWaitSpin, std::chrono::duration_cast<std::chrono::microseconds>(
@@ -191,7 +197,6 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
                  /*yield=*/true)) {
     return Status::ok();
   }
-  if (!datapath.known(batch.id)) return Status::not_found("wait: no batch {}", batch.id);
   switch (datapath.wait_ended(batch.id, deadline)) {
     case Datapath::WaitEnd::kEnded: return Status::ok();
     case Datapath::WaitEnd::kClosed:
@@ -204,7 +209,7 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
 Status Engine::cancel(BatchHandle batch) {
   if (state_->closed) return Status::unavailable("cancel: the engine shut down");
   // A batch that ended on the loop-free path has no record on the loop.
-  auto ended = [&] { return state_->datapath->ended(batch.id); };
+  auto ended = [&] { return state_->datapath->look(batch.id) == Datapath::Look::kEnded; };
   if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
   return state_->core->on_loop([&] {
     if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);

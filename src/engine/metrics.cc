@@ -1,6 +1,7 @@
 #include "baton/engine/metrics.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 
@@ -38,9 +39,10 @@ bool is_metric_name(std::string_view name) {
       name, [](char c) { return is_letter(c) || is_digit(c) || c == ':'; });
 }
 
-// [a-zA-Z_][a-zA-Z0-9_]*
+// [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__" (Prometheus's own, such
+// as __name__: a scrape with one is refused whole).
 bool is_label_name(std::string_view name) {
-  if (name.empty() || !is_letter(name[0])) return false;
+  if (name.empty() || !is_letter(name[0]) || name.starts_with("__")) return false;
   return std::ranges::all_of(name, [](char c) { return is_letter(c) || is_digit(c); });
 }
 
@@ -131,7 +133,26 @@ bool labels_ok(const Labels& labels, FamilyType type) {
   });
 }
 
+// The series a histogram writes besides its name.
+constexpr std::array<std::string_view, 3> kHistogramSuffixes{"_bucket", "_sum", "_count"};
+
 }  // namespace
+
+std::optional<std::string> MetricsRegistry::clash_locked(std::string_view name, bool histogram) const {
+  // Two families writing one series name make Prometheus refuse the whole
+  // scrape: a counter "x_count" beside a histogram "x".
+  for (std::string_view suffix : kHistogramSuffixes) {
+    if (name.ends_with(suffix)) {
+      const auto it = families_.find(name.substr(0, name.size() - suffix.size()));
+      if (it != families_.end() && it->second->type == FamilyType::kHistogram) return it->first;
+    }
+    if (histogram) {
+      const auto it = families_.find(fmt::format("{}{}", name, suffix));
+      if (it != families_.end()) return it->first;
+    }
+  }
+  return std::nullopt;
+}
 
 Status MetricsRegistry::declare_counter(std::string_view name, std::string_view help) {
   return declare_scalar(name, help, /*gauge=*/false);
@@ -158,6 +179,9 @@ Status MetricsRegistry::declare_scalar(std::string_view name, std::string_view h
                                     type_name(it->second->type));
     }
     return Status::ok();  // the same declaration again: the first help stays
+  }
+  if (auto other = clash_locked(name, /*histogram=*/false)) {
+    return Status::already_exists("{}: \"{}\" and \"{}\" would write the same series", call, name, *other);
   }
   auto family = std::make_shared<Family>();
   family->type = type;
@@ -204,6 +228,9 @@ Status MetricsRegistry::declare_histogram(std::string_view name, std::string_vie
           name, fmt::join(f.buckets, ", "), fmt::join(buckets, ", "));
     }
     return Status::ok();
+  }
+  if (auto other = clash_locked(name, /*histogram=*/true)) {
+    return Status::already_exists("declare_histogram: \"{}\" and \"{}\" would write the same series", name, *other);
   }
   auto family = std::make_shared<Family>();
   family->type = FamilyType::kHistogram;

@@ -326,8 +326,11 @@ struct Scheduler::State {
     // that only adds queueing in front of an urgent slice; shallower starves
     // the link (64 KiB slices on NVSwitch ran at 38% of the link).
     const double lane_bytes_per_ns = p.bytes_per_ns / info.lanes;
+    // Capped as the policy's own figure is: a cost override of 1e5 GB/s at
+    // a second's latency asked for a billion (lanes x slices wrapped int).
     const double bdp_slices = static_cast<double>(p.latency_ns) * lane_bytes_per_ns / static_cast<double>(p.slice_bytes);
-    p.credits.slices_per_lane = std::max(p.credits.slices_per_lane, 1 + static_cast<int>(std::ceil(bdp_slices)));
+    const double wanted = std::min(1 + std::ceil(bdp_slices), static_cast<double>(PathCredits::kMaxSlicesPerLane));
+    p.credits.slices_per_lane = std::max(p.credits.slices_per_lane, static_cast<int>(wanted));
     p.lane_load.assign(info.lanes, 0);
     paths.push_back(std::move(p));
     path_index[{info.from, info.to, info.type}] = id;
@@ -504,7 +507,7 @@ struct Scheduler::State {
     // Overdue work takes every other slice, never the whole link: a backlog
     // of bulk that all went overdue would otherwise hold critical work back
     // until it drained.
-    if (!paths[path].promoted_last && now_ns - oldest->status.submitted_ns >= policy.starvation_bound_ns) {
+    if (!paths[path].promoted_last && time_until(oldest->status.submitted_ns, now_ns) >= policy.starvation_bound_ns) {
       top_is_overdue = true;
       return oldest;
     }
@@ -689,21 +692,25 @@ struct Scheduler::State {
     return false;
   }
 
-  // A critical request without credits cancels the newest posted slice of a
-  // lower class on its path; the victim's bytes go back to its request.
+  // A critical request without credits cancels the newest posted slices of a
+  // lower class on its path, as many as its slice needs to fit the path's
+  // credits (slots and in-flight bytes: a 4 KiB victim does not make room
+  // for a 1 MiB slice); the victims' bytes go back to their requests.
   // Class-based, so strict_priority preempts too (a skeptic's baseline
   // should not be weaker than it can be); FIFO and EDF know no classes.
   bool try_preempt(Request& r, PathId path, TimeNs now_ns) {
     const bool by_class = weighs_urgency() || policy.kind == PolicyKind::kStrictPriority;
     if (!by_class || !policy.preemption || r.spec.qos > policy.preempt_min_class) return false;
     PathRuntime& p = paths[path];
-    for (auto it = p.posted.rbegin(); it != p.posted.rend(); ++it) {
-      const SliceId victim_id = *it;
+    // Newest first, by index: release() erases from p.posted, which leaves
+    // the older entries where they were.
+    for (std::size_t i = p.posted.size(); i-- > 0;) {
+      const SliceId victim_id = p.posted[i];
       Request& victim = *posted.find(victim_id)->request;
       if (!victim.live() || !victim.spec.preemptible || victim.spec.qos <= r.spec.qos) continue;
       // An overdue request is being served by the starvation bound; taking
       // its slice back would starve it again, forever under sustained load.
-      if (weighs_urgency() && now_ns - victim.status.submitted_ns >= policy.starvation_bound_ns) continue;
+      if (weighs_urgency() && time_until(victim.status.submitted_ns, now_ns) >= policy.starvation_bound_ns) continue;
       const auto result = transport.cancel(victim_id, now_ns);
       if (!result.stopped) continue;  // already delivered: nothing to win
       const PostedSlice s = release(victim_id);
@@ -719,7 +726,7 @@ struct Scheduler::State {
       } else {
         rekey(victim, now_ns);
       }
-      return post(r, path, now_ns);
+      if (has_credit(path, next_length(r, path))) return post(r, path, now_ns);
     }
     return false;
   }
@@ -736,11 +743,29 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const topology::TopologyGra
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(st)));
 }
 
+Status check_request(RequestId id, const TransferRequest& request) {
+  if (request.bytes == 0 || request.bytes > TransferRequest::kMaxBytes) {
+    return Status::invalid_argument("submit: request {} ({} -> {}) has {} bytes (expected 1 .. 2^48)", id,
+                                    shown(request.from), shown(request.to), request.bytes);
+  }
+  if (static_cast<int>(request.qos) >= kQosClassCount) {
+    return Status::invalid_argument("submit: request {} has qos class {} (expected 0 .. {})", id,
+                                    static_cast<int>(request.qos), kQosClassCount - 1);
+  }
+  if (request.op != transport::Op::kWrite && request.op != transport::Op::kRead) {
+    return Status::invalid_argument("submit: request {} has op {} (expected write or read)", id,
+                                    static_cast<int>(request.op));
+  }
+  if (request.timeout_ns < 0) {
+    return Status::invalid_argument("submit: request {} has timeout {} ns (expected >= 0; 0: the policy's)", id,
+                                    request.timeout_ns);
+  }
+  return Status::ok();
+}
+
 Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs now_ns) {
   State& st = *state_;
-  if (request.bytes == 0) {
-    return Status::invalid_argument("submit: request {} ({} -> {}) has 0 bytes", id, request.from, request.to);
-  }
+  if (Status s = check_request(id, request); !s.is_ok()) return s;
   if (st.requests.contains(id)) return Status::already_exists("submit: request {} exists already", id);
   auto chain = st.chain_for(request.from, request.to);
   if (!chain) return chain.error();
@@ -823,6 +848,7 @@ Status Scheduler::abandon(RequestId id, Status reason, TimeNs now_ns) {
     return Status::invalid_argument("abandon: request {} already {} ({})", id, r.ended() ? "ended" : "stopping",
                                     to_string(r.status.state));
   }
+  if (reason.is_ok()) return Status::invalid_argument("abandon: request {}: an ok reason (expected why it ends)", id);
   RequestState state = RequestState::kFailed;
   if (reason.code() == StatusCode::kDeadlineInfeasible) state = RequestState::kInfeasible;
   if (reason.code() == StatusCode::kTimeout) state = RequestState::kTimedOut;
@@ -920,7 +946,10 @@ Status Scheduler::forget(RequestId id) {
 void Scheduler::set_finish_hook(std::function<void(RequestId)> hook) { state_->finish_hook = std::move(hook); }
 
 const SchedStats& Scheduler::stats() const { return state_->stats; }
-const PathLoad& Scheduler::load(transport::PathId path) const { return state_->paths.at(path).load; }
+const PathLoad& Scheduler::load(transport::PathId path) const {
+  static const PathLoad kNone{};
+  return path < state_->paths.size() ? state_->paths[path].load : kNone;
+}
 
 std::uint64_t Scheduler::unsent_due_before(transport::PathId path, TimeNs deadline_ns, RequestId self) const {
   if (path >= state_->paths.size()) return 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -325,6 +326,62 @@ TEST(Admission, MetricsTextCountsWhatHappened) {
   EXPECT_NE(text.find("# TYPE baton_admission_mlu_permille histogram"), std::string::npos);
   // Exporting twice does not double the counters.
   EXPECT_NE(e->metrics_text().find("baton_admission_admitted_total 2\n"), std::string::npos);
+}
+
+// What a request itself gets wrong is refused at admission's submit, not
+// later when the scheduler takes it: a waiting owner is counted first.
+TEST(Admission, RefusesBadRequestsAtSubmitAsTheSchedulerDoes) {
+  auto e = make_engine();
+  auto refused = [&](TransferRequest r, std::string_view why) {
+    const Status a = e->admission().submit(900, r, e->now_ns());
+    EXPECT_EQ(a.code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(a.message().find(why), std::string::npos) << a.message();
+  };
+  TransferRequest r = req(kMiB, 0);
+  r.qos = static_cast<QosClass>(200);  // indexed the class table past its end
+  refused(r, "qos class 200");
+  r = req(kMiB, 0);
+  r.op = static_cast<transport::Op>(9);
+  refused(r, "op 9");
+  r = req(kMiB, 0);
+  r.timeout_ns = -5;  // the bare scheduler took it
+  refused(r, "timeout -5 ns");
+  refused(req(TransferRequest::kMaxBytes + 1, 0), "expected 1 .. 2^48");  // two of 2^63 summed to 0 queued
+  refused(req(0, 0), "has 0 bytes");
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(e->admission().stats().admitted, 0u);
+  EXPECT_EQ(e->sim_transport().bytes_delivered(), 0u);
+}
+
+// Times at the ends of the clock: a deadline of INT64_MIN is long past (its
+// distance wrapped to "far ahead", and it was admitted), and a
+// reevaluation interval of INT64_MAX is never (the timer wrapped into the
+// past and the loop re-ran it forever).
+TEST(Admission, TimesAtTheEndsOfTheClockSaturate) {
+  {
+    auto e = make_engine();
+    ASSERT_TRUE(e->run_until(1'000'000).is_ok());
+    EXPECT_EQ(e->admission().mlu(req(kMiB, std::numeric_limits<TimeNs>::min()), kMiB, 1'000'000), kMluUnbounded);
+    std::vector<RequestId> signalled;
+    e->admission().set_local_recompute([&](RequestId id, const TransferRequest&) { signalled.push_back(id); });
+    const RequestId id = e->submit(req(kMiB, std::numeric_limits<TimeNs>::min())).value();
+    ASSERT_TRUE(e->run_until_idle().is_ok());
+    EXPECT_EQ(status_of(*e, id).state, RequestState::kInfeasible);
+    EXPECT_EQ(signalled, std::vector<RequestId>{id});
+    EXPECT_EQ(e->sim_transport().bytes_delivered(), 0u);
+  }
+  SchedPolicy p = SchedPolicy::defaults();
+  p.admission.reevaluate_interval_ns = std::numeric_limits<TimeNs>::max();
+  p.admission.max_owners = 1;
+  p.admission.drop_infeasible = true;  // its scan is timed by the same interval
+  auto e = make_engine(p);
+  e->admission().set_local_recompute([](RequestId, const TransferRequest&) {});
+  const RequestId first = e->submit(req(4 * kMiB, 3'000'000)).value();
+  const RequestId second = e->submit(req(kMiB, 3'000'000)).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(status_of(*e, first).state, RequestState::kCompleted);
+  EXPECT_EQ(status_of(*e, second).state, RequestState::kCompleted);
+  EXPECT_EQ(e->sim_transport().bytes_delivered(), 5 * kMiB);
 }
 
 }  // namespace

@@ -36,6 +36,12 @@ TEST(SocketAddress, RefusesWhatIsNotAnAddress) {
   EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.error().message().find("NUL"), std::string::npos) << r.error().message();
   EXPECT_FALSE(split_host_port(nul).has_value());
+  // A caller's 100 KB address comes back cut, not whole in the message.
+  for (const std::string& huge : {std::string(100'000, 'a'), std::string(100'000, 'a') + ":80"}) {
+    auto h = parse_socket_address(huge);
+    ASSERT_FALSE(h.has_value());
+    EXPECT_LT(h.error().message().size(), 400u) << h.error().message().substr(0, 400);
+  }
 }
 
 }  // namespace

@@ -171,6 +171,20 @@ TEST(Metrics, RedeclarationRules) {
   EXPECT_EQ(reg.declare_counter(kDropped, "x").code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(reg.declare_histogram(kDropped, "x", {}).code(), StatusCode::kAlreadyExists);
 
+  // One series name from two families makes Prometheus refuse the whole
+  // scrape: a histogram's _bucket/_sum/_count are its own, both ways round.
+  for (const char* name : {"h_count", "h_sum", "h_bucket"}) {
+    EXPECT_EQ(reg.declare_counter(name, "x").code(), StatusCode::kAlreadyExists) << name;
+    EXPECT_EQ(reg.declare_gauge(name, "x").code(), StatusCode::kAlreadyExists) << name;
+    EXPECT_EQ(reg.declare_histogram(name, "x", {1}).code(), StatusCode::kAlreadyExists) << name;
+  }
+  ASSERT_TRUE(reg.declare_gauge("g_sum", "x").is_ok());
+  const Status later = reg.declare_histogram("g", "x", {1});
+  EXPECT_EQ(later.code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(contains(later.message(), "\"g\" and \"g_sum\" would write the same series")) << later.message();
+  EXPECT_TRUE(reg.declare_counter("h_total", "x").is_ok());  // not a histogram's series
+  EXPECT_TRUE(reg.declare_counter("c_total_count", "x").is_ok());  // c_total is a counter
+
   // The first help text stays.
   const std::string text = reg.text();
   EXPECT_TRUE(contains(text, "# HELP c_total first\n")) << text;
@@ -191,14 +205,17 @@ TEST(Metrics, BadUpdatesAreDroppedAndCounted) {
   reg.add("c_total", {{"", "x"}});                                 // 8: label name
   reg.observe("h", {{"le", "1"}}, 0.5);                            // 9: le is reserved
   reg.add(kDropped);                                               // 10: not declared
+  reg.add("c_total", {{"__name__", "y"}});                         // 11: Prometheus's own
+  reg.observe("h", {{"__x", "1"}}, 0.5);                           // 12: Prometheus's own
   reg.add("c_total", {{"le", "fine on a counter"}, {"_ok", "y"}});  // kept
 
-  EXPECT_EQ(reg.counter(kDropped), 10u);
+  EXPECT_EQ(reg.counter(kDropped), 12u);
   EXPECT_EQ(reg.counter("c_total"), 0u);
   EXPECT_EQ(reg.counter("c_total", {{"le", "fine on a counter"}, {"_ok", "y"}}), 1u);
   EXPECT_EQ(reg.histogram_count("h"), 0u);
   const std::string text = reg.text();
-  EXPECT_TRUE(contains(text, "\nbaton_metrics_dropped_total 10\n")) << text;
+  EXPECT_TRUE(contains(text, "\nbaton_metrics_dropped_total 12\n")) << text;
+  EXPECT_FALSE(contains(text, "__")) << text;
   EXPECT_FALSE(contains(text, "unknown")) << text;
   EXPECT_FALSE(contains(text, "1bad")) << text;
   EXPECT_FALSE(contains(text, "h_bucket")) << text;

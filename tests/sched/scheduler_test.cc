@@ -356,6 +356,48 @@ TEST(Scheduler, PreemptionRescuesATightDeadlineAndTheVictimCompletes) {
   EXPECT_EQ(delivered2, 16 * kMiB + 64 * kKiB);
 }
 
+// A critical slice that preempts small slices takes as many as it needs to
+// fit the path's byte budget: it took one 4 KiB victim for a 1 MiB slice,
+// and round after round put 256 MiB in flight against a 1 MiB budget.
+TEST(Scheduler, PreemptionKeepsThePathsByteBudget) {
+  SchedPolicy p = SchedPolicy::defaults();
+  p.credits[static_cast<int>(PathType::kPcieP2p)] = {1, 256, kMiB};
+  p.slice_bytes[static_cast<int>(PathType::kPcieP2p)] = kMiB;
+  auto e = make_engine("pcie4", p);
+  std::vector<RequestId> small;
+  for (int i = 0; i < 256; ++i) {
+    small.push_back(e->submit({"gpu0", "gpu1", 4 * kKiB, QosClass::kBackground, 0, true}).value());
+  }
+  ASSERT_TRUE(e->run_until(0).is_ok());
+  const PathId pcie = path_of(*e, "gpu0", "gpu1", PathType::kPcieP2p);
+  EXPECT_EQ(e->scheduler().load(pcie).inflight_slices, 256);  // every slot taken, 1 MiB in flight
+  const RequestId decode = e->submit({"gpu0", "gpu1", 4 * kMiB, QosClass::kDecodeCritical, 0, false}).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  const PathLoad& load = e->scheduler().load(pcie);
+  EXPECT_LE(load.max_inflight_bytes, kMiB);
+  EXPECT_LE(load.max_inflight_slices, 256);
+  EXPECT_GE(e->stats().slices_preempted, 1u);
+  EXPECT_EQ(status_of(*e, decode).state, RequestState::kCompleted);
+  for (RequestId id : small) EXPECT_EQ(status_of(*e, id).state, RequestState::kCompleted) << id;
+  EXPECT_EQ(e->sim_transport().bytes_delivered(), 4 * kMiB + 256 * 4 * kKiB);  // re-sent, never doubled
+}
+
+// A measured cost far above any real link (1e5 GB/s at a tenth of a second)
+// asked for a billion slices a lane; lanes x slices wrapped int and the path
+// posted nothing.
+TEST(Scheduler, AnExtremeCostOverrideStillMovesBytes) {
+  SchedPolicy p = SchedPolicy::defaults();
+  p.slice_bytes[static_cast<int>(PathType::kPcieP2p)] = 4 * kKiB;
+  p.cost_model.push_back({PathType::kPcieP2p, topology::Proximity::kPix, 1e5, 1e5});
+  p.cost_model.push_back({PathType::kPcieP2p, topology::Proximity::kPxb, 1e5, 1e5});
+  p.cost_model.push_back({PathType::kPcieP2p, topology::Proximity::kPhb, 1e5, 1e5});
+  auto e = make_engine("pcie4", p);
+  const RequestId id = e->submit({"gpu0", "gpu1", kMiB, QosClass::kPrefillBulk, 0, true}).value();
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+  EXPECT_EQ(status_of(*e, id).state, RequestState::kCompleted);
+  EXPECT_EQ(e->sim_transport().bytes_delivered(), kMiB);
+}
+
 TEST(Scheduler, CreditsAreNeverExceeded) {
   auto e = make_engine("nvswitch8");
   // The mixed shapes, driven by hand to look at the loads afterwards.
@@ -613,6 +655,42 @@ TEST(Scheduler, RoutesPeersOnTransportPathsThatAppearWhileRunning) {
   EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).value(), 1u);
   // Topology endpoints are not confused with peers.
   EXPECT_EQ(s->submit(4, {"gpu0", "nic9", 1, QosClass::kHotKv, 0, true}, 0).code(), StatusCode::kNotFound);
+}
+
+// The bare scheduler's own entry points: it took a qos class past its table
+// (read beyond it), an unknown op, a negative timeout, sizes whose sum
+// wrapped its queued-byte count; load() of an unknown path threw; and a
+// request abandoned with an ok reason ended failed with status ok.
+TEST(Scheduler, ABareSchedulerRefusesBadRequestsItself) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  const TransferRequest good{"127.0.0.1:5000", "127.0.0.1:6000", kMiB, QosClass::kHotKv, 0, true};
+  auto refused = [&](TransferRequest r, std::string_view why) {
+    const Status st = s->submit(7, r, 0);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
+  TransferRequest r = good;
+  r.qos = static_cast<QosClass>(200);
+  refused(r, "qos class 200");
+  r = good;
+  r.op = static_cast<transport::Op>(9);
+  refused(r, "op 9");
+  r = good;
+  r.timeout_ns = -5;
+  refused(r, "timeout -5 ns");
+  r = good;
+  r.bytes = std::uint64_t{1} << 63;
+  refused(r, "expected 1 .. 2^48");
+  EXPECT_EQ(s->load(0).queued_bytes, 0u);
+  EXPECT_EQ(s->load(999'999).inflight_slices, 0);  // an unknown path has no load
+  ASSERT_TRUE(s->submit(8, good, 0).is_ok());
+  EXPECT_EQ(s->abandon(8, Status::ok(), 0).code(), StatusCode::kInvalidArgument);
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(8)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->status(7).error().code(), StatusCode::kNotFound);  // nothing of the refused ones stayed
 }
 
 TEST(Scheduler, AWireRatioIsRefusedWhereTheTransportCannotCarryCompressedSlices) {

@@ -48,6 +48,7 @@ inline const CLI::Validator kUnsigned64(
 // a line printed. Resolving the host is left to whoever connects or listens.
 inline const CLI::Validator kHostPort(
     [](std::string& text) -> std::string {
+      if (text.empty()) return "an empty value";  // an unset variable in a script
       auto parsed = split_host_port(text);
       return parsed ? "" : parsed.error().message();
     },

@@ -20,6 +20,14 @@ using TimeNs = std::int64_t;
   return at;
 }
 
+// `at - now`, saturating: a caller's deadline far in the past (INT64_MIN)
+// is very late, not far ahead after a wrap.
+[[nodiscard]] constexpr TimeNs time_until(TimeNs now, TimeNs at) {
+  TimeNs span = 0;
+  if (__builtin_sub_overflow(at, now, &span)) return at > now ? INT64_MAX : INT64_MIN;
+  return span;
+}
+
 // What a wait on std::chrono clocks is cut to (about 100 years): their own
 // arithmetic (now + timeout) overflows for INT64_MAX.
 inline constexpr TimeNs kForeverNs = TimeNs{100} * 365 * 24 * 3600 * 1'000'000'000;

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,8 +23,11 @@ class MetricsRegistry {
  public:
   // Declares a counter / histogram family once (help text, bucket upper
   // bounds sorted ascending; +Inf is implicit). already_exists on a second
-  // declaration with a different type or buckets; invalid_argument for a
-  // name that is not a Prometheus metric name or unsorted buckets.
+  // declaration with a different type or buckets, or for a name whose series
+  // another family writes (a counter "x_count" beside a histogram "x");
+  // invalid_argument for a name that is not a Prometheus metric name or
+  // unsorted buckets. A label name starting with "__" (Prometheus's own)
+  // drops the update, as an unknown family does.
   Status declare_counter(std::string_view name, std::string_view help);
   // A value that goes up and down (pages in use, tickets by state).
   Status declare_gauge(std::string_view name, std::string_view help);
@@ -48,6 +52,9 @@ class MetricsRegistry {
  private:
   struct Family;
   Status declare_scalar(std::string_view name, std::string_view help, bool gauge);
+  // The declared family whose series a new family `name` would also write
+  // (a histogram's _bucket, _sum, _count), if any. Under mutex_.
+  [[nodiscard]] std::optional<std::string> clash_locked(std::string_view name, bool histogram) const;
   std::uint64_t* scalar(std::string_view name, const Labels& labels, bool gauge);
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Family>, std::less<>> families_;

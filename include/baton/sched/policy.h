@@ -119,8 +119,9 @@ struct SchedPolicy {
   // Classes at or above this one may preempt lower classes.
   QosClass preempt_min_class = QosClass::kDecodeCritical;
 
-  // The documented defaults (64 KiB slices on rdma/tcp/gdr/shm, 512 KiB on
-  // nvlink/nvswitch, 256 KiB on PCIe and host staging; 4 lanes on fabric paths).
+  // The documented defaults (docs/scheduler.md): 64 KiB slices on
+  // rdma/gdr/shm, 256 KiB on tcp and PCIe, 512 KiB on nvlink/nvswitch, 1 MiB
+  // on host staging; 4 lanes on fabric paths.
   [[nodiscard]] static SchedPolicy defaults();
 
   [[nodiscard]] std::uint64_t slice_for(topology::PathType path) const {

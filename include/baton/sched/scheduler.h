@@ -44,9 +44,21 @@ struct TransferRequest {
   void* local = nullptr;
   std::uint32_t remote_key = 0;
   // From submit until the request ends `timeout`; 0: the policy's
-  // transfer_timeout. Negative is refused at submit.
+  // transfer_timeout. Negative is refused at submit. Kept by admission
+  // (AdmissionController, which the engine puts in front of the
+  // scheduler); the bare Scheduler times nothing out.
   TimeNs timeout_ns = 0;
+
+  // The most bytes one request may carry (256 TiB): far above any KV
+  // transfer, and low enough that a queue's byte counts cannot wrap.
+  static constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 48;
 };
+
+// What Scheduler::submit and AdmissionController::submit refuse in a request
+// itself (invalid_argument naming the field): 0 bytes or more than
+// kMaxBytes, a qos class or op outside its enum (cast from an integer), a
+// negative timeout.
+[[nodiscard]] Status check_request(RequestId id, const TransferRequest& request);
 
 // A byte range of a request: [offset, offset + length).
 struct ByteRange {
@@ -137,7 +149,8 @@ class Scheduler {
   // Queues a request. Endpoints are topology nodes (routed on the topology's
   // chain) or names the transport's paths use, such as a peer's host:port
   // (routed on those paths, fastest first; paths the transport adds later
-  // join the chain). invalid_argument for zero bytes or identical endpoints;
+  // join the chain). invalid_argument for what check_request refuses or
+  // identical endpoints;
   // not_found when neither way knows the endpoints; unavailable when the
   // transport offers no path of the topology's chain. A deadline already past is
   // accepted: the request is simply late, and most urgent.
@@ -154,7 +167,8 @@ class Scheduler {
 
   // Ends a live request with `reason` (kInfeasible for deadline_infeasible,
   // kTimedOut for timeout, kFailed otherwise), like cancel. For admission's
-  // "do not transfer" and its transfer timeout.
+  // "do not transfer" and its transfer timeout. invalid_argument for an ok
+  // reason (a request cannot fail with one).
   [[nodiscard]] Status abandon(RequestId id, Status reason, TimeNs now_ns);
 
   // Bytes on the wire per payload byte for slices posted from now on (a
@@ -183,7 +197,8 @@ class Scheduler {
   // failed, cancelled). The hook must not call back into the scheduler.
   void set_finish_hook(std::function<void(RequestId)> hook);
   [[nodiscard]] const SchedStats& stats() const;
-  // Valid until the transport offers more paths (the table then grows).
+  // Valid until the transport offers more paths (the table then grows). A
+  // path the scheduler does not know has an empty load.
   [[nodiscard]] const PathLoad& load(transport::PathId path) const;
   // Unsent bytes of the requests queued on `path` whose deadline comes
   // before `deadline_ns` (equal deadlines: submitted before `self`, all of

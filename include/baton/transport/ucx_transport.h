@@ -258,7 +258,9 @@ class UcxTransport final : public Transport {
   // address, each bound to the session; the path is kConnecting until every
   // lane is bound (learned through poll()), then kReady. Returns the path at
   // once (paths() grows by one); a live path to the same address is returned
-  // again instead of a second one. invalid_argument for a malformed or
+  // again instead of a second one, and a failed one whose handshake never
+  // bound a lane is taken again (kConnecting anew; paths() does not grow),
+  // so retrying a dead peer does not add a path a try. invalid_argument for a malformed or
   // unresolvable address or port 0; unavailable when no socket can be made.
   // A refused connection or a silent peer shows up later as kFailed with an
   // unavailable path_status(); secrets that differ as permission_denied.

@@ -79,12 +79,17 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
                                                       zero_ok ? "; 0: never" : ""));
     }
   }
+  // UCX reads the list as a C string: a NUL would cut it silently.
+  if (config.tls.find('\0') != std::string::npos) {
+    return std::unexpected(
+        Status::invalid_argument("UcxTransport::create: tls \"{}\" has a NUL byte", shown(config.tls)));
+  }
   // UCX reads "a,,b" or "," as naming a transport "" (and then reports
   // "no such element"): the caller's list, so said as such.
   if (!config.tls.empty() && std::ranges::any_of(std::views::split(config.tls, ','),
                                                  [](auto name) { return std::ranges::empty(name); })) {
     return std::unexpected(Status::invalid_argument("UcxTransport::create: tls \"{}\" has an empty transport name",
-                                                    config.tls));
+                                                    shown(config.tls)));
   }
   if (config.max_unauthenticated < 1) {
     return std::unexpected(Status::invalid_argument(
@@ -133,7 +138,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
           "UcxTransport::create: listening on {} without a secret would let any host that reaches it read and write "
           "the memory peers are given: set a secret (--token-file, BATON_TOKEN_FILE, UcxConfig::secret), listen on "
           "loopback, or say allow_unauthenticated",
-          config.listen_address));
+          shown(config.listen_address)));
     }
     if (is_loopback(listen->get())) {
       spdlog::debug("ucx: no secret: listening on loopback {} only, for processes of this host",
@@ -290,13 +295,13 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
   }
   for (const std::string& name : peers) {
     if (name.empty() || name.size() > ucx::kMaxNameBytes) {
-      return Status::invalid_argument("UcxTransport::export_region: peer name \"{}\" (expected 1..{} bytes)", name,
+      return Status::invalid_argument("UcxTransport::export_region: peer name \"{}\" (expected 1..{} bytes)", shown(name),
                                       ucx::kMaxNameBytes);
     }
     // A peer is named by its listen address, which always has a port.
     auto split = split_host_port(name);
     if (!split || split->port == 0) {
-      return Status::invalid_argument("UcxTransport::export_region: peer \"{}\" is not a listen address: {}", name,
+      return Status::invalid_argument("UcxTransport::export_region: peer \"{}\" is not a listen address: {}", shown(name),
                                       split ? "port 0" : split.error().message());
     }
     // Peers say their listen address with a numeric host: a host name here
@@ -307,7 +312,7 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
       return Status::invalid_argument(
           "UcxTransport::export_region: peer \"{}\": name a peer by its numeric listen address (as "
           "Peer::address says it), not a host name",
-          name);
+          shown(name));
     }
   }
   if (peers.empty()) {
@@ -345,7 +350,7 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   const auto held = state_->hold();
   State& s = *state_;
   if (s.shut_down) {
-    return std::unexpected(Status::unavailable("UcxTransport::connect: {}: the transport shut down", peer_address));
+    return std::unexpected(Status::unavailable("UcxTransport::connect: {}: the transport shut down", shown(peer_address)));
   }
   auto target = parse_socket_address(peer_address);
   if (!target) {
@@ -353,14 +358,22 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   }
   if (port_of(target->get()) == 0) {
     return std::unexpected(
-        Status::invalid_argument("UcxTransport::connect: address \"{}\" has port 0", peer_address));
+        Status::invalid_argument("UcxTransport::connect: address \"{}\" has port 0", shown(peer_address)));
   }
   const std::string address = format_socket_address(target->get());
+  // A failed path to this address whose handshake never reached its
+  // endpoints (refused, timed out, wrong secret) holds nothing: it is taken
+  // again. A caller retrying a dead peer added a path a try (1.4 KB each,
+  // walked by every connect and every loop turn).
+  std::optional<PathId> reuse;
   for (PathId id = 0; id < s.peers.size(); ++id) {
-    if (s.peers[id].address == address && s.peers[id].state != PathState::kFailed) return id;
+    const State::Peer& p = s.peers[id];
+    if (p.address != address) continue;
+    if (p.state != PathState::kFailed) return id;
+    if (!reuse && p.stage < State::Stage::kBinding && p.inflight == 0) reuse = id;
   }
 
-  const auto id = static_cast<PathId>(s.peers.size());
+  const auto id = reuse.value_or(static_cast<PathId>(s.peers.size()));
   auto control = ControlConnection::dial(*target);
   if (!control) return std::unexpected(control.error());
   State::Peer peer;
@@ -379,9 +392,14 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   }
   s.poller->watch(peer.control->fd(), peer.control->wants_write());
   peer.write_watched = peer.control->wants_write();
-  s.peers.push_back(std::move(peer));
   PathInfo info{s.address, address, topology::PathType::kTcp, s.config.lanes_per_peer, 0, 0};
-  s.infos.push_back(std::move(info));
+  if (reuse) {
+    s.peers[id] = std::move(peer);
+    s.infos[id] = std::move(info);
+  } else {
+    s.peers.push_back(std::move(peer));
+    s.infos.push_back(std::move(info));
+  }
   s.set_path_type(id, topology::PathType::kTcp);  // until UCX says what it chose
   return id;
 }
