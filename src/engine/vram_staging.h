@@ -59,6 +59,7 @@ class VramStaging final : public transport::Transport {
 
   // --- Transport: the local GPU paths, then UCX's, with VRAM slices staged ---
   [[nodiscard]] const std::vector<transport::PathInfo>& paths() const override;
+  [[nodiscard]] std::uint64_t paths_version() const override { return ucx_->paths_version(); }
   // A VRAM write's checks by UCX come once its bytes are in the bounce
   // buffer: a refusal then completes the slice with it.
   [[nodiscard]] Status submit(const transport::SliceSubmit& slice, TimeNs now_ns) override;

@@ -256,6 +256,7 @@ struct Scheduler::State {
   std::map<std::tuple<std::string, std::string, topology::PathType>, PathId> path_index;
   std::unordered_map<std::string, std::vector<PathId>> chains;  // "from|to" → chain
   std::set<std::string> peer_chains;  // keys of chains made of transport paths alone
+  std::uint64_t paths_version = 0;     // the transport's, when paths were last read
   std::unordered_map<RequestId, Request> requests;
   SliceTable posted;
   std::set<PathId> busy_queues;  // paths whose queue is not empty
@@ -315,6 +316,14 @@ struct Scheduler::State {
 
   void add_path(PathId id, const transport::PathInfo& info) {
     PathRuntime p;
+    configure(p, info);
+    p.lane_load.assign(info.lanes, 0);
+    paths.push_back(std::move(p));
+    path_index[{info.from, info.to, info.type}] = id;
+  }
+
+  // A path's slicing, credits and cost from its PathInfo and the policy.
+  void configure(PathRuntime& p, const transport::PathInfo& info) const {
     p.info = info;
     p.credits = policy.credits_for(info.type);
     p.credits.lanes = std::min(p.credits.lanes, info.lanes);  // cannot use lanes the path lacks
@@ -331,9 +340,23 @@ struct Scheduler::State {
     const double bdp_slices = static_cast<double>(p.latency_ns) * lane_bytes_per_ns / static_cast<double>(p.slice_bytes);
     const double wanted = std::min(1 + std::ceil(bdp_slices), static_cast<double>(PathCredits::kMaxSlicesPerLane));
     p.credits.slices_per_lane = std::max(p.credits.slices_per_lane, static_cast<int>(wanted));
-    p.lane_load.assign(info.lanes, 0);
-    paths.push_back(std::move(p));
+  }
+
+  // A path whose PathInfo changed after it was taken on: a UCX path is TCP
+  // until its handshake says shm or RDMA, and was sliced and credited as
+  // TCP for good (a policy's shm slice size never applied). What is in
+  // flight keeps its lanes; queued requests keep their keys until rekeyed.
+  void retype(PathId id, const transport::PathInfo& info) {
+    PathRuntime& p = paths[id];
+    if (const auto it = path_index.find({p.info.from, p.info.to, p.info.type}); it != path_index.end() && it->second == id) {
+      path_index.erase(it);
+    }
+    configure(p, info);
+    if (p.lane_load.size() < static_cast<std::size_t>(info.lanes)) p.lane_load.resize(info.lanes, 0);
     path_index[{info.from, info.to, info.type}] = id;
+    for (auto& [key, chain] : chains) {
+      if (std::ranges::find(chain, id) != chain.end()) sort_by_bandwidth(chain);
+    }
   }
 
   // A transport may offer more paths as it runs (a UCX peer connects): take
@@ -341,6 +364,17 @@ struct Scheduler::State {
   // in place, since queued requests point at them.
   void sync_paths() {
     const auto& infos = transport.paths();
+    if (const std::uint64_t version = transport.paths_version(); version != paths_version) {
+      paths_version = version;
+      for (PathId id = 0; id < paths.size(); ++id) {
+        const transport::PathInfo& was = paths[id].info;
+        const transport::PathInfo& now = infos[id];
+        if (was.type != now.type || was.lanes != now.lanes || was.bandwidth_gbps != now.bandwidth_gbps ||
+            was.latency_us != now.latency_us || was.from != now.from || was.to != now.to) {
+          retype(id, now);
+        }
+      }
+    }
     if (infos.size() == paths.size()) return;
     const auto first_new = static_cast<PathId>(paths.size());
     for (PathId id = first_new; id < infos.size(); ++id) add_path(id, infos[id]);

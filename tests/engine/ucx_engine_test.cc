@@ -280,6 +280,38 @@ TEST(UcxEngineBatch, SmallTcpRequestsTravelInBundlesByteExact) {
   EXPECT_EQ(metric(m, "baton_ucx_thread_copies_total"), 0.0);
 }
 
+// A path is TCP until its handshake says what carries it, and the scheduler
+// took it on before that: a same-host (shm) path was sliced as TCP for good,
+// and a policy's shm slice size never applied. Counted in slices posted.
+TEST(UcxEngineBatch, APathIsSlicedAsWhatCarriesItNotAsTcp) {
+  sched::SchedPolicy policy = sched::SchedPolicy::defaults();
+  policy.slice_bytes[static_cast<int>(topology::PathType::kShm)] = 128 << 10;  // tcp keeps 256 KiB
+  for (const std::string tls : {"", "tcp"}) {
+    EngineConfig config = ucx_config(tls);
+    config.policy = policy;
+    config.ucx.direct_copy_max_bytes = 0;  // every request through the scheduler
+    std::vector<std::byte> mine(1 << 20);
+    auto engine = Engine::create(std::move(config));
+    ASSERT_TRUE(engine.has_value()) << engine.error().to_string();
+    Side target(1 << 20, kTargetSalt, tls, policy);
+    auto region = (*engine)->register_memory(mine.data(), mine.size());
+    ASSERT_TRUE(region.has_value());
+    auto peer = (*engine)->connect(target.engine->address());
+    ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+    EXPECT_EQ(peer->transport, tls.empty() ? "shm" : "tcp");
+    Request r;
+    r.op = Op::kRead;
+    r.local_region = region->handle;
+    r.peer = peer->address;
+    r.remote_region = target.region.handle;
+    r.length = 1 << 20;
+    ASSERT_TRUE(run(**engine, Batch{{r}, {}}).is_ok());
+    EXPECT_FALSE(pattern_mismatch(mine, kTargetSalt).has_value());
+    const double slices = metric((*engine)->metrics_text(), "baton_sched_slices_posted_total");
+    EXPECT_EQ(slices, tls.empty() ? 8.0 : 4.0) << (tls.empty() ? "shm" : "tcp");  // 1 MiB / 128 KiB, / 256 KiB
+  }
+}
+
 TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   Side target(64 << 20, kTargetSalt);
   Side local(64 << 20, kLocalSalt);

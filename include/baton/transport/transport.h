@@ -92,6 +92,10 @@ class Transport {
   virtual ~Transport() = default;
 
   [[nodiscard]] virtual const std::vector<PathInfo>& paths() const = 0;
+  // Moves whenever a path already in paths() changes (UCX: its type, once
+  // the handshake says what carries it), so a scheduler that took the path
+  // on early re-reads it. Paths that are only added leave it alone.
+  [[nodiscard]] virtual std::uint64_t paths_version() const { return 0; }
 
   // Queues a slice on a lane (FIFO per lane). invalid_argument for an unknown
   // path, lane or a zero-byte slice; already_exists for a slice id in use;

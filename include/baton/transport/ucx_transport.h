@@ -341,6 +341,7 @@ class UcxTransport final : public Transport {
   // peer's address, type = tcp / shm / rdma as UCX chose (known once ready),
   // cost-model bandwidth and latency for that type.
   [[nodiscard]] const std::vector<PathInfo>& paths() const override;
+  [[nodiscard]] std::uint64_t paths_version() const override;
   // Validates everything before anything is posted, so a peer never sees an
   // access outside memory it registered: invalid_argument for an unknown
   // path or lane, zero bytes, or a remote_key the peer never announced;

@@ -76,6 +76,7 @@ topology::PathType UcxTransport::State::detect_path_type(ucp_ep_h ep) const {
 void UcxTransport::State::set_path_type(PathId id, topology::PathType type) {
   PathInfo& info = infos[id];
   info.type = type;
+  ++infos_version;
   if (const auto cost = topology::CostModel().cost(type, topology::Proximity::kLocal)) {
     info.bandwidth_gbps = cost->bandwidth_gbps;
     info.latency_us = cost->latency_us;

@@ -365,6 +365,7 @@ struct UcxTransport::State {
 
   std::vector<Peer> peers;  // by PathId
   std::vector<PathInfo> infos;
+  std::uint64_t infos_version = 0;  // paths_version(): moves when an entry of infos changes
   std::map<std::uint64_t, Session> sessions;  // by id
   std::uint64_t next_session = 1;
   std::uint64_t next_revoke = 1;

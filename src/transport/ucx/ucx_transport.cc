@@ -532,6 +532,7 @@ bool UcxTransport::arm() {
 }
 
 const std::vector<PathInfo>& UcxTransport::paths() const { return state_->infos; }
+std::uint64_t UcxTransport::paths_version() const { return state_->infos_version; }
 
 Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
   const auto held = state_->hold();
