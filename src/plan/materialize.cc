@@ -1,5 +1,6 @@
 #include "baton/plan/materialize.h"
 
+#include <algorithm>
 #include <map>
 
 namespace baton::plan {
@@ -49,12 +50,29 @@ Result<MaterializedPlan> materialize(const Plan& plan, const topology::TopologyG
     return it->second;
   };
 
+  auto piece_of = [&](const Chunk& chunk) {
+    const bool stripe = group_of(chunk.numa).nics.size() > 1 && chunk.length > options.stripe_bytes;
+    return stripe ? options.stripe_bytes : options.max_op_bytes;
+  };
+  // Counted before any is made: the sizes may ask for more than memory holds.
+  std::uint64_t op_count = 0;
+  for (const Chunk& chunk : plan.chunks) {
+    const std::uint64_t piece = piece_of(chunk);
+    const std::uint64_t ops = chunk.length / piece + (chunk.length % piece != 0 ? 1 : 0);
+    op_count += std::min(ops, MaterializeOptions::kMaxOps + 1);  // a huge chunk cannot wrap the sum
+    if (op_count > MaterializeOptions::kMaxOps) {
+      return std::unexpected(Status::invalid_argument(
+          "materialize: more than {} ops: stripe_bytes {} and max_op_bytes {} cut the plan's {} chunks too finely",
+          MaterializeOptions::kMaxOps, options.stripe_bytes, options.max_op_bytes, plan.chunks.size()));
+    }
+  }
+  out.ops.reserve(op_count);
+
   for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
     const Chunk& chunk = plan.chunks[c];
     const ChunkLocation& where = out.layout.chunks[c];
     Group& group = group_of(chunk.numa);
-    const bool stripe = group.nics.size() > 1 && chunk.length > options.stripe_bytes;
-    const std::uint64_t piece = stripe ? options.stripe_bytes : options.max_op_bytes;
+    const std::uint64_t piece = piece_of(chunk);
     for (std::uint64_t done = 0; done < chunk.length;) {
       const std::uint64_t length = std::min(piece, chunk.length - done);
       std::int32_t nic = -1;

@@ -119,13 +119,13 @@ Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
     return Status::invalid_argument("CostModel::set: path {} at proximity {} (expected path < {}, proximity < {})",
                                     idx(path), idx(proximity), kPathTypeCount, kProximityCount);
   }
-  if (!(bandwidth_gbps > 0) || !std::isfinite(bandwidth_gbps)) {
-    return Status::invalid_argument("CostModel::set: {} bandwidth {} GB/s must be > 0 and finite",
-                                    to_string(path), bandwidth_gbps);
+  if (!(bandwidth_gbps >= kMinBandwidthGbps && bandwidth_gbps <= kMaxBandwidthGbps)) {
+    return Status::invalid_argument("CostModel::set: {} bandwidth {} GB/s (expected {}..{})", to_string(path),
+                                    bandwidth_gbps, kMinBandwidthGbps, kMaxBandwidthGbps);
   }
-  if (!(latency_us >= 0) || !std::isfinite(latency_us)) {
-    return Status::invalid_argument("CostModel::set: {} latency {} us must be >= 0 and finite",
-                                    to_string(path), latency_us);
+  if (!(latency_us >= 0 && latency_us <= kMaxLatencyUs)) {
+    return Status::invalid_argument("CostModel::set: {} latency {} us (expected 0..{})", to_string(path),
+                                    latency_us, kMaxLatencyUs);
   }
   table_[idx(path)][idx(proximity)] = {true, bandwidth_gbps, latency_us};
   return Status::ok();

@@ -33,6 +33,10 @@ Proximity device_proximity(const Relation* r, int numa_a, int numa_b) {
 }
 
 Status check_ref(const TopologyFacts& f, DeviceRef d) {
+  if (d.kind != DeviceRef::Kind::kGpu && d.kind != DeviceRef::Kind::kNic) {
+    return Status::invalid_argument("TopologyGraph::build: a relation names device kind {} (expected GPU or NIC)",
+                                    static_cast<int>(d.kind));
+  }
   const std::size_t n = d.kind == DeviceRef::Kind::kGpu ? f.gpus.size() : f.nics.size();
   if (d.index < 0 || static_cast<std::size_t>(d.index) >= n) {
     return Status::invalid_argument(
@@ -93,6 +97,7 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
   g.source_ = facts.source;
   g.notes_ = facts.notes;
 
+  std::set<std::pair<std::string, std::string>> pairs;
   for (const Relation& r : facts.relations) {
     for (DeviceRef d : {r.a, r.b}) {
       if (auto s = check_ref(facts, d); !s.is_ok()) return std::unexpected(s);
@@ -101,10 +106,37 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
       return std::unexpected(Status::invalid_argument(
           "TopologyGraph::build: relation joins {} to itself", device_id(r.a)));
     }
-    if (r.nvlinks < 0) {
+    if (r.nvlinks < 0 || r.nvlinks > kMaxNvlinksPerGpu) {
       return std::unexpected(Status::invalid_argument(
-          "TopologyGraph::build: {}-{} has {} NVLinks", device_id(r.a), device_id(r.b),
-          r.nvlinks));
+          "TopologyGraph::build: {}-{} has {} NVLinks (expected 0..{}: a GPU's ports)", device_id(r.a),
+          device_id(r.b), r.nvlinks, kMaxNvlinksPerGpu));
+    }
+    if (static_cast<int>(r.pci) > static_cast<int>(PciLocality::kUnknown)) {
+      return std::unexpected(Status::invalid_argument("TopologyGraph::build: {}-{} has PCIe locality {} (not one)",
+                                                      device_id(r.a), device_id(r.b), static_cast<int>(r.pci)));
+    }
+    // One fact per pair: a second would be ignored (find() returns the first).
+    if (!pairs.insert(std::minmax(device_id(r.a), device_id(r.b))).second) {
+      return std::unexpected(Status::invalid_argument("TopologyGraph::build: {}-{} has two relations",
+                                                      device_id(r.a), device_id(r.b)));
+    }
+  }
+  auto check_numa = [](std::string_view what, std::size_t i, int numa) {
+    return numa == kUnknownNuma || (numa >= 0 && numa <= kMaxNumaNode)
+               ? Status::ok()
+               : Status::invalid_argument("TopologyGraph::build: {}{} is on NUMA node {} (expected 0..{}, or {} "
+                                          "for unknown)", what, i, numa, kMaxNumaNode, kUnknownNuma);
+  };
+  for (std::size_t i = 0; i < facts.gpus.size(); ++i) {
+    if (Status s = check_numa("gpu", i, facts.gpus[i].numa); !s.is_ok()) return std::unexpected(s);
+  }
+  for (std::size_t i = 0; i < facts.nics.size(); ++i) {
+    if (Status s = check_numa("nic", i, facts.nics[i].numa); !s.is_ok()) return std::unexpected(s);
+  }
+  for (std::size_t i = 0; i < facts.numa_nodes.size(); ++i) {
+    if (const int id = facts.numa_nodes[i].os_index; id < 0 || id > kMaxNumaNode) {
+      return std::unexpected(Status::invalid_argument("TopologyGraph::build: NUMA node {} (expected 0..{})", id,
+                                                      kMaxNumaNode));
     }
   }
 

@@ -6,6 +6,7 @@
 // the matrix (square, X on the diagonal, symmetric) so that a damaged paste
 // is reported rather than half-read.
 #include <algorithm>
+#include <bitset>
 #include <cctype>
 #include <charconv>
 #include <filesystem>
@@ -23,17 +24,12 @@
 namespace baton::topology {
 namespace {
 
-// A GPU's NVLink ports: 18 on H100/H200/B200, fewer on older parts. A GPU
-// whose bonded links to its peers add up to more than this cannot be wired
-// to them directly, so its NV# entries describe an NVSwitch fabric.
-constexpr int kMaxNvlinksPerGpu = 18;
-
-// Bounds of what a machine can have: Linux's MAX_NUMNODES and NR_CPUS at
-// their largest, and devices in one matrix (an 8-GPU node lists 8 to 20; the
-// derived graph grows with the cube of the count).
-constexpr int kMaxNumaNode = 1023;
-constexpr int kMaxCpu = 8191;
+// Devices in one matrix: an 8-GPU node lists 8 to 20; the derived graph
+// grows with the cube of the count.
 constexpr int kMaxDevices = 256;
+// Lines read: a matrix of kMaxDevices, its legends and notes fit many
+// times over; 16 MiB of empty lines took 1.4 GB to hold as lines.
+constexpr std::size_t kMaxLines = 1 << 16;
 
 constexpr std::string_view kTrailingColumns[] = {"CPU Affinity", "NUMA Affinity", "GPU NUMA ID"};
 
@@ -58,11 +54,12 @@ std::string strip_ansi_and_cr(std::string_view raw) {
 
 // Lines end with "\n", "\r\n" or a lone "\r" (a file saved by an editor
 // that writes classic Mac line ends); a run of "\r" before "\n" is one end.
+// At most kMaxLines + 1: one more says the text has too many.
 std::vector<Line> split_lines(std::string_view text) {
   std::vector<Line> lines;
   int number = 1;
   std::size_t start = 0;
-  while (start <= text.size()) {
+  while (start <= text.size() && lines.size() <= kMaxLines) {
     const std::size_t end = std::min(text.find_first_of("\r\n", start), text.size());
     lines.push_back({number++, strip_ansi_and_cr(text.substr(start, end - start))});
     if (end == text.size()) break;
@@ -99,19 +96,20 @@ std::optional<int> gpu_index(std::string_view name) {
   return parse_int(name.substr(3));
 }
 
-// Number of CPUs in a list such as "0-63,128-191"; nullopt if not a list
-// of CPUs 0..kMaxCpu.
+// Number of distinct CPUs in a list such as "0-63,128-191" (a CPU listed
+// twice counts once; a sum wrapped past INT_MAX); nullopt if not a list of
+// CPUs 0..kMaxCpu.
 std::optional<int> cpu_list_count(std::string_view list) {
-  int count = 0;
+  std::bitset<kMaxCpu + 1> cpus;
   std::istringstream in{std::string(list)};
   for (std::string part; std::getline(in, part, ',');) {
     const auto dash = part.find('-');
     const auto lo = parse_int(std::string_view(part).substr(0, dash));
     const auto hi = dash == std::string::npos ? lo : parse_int(std::string_view(part).substr(dash + 1));
     if (!lo || !hi || *lo < 0 || *hi < *lo || *hi > kMaxCpu) return std::nullopt;
-    count += *hi - *lo + 1;
+    for (int cpu = *lo; cpu <= *hi; ++cpu) cpus.set(static_cast<std::size_t>(cpu));
   }
-  return count == 0 ? std::nullopt : std::optional(count);
+  return cpus.none() ? std::nullopt : std::optional(static_cast<int>(cpus.count()));
 }
 
 struct Cell {
@@ -139,6 +137,14 @@ std::optional<Cell> parse_cell(std::string_view t) {
 }
 
 constexpr std::size_t kLongestNicName = 255;
+
+// A device name as a driver writes one (mlx5_0, GPU3, eth1): printable
+// ASCII. A name from a file is printed to a terminal, where an escape
+// sequence in it would act (retitle the window, reorder the text).
+bool is_device_name(std::string_view name) {
+  return !name.empty() && name.size() <= kLongestNicName &&
+         std::ranges::all_of(name, [](char c) { return c > ' ' && c < '\x7f'; });
+}
 
 // "  NIC0: mlx5_0" → {"0", "mlx5_0"}; any other line → nullopt. By hand:
 // std::regex recursed once per character and overflowed the stack on a
@@ -193,6 +199,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   auto error = [](int line, std::string why) {
     return std::unexpected(Status::invalid_argument("nvidia-smi topo: line {}: {}", line, why));
   };
+  if (lines.size() > kMaxLines) {
+    return std::unexpected(Status::invalid_argument(
+        "nvidia-smi topo: more than {} lines: not the output of nvidia-smi topo -m", kMaxLines));
+  }
 
   std::size_t at = 0;
   while (at < lines.size() && is_blank(lines[at].text)) ++at;
@@ -226,6 +236,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   int gpus = 0;
   int nics = 0;
   for (int c = 0; c < n; ++c) {
+    if (!is_device_name(columns[c])) {
+      return error(header.number, fmt::format("column \"{}\" is not a device name (at most {} printable ASCII "
+                                              "characters)", shown(columns[c]), kLongestNicName));
+    }
     if (std::count(columns.begin(), columns.end(), columns[c]) > 1) {
       return error(header.number, fmt::format("column \"{}\" appears twice", columns[c]));
     }
@@ -295,8 +309,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     }
   }
 
-  // After the matrix: only the legends matter ("  NIC0: mlx5_0").
+  // After the matrix: only the legends matter ("  NIC0: mlx5_0"), one per
+  // NIC column, each naming a different device.
   std::map<int, std::string> nic_names;
+  std::map<std::string, int, std::less<>> nic_by_name;
   for (; at < lines.size(); ++at) {
     const auto legend = nic_legend(lines[at].text);
     if (!legend) continue;
@@ -311,7 +327,23 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       return error(lines[at].number, fmt::format("NIC{} legend name of {} bytes (at most {}): \"{}\"", index,
                                                  legend->second.size(), kLongestNicName, shown(legend->second)));
     }
+    if (!is_device_name(legend->second)) {
+      return error(lines[at].number, fmt::format("NIC{} legend name \"{}\" is not a device name (printable "
+                                                 "ASCII only)", index, shown(legend->second)));
+    }
+    if (std::ranges::find(columns, fmt::format("NIC{}", index)) == columns.end()) {
+      return error(lines[at].number, fmt::format("legend for NIC{}, which is not a column of the matrix", index));
+    }
+    if (const auto named = nic_names.find(index); named != nic_names.end()) {
+      return error(lines[at].number, fmt::format("NIC{} named twice (\"{}\", then \"{}\")", index,
+                                                 shown(named->second), shown(legend->second)));
+    }
+    if (const auto other = nic_by_name.find(legend->second); other != nic_by_name.end()) {
+      return error(lines[at].number, fmt::format("NIC{} and NIC{} both named \"{}\"", other->second, index,
+                                                 shown(legend->second)));
+    }
     nic_names[index] = std::string(legend->second);
+    nic_by_name.emplace(legend->second, index);
   }
 
   TopologyFacts facts;
@@ -319,6 +351,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   facts.gpus.resize(gpus);
   facts.nics.resize(nics);
   bool numa_inferred = false;
+  const bool numa_column = std::ranges::any_of(trailing, [](const auto& t) { return t.second == "NUMA Affinity"; });
   std::map<std::string, int> numa_by_cpus;  // only when there is no NUMA column
   for (int c = 0; c < n; ++c) {
     if (gpu_of[c] >= 0) {
@@ -345,7 +378,12 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
         into = *v;
         return Status::ok();
       };
-      if (ex.contains("NUMA Affinity")) {
+      if (numa_column && !ex.contains("NUMA Affinity")) {
+        // Guessed from the CPU set instead, its id collided with given ones.
+        return error(row_line[c], fmt::format("row \"{}\" has no NUMA Affinity value (the header names one; "
+                                              "N/A when unknown)", columns[c]));
+      }
+      if (numa_column) {
         if (Status st = numa_value("NUMA Affinity", gpu.numa); !st.is_ok()) return std::unexpected(st);
       } else if (!gpu.cpu_affinity.empty()) {
         // Older drivers print only CPU Affinity: GPUs with the same CPU set
@@ -406,14 +444,22 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     facts.gpus[g].nvlink_active = fabric > 0 ? fabric : nvlink_sum[g];
   }
 
-  // A NIC sits on the NUMA node of any GPU it reaches without the socket link.
+  // A NIC sits on the NUMA node of any GPU it reaches without the socket
+  // link; GPUs on different nodes that say so leave it unknown, whatever
+  // their order.
+  std::vector<bool> numa_conflict(nics, false);
   for (const Relation& rel : facts.relations) {
     if (rel.a.kind != DeviceRef::Kind::kGpu || rel.b.kind != DeviceRef::Kind::kNic) continue;
     if (rel.pci == PciLocality::kSys || rel.pci == PciLocality::kUnknown) continue;
     NicInfo& nic = facts.nics[rel.b.index];
     const int numa = facts.gpus[rel.a.index].numa;
-    if (numa == kUnknownNuma) continue;
-    nic.numa = nic.numa == kUnknownNuma || nic.numa == numa ? numa : kUnknownNuma;
+    if (numa == kUnknownNuma || numa_conflict[rel.b.index]) continue;
+    if (nic.numa != kUnknownNuma && nic.numa != numa) {
+      numa_conflict[rel.b.index] = true;
+      nic.numa = kUnknownNuma;
+      continue;
+    }
+    nic.numa = numa;
   }
 
   // NUMA nodes named by the GPUs, with the CPU set the matrix gives for them.

@@ -112,5 +112,23 @@ TEST(Materialize, RefusesBadOptionsAndPlans) {
             std::string::npos);
 }
 
+// Sizes that would cut a plan into more ops than memory holds are refused
+// before any op is made (a 1-byte stripe of 100 blocks ended in bad_alloc).
+TEST(Materialize, RefusesMoreOpsThanItMayMake) {
+  const Plan p = plan_of({{64 * kMiB, 0}, {64 * kMiB, 0}});
+  for (const auto& [graph, options] :
+       {std::pair{nic_graph({2}), MaterializeOptions{.stripe_bytes = 1}},
+        std::pair{nic_graph({1}), MaterializeOptions{.max_op_bytes = 1, .stripe_bytes = 1}}}) {
+    const auto m = materialize(p, graph, options);
+    ASSERT_FALSE(m.has_value());
+    EXPECT_EQ(m.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.error().message().find("more than 16777216 ops"), std::string::npos) << m.error().message();
+  }
+  // The same 1-byte stripe with one NIC cuts nothing: the cap applies there.
+  const auto whole = materialize(p, nic_graph({1}), {.stripe_bytes = 1});
+  ASSERT_TRUE(whole.has_value()) << whole.error().to_string();
+  EXPECT_EQ(whole->ops.size(), 2u);
+}
+
 }  // namespace
 }  // namespace baton::plan

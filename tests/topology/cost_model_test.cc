@@ -74,6 +74,15 @@ TEST(CostModel, RefusesNonsense) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(m.set(PathType::kTcp, Proximity::kLocal, 3.0, std::numeric_limits<double>::infinity()).code(),
             StatusCode::kInvalidArgument);
+  // Finite, and still no link's: 1e308 GB/s scored inf.
+  EXPECT_EQ(m.set(PathType::kRdma, Proximity::kLocal, 1e308, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kRdma, Proximity::kLocal, CostModel::kMaxBandwidthGbps * 2, 0).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kRdma, Proximity::kLocal, CostModel::kMinBandwidthGbps / 2, 0).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.set(PathType::kRdma, Proximity::kLocal, 3.0, CostModel::kMaxLatencyUs * 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m.set(PathType::kRdma, Proximity::kLocal, CostModel::kMaxBandwidthGbps, CostModel::kMaxLatencyUs).is_ok());
   EXPECT_DOUBLE_EQ(m.cost(PathType::kTcp, Proximity::kLocal)->bandwidth_gbps, 3.0);  // unchanged
 }
 

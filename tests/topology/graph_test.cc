@@ -192,6 +192,43 @@ TEST(TopologyGraph, BuildRefusesFactsThatContradictThemselves) {
   EXPECT_TRUE(TopologyGraph::build(f).has_value());
 }
 
+// What the nvidia-smi parser refuses, build refuses from any caller: it made
+// a 25 000 GB/s NVLink, a PCIe locality cast from 77 a PHB-local GDR link,
+// and a second relation for a pair was silently ignored.
+TEST(TopologyGraph, BuildRefusesFactsNoMachineHas) {
+  using K = DeviceRef::Kind;
+  auto refused = [](const TopologyFacts& f, std::string_view says) {
+    const auto g = TopologyGraph::build(f);
+    ASSERT_FALSE(g.has_value());
+    EXPECT_EQ(g.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(g.error().message().find(says), std::string::npos) << g.error().message();
+  };
+  TopologyFacts f;
+  f.gpus.resize(2);
+  f.nics.resize(1);
+  f.relations = {{{K::kGpu, 0}, {K::kGpu, 1}, PciLocality::kSys, 1000, false, false}};
+  refused(f, "gpu0-gpu1 has 1000 NVLinks (expected 0..18");
+  f.relations = {{{K::kGpu, 0}, {K::kGpu, 1}, PciLocality::kSys, 18, false, false}};
+  EXPECT_TRUE(TopologyGraph::build(f).has_value());
+  f.relations = {{{K::kGpu, 0}, {K::kGpu, 1}, PciLocality::kSys, 4, false, false},
+                 {{K::kGpu, 1}, {K::kGpu, 0}, PciLocality::kSys, 0, false, false}};
+  refused(f, "gpu1-gpu0 has two relations");
+  f.relations = {{{K::kGpu, 0}, {K::kNic, 0}, static_cast<PciLocality>(77), 0, false, false}};
+  refused(f, "gpu0-nic0 has PCIe locality 77");
+  f.relations = {{{K::kGpu, 0}, {static_cast<K>(9), 0}, PciLocality::kPix, 0, false, false}};
+  refused(f, "device kind 9 (expected GPU or NIC)");
+  f.relations.clear();
+  f.gpus[1].numa = -5;
+  refused(f, "gpu1 is on NUMA node -5");
+  f.gpus[1].numa = kUnknownNuma;
+  f.nics[0].numa = 2'000'000'000;
+  refused(f, "nic0 is on NUMA node 2000000000");
+  f.nics[0].numa = kMaxNumaNode;
+  EXPECT_TRUE(TopologyGraph::build(f).has_value());
+  f.numa_nodes = {{-3, "", 0, 0}};
+  refused(f, "NUMA node -3 (expected 0..1023)");
+}
+
 TEST(TopologyGraph, CostOverridesChangeTheRanking) {
   CostModel costs;
   // An operator who measured slow NVLink on this box: P2P over PCIe now

@@ -10,7 +10,9 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <tuple>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "baton/topology/probe.h"
@@ -386,8 +388,67 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"utf16", std::string("\xFF\xFE\tGPU0\n", 7), "UTF-16"},
         Malformed{"nic_legend_index_overflow",
                   "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\nNIC Legend:\n\n  NIC99999999999: mlx5_0\n",
-                  "line 7: NIC legend index \"99999999999\" is out of range"}),
+                  "line 7: NIC legend index \"99999999999\" is out of range"},
+        // A GPU row that stops short would have its values read as other
+        // columns' (a guessed NUMA id that collided with a given one).
+        Malformed{"gpu_row_short_of_the_header",
+                  "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-7\t1\nGPU1\tSYS\t X \t8-15\n",
+                  "line 3: row \"GPU1\" has no NUMA Affinity value (the header names one"},
+        // Names reach a terminal: an escape sequence in one would act there.
+        Malformed{"legend_name_with_escapes",
+                  "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\n  NIC0: mlx5_0\x07\x1b]0;pwned\x07\n",
+                  "line 5: NIC0 legend name \"mlx5_0"},
+        Malformed{"legend_name_not_ascii",
+                  "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\n  NIC0: \xE2\x80\xAEmlx5_0\n",
+                  "is not a device name"},
+        Malformed{"column_name_with_escapes", "\tGPU0\tmlx5\x1b]0;x\x07\n", "line 1: column \"mlx5"},
+        Malformed{"column_name_too_long", "\tGPU0\t" + std::string(300, 'n') + "\n", "is not a device name"},
+        Malformed{"legend_twice",
+                  "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\n  NIC0: mlx5_0\n  NIC0: mlx5_9\n",
+                  "line 6: NIC0 named twice (\"mlx5_0\", then \"mlx5_9\")"},
+        Malformed{"legend_same_name",
+                  "\tGPU0\tNIC0\tNIC1\nGPU0\t X \tPIX\tPIX\nNIC0\tPIX\t X \tPIX\nNIC1\tPIX\tPIX\t X \n\n"
+                  "  NIC0: mlx5_0\n  NIC1: mlx5_0\n",
+                  "line 7: NIC0 and NIC1 both named \"mlx5_0\""},
+        Malformed{"legend_for_a_missing_nic",
+                  "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\n  NIC0: mlx5_0\n  NIC7: foo\n",
+                  "line 6: legend for NIC7, which is not a column of the matrix"},
+        // 16 MiB of empty lines took 1.4 GB and 6 s to say "empty".
+        Malformed{"too_many_lines", std::string(100'000, '\n'), "more than 65536 lines"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A NIC that reaches GPUs of two NUMA nodes without the socket link is on
+// neither, whatever order the GPUs come in (the third GPU set it again).
+TEST(NvidiaSmiParser, ANicBetweenTwoNodesIsUnknownInAnyOrder) {
+  auto matrix = [](int a, int b, int c) {
+    return fmt::format(
+        "\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tSYS\tSYS\tNODE\t0-7\t{}\nGPU1\tSYS\t X \tSYS\tNODE\t0-7\t{}\n"
+        "GPU2\tSYS\tSYS\t X \tNODE\t0-7\t{}\nNIC0\tNODE\tNODE\tNODE\t X \n",
+        a, b, c);
+  };
+  for (const auto& [a, b, c] : {std::tuple{0, 1, 0}, std::tuple{0, 0, 1}, std::tuple{1, 0, 0}}) {
+    const auto f = parse_nvidia_smi_topo(matrix(a, b, c));
+    ASSERT_TRUE(f.has_value()) << f.error().to_string();
+    EXPECT_EQ(f->nics[0].numa, kUnknownNuma) << a << b << c;
+  }
+  const auto agreed = parse_nvidia_smi_topo(matrix(1, 1, 1));
+  ASSERT_TRUE(agreed.has_value()) << agreed.error().to_string();
+  EXPECT_EQ(agreed->nics[0].numa, 1);
+}
+
+// A NUMA node's CPU count counts each CPU once, and cannot wrap.
+TEST(NvidiaSmiParser, CpuCountsAreOfDistinctCpus) {
+  const auto f = parse_nvidia_smi_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-3,0-3,2\t0\n");
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  ASSERT_EQ(f->numa_nodes.size(), 1u);
+  EXPECT_EQ(f->numa_nodes[0].cpu_count, 4);
+  std::string many = "0-8191";
+  for (int i = 0; i < 2000; ++i) many += ",0-8191";
+  const auto g = parse_nvidia_smi_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t" + many + "\t0\n");
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  EXPECT_EQ(g->numa_nodes[0].cpu_count, 8192);
+}
 
 // A file saved with a UTF-8 byte order mark reads as the same machine.
 TEST(NvidiaSmiParser, AByteOrderMarkIsSkipped) {

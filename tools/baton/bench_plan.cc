@@ -47,8 +47,7 @@ int run_bench_plan(PlanBenchOptions o) {
   };
   static const std::map<std::string, NumaLayout> kLayouts{{"single", NumaLayout::kSingle},
                                                           {"sockets", NumaLayout::kSlotsAcrossSockets},
-                                                          {"alternate", NumaLayout::kBlocksAlternate},
-                                                          {"unknown", NumaLayout::kUnknown}};
+                                                          {"alternate", NumaLayout::kBlocksAlternate}};
   o.spec.numa = kLayouts.at(o.numa);
   MaterializeOptions mopts;
   auto max_op = parse_size(o.max_op);
@@ -182,8 +181,9 @@ Command add_bench_plan(CLI::App& bench) {
   app->add_option("--kv-heads", o->spec.kv_heads, "KV heads in the model (split over TP)")->capture_default_str();
   app->add_option("--head-dim", o->spec.head_dim, "Head dim (MLA: latent width)")->capture_default_str();
   app->add_option("--dtype-bytes", o->spec.dtype_bytes, "Bytes per element")->capture_default_str();
-  app->add_option("--numa", o->numa, "single, sockets (TP ranks over two nodes), alternate (blocks), unknown")
-      ->check(CLI::IsMember({"single", "sockets", "alternate", "unknown"}))
+  app->add_option("--numa", o->numa, "single, sockets (TP ranks over two nodes), alternate (blocks); a layout needs each block's node, so "
+                  "unknown is not one")
+      ->check(CLI::IsMember({"single", "sockets", "alternate"}))
       ->capture_default_str();
   app->add_option("--run-blocks", o->spec.run_blocks, "A free cache block after every N requested (0: contiguous)")
       ->capture_default_str();

@@ -21,6 +21,9 @@ struct MaterializeOptions {
   // enough to preempt behind and far from that edge.
   std::uint64_t max_op_bytes = 128ull << 20;
   std::uint64_t stripe_bytes = 8ull << 20;
+  // Ops one plan may become (48 bytes each): a 1-byte stripe of 100 blocks
+  // asked for 236 million and ended in bad_alloc.
+  static constexpr std::uint64_t kMaxOps = 1ull << 24;
 };
 
 // One read: `length` bytes at the holder's `remote_address` into slab `slab`

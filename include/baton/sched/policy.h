@@ -104,11 +104,10 @@ struct SchedPolicy {
   // YAML; `baton bench matrix --update-model` writes them). Bandwidth is per
   // link for nvlink/nvswitch, as in topology::CostModel::set.
   struct CostOverride {
-    // Beyond these a figure is a typo, and its inverse (ns per byte)
-    // overflows or rounds to nothing; a second per transfer is no link's.
-    static constexpr double kMinBandwidthGbps = 1e-3;
-    static constexpr double kMaxBandwidthGbps = 1e5;
-    static constexpr double kMaxLatencyUs = 1e6;
+    // The cost model's own bounds (a figure beyond them is a typo).
+    static constexpr double kMinBandwidthGbps = topology::CostModel::kMinBandwidthGbps;
+    static constexpr double kMaxBandwidthGbps = topology::CostModel::kMaxBandwidthGbps;
+    static constexpr double kMaxLatencyUs = topology::CostModel::kMaxLatencyUs;
     topology::PathType path = topology::PathType::kHostStaging;
     topology::Proximity proximity = topology::Proximity::kLocal;
     double bandwidth_gbps = 0;

@@ -75,9 +75,17 @@ class CostModel {
   [[nodiscard]] std::optional<PathCost> cost(PathType path, Proximity proximity,
                                              int nvlinks = 0) const;
 
+  // Beyond these a figure is a typo, and its inverse (ns per byte)
+  // overflows or rounds to nothing (1e308 GB/s scored inf); a second per
+  // transfer is no link's.
+  static constexpr double kMinBandwidthGbps = 1e-3;
+  static constexpr double kMaxBandwidthGbps = 1e5;
+  static constexpr double kMaxLatencyUs = 1e6;
+
   // Overrides one entry (bandwidth per link for nvlink/nvswitch). Refuses
-  // a path or proximity outside its enum (a cast integer), non-positive
-  // bandwidth, negative latency, or either not finite.
+  // a path or proximity outside its enum (a cast integer), a bandwidth
+  // outside kMin..kMaxBandwidthGbps, a latency outside 0..kMaxLatencyUs, or
+  // either not finite.
   Status set(PathType path, Proximity proximity, double bandwidth_gbps,
              double latency_us);
   // Marks a combination unusable (one outside the enums is none: ignored).

@@ -13,6 +13,14 @@ namespace baton::topology {
 
 inline constexpr int kUnknownNuma = -1;
 
+// Bounds of a real machine, which every source and TopologyGraph::build
+// hold facts to. A GPU has at most 18 NVLink ports (H100/H200/B200): one
+// whose bonds to its peers add up to more is on an NVSwitch fabric. NUMA
+// ids and CPUs: Linux's MAX_NUMNODES and NR_CPUS at their largest.
+inline constexpr int kMaxNvlinksPerGpu = 18;
+inline constexpr int kMaxNumaNode = 1023;
+inline constexpr int kMaxCpu = 8191;
+
 // How two PCIe devices reach each other, best first, in nvidia-smi's words.
 enum class PciLocality : std::uint8_t {
   kPix,      // at most one PCIe bridge (same switch)

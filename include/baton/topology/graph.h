@@ -51,7 +51,10 @@ struct Route {
 class TopologyGraph {
  public:
   // Builds nodes and costed links from probe facts. Refuses facts that
-  // contradict themselves (a relation naming a device that does not exist).
+  // contradict themselves (a relation naming a device that does not exist,
+  // two relations for one pair) or that no machine has (more NVLinks than
+  // kMaxNvlinksPerGpu, a NUMA id beyond kMaxNumaNode, an enum value cast
+  // from an integer outside it).
   [[nodiscard]] static Result<TopologyGraph> build(const TopologyFacts& facts,
                                                    const CostModel& costs = {});
 
