@@ -4,6 +4,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 namespace baton {
@@ -73,6 +76,29 @@ bool is_loopback(const sockaddr* address) {
     return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
   }
   return false;
+}
+
+Result<int> listen_tcp(const SocketAddress& at, int backlog) {
+  const int fd = ::socket(at.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::unexpected(Status::unavailable("socket: {}", std::strerror(errno)));
+  const int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, at.get(), at.length) != 0 || ::listen(fd, backlog) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return std::unexpected(
+        Status::unavailable("cannot listen on {}: {}", format_socket_address(at.get()), std::strerror(error)));
+  }
+  return fd;
+}
+
+Result<SocketAddress> bound_address(int fd) {
+  SocketAddress bound;
+  bound.length = sizeof bound.storage;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound.storage), &bound.length) != 0) {
+    return std::unexpected(Status::unavailable("getsockname: {}", std::strerror(errno)));
+  }
+  return bound;
 }
 
 }  // namespace baton

@@ -643,7 +643,8 @@ TEST(UcxEngineValidation, APolicyFileIsLoadedOrItsErrorReturned) {
   EXPECT_TRUE(Engine::create(c).has_value());
   c.policy_file = "/nonexistent/policy.yaml";
   EXPECT_EQ(Engine::create(c).error().code(), StatusCode::kNotFound);
-  const std::string bad = ::testing::TempDir() + "/bad_policy.yaml";
+  // Per process: another suite's test wrote and removed a file of the same name.
+  const std::string bad = ::testing::TempDir() + "/ucx_engine_bad_policy_" + std::to_string(getpid()) + ".yaml";
   std::FILE* f = std::fopen(bad.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fputs("policy: deadline_aware\nslice_size:\n  tcp: -3\n", f);
@@ -652,7 +653,8 @@ TEST(UcxEngineValidation, APolicyFileIsLoadedOrItsErrorReturned) {
   auto refused = Engine::create(c);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.error().message().find("bad_policy.yaml:3:"), std::string::npos) << refused.error().message();
+  EXPECT_NE(refused.error().message().find(bad + ":3:"), std::string::npos) << refused.error().message();
+  std::remove(bad.c_str());
 }
 
 // nics {"auto"}: the rails come from the engine's topology. On the

@@ -136,7 +136,8 @@ TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
 // missing one, a directory or bad YAML exits 2 before anything runs
 // (a missing one exited 1, as if the run had failed).
 TEST(BenchDeadlines, APolicyFileThatCannotBeUsedIsBadInputEverywhere) {
-  const std::string bad = ::testing::TempDir() + "/bad_policy.yaml";
+  // Per process: another suite's test wrote and removed a file of the same name.
+  const std::string bad = ::testing::TempDir() + "/bench_deadlines_bad_policy_" + std::to_string(getpid()) + ".yaml";
   {
     std::ofstream out(bad);
     out << "bogus: [";

@@ -28,6 +28,16 @@ struct SocketAddress {
 
 [[nodiscard]] int port_of(const sockaddr* address);
 
+// A TCP socket bound to `at` and listening: nonblocking, close-on-exec,
+// SO_REUSEADDR (a restart while old connections sit in TIME_WAIT) but not
+// SO_REUSEPORT (a second listener on a taken port is refused, not handed
+// half the connections). The caller owns the fd. unavailable says why
+// ("cannot listen on 127.0.0.1:80: Permission denied").
+[[nodiscard]] Result<int> listen_tcp(const SocketAddress& at, int backlog);
+
+// The address a socket is bound to (its real port after binding port 0).
+[[nodiscard]] Result<SocketAddress> bound_address(int fd);
+
 // 127.0.0.0/8, ::1 or an IPv4-mapped 127.x: reachable from this host only.
 [[nodiscard]] bool is_loopback(const sockaddr* address);
 

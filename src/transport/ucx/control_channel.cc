@@ -126,20 +126,12 @@ Status ControlConnection::flush() {
 
 Result<ControlListener> ControlListener::open(const SocketAddress& at) {
   ControlListener l;
-  l.fd_ = UniqueFd(::socket(at.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (l.fd_.get() < 0) return std::unexpected(Status::unavailable("control channel: socket: {}", std::strerror(errno)));
-  int one = 1;
-  (void)::setsockopt(l.fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const std::string where = format_socket_address(at.get());
-  if (::bind(l.fd_.get(), at.get(), at.length) != 0 || ::listen(l.fd_.get(), 256) != 0) {
-    return std::unexpected(Status::unavailable("cannot listen on {}: {}", where, std::strerror(errno)));
-  }
-  sockaddr_storage bound{};
-  socklen_t length = sizeof bound;
-  if (::getsockname(l.fd_.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
-    return std::unexpected(Status::unavailable("control channel: getsockname: {}", std::strerror(errno)));
-  }
-  l.address_ = format_socket_address(reinterpret_cast<const sockaddr*>(&bound));
+  auto fd = listen_tcp(at, 256);
+  if (!fd) return std::unexpected(fd.error());
+  l.fd_ = UniqueFd(*fd);
+  auto bound = bound_address(l.fd_.get());
+  if (!bound) return std::unexpected(Status::unavailable("control channel: {}", bound.error().message()));
+  l.address_ = format_socket_address(bound->get());
   return l;
 }
 
