@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -29,7 +30,10 @@ struct Owner {
   int slices_since_eval = 0;
   TimeNs next_eval_ns = 0;
   TimeNs expires_ns = 0;  // submit + transfer timeout
-  transport::PathId path = 0;
+  // Where it will go, as routed at submit and again at admission; none
+  // while every path of its route is down (it was path 0, and its bytes
+  // counted ahead of every request there).
+  std::optional<transport::PathId> path;
 };
 
 // Waiting order: FIFO by arrival, or EDF (no deadline last), ties by arrival.
@@ -90,14 +94,15 @@ struct AdmissionController::State {
 
   void wait(const Owner& o) {
     waiting[wait_key(o)] = o.id;
-    WaitingSums& sums = waiting_sums[o.path];
+    if (!o.path) return;
+    WaitingSums& sums = waiting_sums[*o.path];
     sums.by_seq.set(o.seq, o.request.bytes);
     if (o.request.deadline_ns != 0) sums.by_deadline.set({o.request.deadline_ns, o.seq}, o.request.bytes);
   }
 
   void unwait(const Owner& o) {
-    if (waiting.erase(wait_key(o)) == 0) return;
-    const auto it = waiting_sums.find(o.path);
+    if (waiting.erase(wait_key(o)) == 0 || !o.path) return;
+    const auto it = waiting_sums.find(*o.path);
     if (it == waiting_sums.end()) return;
     it->second.by_seq.erase(o.seq);
     if (o.request.deadline_ns != 0) it->second.by_deadline.erase({o.request.deadline_ns, o.seq});
@@ -209,7 +214,8 @@ struct AdmissionController::State {
     // Codec time is charged as lane time: one byte of payload costs 1/ratio
     // bytes on the wire plus what the path could have sent while the codec
     // ran on both ends (docs/admission.md).
-    const double path_gbps = estimator.estimate_gbps(o.path);
+    if (!o.path) return;
+    const double path_gbps = estimator.estimate_gbps(*o.path);
     const double ratio = 1.0 / profile.ratio +
                          path_gbps * (1.0 / profile.compress_gbps + 1.0 / profile.decompress_gbps);
     if (!(ratio < 1.0)) return;  // compression does not pay on this path
@@ -239,6 +245,7 @@ struct AdmissionController::State {
       return;
     }
     o.admitted = true;
+    if (auto routed = scheduler.route(o.request.from, o.request.to, now_ns)) o.path = *routed;
     ++admitted_owners;
     admitted_bytes += o.request.bytes;
     ++stats.admitted;
@@ -392,7 +399,7 @@ Status AdmissionController::submit(RequestId id, const TransferRequest& request,
   o.request = request;
   o.seq = st.next_seq++;
   o.submitted_ns = now_ns;
-  o.path = path.value_or(0);
+  if (path) o.path = *path;
   o.expires_ns = time_after(now_ns, request.timeout_ns != 0 ? request.timeout_ns : st.policy.transfer_timeout_ns);
   st.expiries.insert({o.expires_ns, id});
   if (request.deadline_ns != 0) {

@@ -206,6 +206,9 @@ Result<double> PolicyReader::non_negative_number(const Entry& e, std::string_vie
   if (digits.starts_with('+')) digits.remove_prefix(1);
   double value = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec == std::errc::result_out_of_range && end == digits.data() + digits.size()) {
+    return std::unexpected(bad_value(line_of(e), key, fmt::format("\"{}\" is out of range", *text)));  // 1e400
+  }
   if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty()) {
     return std::unexpected(bad_value(line_of(e), key, fmt::format("\"{}\" is not a number", *text)));
   }

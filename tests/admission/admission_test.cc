@@ -259,6 +259,46 @@ TEST(Admission, DropInfeasibleWaitingOwners) {
   EXPECT_EQ(e->sim_transport().bytes_delivered(), 16 * kMiB);
 }
 
+// An owner whose every path is down when it arrives waits on no path: it
+// was recorded on path 0, and its bytes counted ahead of every request
+// there, inflating their MLU.
+TEST(Admission, AnOwnerWithoutARouteWaitsOnNoPath) {
+  SchedPolicy p = SchedPolicy::defaults();
+  p.admission.max_owners = 1;
+  auto e = make_engine(p);
+  const auto& paths = e->sim_transport().paths();
+  ASSERT_FALSE(paths.empty());
+  const std::string from = paths[0].from;
+  const std::string to = paths[0].to;
+  // Capacity held by a request without a deadline on path 0's pair: nothing
+  // of it is due before the probe's deadline.
+  ASSERT_TRUE(e->submit({from, to, 64 * kMiB, QosClass::kPrefillBulk, 0, true}).has_value());
+  ASSERT_TRUE(e->run_until(0).is_ok());  // its first slices posted: the path's credits are full
+  const TransferRequest probe{from, to, kMiB, QosClass::kHotKv, 10'000'000, true};
+  const double before = e->admission().mlu(probe, kMiB, 0);
+  // Another pair, every path of it down.
+  std::string other_from;
+  std::string other_to;
+  for (const auto& info : paths) {
+    if (info.from != from && info.from != to && info.to != from && info.to != to) {
+      other_from = info.from;
+      other_to = info.to;
+      break;
+    }
+  }
+  ASSERT_FALSE(other_from.empty());
+  for (transport::PathId id = 0; id < paths.size(); ++id) {
+    if (paths[id].from == other_from && paths[id].to == other_to) {
+      ASSERT_NE(id, 0u);
+      ASSERT_TRUE(e->sim_transport().set_path_down(id, true, 0).is_ok());
+    }
+  }
+  const RequestId unrouted =
+      e->submit({other_from, other_to, 32 * kMiB, QosClass::kHotKv, 5'000'000, true}).value();
+  EXPECT_EQ(status_of(*e, unrouted).state, RequestState::kQueued);  // waiting for capacity
+  EXPECT_DOUBLE_EQ(e->admission().mlu(probe, kMiB, 0), before);
+}
+
 // Deadline 0 must leave the scheduler exactly as it was without admission:
 // the same run, driven by hand on a bare scheduler, gives the same times.
 TEST(Admission, DeadlineZeroIsExactlyTheBareScheduler) {

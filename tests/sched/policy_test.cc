@@ -213,6 +213,7 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"weights: {deadline: abc}\n", "<string>:1: weights.deadline: \"abc\" is not a number"},
       {"weights: {priority: 1.5x}\n", "<string>:1: weights.priority: \"1.5x\" is not a number"},
       {"weights: {priority: inf}\n", "<string>:1: weights.priority: \"inf\" is not finite"},
+      {"weights: {priority: 1e400}\n", "<string>:1: weights.priority: \"1e400\" is out of range"},
       // Finite but so large that urgencies overflowed to inf, and their differences to NaN.
       {"weights:\n  deadline: 1e308\n", "<string>:2: weights.deadline: \"1e308\" is above 1e+06 (a factor)"},
       {"class_priority: {hot_kv: 1e10}\n", "<string>:1: class_priority.hot_kv: \"1e10\" is above 1e+09 (µs of laxity)"},
