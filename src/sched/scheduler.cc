@@ -367,12 +367,7 @@ struct Scheduler::State {
     if (const std::uint64_t version = transport.paths_version(); version != paths_version) {
       paths_version = version;
       for (PathId id = 0; id < paths.size(); ++id) {
-        const transport::PathInfo& was = paths[id].info;
-        const transport::PathInfo& now = infos[id];
-        if (was.type != now.type || was.lanes != now.lanes || was.bandwidth_gbps != now.bandwidth_gbps ||
-            was.latency_us != now.latency_us || was.from != now.from || was.to != now.to) {
-          retype(id, now);
-        }
+        if (paths[id].info != infos[id]) retype(id, infos[id]);
       }
     }
     if (infos.size() == paths.size()) return;

@@ -30,6 +30,7 @@ struct PathInfo {
   double bandwidth_gbps = 0;  // the whole path; lanes share it
   double latency_us = 0;
   [[nodiscard]] std::string name() const;  // "gpu0->gpu1/nvswitch"
+  friend bool operator==(const PathInfo&, const PathInfo&) = default;
 };
 
 enum class Op : std::uint8_t { kWrite, kRead };
