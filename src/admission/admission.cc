@@ -30,9 +30,9 @@ struct Owner {
   int slices_since_eval = 0;
   TimeNs next_eval_ns = 0;
   TimeNs expires_ns = 0;  // submit + transfer timeout
-  // Where it will go, as routed at submit and again at admission; none
-  // while every path of its route is down (it was path 0, and its bytes
-  // counted ahead of every request there).
+  // Where it will go, as routed at submit (or at admission, if none was
+  // healthy then); none while every path of its route is down (it was path
+  // 0, and its bytes counted ahead of every request there).
   std::optional<transport::PathId> path;
 };
 
@@ -245,7 +245,9 @@ struct AdmissionController::State {
       return;
     }
     o.admitted = true;
-    if (auto routed = scheduler.route(o.request.from, o.request.to, now_ns)) o.path = *routed;
+    if (!o.path) {  // none at submit: the scheduler has routed it now
+      if (auto routed = scheduler.route(o.request.from, o.request.to, now_ns)) o.path = *routed;
+    }
     ++admitted_owners;
     admitted_bytes += o.request.bytes;
     ++stats.admitted;

@@ -733,7 +733,6 @@ bool Datapath::shutdown_complete() {
   return ucx_.shutdown_complete();
 }
 
-
 bool Datapath::ended_status(std::uint64_t id, BatchStatus& out) {
   std::lock_guard lock(ended_mutex_);
   auto it = ended_.find(id);

@@ -97,7 +97,7 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
   g.source_ = facts.source;
   g.notes_ = facts.notes;
 
-  std::set<std::pair<std::string, std::string>> pairs;
+  std::set<std::pair<std::pair<int, int>, std::pair<int, int>>> pairs;  // (kind, index) of each end, ordered
   for (const Relation& r : facts.relations) {
     for (DeviceRef d : {r.a, r.b}) {
       if (auto s = check_ref(facts, d); !s.is_ok()) return std::unexpected(s);
@@ -116,7 +116,9 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
                                                       device_id(r.a), device_id(r.b), static_cast<int>(r.pci)));
     }
     // One fact per pair: a second would be ignored (find() returns the first).
-    if (!pairs.insert(std::minmax(device_id(r.a), device_id(r.b))).second) {
+    const std::pair a{static_cast<int>(r.a.kind), r.a.index};
+    const std::pair b{static_cast<int>(r.b.kind), r.b.index};
+    if (!pairs.insert({std::min(a, b), std::max(a, b)}).second) {
       return std::unexpected(Status::invalid_argument("TopologyGraph::build: {}-{} has two relations",
                                                       device_id(r.a), device_id(r.b)));
     }

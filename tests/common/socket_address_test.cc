@@ -1,5 +1,7 @@
 #include "baton/common/socket_address.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 namespace baton {
@@ -42,6 +44,28 @@ TEST(SocketAddress, RefusesWhatIsNotAnAddress) {
     ASSERT_FALSE(h.has_value());
     EXPECT_LT(h.error().message().size(), 400u) << h.error().message().substr(0, 400);
   }
+}
+
+// A listener bound to port 0 reports its real port; a second one on that
+// port is refused saying why, and a socket that is not one is an error,
+// not a crash.
+TEST(SocketAddress, ListensAndSaysWhyItCannot) {
+  auto any = parse_socket_address("127.0.0.1:0");
+  ASSERT_TRUE(any.has_value());
+  auto fd = listen_tcp(*any, 4);
+  ASSERT_TRUE(fd.has_value()) << fd.error().to_string();
+  auto bound = bound_address(*fd);
+  ASSERT_TRUE(bound.has_value()) << bound.error().to_string();
+  EXPECT_NE(port_of(bound->get()), 0);
+  auto taken = listen_tcp(*bound, 4);
+  ASSERT_FALSE(taken.has_value());
+  EXPECT_EQ(taken.error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(taken.error().message(),
+            "cannot listen on " + format_socket_address(bound->get()) + ": Address already in use");
+  ::close(*fd);
+  auto none = bound_address(-1);
+  ASSERT_FALSE(none.has_value());
+  EXPECT_EQ(none.error().code(), StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -37,6 +37,15 @@ httplib::Client client_for(const MetricsServer& server) {
   return client;
 }
 
+// The server still answers a scrape with the callback's text.
+void expect_scrapes(const MetricsServer& server, const std::string& text) {
+  auto client = client_for(server);
+  auto response = client.Get("/metrics");
+  ASSERT_TRUE(response) << httplib::to_string(response.error());
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->body, text);
+}
+
 TEST(MetricsServer, ServesTheCallbackTextAsPrometheusExposition) {
   const std::string text = "# TYPE baton_requests_total counter\nbaton_requests_total 7\n";
   auto server = start_local([&] { return text; });
@@ -153,12 +162,7 @@ TEST(MetricsServer, StalledClientsDoNotHoldOtherScrapes) {
     ASSERT_TRUE(stalled.back()->connected());
     ASSERT_TRUE(stalled.back()->send("GET /metrics HTTP/1.1\r\nHo"));
   }
-  auto client = client_for(*server);
-  for (int i = 0; i < 3; ++i) {
-    auto response = client.Get("/metrics");
-    ASSERT_TRUE(response) << httplib::to_string(response.error());
-    EXPECT_EQ(response->body, "up 1\n");
-  }
+  for (int i = 0; i < 3; ++i) expect_scrapes(*server, "up 1\n");
 }
 
 // A client that sends a byte at a time kept the server, and so the engine's
@@ -231,10 +235,7 @@ TEST(MetricsServer, RefusesAFloodOfHeaders) {
   (void)flooder.send(request);  // may fail part way: the server closes once it has refused
   const std::string answer = flooder.read("\r\n\r\n");
   EXPECT_FALSE(answer.starts_with("HTTP/1.1 200")) << answer.substr(0, 80);
-  auto client = client_for(*server);
-  auto response = client.Get("/metrics");
-  ASSERT_TRUE(response) << httplib::to_string(response.error());
-  EXPECT_EQ(response->status, 200);
+  expect_scrapes(*server, "up 1\n");
 }
 
 // Requests sent back to back on one connection each get their answer
