@@ -72,6 +72,10 @@ Status check_numa_column(std::span<const std::int16_t> numa, std::uint32_t slot)
   }
   if (lo >= kUnknownNuma && hi <= kMaxNuma) return Status::ok();
   for (std::size_t b = 0; b < numa.size(); ++b) {
+    if (numa[b] == PlacementTable::kNumaOutOfRange) {
+      return Status::invalid_argument("encode_plan: block {} slot {} was set a NUMA node outside {}..{}", b, slot,
+                                      kUnknownNuma, kMaxNuma);
+    }
     if (numa[b] < kUnknownNuma || numa[b] > kMaxNuma) {
       return Status::invalid_argument("encode_plan: block {} slot {} on NUMA node {}, expected {}..{}", b, slot,
                                       numa[b], kUnknownNuma, kMaxNuma);
@@ -115,11 +119,12 @@ Status find_runs(std::span<const std::uint64_t> addr, std::span<const std::uint3
           "encode_plan: block {} slot {} segment {} has {} bytes, block 0 has {} (the blocks' layouts differ)", b, slot,
           segment, len[b], bytes);
     }
-    const std::uint64_t delta = addr[b] - addr[b - 1];
-    if (addr[b] >= addr[b - 1] && delta < bytes) {
+    // Either way round: a block below its predecessor may overlap it too.
+    const std::uint64_t apart = addr[b] >= addr[b - 1] ? addr[b] - addr[b - 1] : addr[b - 1] - addr[b];
+    if (apart < bytes) {
       return Status::invalid_argument(
-          "encode_plan: slot {} segment {} blocks {} and {} are {} bytes apart: stride {} < bytes {} (they overlap)",
-          slot, segment, b - 1, b, delta, delta, bytes);
+          "encode_plan: slot {} segment {} blocks {} and {} are {} bytes apart, less than their {} bytes (they overlap)",
+          slot, segment, b - 1, b, apart, bytes);
     }
     return Status::ok();
   };

@@ -45,9 +45,18 @@ Result<Shape> shape_of(const FixtureSpec& spec) {
   shape.slots = static_cast<std::uint32_t>(slots);
   // vLLM gives each rank kv_heads / tp heads, replicating when tp > kv_heads.
   const std::uint64_t heads = spec.mla ? 1 : std::max<std::uint64_t>(1, spec.kv_heads / spec.tp);
-  shape.segment_bytes = std::uint64_t{spec.block_tokens} * heads * spec.head_dim * spec.dtype_bytes;
-  if (shape.segment_bytes > UINT32_MAX) {
-    return std::unexpected(Status::invalid_argument("fixture: a segment of {} bytes is over 4 GiB", shape.segment_bytes));
+  // Checked: four 32-bit factors can pass 2^64 (and wrapped to a small size, or 0).
+  std::uint64_t bytes = spec.block_tokens;
+  if (__builtin_mul_overflow(bytes, heads, &bytes) || __builtin_mul_overflow(bytes, spec.head_dim, &bytes) ||
+      __builtin_mul_overflow(bytes, spec.dtype_bytes, &bytes) || bytes > UINT32_MAX) {
+    return std::unexpected(Status::invalid_argument(
+        "fixture: a segment of {} tokens × {} heads × {} dims × {} bytes is over 4 GiB", spec.block_tokens, heads,
+        spec.head_dim, spec.dtype_bytes));
+  }
+  shape.segment_bytes = bytes;
+  if (spec.numa > NumaLayout::kUnknown) {
+    return std::unexpected(
+        Status::invalid_argument("fixture: NUMA layout {} is not one of NumaLayout's", static_cast<int>(spec.numa)));
   }
   shape.parts = spec.numa == NumaLayout::kBlocksAlternate ? 2 : 1;
   const std::uint64_t cache_blocks = cache_index(spec, spec.blocks - 1) + 1;
@@ -92,6 +101,13 @@ Status fill_fixture(const FixtureSpec& spec, PlacementTable& table, std::span<co
                                     regions->size());
   }
   std::vector<std::uint64_t> bases(region_bases.begin(), region_bases.end());
+  for (std::size_t i = 0; i < bases.size(); ++i) {
+    std::uint64_t end = 0;
+    if (__builtin_add_overflow(bases[i], (*regions)[i].bytes, &end)) {
+      return Status::invalid_argument("fill_fixture: region {} at {:#x} of {} bytes passes 2^64", i, bases[i],
+                                      (*regions)[i].bytes);
+    }
+  }
   if (bases.empty()) {
     // Separate allocations, as a framework makes them: 2 MiB-aligned with a gap.
     constexpr std::uint64_t kHuge = 2ull << 20;

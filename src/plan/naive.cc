@@ -12,6 +12,9 @@ Result<std::string> serialize_naive(const PlacementTable& table, std::span<const
         "serialize_naive: {} block hashes for {} blocks, expected none or one per block", block_hashes.size(),
         table.blocks()));
   }
+  if (table.blocks() == 0) {  // what parse_naive and encode_plan refuse
+    return std::unexpected(Status::invalid_argument("serialize_naive: the table is empty (create it first)"));
+  }
   wire::NaiveTransferPlan w;
   w.set_version(kPlanVersion);
   w.set_blocks(table.blocks());
@@ -45,13 +48,15 @@ Result<PlacementTable> parse_naive(std::string_view bytes) {
     return std::unexpected(
         Status::invalid_argument("parse_naive: version {}, this build reads version {}", w.version(), kPlanVersion));
   }
-  auto table = PlacementTable::create(w.blocks(), w.slots(), w.segments_per_slot());
-  if (!table) return std::unexpected(Status::invalid_argument("parse_naive: {}", table.error().message()));
+  // The count first: the table is sized from the header, and an 11-byte
+  // message whose header names 2^22 × 32 cells took 2.6 GB before this check.
   const std::uint64_t cells = std::uint64_t{w.blocks()} * w.slots();
   if (static_cast<std::uint64_t>(w.entries_size()) != cells) {
     return std::unexpected(Status::invalid_argument("parse_naive: {} entries, expected {} ({} blocks × {} slots)",
                                                     w.entries_size(), cells, w.blocks(), w.slots()));
   }
+  auto table = PlacementTable::create(w.blocks(), w.slots(), w.segments_per_slot());
+  if (!table) return std::unexpected(Status::invalid_argument("parse_naive: {}", table.error().message()));
   std::vector<bool> seen(cells, false);
   for (int i = 0; i < w.entries_size(); ++i) {
     const wire::NaiveSlotEntry& e = w.entries(i);

@@ -31,6 +31,10 @@ Status validate(const Plan& p) {
       return Status::invalid_argument("plan: slot {} segment {} has 0 bytes", i / p.segments_per_slot,
                                       i % p.segments_per_slot);
     }
+    if (s.bytes > UINT32_MAX) {  // as a holder's table holds them
+      return Status::invalid_argument("plan: slot {} segment {} has {} bytes, over a segment's 4 GiB",
+                                      i / p.segments_per_slot, i % p.segments_per_slot, s.bytes);
+    }
     if (s.stride < s.bytes) {
       return Status::invalid_argument("plan: slot {} segment {} has stride {} < bytes {}", i / p.segments_per_slot,
                                       i % p.segments_per_slot, s.stride, s.bytes);

@@ -490,6 +490,17 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   if (!plan) return std::unexpected(plan.error());
   auto ops = plan::materialize(*plan, engine.topology(), options.materialize);
   if (!ops) return std::unexpected(ops.error());
+  // Every op inside memory the store exported, before any slab is made: the
+  // slabs then hold at most what the store has (a 60-byte plan named 64 TiB).
+  auto regions = engine.remote_regions(*peer);
+  if (!regions) return std::unexpected(regions.error());
+  std::vector<RemoteRange> sources;
+  sources.reserve(ops->ops.size());
+  for (const plan::TransferOp& op : ops->ops) {
+    auto in = locate(*regions, op.remote_address, op.length);
+    if (!in) return std::unexpected(Status::not_found("fetch: {}", in.error().message()));
+    sources.push_back(*in);
+  }
   // Slabs the engine can read into: allocated by plan/ and registered once,
   // then kept (SlabCache) for the next fetch, so a fetch costs neither page
   // faults nor a registration after the first.
@@ -511,19 +522,17 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   });
   auto rebuilt = rebuilder.rebuild(*plan);
   if (!rebuilt) return std::unexpected(rebuilt.error());
-  auto regions = engine.remote_regions(*peer);
-  if (!regions) return std::unexpected(regions.error());
   engine::Batch batch;
-  for (const plan::TransferOp& op : ops->ops) {
-    auto in = locate(*regions, op.remote_address, op.length);
-    if (!in) return std::unexpected(Status::not_found("fetch: {}", in.error().message()));
+  for (std::size_t i = 0; i < ops->ops.size(); ++i) {
+    const plan::TransferOp& op = ops->ops[i];
+    const RemoteRange& in = sources[i];
     engine::Request r;
     r.op = engine::Op::kRead;
     r.local_region = slab_regions.at(rebuilt->slabs()[op.slab].data());
     r.local_offset = op.slab_offset;
     r.peer = peer->address;
-    r.remote_region = in->region;
-    r.remote_offset = in->offset;
+    r.remote_region = in.region;
+    r.remote_offset = in.offset;
     r.length = op.length;
     r.qos = options.qos;
     r.timeout_ns = options.timeout_ns;

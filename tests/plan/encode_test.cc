@@ -192,7 +192,7 @@ TEST(EncodePlan, ChecksEveryBlockOfAGroup) {
             "encode_plan: block 5 slot 0 segment 0 has 48 bytes, block 0 has 32 (the blocks' layouts differ)");
   // Neighbours 32 bytes apart cannot hold 64-byte segments.
   EXPECT_EQ(encode_plan(column_table(addr, numa, 64)).error().message(),
-            "encode_plan: slot 0 segment 0 blocks 0 and 1 are 32 bytes apart: stride 32 < bytes 64 (they overlap)");
+            "encode_plan: slot 0 segment 0 blocks 0 and 1 are 32 bytes apart, less than their 64 bytes (they overlap)");
 }
 
 TEST(EncodePlan, CarriesBlockHashes) {
@@ -233,10 +233,15 @@ TEST(EncodePlan, RefusesOverlappingBlocks) {
   auto t = contiguous_table(4, 1, 1, 64);
   t.set(2, 0, 0, t.address(1, 0, 0) + 32, 64);
   EXPECT_EQ(encode_error(t).message(),
-            "encode_plan: slot 0 segment 0 blocks 1 and 2 are 32 bytes apart: stride 32 < bytes 64 (they overlap)");
+            "encode_plan: slot 0 segment 0 blocks 1 and 2 are 32 bytes apart, less than their 64 bytes (they overlap)");
   auto same = contiguous_table(4, 1, 1, 64);
   same.set(3, 0, 0, same.address(2, 0, 0), 64);
   EXPECT_EQ(encode_error(same).code(), StatusCode::kInvalidArgument);
+  // Below its predecessor too (it was taken as a 96-byte chunk, two blocks aliased).
+  auto below = contiguous_table(4, 1, 1, 64);
+  below.set(2, 0, 0, below.address(1, 0, 0) - 16, 64);
+  EXPECT_EQ(encode_error(below).message(),
+            "encode_plan: slot 0 segment 0 blocks 1 and 2 are 16 bytes apart, less than their 64 bytes (they overlap)");
 }
 
 TEST(EncodePlan, RefusesARunPastTheAddressSpace) {
@@ -254,6 +259,12 @@ TEST(EncodePlan, RefusesNumaOutOfRange) {
   EXPECT_EQ(encode_error(t).message(), "encode_plan: block 3 slot 1 on NUMA node -2, expected -1..1023");
   t.set_numa(3, 1, kMaxNuma + 1);
   EXPECT_EQ(encode_error(t).code(), StatusCode::kInvalidArgument);
+  // Past 16 bits: cast, 65537 read back as node 1 and was encoded there.
+  t.set_numa(3, 1, 65537);
+  EXPECT_EQ(t.numa(3, 1), PlacementTable::kNumaOutOfRange);
+  EXPECT_EQ(encode_error(t).message(), "encode_plan: block 3 slot 1 was set a NUMA node outside -1..1023");
+  t.set_numa(3, 1, kMaxNuma);
+  EXPECT_TRUE(encode_error(t).is_ok());
 }
 
 TEST(EncodePlan, RefusesWrongHashCountAndEmptyTable) {

@@ -74,6 +74,10 @@ TEST(Fixtures, UsesGivenRegionBases) {
   ASSERT_TRUE(fill_fixture(spec, t, std::vector<std::uint64_t>{0x1000000, 0x2000000}).is_ok());
   EXPECT_EQ(t.address(0, 1, 0), 0x2000000u);
   EXPECT_EQ(fill_fixture(spec, t, std::vector<std::uint64_t>{1}).message(), "fill_fixture: 1 region bases for 2 regions");
+  // A region that would pass 2^64 (its blocks' addresses wrapped to small ones).
+  const Status wraps = fill_fixture(spec, t, std::vector<std::uint64_t>{0x1000000, UINT64_MAX - 4095});
+  EXPECT_EQ(wraps.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wraps.message().find("region 1 at 0xfffffffffffff000"), std::string::npos) << wraps.message();
 }
 
 TEST(Fixtures, RefusesBadSpecs) {
@@ -93,6 +97,20 @@ TEST(Fixtures, RefusesBadSpecs) {
   EXPECT_EQ(fill_fixture({.tp = 1, .block_tokens = 1u << 20, .head_dim = 1u << 12}, t).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(fixture_regions({.blocks = 0}).error().code(), StatusCode::kInvalidArgument);
+  // Four 32-bit factors past 2^64: the product wrapped to 2 GiB, and to 0
+  // (bench plan ran on the wrong shape).
+  EXPECT_EQ(fixture_regions({.tp = 1, .mla = true, .block_tokens = UINT32_MAX, .head_dim = UINT32_MAX,
+                             .dtype_bytes = 1u << 31})
+                .error()
+                .message(),
+            "fixture: a segment of 4294967295 tokens × 1 heads × 4294967295 dims × 2147483648 bytes is over 4 GiB");
+  EXPECT_EQ(fixture_regions({.tp = 1, .block_tokens = 1u << 16, .kv_heads = 1u << 16, .head_dim = 1u << 16,
+                             .dtype_bytes = 1u << 16})
+                .error()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(fixture_regions({.numa = static_cast<NumaLayout>(9)}).error().message(),
+            "fixture: NUMA layout 9 is not one of NumaLayout's");
 }
 
 }  // namespace

@@ -49,6 +49,11 @@ TEST(Naive, RefusesWrongHashCount) {
   EXPECT_EQ(serialize_naive(t, std::vector<std::uint64_t>{1}).error().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(Naive, RefusesAnEmptyTable) {
+  EXPECT_EQ(serialize_naive(PlacementTable{}).error().message(),
+            "serialize_naive: the table is empty (create it first)");
+}
+
 std::string parse_error(const std::string& bytes) {
   auto t = parse_naive(bytes);
   return t ? std::string("accepted") : t.error().message();
@@ -63,6 +68,12 @@ TEST(Naive, RefusesMalformedInput) {
   EXPECT_EQ(parse_error(field(1, 3)), "parse_naive: version 3, this build reads version 1");
   EXPECT_EQ(parse_error(field(1, 1)), "parse_naive: PlacementTable: 0 blocks, expected 1..4194304");
   EXPECT_EQ(parse_error(header(2, 1) + entry(0, 0, 0x1000, 64)), "parse_naive: 1 entries, expected 2 (2 blocks × 1 slots)");
+  // A header naming 2^22 × 32 cells and no entry: refused before a table of
+  // that size is made (it took 2.6 GB, or ended in bad_alloc).
+  EXPECT_EQ(parse_error(header(1u << 22, 32)), "parse_naive: 0 entries, expected 134217728 (4194304 blocks × 32 slots)");
+  // The count is looked at before the table's bounds (before anything is sized).
+  EXPECT_EQ(parse_error(header(1u << 22, 1u << 16)),
+            "parse_naive: 0 entries, expected 274877906944 (4194304 blocks × 65536 slots)");
   EXPECT_EQ(parse_error(header(2, 1) + entry(0, 0, 0x1000, 64) + entry(2, 0, 0x1040, 64)),
             "parse_naive: entry 1 names block 2 slot 0, plan has 2 × 1");
   EXPECT_EQ(parse_error(header(2, 1) + entry(0, 0, 0x1000, 64) + entry(0, 0, 0x1040, 64)),

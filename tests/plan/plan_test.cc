@@ -41,6 +41,10 @@ TEST(ValidatePlan, RefusesBadSchema) {
   p = valid_plan();
   p.schema[2] = {64, 32};
   EXPECT_EQ(why(p), "plan: slot 1 segment 0 has stride 32 < bytes 64");
+  // A holder's table holds 32-bit segments; 2^46 made a requester map 64 TiB.
+  p = valid_plan();
+  p.schema[2] = {1ull << 46, 1ull << 46};
+  EXPECT_EQ(why(p), "plan: slot 1 segment 0 has 70368744177664 bytes, over a segment's 4 GiB");
 }
 
 TEST(ValidatePlan, RefusesBadChunks) {

@@ -44,14 +44,15 @@ struct FixtureRegion {
   int numa = kUnknownNuma;
 };
 
-// Zero counts or sizes, a segment over 4 GiB, or a table past the plan
-// bounds → invalid_argument.
+// Zero counts or sizes, a segment over 4 GiB, a NUMA layout outside the
+// enum, or a table past the plan bounds → invalid_argument.
 [[nodiscard]] Result<std::vector<FixtureRegion>> fixture_regions(const FixtureSpec& spec);
 
 // Fills `table` (reset to the spec's shape). `region_bases` gives each
 // region's address (real memory, for round trips); empty → synthetic
 // addresses, regions 2 MiB-aligned with gaps between them as separate
-// allocations have. A wrong number of bases → invalid_argument.
+// allocations have. A wrong number of bases, or a region whose end passes
+// 2^64 → invalid_argument.
 Status fill_fixture(const FixtureSpec& spec, PlacementTable& table,
                     std::span<const std::uint64_t> region_bases = {});
 

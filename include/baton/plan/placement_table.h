@@ -19,6 +19,9 @@ class PlacementTable {
  public:
   PlacementTable() = default;
 
+  // What numa() answers for a node set_numa() was given past 16 bits.
+  static constexpr std::int16_t kNumaOutOfRange = INT16_MIN;
+
   // blocks in [1, kMaxBlocks], slots in [1, kMaxSlots], segments_per_slot 1
   // or 2, blocks × slots × segments <= kMaxCells; else invalid_argument.
   // Cells start at address 0, length 0 (which encoding refuses) and
@@ -39,9 +42,13 @@ class PlacementTable {
     addresses_[i] = address;
     lengths_[i] = length;
   }
+  // A node that 16 bits cannot hold is kept as kNumaOutOfRange, which
+  // encoding refuses as it refuses any node outside [kUnknownNuma,
+  // kMaxNuma]: cast, 65537 would read as node 1.
   void set_numa(std::uint32_t block, std::uint32_t slot, int numa) {
     assert(block < blocks_ && slot < slots_);
-    numa_[std::size_t{slot} * blocks_ + block] = static_cast<std::int16_t>(numa);
+    numa_[std::size_t{slot} * blocks_ + block] =
+        numa <= kNumaOutOfRange || numa > INT16_MAX ? kNumaOutOfRange : static_cast<std::int16_t>(numa);
   }
   [[nodiscard]] std::uint64_t address(std::uint32_t block, std::uint32_t slot, std::uint32_t segment) const {
     return addresses_[cell(block, slot, segment)];

@@ -86,7 +86,8 @@ struct Plan {
 };
 
 // Every rule a requester relies on (docs/plan.md, "Validation"): counts within
-// bounds, schema sizes and strides, chunks non-empty and not wrapping, every
+// bounds, schema sizes (1 byte .. 4 GiB, as a PlacementTable holds them) and
+// strides, chunks non-empty and not wrapping, every
 // placement's indices in range and its span inside its chunk, block steps in
 // 1..kMaxBlockStep forming whole groups, placements ordered and tiling each
 // (slot, segment) exactly, every chunk used, hashes absent or one per block.
