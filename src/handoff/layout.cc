@@ -47,6 +47,7 @@ Result<ReshapePlan> ReshapePlan::compute(const KvLayout& producer, const KvLayou
         producer.layers, producer.kv_heads, producer.head_bytes, producer.page_tokens, producer.cfg, consumer.layers,
         consumer.kv_heads, consumer.head_bytes, consumer.page_tokens, consumer.cfg));
   }
+  std::size_t runs_made = 0;
   ReshapePlan plan;
   plan.producer_ = producer;
   plan.consumer_ = consumer;
@@ -76,6 +77,12 @@ Result<ReshapePlan> ReshapePlan::compute(const KvLayout& producer, const KvLayou
                 continue;
               }
             }
+            if (++runs_made > kMaxRuns) {
+              return std::unexpected(Status::invalid_argument(
+                  "ReshapePlan: these layouts cut a page into more than {} pieces (of {} bytes and less): use one KV "
+                  "order on both sides",
+                  kMaxRuns, producer.head_bytes));
+            }
             runs.push_back(cell);
           }
         }
@@ -94,6 +101,7 @@ Result<std::shared_ptr<const ReshapePlan>> PlanCache::get(const KvLayout& produc
   auto plan = ReshapePlan::compute(producer, consumer);
   if (!plan) return std::unexpected(plan.error());
   auto shared = std::make_shared<const ReshapePlan>(std::move(*plan));
+  if (plans_.size() >= kMaxPlans) plans_.clear();  // plans in use live on in their holders
   plans_[key] = shared;
   return shared;
 }

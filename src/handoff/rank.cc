@@ -118,8 +118,6 @@ Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
     return std::unexpected(Status::invalid_argument("load: the consumer layout's pages are {} bytes, the pool's {}",
                                                     cl.page_bytes(), pool_.page_bytes()));
   }
-  auto plan = plans_.get(o.producer, o.consumer);
-  if (!plan) return std::unexpected(plan.error());
   if (o.rank >= cl.ranks() || o.row >= cl.cfg || o.tokens == 0) {
     return std::unexpected(Status::invalid_argument("load: rank {} of {}, row {} of {}, {} tokens", o.rank,
                                                     cl.ranks(), o.row, cl.cfg, o.tokens));
@@ -142,9 +140,18 @@ Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
   if (auto s = table_ == PageTable::kWorker ? pool_.check(o.pages) : pool_.check_range(o.pages); !s.is_ok()) {
     return std::unexpected(s);
   }
+  // Only now the plan: a refused order costs no plan, and leaves none cached.
+  auto plan = plans_.get(o.producer, o.consumer);
+  if (!plan) return std::unexpected(plan.error());
+  const std::uint32_t ct = o.rank % cl.tp;
+  if (const std::uint64_t most = std::uint64_t{o.pages.size()} * (*plan)->runs(ct).size(); most > kMaxLoadRequests) {
+    return std::unexpected(Status::invalid_argument(
+        "load: {} pages of {} pieces each would be {} engine requests (at most {}): split the request, or use one KV "
+        "order on both sides",
+        o.pages.size(), (*plan)->runs(ct).size(), most, kMaxLoadRequests));
+  }
 
   engine::Batch batch;
-  const std::uint32_t ct = o.rank % cl.tp;
   const std::uint32_t first = cl.first_page(o.rank / cl.tp, total);
   for (std::uint32_t i = 0; i < o.pages.size(); ++i) {
     const std::uint32_t page = first + i;

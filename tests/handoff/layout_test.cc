@@ -174,6 +174,40 @@ TEST(PlanCache, ComputesOncePerLayoutPair) {
   EXPECT_EQ(cache.size(), 2u);
 }
 
+// A pair that cuts a page into more pieces than kMaxRuns is refused while
+// the plan is made: 1-byte heads in HND against NHD made one piece per byte
+// (a 4 MiB page was 4 M engine requests, 1.4 GB and 8 s to load).
+TEST(ReshapePlan, APairThatCutsAPageTooFineIsRefused) {
+  KvLayout hnd{.layers = 64, .kv_heads = 64, .head_bytes = 1, .page_tokens = 256, .order = KvOrder::kHnd};
+  KvLayout nhd = hnd;
+  nhd.order = KvOrder::kNhd;
+  ASSERT_TRUE(hnd.validate().is_ok());  // 2 M cells: within a page's bound
+  const auto refused = ReshapePlan::compute(hnd, nhd);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message().find("more than 1048576 pieces"), std::string::npos) << refused.error().message();
+  // The same shape in one order is one piece a page.
+  EXPECT_EQ(ReshapePlan::compute(hnd, hnd)->runs(0).size(), 1u);
+  // A real pair of orders (8 heads of 256 bytes, 80 layers, 16 tokens) fits:
+  // a piece a cell, but where one K|V block ends the next begins (159 merge).
+  KvLayout real{.layers = 80, .kv_heads = 8, .head_bytes = 256, .page_tokens = 16, .order = KvOrder::kHnd};
+  KvLayout real_nhd = real;
+  real_nhd.order = KvOrder::kNhd;
+  EXPECT_EQ(ReshapePlan::compute(real, real_nhd)->runs(0).size(), 80u * 2 * 8 * 16 - (80 * 2 - 1));
+}
+
+// Orders naming many layout pairs (a confused or hostile sender) do not
+// grow the cache without bound.
+TEST(PlanCache, HoldsAtMostKMaxPlans) {
+  PlanCache cache;
+  for (std::uint32_t layers = 1; layers <= 3 * PlanCache::kMaxPlans; ++layers) {
+    KvLayout l = layout(1);
+    l.layers = layers;
+    ASSERT_TRUE(cache.get(l, l).has_value());
+    EXPECT_LE(cache.size(), PlanCache::kMaxPlans);
+  }
+  EXPECT_GE(cache.size(), 1u);
+}
+
 TEST(KvPattern, CatchesAMisplacedByteAndWrongShapes) {
   Stage s(layout(2), 8);
   ASSERT_TRUE(s.fill_or_check(true, 7).is_ok());

@@ -465,6 +465,33 @@ TEST(ConsumerWorkerLoad, RefusesOrdersThatDoNotFitAndStartsNothing) {
   EXPECT_EQ(code([](LoadOrder& o) { o.pages.back() = 9; }), StatusCode::kFailedPrecondition) << "not allocated";
   EXPECT_TRUE(worker.take_completions().empty()) << "a refused order started nothing";
   EXPECT_EQ(worker.pool().free_pages(), 9u);
+  // Checked before a plan is made: a refused order leaves none behind (each
+  // refused order of a new layout pair cached a plan, 130 MB apiece).
+  {
+    auto fresh = ConsumerWorker::create(*e, l.page_bytes(), 16);
+    ASSERT_TRUE(fresh.has_value());
+    LoadOrder refused = good;
+    refused.sources.clear();
+    EXPECT_EQ((*fresh)->load(refused).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*fresh)->plans().size(), 0u);
+  }
+  // More engine requests than a load may take: refused before any is made.
+  {
+    // 1-byte heads, HND to NHD: 32 x 2 x 64 x 128 cells, 524 225 pieces a page
+    // (where one K|V block ends the next begins: 63 merge), 9 pages.
+    const KvLayout fine{.layers = 32, .kv_heads = 64, .head_bytes = 1, .page_tokens = 128, .order = KvOrder::kHnd};
+    KvLayout fine_nhd = fine;
+    fine_nhd.order = KvOrder::kNhd;
+    auto big = ConsumerWorker::create(*e, fine.page_bytes(), 16, PageTable::kCaller);
+    ASSERT_TRUE(big.has_value());
+    std::vector<std::uint32_t> nine = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    const LoadOrder many{.ticket = 2, .row = 0, .tokens = 9 * 128, .producer = fine, .consumer = fine_nhd, .rank = 0,
+                         .sources = {SourcePages{"127.0.0.1:1", 7, nine}}, .pages = nine, .timeout_ns = kSecond};
+    const auto refused = (*big)->batch_for(many);
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_NE(refused.error().message().find("would be 4718025 engine requests (at most 4194304)"), std::string::npos)
+        << refused.error().message();
+  }
 
   // With sp = 2 a one-page request leaves sp group 0 nothing to load: its
   // order completes at once, ok, without reaching the producer.

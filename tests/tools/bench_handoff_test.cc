@@ -1,6 +1,9 @@
 // `baton bench handoff --spawn` as a user runs it: real rank processes, the
 // JSON contract, every request ending with a status under each fault flag,
 // no page leaked, and one-line errors for bad input.
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <fstream>
@@ -202,6 +205,66 @@ TEST(HandoffWorker, FieldsOutOfRangeAndAbsurdLayoutsAreRefusedByName) {
   }
   // The raw call with an id is answered by id (an empty baseline), not lost.
   EXPECT_NE(r.out.find(R"({"id":2,"status":{"code":"ok")"), std::string::npos) << r.out;
+}
+
+// A refused load is reported on its ticket only when the order names one
+// exactly (1.5 was read as ticket 1, -1 as 2^64 - 1: another request's load
+// failed); otherwise as a line of its own. A stalled rank's held completions
+// go out when its input ends (they were lost), and an unknown op is echoed
+// cut (100 MB of it came back whole).
+TEST(HandoffWorker, ARefusedLoadNamesOnlyATicketItWasGivenAndNothingHeldIsLost) {
+  const std::string bad = R"({"op":"load","order":{"ticket":1.5,"row":0,"rank":0}})";
+  const std::string named = R"({"op":"load","order":{"ticket":9,"row":1,"rank":2}})";
+  const std::string file = ::testing::TempDir() + "handoff_loads_" + std::to_string(::getpid()) + ".txt";
+  {
+    std::ofstream(file) << R"({"id":1,"op":"stall","on":true})" << "\n"
+                        << bad << "\n"
+                        << named << "\n"
+                        << R"({"id":2,"op":")" << std::string(1000, 'x') << R"("})" << "\n";
+  }
+  const CommandRun r = baton::testing::run_baton("handoff-worker --role consumer --page-bytes 4096 --pages 4",
+                                                 "cat " + file + " |");
+  std::remove(file.c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find(R"("ticket":1,)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("and no ticket, row and rank to report it on"), std::string::npos) << r.out;
+  // Held by the stall, sent once stdin closed.
+  EXPECT_NE(r.out.find(R"("row":1,"status")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("ticket":9)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unknown op \\\"" + std::string(80, 'x') + "\\\" for a consumer"), std::string::npos) << r.out;
+  EXPECT_LT(r.out.size(), 2000u) << r.out;
+}
+
+// A consumer rank killed from outside (no fault flag does that): the bench
+// notices, stops that replica, counts its pages apart, does not wait out
+// the 60 s it gives tickets to settle, and fails the run (it exited 0 after
+// a minute with the pages counted leaked).
+TEST(BenchHandoff, AConsumerKilledFromOutsideFailsTheRun) {
+  const baton::testing::CpuLock cpu;
+  const std::string stem = ::testing::TempDir() + "handoff_killed_" + std::to_string(::getpid());
+  {
+    std::ofstream(stem + ".sh")
+        << BATON_BINARY << " " << kSmall << "--requests 5000 --timeout 2s --json - > " << stem << ".out 2> " << stem
+        << ".err & B=$!\n"
+        << "for i in $(seq 200); do pgrep -P $B -f 'role consumer' > /dev/null && break; sleep 0.1; done\n"
+        << "sleep 1\n"
+        << "pkill -KILL -n -P $B -f 'role consumer'\n"
+        << "wait $B; echo $? > " << stem << ".rc\n";
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(std::system(("timeout 120 bash " + stem + ".sh").c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const CommandRun r{std::stoi(baton::testing::slurp(stem + ".rc")), baton::testing::slurp(stem + ".out"),
+                     baton::testing::slurp(stem + ".err")};
+  for (const char* ext : {".sh", ".out", ".err", ".rc"}) std::remove((stem + ext).c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("failed: unavailable: rank"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(statuses(j), 5000u);
+  EXPECT_EQ(j["pages_leaked"], 0);
+  EXPECT_TRUE(j.contains("pages_of_failed_consumers"));  // 0 when it died between waves
+  EXPECT_NE(j["replica_stopped"].get<std::string>().find("stopped"), std::string::npos) << j["replica_stopped"];
+  EXPECT_LT(seconds, 50) << "it waited out the settle bound for the dead replica's tickets";
 }
 
 }  // namespace

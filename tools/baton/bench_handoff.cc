@@ -125,6 +125,16 @@ class Bench {
                                                        std::uint64_t* raw_bytes);
   void verify(Request& r, std::uint32_t index);
   void notice_deaths();
+  // A rank that died, or did not answer a call within kCallTimeoutMs (a
+  // stopped or wedged process: killed here, so it cannot write later): its
+  // replica stops for the orchestrator and the bench.
+  void fail_rank(Replica& replica, std::size_t rank, const Status& why);
+  // waits for a call's answer; a rank that does not answer in time fails.
+  Status wait_call(Replica& replica, std::size_t rank, std::uint64_t id);
+  // Tickets that can still settle: timed out, cancelled, failed or loading,
+  // on a consumer replica that did not fail.
+  [[nodiscard]] bool settling();
+  static constexpr int kCallTimeoutMs = 60'000;
   std::uint64_t retained();
   std::uint64_t row_bytes() const { return std::uint64_t{pl_.pages_for(o_.tokens)} * pl_.page_bytes() * pl_.tp; }
 
@@ -149,8 +159,14 @@ Status Bench::spawn() {
   // A producer may carry a whole wave when the other died, besides a wave
   // of sources held by retained tickets; a consumer holds a wave of
   // handoffs and a wave of scratch pages for the baseline.
-  const std::uint32_t producer_pages = 2 * o_.window * o_.cfg * per_producer_rank;
-  const std::uint32_t consumer_pages = 2 * o_.window * o_.cfg * per_consumer_rank;
+  const std::uint64_t producer_wide = std::uint64_t{2} * o_.window * o_.cfg * per_producer_rank;
+  const std::uint64_t consumer_wide = std::uint64_t{2} * o_.window * o_.cfg * per_consumer_rank;
+  if (producer_wide > UINT32_MAX || consumer_wide > UINT32_MAX) {  // 32-bit page ids
+    return Status::invalid_argument("a rank's pool would hold {} pages (at most {}): lower --window or --tokens",
+                                    std::max(producer_wide, consumer_wide), UINT32_MAX);
+  }
+  const auto producer_pages = static_cast<std::uint32_t>(producer_wide);
+  const auto consumer_pages = static_cast<std::uint32_t>(consumer_wide);
   for (std::uint32_t p = 0; p < o_.producers; ++p) {
     Replica rep{fmt::format("p{}", p), pl_, {}, {}, {}, {}, false};
     std::vector<handoff::ProducerRank*> ranks;
@@ -184,15 +200,55 @@ Status Bench::spawn() {
 }
 
 void Bench::notice_deaths() {
-  for (auto& p : producers_) {
-    if (p.failed) continue;
-    for (std::size_t r = 0; r < p.processes.size(); ++r) {
-      if (p.processes[r]->alive()) continue;
-      p.failed = true;
-      (void)orch_->producer_failed(p.name, Status::unavailable("rank {} (pid {}) exited", r, p.processes[r]->pid()));
-      break;
+  for (std::vector<Replica>* replicas : {&producers_, &consumers_}) {
+    for (Replica& rep : *replicas) {
+      for (std::size_t r = 0; r < rep.processes.size() && !rep.failed; ++r) {
+        if (!rep.processes[r]->alive()) fail_rank(rep, r, Status::unavailable("exited"));
+      }
     }
   }
+}
+
+void Bench::fail_rank(Replica& replica, std::size_t rank, const Status& why) {
+  if (replica.failed) return;
+  replica.failed = true;
+  WorkerProcess& p = *replica.processes[rank];
+  p.kill();
+  const Status s = Status::unavailable("rank {} (pid {}): {}", rank, p.pid(), why.to_string());
+  if (replica.consumer_ranks.empty()) {
+    (void)orch_->producer_failed(replica.name, s);
+  } else {
+    (void)orch_->consumer_rank_failed(replica.name, static_cast<std::uint32_t>(rank), s);
+    // A consumer's failure is no fault flag of ours: the run says so.
+    fmt::print(stderr, "baton bench handoff: consumer {} failed: {}\n", replica.name, s.to_string());
+  }
+}
+
+Status Bench::wait_call(Replica& replica, std::size_t rank, std::uint64_t id) {
+  Status s = replica.processes[rank]->wait(id, nullptr, kCallTimeoutMs);
+  if (s.code() == StatusCode::kTimeout) fail_rank(replica, rank, s);
+  return s;
+}
+
+bool Bench::settling() {
+  notice_deaths();
+  std::uint64_t open = 0;
+  for (auto state : {handoff::TicketState::kTimedOut, handoff::TicketState::kCancelled, handoff::TicketState::kFailed,
+                     handoff::TicketState::kLoading}) {
+    open += orch_->tickets_in(state);
+  }
+  if (open == 0) return false;
+  if (std::ranges::none_of(consumers_, &Replica::failed)) return true;
+  // A stopped replica's tickets stay as they are: count only the others'.
+  for (const Request& r : requests_) {
+    if (r.ticket == 0 || consumers_[r.consumer].failed) continue;
+    auto t = orch_->ticket(r.ticket);
+    if (t && (t->state == handoff::TicketState::kTimedOut || t->state == handoff::TicketState::kCancelled ||
+              t->state == handoff::TicketState::kFailed || t->state == handoff::TicketState::kLoading)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::uint64_t Bench::retained() {
@@ -218,7 +274,7 @@ Status Bench::generate(Request& r, std::uint32_t index) {
   if (auto s = orch_->bind(r.ticket, producer->name); !s.is_ok()) return s;
   auto t = orch_->ticket(r.ticket);
   if (!t) return t.error();
-  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> calls;  // rank, call
   for (std::uint32_t w = 0; w < pl_.cfg; ++w) {
     for (std::uint32_t k = 0; k < pl_.ranks(); ++k) {
       auto id = producer->processes[k]->send({{"op", "fill"},
@@ -229,12 +285,12 @@ Status Bench::generate(Request& r, std::uint32_t index) {
                                               {"salt", index + 1},
                                               {"pages", t->sources[w][k].pages}});
       if (!id) return id.error();
-      calls.emplace_back(producer->processes[k].get(), *id);
+      calls.emplace_back(k, *id);
     }
   }
   Status status;
-  for (auto [p, id] : calls) {
-    if (auto s = p->wait(id, nullptr, 60'000); !s.is_ok() && status.is_ok()) status = s;
+  for (auto [k, id] : calls) {
+    if (auto s = wait_call(*producer, k, id); !s.is_ok() && status.is_ok()) status = s;
   }
   if (!status.is_ok()) return status;
   return orch_->generated(r.ticket);
@@ -251,7 +307,7 @@ Clock::duration Bench::raw_pass(const std::vector<std::uint32_t>& wave, std::uin
   const std::uint32_t total = cl_.pages_for(o_.tokens);
   for (std::uint32_t i : wave) {
     Request& r = requests_[i];
-    if (!r.generated) continue;
+    if (!r.generated || consumers_[r.consumer].failed) continue;
     auto t = orch_->ticket(r.ticket);
     if (!t) continue;
     const std::uint32_t s = slot[r.consumer]++;
@@ -271,13 +327,13 @@ Clock::duration Bench::raw_pass(const std::vector<std::uint32_t>& wave, std::uin
   const auto start = Clock::now();
   std::map<std::pair<std::uint32_t, std::uint32_t>, json> orders;
   for (const Order& o : plain) orders[{o.consumer, o.rank}].push_back(to_json(o.order));
-  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
+  std::vector<std::pair<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t>> calls;  // (consumer, rank), call
   for (auto& [key, list] : orders) {
     WorkerProcess* p = consumers_[key.first].processes[key.second].get();
-    if (auto id = p->send({{"op", "raw"}, {"orders", list}})) calls.emplace_back(p, *id);
+    if (auto id = p->send({{"op", "raw"}, {"orders", list}})) calls.emplace_back(key, *id);
   }
-  for (auto [p, id] : calls) {
-    if (auto s = p->wait(id, nullptr, 600'000); !s.is_ok()) {
+  for (auto [key, id] : calls) {
+    if (auto s = wait_call(consumers_[key.first], key.second, id); !s.is_ok()) {
       fmt::print(stderr, "baseline batch: {}\n", s.to_string());
       baseline_failed_ = true;
     }
@@ -325,9 +381,9 @@ void Bench::verify(Request& r, std::uint32_t index) {
   auto t = orch_->ticket(r.ticket);
   if (!t) return;
   Replica& c = consumers_[r.consumer];
-  std::vector<std::pair<WorkerProcess*, std::uint64_t>> calls;
-  bool sent = true;
-  for (std::uint32_t w = 0; w < cl_.cfg; ++w) {
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> calls;  // rank, call
+  bool sent = !c.failed;
+  for (std::uint32_t w = 0; w < cl_.cfg && sent; ++w) {
     for (std::uint32_t k = 0; k < cl_.ranks(); ++k) {
       auto id = c.processes[k]->send({{"op", "check"},
                                       {"layout", to_json(cl_)},
@@ -340,12 +396,12 @@ void Bench::verify(Request& r, std::uint32_t index) {
         sent = false;
         break;
       }
-      calls.emplace_back(c.processes[k].get(), *id);
+      calls.emplace_back(k, *id);
     }
   }
   bool ok = sent;
-  for (auto [p, id] : calls) {
-    if (auto s = p->wait(id, nullptr, 60'000); !s.is_ok()) {
+  for (auto [k, id] : calls) {
+    if (auto s = wait_call(c, k, id); !s.is_ok()) {
       ok = false;
       fmt::print(stderr, "request {}: data check FAILED: {}\n", index, s.to_string());
     }
@@ -418,10 +474,11 @@ int Bench::run() {
   if (o_.kill_producer_at >= static_cast<std::int64_t>(o_.requests)) {
     return fail(2, fmt::format("--kill-producer-at {}: there are {} requests", o_.kill_producer_at, o_.requests));
   }
-  const std::uint64_t wave_bytes = std::uint64_t{o_.window} * o_.cfg * row_bytes();
   // Sources (two waves), destinations and scratch: four waves in memfd
-  // pages (RAM).
-  if (4 * wave_bytes > (std::uint64_t{6} << 30)) {
+  // pages (RAM). Checked: a wave of 2^62 bytes made four of them 0.
+  std::uint64_t wave_bytes = 0;
+  if (__builtin_mul_overflow(std::uint64_t{o_.window} * o_.cfg, row_bytes(), &wave_bytes) ||
+      wave_bytes > (std::uint64_t{6} << 30) / 4) {
     return fail(2, fmt::format("a wave of {} requests holds {} MiB four times over (sources and retained sources, "
                                "destinations, baseline); lower --window or --tokens to stay under 6 GiB",
                                o_.window, wave_bytes >> 20));
@@ -462,10 +519,7 @@ int Bench::run() {
     (void)consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", false}});
   }
   const auto settle_by = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < settle_by &&
-         (orch_->tickets_in(handoff::TicketState::kTimedOut) + orch_->tickets_in(handoff::TicketState::kCancelled) +
-              orch_->tickets_in(handoff::TicketState::kFailed) + orch_->tickets_in(handoff::TicketState::kLoading) >
-          0)) {
+  while (Clock::now() < settle_by && settling()) {
     orch_->progress();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -473,17 +527,35 @@ int Bench::run() {
   const Status stopped = orch_->shutdown();
 
   // Pages neither in use nor free: every ticket ended, so each page table
-  // should be whole once the baseline's scratch pages are back.
-  std::uint64_t leaked = 0;
+  // should be whole once the baseline's scratch pages are back. A failed
+  // consumer's pages are left as they were (a remote may still write
+  // them), and so are the sources of its tickets: counted apart.
+  std::uint64_t leaked = 0, stopped_pages = 0;
+  std::string consumer_failed;
   for (auto& c : consumers_) {
     for (std::size_t k = 0; k < c.processes.size(); ++k) {
       (void)c.consumer_ranks[k]->free(c.scratch[k]);
       const handoff::PagePool& pool = c.consumer_ranks[k]->pool();
-      leaked += pool.pages() - pool.free_pages();
+      (c.failed ? stopped_pages : leaked) += pool.pages() - pool.free_pages();
     }
+    if (c.failed && consumer_failed.empty()) consumer_failed = c.name;
   }
   for (auto& p : producers_) {
     for (auto& rank : p.producer_ranks) leaked += rank->pool().pages() - rank->pool().free_pages();
+  }
+  if (!consumer_failed.empty()) {
+    // A failed consumer's tickets keep their source pages too.
+    for (const Request& r : requests_) {
+      if (r.ticket == 0 || !consumers_[r.consumer].failed) continue;
+      auto t = orch_->ticket(r.ticket);
+      if (!t || t->state == handoff::TicketState::kReleased) continue;
+      for (const auto& row : t->sources) {
+        for (const handoff::SourcePages& src : row) {
+          leaked -= std::min<std::uint64_t>(leaked, src.pages.size());
+          stopped_pages += src.pages.size();
+        }
+      }
+    }
   }
 
 
@@ -515,6 +587,7 @@ int Bench::run() {
          {"overhead_ratio_ci95", {ci_low, ci_high}},
          {"waves_ms", waves_ms(waves)},
          {"pages_leaked", leaked},
+         {"pages_of_failed_consumers", stopped_pages},
          {"p50_ms", summary ? summary->p50 : 0.0},
          {"p99_ms", summary ? summary->p99 : 0.0},
          {"statuses", statuses_json},
@@ -533,17 +606,32 @@ int Bench::run() {
              "(overhead {:.4f}, 95% interval {:.4f} .. {:.4f}); p50 {:.2f} ms p99 {:.2f} ms; {} pages leaked\n",
              o_.requests, completed, verified, handoff_gbps, raw_gbps, j["overhead_ratio"].get<double>(), ci_low, ci_high,
              j["p50_ms"].get<double>(), j["p99_ms"].get<double>(), leaked);
+  // The report first: a worker slow to exit cannot cost it.
+  const int rc = emit_json("bench handoff", j.dump(2), o_.json);
+  for (std::vector<Replica>* replicas : {&producers_, &consumers_}) {
+    for (Replica& rep : *replicas) {
+      for (auto& p : rep.processes) p->close_input();  // all exit at once, then each is reaped
+    }
+  }
   producers_.clear();
   consumers_.clear();
-  if (const int rc = emit_json("bench handoff", j.dump(2), o_.json); rc != 0) return rc;
+  if (rc != 0) return rc;
   // Faults end requests on purpose; a completed request whose bytes are
-  // wrong, or a baseline that did not run, is the run failing (unless a
-  // producer was killed: the wave it died in reads from it both ways).
-  if (verified < completed || (baseline_failed_ && o_.kill_producer_at < 0)) {
-    fmt::print(stderr, "baton bench handoff: {}\n",
-               baseline_failed_ ? "the plain-batch baseline failed (above)"
-                                : fmt::format("{} of {} completed requests failed the data check", completed - verified,
-                                              completed));
+  // wrong, a baseline that did not run (unless a producer was killed: the
+  // wave it died in reads from it both ways), a page leaked or a consumer
+  // that failed (no fault flag does that) is the run failing.
+  std::string failed;
+  if (!consumer_failed.empty()) {
+    failed = fmt::format("consumer {} failed (above)", consumer_failed);
+  } else if (verified < completed) {
+    failed = fmt::format("{} of {} completed requests failed the data check", completed - verified, completed);
+  } else if (baseline_failed_ && o_.kill_producer_at < 0) {
+    failed = "the plain-batch baseline failed (above)";
+  } else if (leaked > 0) {
+    failed = fmt::format("{} pages leaked", leaked);
+  }
+  if (!failed.empty()) {
+    fmt::print(stderr, "baton bench handoff: {}\n", failed);
     return 1;
   }
   return 0;

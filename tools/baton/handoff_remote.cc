@@ -9,6 +9,8 @@
 #include <csignal>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "handoff_wire.h"
 
 namespace baton::cli {
@@ -50,8 +52,15 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& r
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd fd{p->out_, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0 || ::read(p->out_, &c, 1) != 1) {
+    if (left.count() <= 0 || ::poll(&fd, 1, static_cast<int>(left.count())) <= 0) {
       return std::unexpected(Status::unavailable("handoff-worker ({}, pid {}) said nothing within 20 s", role, pid));
+    }
+    if (::read(p->out_, &c, 1) != 1) {  // it exited (its stderr said why): not silence
+      int status = 0;
+      if (::waitpid(pid, &status, 0) == pid) p->pid_ = -1;
+      return std::unexpected(Status::unavailable(
+          "handoff-worker ({}, pid {}) exited before its hello ({} {})", role, pid,
+          WIFSIGNALED(status) ? "signal" : "exit status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)));
     }
     if (c == '\n') break;
     line += c;
@@ -67,18 +76,23 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& r
 }
 
 WorkerProcess::~WorkerProcess() {
-  if (in_ >= 0) ::close(in_);
-  if (reader_.joinable()) reader_.join();  // ends at the child's EOF
-  if (out_ >= 0) ::close(out_);
+  close_input();
   if (pid_ > 0) {
-    // A worker drains its loads and exits on EOF; bounded all the same.
-    for (int i = 0; i < 200; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      ::usleep(50'000);
+    // A worker drains its loads and exits on EOF; one that does not (stopped,
+    // wedged) is killed after 10 s. Reaped before the reader is joined: the
+    // reader ends only at the child's EOF, which a stopped child never sends.
+    bool reaped = false;
+    for (int i = 0; i < 200 && !reaped; ++i) {
+      reaped = ::waitpid(pid_, nullptr, WNOHANG) == pid_;
+      if (!reaped) ::usleep(50'000);
     }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
+    if (!reaped) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
   }
+  if (reader_.joinable()) reader_.join();
+  if (out_ >= 0) ::close(out_);
 }
 
 void WorkerProcess::read_lines() {
@@ -100,9 +114,12 @@ void WorkerProcess::read_lines() {
           completions_.push_back(std::move(*c));
           completed = true;
         }
-      } else if (j.contains("id")) {
+      } else if (j.contains("id") && j["id"].is_number_unsigned() && j["id"].get<std::uint64_t>() != 0) {
         const auto id = j["id"].get<std::uint64_t>();  // before the move below
         answers_[id] = std::move(j);
+      } else if (j.contains("status")) {
+        // Nobody waits for it (calls have ids from 1): said, not kept.
+        fmt::print(stderr, "handoff-worker pid {}: {}\n", pid_, status_from_json(j["status"]).to_string());
       }
     }
     buffer.erase(0, start);
@@ -125,6 +142,11 @@ void WorkerProcess::kill() {
   if (pid_ > 0) ::kill(pid_, SIGKILL);
 }
 
+void WorkerProcess::close_input() {
+  std::lock_guard lock(write_mutex_);
+  if (in_ >= 0) ::close(std::exchange(in_, -1));
+}
+
 Result<std::uint64_t> WorkerProcess::send(json request) {
   std::uint64_t id = 0;
   {
@@ -140,6 +162,7 @@ Result<std::uint64_t> WorkerProcess::send(json request) {
 Status WorkerProcess::post(const json& message) {
   const std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard lock(write_mutex_);
+  if (in_ < 0) return Status::unavailable("handoff-worker pid {}: its stdin is closed", pid_);
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(in_, text.data() + done, text.size() - done);

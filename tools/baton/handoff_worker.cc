@@ -175,7 +175,16 @@ class Loader {
         lock.lock();
         continue;
       }
-      if (stop_ && pending_ == 0) return;
+      if (stop_ && pending_ == 0) {
+        // stdin closed: completions a stall still holds go out, not lost.
+        std::vector<handoff::LoadCompletion> late;
+        late.swap(held_);
+        lock.unlock();
+        std::vector<json> lines;
+        for (const auto& c : late) lines.push_back({{"completion", to_json(c)}});
+        if (!lines.empty()) out_.lines(lines);
+        return;
+      }
       lock.unlock();
       if (pending_ > 0) emit(worker_.take_completions());  // every load that ended since the queue was last empty
       loads_unreported_ = 0;
@@ -279,10 +288,18 @@ int run_worker(const WorkerOptions& o) {
         if (order) {
           loader->load(std::move(*order));
         } else {
+          // Reported on the order's ticket only when it names one exactly: a
+          // ticket of 1.5 read as 1 would end another request's load.
           const json& o = j.at("order");
-          out.line({{"completion", to_json(handoff::LoadCompletion{o.value("ticket", std::uint64_t{0}),
-                                                                    o.value("row", 0u), o.value("rank", 0u),
-                                                                    order.error()})}});
+          json line;
+          try {
+            line = {{"completion", to_json(handoff::LoadCompletion{wire_u64(o, "ticket"), wire_u32(o, "row"),
+                                                                    wire_u32(o, "rank"), order.error()})}};
+          } catch (const json::exception&) {
+            line = {{"status", to_json(Status::invalid_argument(
+                                   "load: {} (and no ticket, row and rank to report it on)", order.error().message()))}};
+          }
+          out.line(line);
         }
         continue;
       } else if (op == "raw" && consumer && id == 0) {
@@ -305,7 +322,7 @@ int run_worker(const WorkerOptions& o) {
       } else if (op == "stall" && consumer) {
         loader->stall(j.at("on").get<bool>());
       } else {
-        status = Status::invalid_argument("unknown op \"{}\" for a {}", op, o.role);
+        status = Status::invalid_argument("unknown op \"{}\" for a {}", op.substr(0, 80), o.role);
       }
       answer["status"] = to_json(status);
     } catch (const json::exception& e) {

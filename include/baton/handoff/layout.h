@@ -93,9 +93,16 @@ struct PageRun {
 
 class ReshapePlan {
  public:
-  // invalid_argument when either layout is invalid or they describe
-  // different KV (layers, kv heads, head bytes, page tokens, cfg rows).
+  // invalid_argument when either layout is invalid, they describe
+  // different KV (layers, kv heads, head bytes, page tokens, cfg rows), or
+  // the pair cuts a page into more than kMaxRuns pieces (1-byte heads in
+  // HND against NHD made one per byte: a load of one 4 MiB page was 4 M
+  // engine requests, 1.4 GB and 8 s).
   [[nodiscard]] static Result<ReshapePlan> compute(const KvLayout& producer, const KvLayout& consumer);
+  // Runs of a plan, over all consumer tp ranks (a real pair of orders cuts
+  // a page into layers x 2 x heads x tokens: 20 480 for 80 layers, 8 heads
+  // and 16 tokens).
+  static constexpr std::size_t kMaxRuns = std::size_t{1} << 20;
 
   [[nodiscard]] const KvLayout& producer() const { return producer_; }
   [[nodiscard]] const KvLayout& consumer() const { return consumer_; }
@@ -117,6 +124,9 @@ class PlanCache {
  public:
   [[nodiscard]] Result<std::shared_ptr<const ReshapePlan>> get(const KvLayout& producer, const KvLayout& consumer);
   [[nodiscard]] std::size_t size() const;
+  // A serving pair has one or two layout pairs; orders naming many more
+  // (a hostile or confused sender) start the cache afresh past this.
+  static constexpr std::size_t kMaxPlans = 8;
 
  private:
   using Key = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, int, std::uint32_t, std::uint32_t,

@@ -164,13 +164,17 @@ class ConsumerWorker final : public ConsumerRank {
   [[nodiscard]] Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
   [[nodiscard]] Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
   // invalid_argument for an order that does not fit the layouts (rank out
-  // of range, a source or page count off, page bytes not the pool's);
+  // of range, a source or page count off, page bytes not the pool's, a
+  // layout pair ReshapePlan refuses, more than kMaxLoadRequests requests);
   // out_of_range / failed_precondition for destination pages outside the
   // pool or not allocated. Transfer errors (an unreachable producer) come
   // as the completion's status.
   [[nodiscard]] Status load(const LoadOrder& order) override;
   [[nodiscard]] std::vector<LoadCompletion> take_completions() override;
 
+  // The most engine requests one load may take (pages x the plan's pieces
+  // of a page, before neighbours merge): ~0.4 GB of them.
+  static constexpr std::uint64_t kMaxLoadRequests = std::uint64_t{1} << 22;
   // The engine batch a load submits (for a plain-batch baseline of the same
   // bytes), with load()'s errors; submitting it needs connect_sources().
   [[nodiscard]] Result<engine::Batch> batch_for(const LoadOrder& order);
