@@ -3,6 +3,7 @@
 // Real UcxTransports on loopback, polled by the test thread; the hostile
 // sides are raw sockets. Every wait is bounded.
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -21,9 +22,13 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <thread>
+
+#include <ucp/api/ucp.h>
 
 #include "baton/transport/secret.h"
 #include "baton/transport/ucx_transport.h"
+#include "transport/ucx/auth.h"
 #include "transport/ucx/control_wire.h"
 #include "baton/common/socket_address.h"
 
@@ -41,12 +46,22 @@ std::size_t open_fds() {
   return n;
 }
 
-// A blocking client socket to `address` ("127.0.0.1:port"), or -1.
-int dial(const std::string& address) {
+// A blocking client socket to `address` ("127.0.0.1:port") from `source`
+// (another loopback address is another host to the listener), or -1.
+int dial(const std::string& address, const char* source = nullptr) {
   auto to = parse_socket_address(address);
   if (!to) return -1;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  if (source != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &from.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   if (::connect(fd, to->get(), to->length) != 0) {
     ::close(fd);
     return -1;
@@ -61,6 +76,78 @@ void send_all(int fd, std::span<const std::uint8_t> bytes) {
     if (n <= 0) return;  // the listener may close first: fine
     at += static_cast<std::size_t>(n);
   }
+}
+
+// Reads one whole frame from a blocking socket within `limit`, polling the
+// transports meanwhile; nullopt at EOF or when none came.
+std::optional<ucx::Frame> read_frame(int fd, std::vector<std::uint8_t>& got,
+                                     const std::function<bool(const std::function<bool()>&)>& wait) {
+  std::optional<ucx::Frame> frame;
+  bool closed = false;
+  wait([&] {
+    if (auto f = ucx::take_frame(got, ucx::kMaxFrameBytes); f && *f) {
+      frame = std::move(**f);
+      return true;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    std::uint8_t chunk[65536];
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) closed = true;
+    else got.insert(got.end(), chunk, chunk + n);
+    return closed;
+  });
+  return frame;
+}
+
+// A UCP worker of the test's own, for a raw client whose hello must carry a
+// real worker address.
+struct RawWorker {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<std::uint8_t> address;
+  RawWorker() {
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return;
+    ucp_config_modify(config, "TLS", "tcp");
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    const ucs_status_t s = ucp_init(&params, config, &context);
+    ucp_config_release(config);
+    if (s != UCS_OK) return;
+    ucp_worker_params_t wp{};
+    if (ucp_worker_create(context, &wp, &worker) != UCS_OK) return;
+    ucp_address_t* a = nullptr;
+    std::size_t length = 0;
+    if (ucp_worker_get_address(worker, &a, &length) != UCS_OK) return;
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(a);
+    address.assign(bytes, bytes + length);
+    ucp_worker_release_address(worker, a);
+  }
+  ~RawWorker() {
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+// The hello a raw client sends after the challenge in `challenge`, with the
+// proof over these worker addresses.
+ucx::Hello proven_hello(const ucx::Frame& challenge, std::string_view secret,
+                        std::vector<std::vector<std::uint8_t>> addresses) {
+  ucx::Hello hello;
+  hello.name = "127.0.0.1:1";
+  hello.lanes = 1;
+  hello.worker_addresses = std::move(addresses);
+  hello.nonce = ucx::random_nonce().value();
+  std::string described = hello.name;  // what the listener's proof covers (listener.cc)
+  for (const auto& a : hello.worker_addresses) {
+    described += "|" + std::to_string(a.size()) + ":";
+    described.append(a.begin(), a.end());
+  }
+  hello.proof = ucx::initiator_proof(secret, ucx::decode_challenge(challenge.body).value().nonce, hello.nonce,
+                                     described);
+  return hello;
 }
 
 class UcxSecurityTest : public ::testing::Test {
@@ -242,7 +329,9 @@ TEST_F(UcxSecurityTest, SilentClientsAreClosedAtTheDeadlineAndBoundedInNumber) {
       if (n <= 0) break;
       total += static_cast<std::size_t>(n);
     }
-    EXPECT_TRUE(total == 0 || got[4] == static_cast<std::uint8_t>(ucx::ControlKind::kChallenge));
+    // A challenge, or (for the six over the bound) a refusal that says why.
+    EXPECT_TRUE(total == 0 || got[4] == static_cast<std::uint8_t>(ucx::ControlKind::kChallenge) ||
+                got[4] == static_cast<std::uint8_t>(ucx::ControlKind::kRefusal));
     ::close(fd);
   }
   EXPECT_GE(now() - start, 200'000'000) << "closed before the handshake deadline";
@@ -512,6 +601,129 @@ TEST_F(UcxSecurityTest, APeerThatDoesNotAcknowledgeIsDisconnected) {
   // a_ learns it was dismissed as soon as it runs again.
   EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
   EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable);
+}
+
+// One host holding every handshake slot, reopening each at its deadline,
+// locked every peer out without the secret (a legitimate connect failed 5
+// of 5). Now it holds at most its share: a newcomer from another address
+// takes the oldest of its slots, and one over its own bound is told why.
+TEST_F(UcxSecurityTest, AHostHoldingEveryHandshakeSlotDoesNotLockOutAPeer) {
+  UcxConfig c = config();
+  c.max_unauthenticated = 4;
+  c.max_unauthenticated_per_address = 4;
+  b_ = make(c);
+  ASSERT_TRUE(b_);
+  std::vector<int> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(dial(b_->address(), "127.0.0.2"));
+  for (int fd : silent) ASSERT_GE(fd, 0);
+  (void)wait_until([] { return false; }, 200ms);  // turns for the listener to take the four
+  EXPECT_EQ(b_->refused_connections(), 0u);
+  // A fifth from the same host: refused, with a reason.
+  const int over = dial(b_->address(), "127.0.0.2");
+  ASSERT_GE(over, 0);
+  std::vector<std::uint8_t> got;
+  auto wait = [&](const std::function<bool()>& f) { return wait_until(f, 3s); };
+  auto refusal = read_frame(over, got, wait);
+  ASSERT_TRUE(refusal.has_value());
+  EXPECT_EQ(refusal->kind, ucx::ControlKind::kRefusal);
+  const std::string why(refusal->body.begin(), refusal->body.end());
+  EXPECT_NE(why.find("handshakes from 127.0.0.2 are under way"), std::string::npos) << why;
+  ::close(over);
+  // A peer from 127.0.0.1 gets through while the four are held.
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 16);
+  EXPECT_GE(b_->refused_connections(), 2u);  // the fifth, and the slot given up for the peer
+  for (int fd : silent) ::close(fd);
+}
+
+// A hello whose worker address is not one of this UCX's format aborted the
+// listener inside ucp_ep_create (an assertion on the version byte); a
+// loopback listener without a secret takes a proof anyone can make.
+TEST_F(UcxSecurityTest, AHelloWithAForeignWorkerAddressIsRefusedNotAborted) {
+  b_ = make(config(""));
+  ASSERT_TRUE(b_);
+  for (std::uint8_t first : {std::uint8_t{0x0b}, std::uint8_t{0x02}}) {
+    const int fd = dial(b_->address());
+    ASSERT_GE(fd, 0);
+    std::vector<std::uint8_t> got;
+    auto wait = [&](const std::function<bool()>& f) { return wait_until(f, 3s); };
+    auto challenge = read_frame(fd, got, wait);
+    ASSERT_TRUE(challenge.has_value());
+    std::vector<std::uint8_t> address(64, 0);
+    address[0] = first;
+    send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(proven_hello(*challenge, "", {address}))));
+    EXPECT_FALSE(read_frame(fd, got, wait).has_value()) << "closed, no welcome";
+    ::close(fd);
+  }
+  a_ = make(config(""));
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 16);
+}
+
+// A peer holding a session may not park a partial frame (16 MiB each, kept
+// for good), nor hold the loop with a burst of small frames: erased one by
+// one, 4 MiB of 13-byte acknowledgements took 7.4 s, quadratic in the burst
+// (8 MiB here).
+// Frames over a turn's share wait for the next turn, which comes without
+// new bytes: the refresh after the burst is answered.
+TEST_F(UcxSecurityTest, ASessionsFramesAreServedInTurnAndAHalfFrameIsNotKept) {
+  UcxConfig c = config("");
+  c.handshake_timeout_ms = 300;
+  b_ = make(c);
+  ASSERT_TRUE(b_);
+  RawWorker raw;
+  ASSERT_FALSE(raw.address.empty());
+  const int fd = dial(b_->address());
+  ASSERT_GE(fd, 0);
+  std::vector<std::uint8_t> got;
+  auto wait = [&](const std::function<bool()>& f) { return wait_until(f, 5s); };
+  auto challenge = read_frame(fd, got, wait);
+  ASSERT_TRUE(challenge.has_value());
+  send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(proven_hello(*challenge, "", {raw.address}))));
+  auto welcome = read_frame(fd, got, wait);
+  ASSERT_TRUE(welcome.has_value());
+  ASSERT_EQ(welcome->kind, ucx::ControlKind::kWelcome);
+
+  std::vector<std::uint8_t> burst;
+  const auto ack = ucx::encode_frame(ucx::ControlKind::kRevokeAck, ucx::encode_seq(7));
+  while (burst.size() < (8u << 20)) burst.insert(burst.end(), ack.begin(), ack.end());
+  const auto refresh = ucx::encode_frame(ucx::ControlKind::kRefresh, ucx::encode_seq(42));
+  burst.insert(burst.end(), refresh.begin(), refresh.end());
+  std::thread sender([&] { send_all(fd, burst); });
+  auto regions = read_frame(fd, got, [&](const std::function<bool()>& f) { return wait_until(f, 20s); });
+  sender.join();
+  ASSERT_TRUE(regions.has_value());
+  EXPECT_EQ(regions->kind, ucx::ControlKind::kRegions);
+  EXPECT_EQ(ucx::decode_regions_update(regions->body).value().seq, 42u);
+
+  // Half a frame, then nothing: closed after handshake_timeout_ms.
+  const auto half = ucx::encode_frame(ucx::ControlKind::kNotify, ucx::encode_text(std::string(1000, 'n')));
+  send_all(fd, std::span(half).first(500));
+  EXPECT_FALSE(read_frame(fd, got, wait).has_value());
+  pollfd p{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "closed (EOF readable)";
+  ::close(fd);
+}
+
+// Peers that proved the secret are bounded too (each holds sockets and
+// buffers): one past max_sessions is refused, told why, as unavailable.
+TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
+  UcxConfig c = config();
+  c.max_sessions = 1;
+  b_ = make(c);
+  a_ = make(config());
+  c_ = make(config());
+  ASSERT_TRUE(a_ && b_ && c_);
+  EXPECT_EQ(a_->path_state(connect(*a_, *b_)), PathState::kReady);
+  const PathId refused = connect(*c_, *b_);
+  EXPECT_EQ(c_->path_state(refused), PathState::kFailed);
+  const Status st = c_->path_status(refused);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("maximum of 1 peers"), std::string::npos) << st.message();
+  UcxConfig zero = config();
+  zero.max_sessions = 0;
+  EXPECT_EQ(UcxTransport::create(zero).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -59,9 +59,19 @@ struct UcxConfig {
   std::string secret;
   std::string secret_file;
   bool allow_unauthenticated = false;
-  // Connections that have not proved the secret yet, at most; more are
-  // closed on arrival (each has handshake_timeout_ms to prove it).
+  // Connections that have not proved the secret yet, at most, and at most
+  // max_unauthenticated_per_address from one address (each has
+  // handshake_timeout_ms to prove it). When all are taken, a newcomer
+  // replaces the oldest of the address holding the most, if that address
+  // holds more than the newcomer's; otherwise it is refused, told why. One
+  // host holding every slot locked out every peer, without the secret.
   int max_unauthenticated = 64;
+  int max_unauthenticated_per_address = 8;
+  // Peers that proved the secret, at most; more are refused, told why. Each
+  // holds sockets (a control connection and endpoints per lane) and up to a
+  // frame of buffered bytes; a hello is also refused when this process has
+  // too few file descriptors left for its lanes (UCX aborts on running out).
+  int max_sessions = 256;
   // unregister() waits this long for peers to acknowledge a revocation;
   // one that did not is disconnected (its endpoints here closed). Each of
   // the three timeouts in ms here is at most kMaxTimeoutMs (a year).

@@ -72,7 +72,22 @@ Result<std::unique_ptr<ControlConnection>> ControlConnection::dial(const SocketA
 ControlConnection::ControlConnection(UniqueFd fd, std::string remote, bool connecting)
     : fd_(std::move(fd)), remote_(std::move(remote)), connecting_(connecting) {}
 
+Result<std::optional<Frame>> ControlConnection::next(std::uint32_t max_body) {
+  std::size_t taken = 0;
+  auto frame = take_frame(std::span<const std::uint8_t>(in_).subspan(in_at_), taken, max_body);
+  in_at_ += taken;
+  if (in_at_ == in_.size()) {
+    in_.clear();
+    in_at_ = 0;
+  }
+  return frame;
+}
+
 Status ControlConnection::receive(std::size_t max_buffered) {
+  if (in_at_ > 0) {  // what frames took, dropped once
+    in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(in_at_));
+    in_at_ = 0;
+  }
   while (in_.size() < max_buffered) {
     const std::size_t at = in_.size();
     const std::size_t want = std::min(kReadChunk, max_buffered - at);

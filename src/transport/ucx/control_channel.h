@@ -53,8 +53,17 @@ class ControlConnection {
   // Reads what the socket holds, keeping at most `max_buffered` bytes
   // unframed; unavailable when the peer closed or the socket failed.
   Status receive(std::size_t max_buffered);
-  // The next whole frame received, if any (take_frame's errors).
-  [[nodiscard]] Result<std::optional<Frame>> next(std::uint32_t max_body) { return take_frame(in_, max_body); }
+  // The next whole frame received, if any (take_frame's errors). Frames
+  // are taken from a read offset, the buffer compacted once per receive():
+  // erased one by one, 16 MiB of 13-byte frames cost minutes (quadratic).
+  [[nodiscard]] Result<std::optional<Frame>> next(std::uint32_t max_body);
+  // Bytes received and not yet taken as frames.
+  [[nodiscard]] std::size_t buffered() const { return in_.size() - in_at_; }
+  // Whether a whole frame waits to be taken (a caller that takes a bounded
+  // number a turn comes back for it without new bytes).
+  [[nodiscard]] bool frame_waiting() const {
+    return whole_frame(std::span<const std::uint8_t>(in_).subspan(in_at_));
+  }
   // Queues a frame; refused (resource_exhausted) when more than kMaxQueuedBytes
   // wait for a peer that does not read.
   Status send(ControlKind kind, std::span<const std::uint8_t> body);
@@ -71,6 +80,7 @@ class ControlConnection {
   std::string remote_;
   bool connecting_ = false;
   std::vector<std::uint8_t> in_;
+  std::size_t in_at_ = 0;  // in_[0, in_at_) were taken as frames
   std::vector<std::uint8_t> out_;
   std::size_t out_at_ = 0;
 };

@@ -82,7 +82,9 @@ std::vector<std::uint8_t> encode_frame(ControlKind kind, std::span<const std::ui
   return w.take();
 }
 
-Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::uint32_t max_body) {
+Result<std::optional<Frame>> take_frame(std::span<const std::uint8_t> buffer, std::size_t& taken,
+                                        std::uint32_t max_body) {
+  taken = 0;
   if (buffer.size() < kFrameHeaderBytes) return std::optional<Frame>{};
   Reader r(buffer);
   std::uint32_t length = 0;
@@ -100,8 +102,23 @@ Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::
   if (r.left() < length) return std::optional<Frame>{};
   Frame frame{static_cast<ControlKind>(kind), {}};
   r.bytes(length, frame.body);
-  buffer.erase(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(kFrameHeaderBytes + length));
+  taken = kFrameHeaderBytes + length;
   return std::optional<Frame>(std::move(frame));
+}
+
+Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::uint32_t max_body) {
+  std::size_t taken = 0;
+  auto frame = take_frame(std::span<const std::uint8_t>(buffer), taken, max_body);
+  buffer.erase(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(taken));
+  return frame;
+}
+
+bool whole_frame(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() < kFrameHeaderBytes) return false;
+  Reader r(bytes);
+  std::uint32_t length = 0;
+  r.get(length);
+  return bytes.size() - kFrameHeaderBytes >= length;
 }
 
 std::vector<std::uint8_t> encode(const Challenge& m) {

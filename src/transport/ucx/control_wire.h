@@ -104,10 +104,16 @@ struct Revoke {
 };
 
 [[nodiscard]] std::vector<std::uint8_t> encode_frame(ControlKind kind, std::span<const std::uint8_t> body);
-// Takes the first whole frame off the front of `buffer`: nullopt while it is
-// incomplete; invalid_argument for an unknown kind or a body over
-// `max_body` (known from the length alone, before the body arrived).
+// The first whole frame of `bytes`, `taken` set to the bytes it spans:
+// nullopt while it is incomplete; invalid_argument for an unknown kind or a
+// body over `max_body` (known from the length alone, before the body
+// arrived).
+[[nodiscard]] Result<std::optional<Frame>> take_frame(std::span<const std::uint8_t> bytes, std::size_t& taken,
+                                                      std::uint32_t max_body);
+// The same, erased off the front of `buffer`.
 [[nodiscard]] Result<std::optional<Frame>> take_frame(std::vector<std::uint8_t>& buffer, std::uint32_t max_body);
+// Whether `bytes` start with a whole frame (its header's length alone).
+[[nodiscard]] bool whole_frame(std::span<const std::uint8_t> bytes);
 
 [[nodiscard]] std::vector<std::uint8_t> encode(const Challenge& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Hello& m);

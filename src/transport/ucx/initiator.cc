@@ -115,12 +115,19 @@ Status UcxTransport::State::create_lanes(PathId id, const std::vector<std::vecto
   return Status::ok();
 }
 
+// A listener's refusal: permission_denied for a proof it did not take,
+// unavailable when it is full (no room for another handshake or peer).
+Status UcxTransport::State::refusal(const Peer& peer, const Frame& frame) {
+  auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
+  const std::string why = text ? *text : "(unreadable reason)";
+  const StatusCode code = why.starts_with("authentication failed") ? StatusCode::kPermissionDenied
+                                                                   : StatusCode::kUnavailable;
+  return Status(code, fmt::format("{} refused us: {}", peer.address, why));
+}
+
 Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t& token) {
   Peer& peer = peers[id];
-  if (frame.kind == ControlKind::kRefusal) {
-    auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
-    return Status::permission_denied("{} refused us: {}", peer.address, text ? *text : "(unreadable reason)");
-  }
+  if (frame.kind == ControlKind::kRefusal) return refusal(peer, frame);
   if (frame.kind != ControlKind::kWelcome) {
     return Status::invalid_argument("expected a welcome, got frame kind {}", static_cast<int>(frame.kind));
   }
@@ -129,6 +136,7 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   if (!ucx::same_proof(w->proof, ucx::listener_proof(secret, peer.challenge, peer.nonce))) {
     return Status::permission_denied("{} does not hold our secret (its proof is wrong)", peer.address);
   }
+  if (Status s = check_worker_addresses(w->worker_addresses); !s.is_ok()) return s;
   if (Status s = create_lanes(id, w->worker_addresses); !s.is_ok()) return s;
   const auto pid = static_cast<pid_t>(w->pid);
   if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
@@ -144,6 +152,7 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
   Peer& peer = peers[id];
   switch (peer.stage) {
     case Stage::kAwaitChallenge: {
+      if (frame.kind == ControlKind::kRefusal) return refusal(peer, frame);
       if (frame.kind != ControlKind::kChallenge) {
         return Status::invalid_argument("expected a challenge, got frame kind {}", static_cast<int>(frame.kind));
       }
@@ -215,11 +224,16 @@ void UcxTransport::State::drive_paths(TimeNs now_ns) {
   for (PathId id = 0; id < peers.size(); ++id) {
     Peer& peer = peers[id];
     if (peer.state == PathState::kFailed || !peer.control) continue;
-    const bool expired = peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns;
-    if (!is_ready(peer.control->fd()) && !peer.control->wants_write() && peer.revokes.empty() && !expired) continue;
+    const bool expired = (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) ||
+                         (peer.partial_since_ns != 0 &&
+                          now_ns - peer.partial_since_ns >= config.handshake_timeout_ms * 1'000'000);
+    if (!is_ready(peer.control->fd()) && !peer.control->wants_write() && !peer.control->frame_waiting() &&
+        peer.revokes.empty() && !expired) {
+      continue;
+    }
     Status status = peer.control->flush();
     if (status.is_ok()) status = peer.control->receive(ucx::kMaxFrameBytes + ucx::kFrameHeaderBytes);
-    for (;;) {
+    for (int taken = 0; taken < kMaxFramesPerPoll; ++taken) {
       auto frame = peer.control->next(ucx::kMaxFrameBytes);
       if (!frame) {
         status = frame.error();
@@ -231,6 +245,7 @@ void UcxTransport::State::drive_paths(TimeNs now_ns) {
         break;
       }
     }
+    if (status.is_ok()) status = check_partial(peer.partial_since_ns, *peer.control, now_ns);
     if (status.is_ok() && peer.state == PathState::kReady) status = acknowledge_revokes(id);
     if (status.is_ok()) status = peer.control->flush();
     if (!status.is_ok()) {

@@ -3,6 +3,13 @@
 // and lane binding.
 #include "transport/ucx/state.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "baton/common/host_port.h"
+
 namespace baton::transport {
 
 // The session whose lane `ep` is, or null for a lane never bound.
@@ -77,7 +84,12 @@ void UcxTransport::State::close_session(std::uint64_t id, std::string_view why) 
   auto it = sessions.find(id);
   if (it == sessions.end()) return;
   Session& session = it->second;
-  if (!session.authenticated) --unauthenticated;
+  if (!session.authenticated) {
+    --unauthenticated;
+    if (auto from = unauthenticated_from.find(session.from); from != unauthenticated_from.end() && --from->second == 0) {
+      unauthenticated_from.erase(from);
+    }
+  }
   if (session.authenticated && !shut_down) {
     spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
   } else {
@@ -107,13 +119,73 @@ bool UcxTransport::State::tell(std::uint64_t id, ControlKind kind, std::span<con
   return true;
 }
 
+namespace {
+
+// A refusal the other end can read, then the connection closes (the
+// caller drops it): a silent close looked like a network fault.
+void send_refusal(ControlConnection& conn, const std::string& why) {
+  (void)conn.send(ControlKind::kRefusal, ucx::encode_text(why));
+  (void)conn.flush();
+}
+
+// The host of "10.0.0.2:51234" or "[::1]:51234".
+std::string host_of(const std::string& remote) {
+  auto split = split_host_port(remote);
+  return split ? std::string(split->host) : remote;
+}
+
+// File descriptors this process may still open: its limit less those open.
+// Counted at a hello, not per turn.
+std::int64_t free_fds() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INT64_MAX;
+  std::error_code error;
+  std::int64_t open = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end; it.increment(error)) {
+    ++open;
+  }
+  if (error) return 0;  // no fd to read the directory with: none left
+  return static_cast<std::int64_t>(limit.rlim_cur) - open;
+}
+
+}  // namespace
+
+bool UcxTransport::State::admit_handshake(const std::string& from, ControlConnection& conn) {
+  const int mine = unauthenticated_from.contains(from) ? unauthenticated_from.at(from) : 0;
+  if (mine >= config.max_unauthenticated_per_address) {
+    ++refused_connections;
+    send_refusal(conn, fmt::format("refused: {} handshakes from {} are under way here already", mine, from));
+    return false;
+  }
+  if (unauthenticated < config.max_unauthenticated) return true;
+  // Full: the oldest handshake of the address holding the most gives way,
+  // if it holds more than the newcomer's.
+  const auto most = std::ranges::max_element(unauthenticated_from, {}, [](const auto& e) { return e.second; });
+  if (most == unauthenticated_from.end() || most->second <= mine + 1) {
+    ++refused_connections;
+    send_refusal(conn, fmt::format("refused: {} handshakes are under way here; try again", unauthenticated));
+    return false;
+  }
+  std::uint64_t oldest = 0;
+  for (const auto& [id, session] : sessions) {  // ids grow with age
+    if (!session.authenticated && session.from == most->first) {
+      oldest = id;
+      break;
+    }
+  }
+  ++refused_connections;
+  send_refusal(*sessions.at(oldest).conn, "refused: this address holds too many of the handshakes under way here");
+  close_session(oldest, "made room for a handshake from another address");
+  return true;
+}
+
 void UcxTransport::State::accept_connections(TimeNs now_ns) {
   if (!listener) return;
   if (!is_ready(listener->fd())) return;
   while (auto conn = listener->accept()) {
-    if (unauthenticated >= config.max_unauthenticated) {
-      ++refused_connections;
-      spdlog::debug("ucx: {} handshakes under way; connection from {} closed", unauthenticated, conn->remote());
+    std::string from = host_of(conn->remote());
+    if (!admit_handshake(from, *conn)) {
+      spdlog::debug("ucx: connection from {} refused ({} handshakes under way)", conn->remote(), unauthenticated);
       continue;  // closes it
     }
     auto nonce = ucx::random_nonce();
@@ -123,7 +195,9 @@ void UcxTransport::State::accept_connections(TimeNs now_ns) {
     }
     const std::uint64_t id = next_session++;
     ++unauthenticated;
+    ++unauthenticated_from[from];
     Session& session = sessions[id];
+    session.from = std::move(from);
     session.conn = std::move(conn);
     session.nonce = *nonce;
     session.deadline_ns = now_ns + config.handshake_timeout_ms * 1'000'000;
@@ -188,10 +262,28 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
     (void)session.conn->flush();
     return Status::permission_denied("{}", why);
   }
+  if (Status s = check_worker_addresses(hello->worker_addresses); !s.is_ok()) return s;
+  // Bounds on what a peer holding the secret may take: sessions, and file
+  // descriptors for its lanes (UCX aborts when it runs out of them).
+  const auto peers_now = static_cast<int>(sessions.size()) - unauthenticated;
+  std::string full;
+  if (peers_now >= config.max_sessions) {
+    full = fmt::format("refused: this listener serves its maximum of {} peers", config.max_sessions);
+  } else if (free_fds() < 4 * std::int64_t{hello->lanes} * static_cast<std::int64_t>(rails.size()) + 64) {
+    full = fmt::format("refused: this listener is short of file descriptors for {} more lanes", hello->lanes);
+  }
+  if (!full.empty()) {
+    ++refused_connections;
+    send_refusal(*session.conn, full);
+    return Status::resource_exhausted("{}", full);
+  }
   auto token = ucx::random_token();
   if (!token) return token.error();
   session.authenticated = true;
   --unauthenticated;
+  if (auto from = unauthenticated_from.find(session.from); from != unauthenticated_from.end() && --from->second == 0) {
+    unauthenticated_from.erase(from);
+  }
   session.name = hello->name;
   session.token = *token;
   session.lanes = hello->lanes;
@@ -256,12 +348,16 @@ void UcxTransport::State::serve_sessions(TimeNs now_ns) {
     auto it = sessions.find(id);
     if (it == sessions.end()) continue;
     Session& session = it->second;
-    const bool expired = !session.authenticated && now_ns >= session.deadline_ns;
-    if (!is_ready(session.conn->fd()) && !session.conn->wants_write() && !expired) continue;
+    const bool expired = (!session.authenticated && now_ns >= session.deadline_ns) ||
+                         (session.partial_since_ns != 0 &&
+                          now_ns - session.partial_since_ns >= config.handshake_timeout_ms * 1'000'000);
+    if (!is_ready(session.conn->fd()) && !session.conn->wants_write() && !session.conn->frame_waiting() && !expired) {
+      continue;
+    }
     const std::uint32_t bound = session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes;
     Status status = session.conn->receive(bound + ucx::kFrameHeaderBytes);
     // Frames that arrived before a close still count (a notification, an ack).
-    for (;;) {
+    for (int taken = 0; taken < kMaxFramesPerPoll; ++taken) {
       auto frame = session.conn->next(session.authenticated ? ucx::kMaxFrameBytes : ucx::kMaxHandshakeFrameBytes);
       if (!frame) {
         status = frame.error();
@@ -279,6 +375,7 @@ void UcxTransport::State::serve_sessions(TimeNs now_ns) {
     if (status.is_ok() && !session.authenticated && now_ns >= session.deadline_ns) {
       status = Status::timeout("no valid hello within {} ms", config.handshake_timeout_ms);
     }
+    if (status.is_ok()) status = check_partial(session.partial_since_ns, *session.conn, now_ns);
     if (status.is_ok()) status = session.conn->flush();
     if (!status.is_ok()) {
       close_session(id, status.message());

@@ -389,4 +389,32 @@ void UcxTransport::State::teardown() {
   rails.clear();
 }
 
+Status UcxTransport::State::check_worker_addresses(const std::vector<std::vector<std::uint8_t>>& addresses) const {
+  // A packed UCP address starts with a header byte whose low 4 bits are the
+  // format's version; ours (the same UCX on both ends) says which.
+  constexpr std::uint8_t kVersionBits = 0x0f;
+  const std::uint8_t version = rails.front().worker_address.front() & kVersionBits;
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    if ((addresses[i].front() & kVersionBits) != version) {
+      return Status::invalid_argument("worker address {} is not a UCP address of this UCX (format version {}, ours {})",
+                                      i, addresses[i].front() & kVersionBits, version);
+    }
+  }
+  return Status::ok();
+}
+
+Status UcxTransport::State::check_partial(TimeNs& partial_since_ns, const ControlConnection& conn,
+                                          TimeNs now_ns) const {
+  if (conn.buffered() == 0 || conn.frame_waiting()) {
+    partial_since_ns = 0;
+    return Status::ok();
+  }
+  if (partial_since_ns == 0) partial_since_ns = now_ns;
+  if (now_ns - partial_since_ns >= config.handshake_timeout_ms * 1'000'000) {
+    return Status::timeout("a frame half-sent for {} ms ({} bytes of it here)", config.handshake_timeout_ms,
+                           conn.buffered());
+  }
+  return Status::ok();
+}
+
 }  // namespace baton::transport

@@ -260,6 +260,7 @@ struct UcxTransport::State {
     std::vector<std::unique_ptr<Lane>> lanes;
     std::map<RegionHandle, std::shared_ptr<RemoteRegionKeys>> regions;
     std::vector<ucx::Revoke> revokes;  // to acknowledge once no slice of ours uses them
+    TimeNs partial_since_ns = 0;       // as Session's
     std::uint64_t next_seq = 1;
     std::uint64_t hello_seq = 0;
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
@@ -302,6 +303,10 @@ struct UcxTransport::State {
     // used to send or closed by us.
     std::set<ucp_ep_h> bound;
     bool ready_sent = false;
+    std::string from;  // the connecting host, for the per-address handshake limit
+    // Since when a frame has been half-received (0: none): a peer that
+    // parks a partial frame is closed after handshake_timeout_ms.
+    TimeNs partial_since_ns = 0;
   };
 
   struct SliceOp {
@@ -371,8 +376,13 @@ struct UcxTransport::State {
   std::uint64_t next_revoke = 1;
   std::unordered_map<std::uint64_t, std::uint64_t> session_by_token;
   std::unordered_map<ucp_ep_h, std::uint64_t> session_by_ep;
-  std::uint64_t refused_connections = 0;  // over max_unauthenticated
+  std::uint64_t refused_connections = 0;  // over max_unauthenticated (per address) or max_sessions
   int unauthenticated = 0;                // sessions that have not proved the secret yet
+  std::map<std::string, int> unauthenticated_from;  // by connecting host
+  // Frames a control connection has taken from in one poll, at most: the
+  // rest wait for the next turn (next_event_ns says now), so one peer's
+  // burst of small frames cannot hold the loop.
+  static constexpr int kMaxFramesPerPoll = 1024;
   // The control sockets with something to read or room to write, as the
   // poller said at the start of this poll: only those are read.
   std::vector<int> ready_fds;
@@ -592,6 +602,14 @@ struct UcxTransport::State {
   void accept_connections(TimeNs now_ns);
   static std::string self_description(const ucx::Hello& hello);
   Status open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses);
+  [[nodiscard]] static Status refusal(const Peer& peer, const Frame& frame);
+  // invalid_argument unless each address is a UCP worker address of this
+  // UCX's format: ucp_ep_create asserts on another version (SIGABRT).
+  Status check_worker_addresses(const std::vector<std::vector<std::uint8_t>>& addresses) const;
+  // Refuses a newcomer from `from`, or makes room for it; true: accept it.
+  bool admit_handshake(const std::string& from, ControlConnection& conn);
+  // Closes a session whose frame has been half-sent for handshake_timeout_ms.
+  [[nodiscard]] Status check_partial(TimeNs& partial_since_ns, const ControlConnection& conn, TimeNs now_ns) const;
   Status authenticate(std::uint64_t id, const Frame& frame);
   Status serve_frame(std::uint64_t id, const Frame& frame);
   std::vector<std::uint64_t> session_ids() const;

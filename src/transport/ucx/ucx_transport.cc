@@ -91,9 +91,12 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     return std::unexpected(Status::invalid_argument("UcxTransport::create: tls \"{}\" has an empty transport name",
                                                     shown(config.tls)));
   }
-  if (config.max_unauthenticated < 1) {
-    return std::unexpected(Status::invalid_argument(
-        "UcxTransport::create: max_unauthenticated is {} (expected >= 1)", config.max_unauthenticated));
+  for (const auto& [name, value] : {std::pair{"max_unauthenticated", config.max_unauthenticated},
+                                    std::pair{"max_unauthenticated_per_address", config.max_unauthenticated_per_address},
+                                    std::pair{"max_sessions", config.max_sessions}}) {
+    if (value < 1) {
+      return std::unexpected(Status::invalid_argument("UcxTransport::create: {} is {} (expected >= 1)", name, value));
+    }
   }
   if (config.tcp_segment_bytes != 0 &&
       (config.tcp_segment_bytes < kMinTcpSegmentBytes || config.tcp_segment_bytes > kMaxTcpSegmentBytes)) {
@@ -888,8 +891,16 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
   for (const State::Peer& peer : state_->peers) {
     if (peer.state == PathState::kConnecting) sooner(peer.deadline_ns);
   }
+  const TimeNs partial_ns = state_->config.handshake_timeout_ms * 1'000'000;
   for (const auto& [id, session] : state_->sessions) {
     if (!session.authenticated && session.deadline_ns != 0) sooner(session.deadline_ns);
+    if (session.partial_since_ns != 0) sooner(session.partial_since_ns + partial_ns);
+    if (session.conn->frame_waiting()) sooner(state_->last_poll_ns);  // left over from a capped turn
+  }
+  for (const State::Peer& peer : state_->peers) {
+    if (!peer.control) continue;
+    if (peer.partial_since_ns != 0) sooner(peer.partial_since_ns + partial_ns);
+    if (peer.control->frame_waiting()) sooner(state_->last_poll_ns);
   }
   for (const auto& [base, r] : state_->regions) {
     if (r.revoking && r.revoke_deadline_ns != 0) sooner(r.revoke_deadline_ns);
