@@ -84,7 +84,10 @@ Result<std::optional<Frame>> ControlConnection::next(std::uint32_t max_body) {
 }
 
 Status ControlConnection::receive(std::size_t max_buffered) {
-  if (in_at_ > 0) {  // what frames took, dropped once
+  // What frames took is dropped once it is half the buffer, or when no whole
+  // frame waits (the next needs room): a move per read of a full buffer
+  // taken 1024 frames a turn would be quadratic again.
+  if (in_at_ > 0 && (in_at_ >= in_.size() / 2 || !frame_waiting())) {
     in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(in_at_));
     in_at_ = 0;
   }

@@ -54,7 +54,8 @@ class ControlConnection {
   // unframed; unavailable when the peer closed or the socket failed.
   Status receive(std::size_t max_buffered);
   // The next whole frame received, if any (take_frame's errors). Frames
-  // are taken from a read offset, the buffer compacted once per receive():
+  // are taken from a read offset, the buffer compacted by receive() when
+  // the taken part is half of it:
   // erased one by one, 16 MiB of 13-byte frames cost minutes (quadratic).
   [[nodiscard]] Result<std::optional<Frame>> next(std::uint32_t max_body);
   // Bytes received and not yet taken as frames.
