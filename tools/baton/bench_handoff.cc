@@ -9,6 +9,7 @@
 // batches into scratch pages, and handoffs — in alternating order, each
 // timed from its first message to its last answer.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -232,23 +233,18 @@ Status Bench::wait_call(Replica& replica, std::size_t rank, std::uint64_t id) {
 
 bool Bench::settling() {
   notice_deaths();
+  constexpr std::array kUnsettled{handoff::TicketState::kTimedOut, handoff::TicketState::kCancelled,
+                                  handoff::TicketState::kFailed, handoff::TicketState::kLoading};
   std::uint64_t open = 0;
-  for (auto state : {handoff::TicketState::kTimedOut, handoff::TicketState::kCancelled, handoff::TicketState::kFailed,
-                     handoff::TicketState::kLoading}) {
-    open += orch_->tickets_in(state);
-  }
+  for (auto state : kUnsettled) open += orch_->tickets_in(state);
   if (open == 0) return false;
   if (std::ranges::none_of(consumers_, &Replica::failed)) return true;
   // A stopped replica's tickets stay as they are: count only the others'.
-  for (const Request& r : requests_) {
-    if (r.ticket == 0 || consumers_[r.consumer].failed) continue;
+  return std::ranges::any_of(requests_, [&](const Request& r) {
+    if (r.ticket == 0 || consumers_[r.consumer].failed) return false;
     auto t = orch_->ticket(r.ticket);
-    if (t && (t->state == handoff::TicketState::kTimedOut || t->state == handoff::TicketState::kCancelled ||
-              t->state == handoff::TicketState::kFailed || t->state == handoff::TicketState::kLoading)) {
-      return true;
-    }
-  }
-  return false;
+    return t && std::ranges::find(kUnsettled, t->state) != kUnsettled.end();
+  });
 }
 
 std::uint64_t Bench::retained() {

@@ -385,8 +385,9 @@ class UcxTransport final : public Transport {
   // Slices posted and not yet handed out by poll().
   [[nodiscard]] std::size_t slices_in_flight() const;
 
-  // Connections closed on arrival because max_unauthenticated handshakes
-  // were under way.
+  // Connections refused: on arrival over max_unauthenticated (in all or
+  // from one address), handshakes that gave way to another address's, and
+  // hellos over max_sessions or short of file descriptors.
   [[nodiscard]] std::uint64_t refused_connections() const;
 
   // Endpoint flushes posted since creation: one per lane per burst of RMA

@@ -84,12 +84,7 @@ void UcxTransport::State::close_session(std::uint64_t id, std::string_view why) 
   auto it = sessions.find(id);
   if (it == sessions.end()) return;
   Session& session = it->second;
-  if (!session.authenticated) {
-    --unauthenticated;
-    if (auto from = unauthenticated_from.find(session.from); from != unauthenticated_from.end() && --from->second == 0) {
-      unauthenticated_from.erase(from);
-    }
-  }
+  if (!session.authenticated) end_handshake(session);
   if (session.authenticated && !shut_down) {
     spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
   } else {
@@ -150,6 +145,13 @@ std::int64_t free_fds() {
 
 }  // namespace
 
+void UcxTransport::State::end_handshake(const Session& session) {
+  --unauthenticated;
+  if (auto from = unauthenticated_from.find(session.from); from != unauthenticated_from.end() && --from->second == 0) {
+    unauthenticated_from.erase(from);
+  }
+}
+
 bool UcxTransport::State::admit_handshake(const std::string& from, ControlConnection& conn) {
   const int mine = unauthenticated_from.contains(from) ? unauthenticated_from.at(from) : 0;
   if (mine >= config.max_unauthenticated_per_address) {
@@ -174,6 +176,10 @@ bool UcxTransport::State::admit_handshake(const std::string& from, ControlConnec
     }
   }
   ++refused_connections;
+  if (oldest == 0) {  // the counts say it has one; refuse rather than trust them
+    send_refusal(conn, fmt::format("refused: {} handshakes are under way here; try again", unauthenticated));
+    return false;
+  }
   send_refusal(*sessions.at(oldest).conn, "refused: this address holds too many of the handshakes under way here");
   close_session(oldest, "made room for a handshake from another address");
   return true;
@@ -280,10 +286,7 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   auto token = ucx::random_token();
   if (!token) return token.error();
   session.authenticated = true;
-  --unauthenticated;
-  if (auto from = unauthenticated_from.find(session.from); from != unauthenticated_from.end() && --from->second == 0) {
-    unauthenticated_from.erase(from);
-  }
+  end_handshake(session);
   session.name = hello->name;
   session.token = *token;
   session.lanes = hello->lanes;

@@ -606,6 +606,8 @@ struct UcxTransport::State {
   // invalid_argument unless each address is a UCP worker address of this
   // UCX's format: ucp_ep_create asserts on another version (SIGABRT).
   Status check_worker_addresses(const std::vector<std::vector<std::uint8_t>>& addresses) const;
+  // A session's handshake is over (proved, or closed): its counts drop.
+  void end_handshake(const Session& session);
   // Refuses a newcomer from `from`, or makes room for it; true: accept it.
   bool admit_handshake(const std::string& from, ControlConnection& conn);
   // Closes a session whose frame has been half-sent for handshake_timeout_ms.
