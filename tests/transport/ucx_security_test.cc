@@ -723,7 +723,11 @@ TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
   EXPECT_NE(st.message().find("maximum of 1 peers"), std::string::npos) << st.message();
   UcxConfig zero = config();
   zero.max_sessions = 0;
-  EXPECT_EQ(UcxTransport::create(zero).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(UcxTransport::create(zero).error().message(), "UcxTransport::create: max_sessions is 0 (expected >= 1)");
+  zero = config();
+  zero.max_unauthenticated_per_address = -1;
+  EXPECT_EQ(UcxTransport::create(zero).error().message(),
+            "UcxTransport::create: max_unauthenticated_per_address is -1 (expected >= 1)");
 }
 
 }  // namespace
