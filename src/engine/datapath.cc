@@ -383,8 +383,8 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   return BatchHandle{id};
 }
 
-std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, TimeNs now_ns,
-                                                          std::uint64_t max_bytes) {
+std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
+                                                          transport::UcxTransport::ResolvedCopies* resolved) {
   if (batch.requests.empty() || batch.notification.size() > transport::kMaxNotificationBytes) return std::nullopt;
   if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
   // Scratch kept per thread: a batch of small requests paid an allocation
@@ -394,8 +394,13 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   if (copies.capacity() > kScratchKept) copies = {};  // one huge batch does not pin its memory
   if (results.capacity() > kScratchKept) results = {};
   copies.clear();
+  // A prepared batch passed the checks below when it was resolved against
+  // the table still published: only the copies are left.
+  const bool checked = resolved != nullptr && resolved->generation != 0 &&
+                       resolved->generation == ucx_.direct_generation();
   std::uint64_t bytes = 0;
-  for (const Request& r : batch.requests) {
+  bool deadlines = false;
+  for (const Request& r : checked ? std::span<const Request>{} : std::span<const Request>(batch.requests)) {
     // What check() refuses goes the loop's way, which says why.
     if (r.length > max_bytes - bytes || r.timeout_ns < 0 || r.deadline_ns < 0 ||
         static_cast<int>(r.qos) >= sched::kQosClassCount) {
@@ -407,11 +412,15 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
       return std::nullopt;
     }
     if (!batch.notification.empty() && r.peer != batch.requests[0].peer) return std::nullopt;
+    deadlines = deadlines || r.deadline_ns != 0;
     bytes += r.length;
     copies.push_back({r.peer, r.op, r.local_region, r.local_offset, r.remote_region, r.remote_offset, r.length});
   }
-  results.resize(copies.size());  // copy_direct sets each, ok or not
-  if (!ucx_.copy_direct(copies, results).is_ok()) return std::nullopt;
+  results.resize(batch.requests.size());  // copy_direct sets each, ok or not
+  const Status copied = resolved != nullptr ? ucx_.copy_direct(copies, *resolved, results) : ucx_.copy_direct(copies, results);
+  if (!copied.is_ok()) return std::nullopt;
+  // A deadline that time brings closer is checked again on every submit.
+  if (deadlines && resolved != nullptr) resolved->generation = 0;
   const TimeNs done_ns = clock_ ? clock_() : now_ns;
 
   const std::uint64_t id = next_batch_.fetch_add(1);
@@ -421,44 +430,49 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   ended.direct = true;
   ended.status.done = true;
   ended.status.status = Status::ok();
-  ended.status.bytes = 0;
-  ended.status.bytes_done = 0;
   // Counted here, added to the shared counters once per batch: a locked add
   // per request was a third of this function (perf).
   std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
   // A reused node keeps its statuses: overwritten in place, not rebuilt.
-  ended.status.requests.resize(copies.size());
-  for (std::size_t i = 0; i < copies.size(); ++i) {
-    const Request& r = batch.requests[i];
+  // Through local pointers: indexing the vectors made the compiler reload
+  // their bounds after every store (callgrind).
+  const std::size_t n_requests = batch.requests.size();
+  ended.status.requests.resize(n_requests);
+  const Request* requests = batch.requests.data();
+  sched::RequestStatus* statuses = ended.status.requests.data();
+  Status* copy_results = results.data();
+  std::uint64_t batch_bytes = 0, batch_done = 0;
+  for (std::size_t i = 0; i < n_requests; ++i) {
+    const Request& r = requests[i];
     const int op = r.op == Op::kRead ? 0 : 1;
-    const bool ok = results[i].is_ok();
-    if (ok) {
-      ++completed[op];
-      bytes_done[op] += r.length;
-    } else {
-      ++failed[op];
-    }
-    sched::RequestStatus& s = ended.status.requests[i];
+    const bool ok = copy_results[i].is_ok();
+    const std::uint64_t done = ok ? r.length : 0;
+    completed[op] += ok ? 1 : 0;
+    failed[op] += ok ? 0 : 1;
+    bytes_done[op] += done;
+    batch_bytes += r.length;
+    batch_done += done;
+    sched::RequestStatus& s = statuses[i];
     s.state = ok ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
     s.qos = r.qos;
     s.bytes = r.length;
-    s.bytes_done = ok ? r.length : 0;
-    s.bytes_unsent = r.length - s.bytes_done;
+    s.bytes_done = done;
+    s.bytes_unsent = r.length - done;
     s.deadline_ns = r.deadline_ns;
     s.submitted_ns = now_ns;
     s.completed_ns = done_ns;
     s.slices_spilled = 0;
     s.slices_preempted = 0;
-    ended.status.bytes += s.bytes;
-    ended.status.bytes_done += s.bytes_done;
     if (ok) {
       if (!s.status.is_ok()) s.status = Status::ok();
     } else {
-      if (ended.status.status.is_ok()) ended.status.status = results[i];
-      s.status = std::move(results[i]);
-      results[i] = Status::ok();
+      if (ended.status.status.is_ok()) ended.status.status = copy_results[i];
+      s.status = std::move(copy_results[i]);
+      copy_results[i] = Status::ok();
     }
   }
+  ended.status.bytes = batch_bytes;
+  ended.status.bytes_done = batch_done;
   DirectCounts& n = direct_counts_;
   n.batches.fetch_add(1, std::memory_order_relaxed);
   for (int op = 0; op < 2; ++op) {

@@ -77,8 +77,11 @@ class Datapath {
   // notification is posted to the loop, its counts wait for
   // flush_direct_metrics. nullopt: it takes the loop (which also reports
   // every invalid request).
-  [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(const Batch& batch, TimeNs now_ns,
-                                                                 std::uint64_t max_bytes);
+  // With `resolved` (a PreparedBatch's), the copies are resolved once per
+  // published table instead of per batch.
+  [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(
+      const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
+      transport::UcxTransport::ResolvedCopies* resolved = nullptr);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
   // It is written only once somebody asked for it; a batch that ended
   // before (one copied within submit, say) makes it readable at that first

@@ -19,6 +19,16 @@ struct Engine::State {
   std::atomic<bool> closed{false};      // shutdown() was called
   std::int64_t revoke_timeout_ms = 0;
   std::uint64_t direct_copy_max_bytes = 0;
+
+  // Without the loop when the batch can go that way (Datapath::submit_direct).
+  Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved) {
+    if (direct_copy_max_bytes > 0) {
+      if (auto direct = datapath->submit_direct(batch, core->now_ns(), direct_copy_max_bytes, resolved)) {
+        return std::move(*direct);
+      }
+    }
+    return core->on_loop([&] { return datapath->submit(batch, core->now_ns()); });
+  }
 };
 
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -137,12 +147,12 @@ Result<std::vector<transport::RemoteRegion>> Engine::remote_regions(const Peer& 
 
 Result<BatchHandle> Engine::submit(const Batch& batch) {
   BATON_REQUIRE_OPEN("submit");
-  if (state_->direct_copy_max_bytes > 0) {
-    if (auto direct = state_->datapath->submit_direct(batch, state_->core->now_ns(), state_->direct_copy_max_bytes)) {
-      return std::move(*direct);
-    }
-  }
-  return state_->core->on_loop([&] { return state_->datapath->submit(batch, state_->core->now_ns()); });
+  return state_->submit(batch, nullptr);
+}
+
+Result<BatchHandle> Engine::submit(PreparedBatch& batch) {
+  BATON_REQUIRE_OPEN("submit");
+  return state_->submit(batch.batch_, &batch.resolved_);
 }
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -381,7 +382,9 @@ TEST(DirectCopy, ABatchWaitingForItsNotificationIsNeverUnknown) {
 // Copies from several threads while the holder revokes the region they
 // copy from: unregister returns only once no copy can still touch it, and
 // every batch ends (completed before, not_found after); nothing crashes.
-TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) {
+// A prepared batch, resolved once, must see the revocation as well: its
+// addresses are dropped with the table they were found in.
+void revoke_while_copying(bool prepared) {
   Pair p;
   std::atomic<bool> stop{false};
   std::atomic<int> completed{0}, refused{0}, other{0};
@@ -390,8 +393,9 @@ TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) {
     threads.emplace_back([&, t] {
       const std::uint64_t offset = static_cast<std::uint64_t>(t) * (64 << 10);
       const Batch b{{p.request(t % 2 == 0 ? Op::kRead : Op::kWrite, offset, p.allocated, offset, 64 << 10)}, {}};
+      PreparedBatch pb(b);
       while (!stop) {
-        auto h = p.initiator->submit(b);
+        auto h = prepared ? p.initiator->submit(pb) : p.initiator->submit(b);
         if (!h) {
           (h.error().code() == StatusCode::kNotFound ? refused : other)++;
           continue;
@@ -422,6 +426,97 @@ TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) {
   EXPECT_TRUE(refusing);
   EXPECT_GE(completed.load(), 200);
   EXPECT_EQ(other.load(), 0);
+}
+
+TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) { revoke_while_copying(false); }
+
+TEST(DirectCopy, ARevocationEndsAPreparedBatchsCopiesToo) { revoke_while_copying(true); }
+
+// A prepared batch submitted again and again moves the bytes of each
+// submission, stays right while regions come and go around it (each change
+// publishes a new table: it is resolved again), and ends as submit(batch())
+// would when it cannot go directly.
+TEST(DirectCopy, APreparedBatchMovesEachSubmissionsBytes) {
+  Pair p;
+  constexpr std::uint64_t kBlock = 4096;
+  Batch b;
+  for (std::uint64_t i = 0; i < 8; ++i) b.requests.push_back(p.request(Op::kRead, i * kBlock, p.allocated, (8 + i) * kBlock, kBlock));
+  PreparedBatch prepared(b);
+  EXPECT_EQ(prepared.batch().requests.size(), 8u);
+  std::vector<std::byte> extra(kBlock);
+  for (int round = 0; round < 30; ++round) {
+    fill_pattern(p.allocated_bytes().subspan(8 * kBlock, 8 * kBlock), 500 + round);
+    if (round % 10 == 5) {  // a new table: a region of ours comes and goes
+      auto r = p.initiator->register_memory(extra.data(), extra.size());
+      ASSERT_TRUE(r.has_value());
+      ASSERT_TRUE(p.initiator->unregister(r->handle).is_ok());
+    }
+    auto h = p.initiator->submit(prepared);
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    auto st = p.initiator->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->done);
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    ASSERT_EQ(st->requests.size(), 8u);
+    EXPECT_EQ(st->bytes_done, 8 * kBlock);
+    for (const sched::RequestStatus& r : st->requests) {
+      EXPECT_EQ(r.state, sched::RequestState::kCompleted);
+      EXPECT_EQ(r.bytes_done, kBlock);
+      EXPECT_LE(r.submitted_ns, r.completed_ns);
+    }
+    EXPECT_FALSE(pattern_mismatch(std::span(p.mine).first(8 * kBlock), 500 + round).has_value()) << "round " << round;
+    EXPECT_TRUE(p.initiator->release(*h).is_ok());
+  }
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), 30);
+
+  // Our region leaves: the prepared batch gets submit's not_found, as a
+  // new batch would, and copies nothing.
+  std::ranges::fill(p.mine, std::byte{0});
+  ASSERT_TRUE(p.initiator->unregister(p.mine_region.handle).is_ok());
+  auto gone = p.initiator->submit(prepared);
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().code(), StatusCode::kNotFound) << gone.error().to_string();
+  EXPECT_EQ(gone.error().code(), p.initiator->submit(b).error().code());
+  EXPECT_TRUE(std::ranges::all_of(p.mine, [](std::byte x) { return x == std::byte{0}; }));
+}
+
+// What submit refuses, a prepared batch is refused too, with the same code,
+// every time (a refusal leaves nothing resolved that a later submit skips).
+TEST(DirectCopy, APreparedBadBatchGetsSubmitsErrorEveryTime) {
+  Pair p;
+  const std::vector<std::byte> before(p.held.begin(), p.held.end());
+  const Request good = p.request(Op::kWrite, 0, p.held_region, 0, 4096);
+  Request outside = p.request(Op::kRead, 0, p.held_region, Pair::kBytes - 10, 11);
+  Request empty = p.request(Op::kRead, 0, p.held_region, 0, 0);
+  Request unknown = p.request(Op::kRead, 0, p.held_region, 0, 8);
+  unknown.remote_region = 999;
+  Request late = p.request(Op::kRead, 0, p.held_region, 0, 8);
+  late.deadline_ns = 1;  // long past: admission's to judge, not the direct path's
+  for (const auto& [bad, code] : {std::pair{outside, StatusCode::kOutOfRange}, std::pair{empty, StatusCode::kInvalidArgument},
+                                  std::pair{unknown, StatusCode::kNotFound}}) {
+    PreparedBatch prepared(Batch{{good, bad}, {}});
+    for (int i = 0; i < 3; ++i) {
+      auto h = p.initiator->submit(prepared);
+      ASSERT_FALSE(h.has_value());
+      EXPECT_EQ(h.error().code(), code) << h.error().to_string();
+    }
+  }
+  EXPECT_EQ(p.held, before);
+  // A deadline is checked against the clock on every submit, never skipped.
+  PreparedBatch with_deadline(Batch{{late}, {}});
+  for (int i = 0; i < 3; ++i) {
+    auto h = p.initiator->submit(with_deadline);
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
+    auto st = p.initiator->poll(*h);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->requests[0].deadline_missed()) << "submission " << i;
+    EXPECT_TRUE(p.initiator->release(*h).is_ok());
+  }
+  // Each went through admission and the scheduler, none the direct way.
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), 0);
+  EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_batches_total"), 3);
+  EXPECT_GE(p.initiator->stats().slices_posted, 3u);
 }
 
 TEST(DirectCopy, ThreadsCopyingAtOnceEachGetTheirOwnBytes) {

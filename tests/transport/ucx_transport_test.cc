@@ -1388,6 +1388,56 @@ TEST_P(UcxTransportTest, CopyDirectIsAllOrNothingAndOnlyForSameHostPeers) {
   EXPECT_EQ(std::memcmp(registered.data(), fresh.data(), kBytes), 0);
 }
 
+// copy_direct with ResolvedCopies: resolved once per published table, then
+// copied without the copies; a new table (a region of ours came) makes the
+// same call resolve again, and one that finds no copies to resolve refuses
+// rather than copying what an older table allowed.
+TEST_P(UcxTransportTest, ResolvedCopiesAreResolvedAgainForEachNewTable) {
+  if (!GetParam().same_host_copy) GTEST_SKIP() << "no direct copies in this flavour";
+  constexpr std::size_t kBytes = 64 << 10;
+  auto allocated = b_->allocate_memory(kBytes);
+  ASSERT_TRUE(allocated.has_value());
+  ASSERT_TRUE(b_->export_region(allocated->handle).is_ok());
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  auto& local = buffer(kBytes);
+  auto mine = a_->register_memory(local.data(), local.size());
+  ASSERT_TRUE(mine.has_value());
+  std::vector<Completion> out;
+  a_->poll(now(), out);
+  const std::uint64_t first = a_->direct_generation();
+  ASSERT_NE(first, 0u);
+  const std::vector<UcxTransport::DirectCopy> reads{{a_->paths()[path].to, Op::kRead, *mine, 0, allocated->handle, 0, kBytes}};
+  std::vector<Status> results(1, Status::internal("untouched"));
+  UcxTransport::ResolvedCopies resolved;
+  std::memcpy(allocated->address, pattern(kBytes, 5).data(), kBytes);
+  ASSERT_TRUE(a_->copy_direct(reads, resolved, results).is_ok());
+  EXPECT_TRUE(results[0].is_ok());
+  EXPECT_EQ(resolved.generation, first);
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 5).data(), kBytes), 0);
+  // The same table: no copies needed.
+  std::memcpy(allocated->address, pattern(kBytes, 6).data(), kBytes);
+  ASSERT_TRUE(a_->copy_direct({}, resolved, results).is_ok());
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 6).data(), kBytes), 0);
+  // A new table: without copies it refuses and copies nothing ...
+  auto& other = buffer(4096);
+  ASSERT_TRUE(a_->register_memory(other.data(), other.size()).has_value());
+  a_->poll(now(), out);
+  EXPECT_GT(a_->direct_generation(), first);
+  std::memcpy(allocated->address, pattern(kBytes, 7).data(), kBytes);
+  EXPECT_EQ(a_->copy_direct({}, resolved, results).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 6).data(), kBytes), 0);
+  // ... and with them it resolves against the new one and copies.
+  ASSERT_TRUE(a_->copy_direct(reads, resolved, results).is_ok());
+  EXPECT_EQ(resolved.generation, a_->direct_generation());
+  EXPECT_EQ(std::memcmp(local.data(), pattern(kBytes, 7).data(), kBytes), 0);
+  // Our region gone: the next table has no such region, and the resolution refuses.
+  ASSERT_TRUE(a_->unregister(*mine).is_ok());
+  a_->poll(now(), out);
+  EXPECT_EQ(a_->copy_direct(reads, resolved, results).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a_->copy_direct({}, resolved, results).code(), StatusCode::kFailedPrecondition);
+}
+
 // Returns whether `fd` became readable within `limit`, while `progress_other`
 // runs (the peer's side of the work) in between short waits.
 bool readable_within(int fd, const std::function<void()>& progress_other, std::chrono::milliseconds limit) {

@@ -30,6 +30,7 @@ struct LatencyOptions {
   std::string block_size = "4KiB";
   int iterations = 20'000;
   int warmup = 1'000;
+  bool prepared = false;
   std::string json;
 };
 
@@ -54,13 +55,14 @@ int run_latency(const LatencyOptions& o) {
     std::ranges::fill(buffer, std::byte{0});
   }
   const engine::Batch batch{{bp.request(op, 0, *block)}, {}};
+  engine::PreparedBatch prepared(o.prepared ? batch : engine::Batch{});
 
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(o.iterations));
   engine::BatchStatus st;  // reused, as a connector's poll loop would
   for (int i = 0; i < o.warmup + o.iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto h = bp.engine().submit(batch);
+    auto h = o.prepared ? bp.engine().submit(prepared) : bp.engine().submit(batch);
     Status s = h ? bp.engine().wait(*h, 60'000'000'000) : h.error();
     if (s.is_ok()) {
       s = bp.engine().poll(*h, st);
@@ -97,6 +99,7 @@ int run_latency(const LatencyOptions& o) {
                    {"block_size", *block},
                    {"requests", us.size()},
                    {"warmup", o.warmup},
+                   {"prepared", o.prepared},
                    {"p50_us", summary->p50},
                    {"p99_us", summary->p99},
                    {"p999_us", *p999},
@@ -122,6 +125,7 @@ Command add_bench_latency(CLI::App& bench) {
   app->add_option("--block-size", o->block_size, "Bytes per request (size)");
   app->add_option("--iterations", o->iterations, "Requests measured")->check(CLI::Range(1, 10'000'000));
   app->add_option("--warmup", o->warmup, "Requests run before the clock starts")->check(CLI::Range(0, 10'000'000));
+  app->add_flag("--prepared", o->prepared, "Submit the request as an engine::PreparedBatch (resolved once)");
   add_ucx_options(*app, o->peer.ucx);
   app->add_option("--policy-file", o->peer.policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
       ->check(kPolicyFile);

@@ -118,6 +118,25 @@ struct Batch {
   std::string notification;
 };
 
+// A batch to submit many times, the same requests each time (a connector's
+// fixed staging buffers, a benchmark's loop; NIXL's prepared transfers).
+// submit(PreparedBatch&) does what submit(batch()) does, with the same
+// checks and answers; a same-host batch on the loop-free path also skips
+// looking its peer, regions and ranges up again while no region or peer of
+// this engine came or went since the last time (docs/engine.md). One
+// thread submits it at a time.
+class PreparedBatch {
+ public:
+  PreparedBatch() = default;
+  explicit PreparedBatch(Batch batch) : batch_(std::move(batch)) {}
+  [[nodiscard]] const Batch& batch() const { return batch_; }
+
+ private:
+  friend class Engine;
+  Batch batch_;
+  transport::UcxTransport::ResolvedCopies resolved_;
+};
+
 struct BatchHandle {
   std::uint64_t id = 0;
   friend bool operator==(const BatchHandle&, const BatchHandle&) = default;
@@ -215,6 +234,7 @@ class Engine {
   // here, on the calling thread, while the loop holds no request: it has
   // ended when submit returns (docs/engine.md, "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
+  [[nodiscard]] Result<BatchHandle> submit(PreparedBatch& batch);
   // A snapshot of every request's state and bytes. not_found for an unknown
   // or released handle.
   [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch);

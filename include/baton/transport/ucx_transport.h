@@ -13,6 +13,8 @@
 // sides must be polled: over TCP the target's worker carries out the RMA.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -334,6 +336,29 @@ class UcxTransport final : public Transport {
   // table the loop publishes; a revocation is acknowledged only after the
   // copies that could still see the region finished.
   [[nodiscard]] Status copy_direct(std::span<const DirectCopy> copies, std::span<Status> results) const;
+  // copy_direct for copies that repeat (the engine's prepared batches):
+  // `resolved` keeps what the checks found, and `copies` is checked again
+  // only when the table the loop publishes changed since (a region or peer
+  // came or went). A caller that sees direct_generation() equal to
+  // resolved.generation may pass no copies; should the table change before
+  // this call takes it, the answer is failed_precondition and nothing is
+  // copied (resolve again, or take the loop).
+  struct ResolvedCopies {
+    struct Copy {
+      std::byte* local = nullptr;
+      std::byte* mapped = nullptr;   // the peer's bytes mapped here; null: CMA at `remote`
+      std::uint64_t remote = 0;
+      pid_t pid = 0;
+      Op op = Op::kRead;
+      std::uint64_t bytes = 0;
+    };
+    std::uint64_t generation = 0;  // the table's they were checked against; 0: none
+    std::vector<Copy> copies;
+  };
+  [[nodiscard]] Status copy_direct(std::span<const DirectCopy> copies, ResolvedCopies& resolved,
+                                   std::span<Status> results) const;
+  // The published table's generation (0: none). Any thread.
+  [[nodiscard]] std::uint64_t direct_generation() const;
 
   // --- Waiting without spinning ---------------------------------------------
 

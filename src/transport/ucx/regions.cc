@@ -10,6 +10,7 @@ void UcxTransport::State::publish_direct() {
   std::shared_ptr<DirectTable> t;
   if (config.same_host_copy && !shut_down) {
     t = std::make_shared<DirectTable>();
+    t->generation = ++generations_published;
     for (const auto& [base, r] : regions) {
       if (r.kind != MemoryKind::kDram || r.staged || r.revoking) continue;
       t->locals.emplace(r.handle, DirectTable::Local{reinterpret_cast<std::byte*>(r.base), r.length,
@@ -29,6 +30,7 @@ void UcxTransport::State::publish_direct() {
   std::shared_ptr<const DirectTable> old;
   {
     std::lock_guard lock(direct_mutex);
+    direct_generation.store(t ? t->generation : 0, std::memory_order_release);
     old = std::exchange(direct, std::move(t));
   }
   // Pruned here too: an engine whose regions are never revoked must not
