@@ -118,10 +118,24 @@ int guarded(const char* call, Body&& body) noexcept {
 
 // One engine and the notifications taken from it that the caller has not
 // had yet (a buffer too small leaves one here).
+// A batch from baton_prepare, submitted with baton_submit_prepared.
+struct Prepared {
+  std::mutex mutex;  // one submit at a time
+  engine::PreparedBatch batch;
+  std::vector<TimeNs> deadlines;  // relative, per request (0: none)
+  bool with_deadlines = false;
+};
+
+// Prepared batches one engine holds at most: a caller that never unprepares shows up.
+constexpr std::size_t kMaxPrepared = 65536;
+
 struct EngineBox {
   std::unique_ptr<engine::Engine> engine;
   std::mutex notifications_mutex;
   std::deque<baton::transport::Notification> notifications;
+  std::mutex prepared_mutex;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Prepared>> prepared;
+  std::uint64_t next_prepared = 1;
 };
 
 // Handles start at a random value and step by a large odd number: a
@@ -430,60 +444,135 @@ int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_re
 // be gigabytes.
 constexpr std::size_t kMaxBatchRequests = std::size_t{1} << 24;
 
+namespace {
+
+// The caller's requests as a Batch, checked as baton_submit documents; each
+// relative deadline goes to `deadlines` (0: none), the Batch's stay 0.
+int to_batch(const char* call, const baton_request* requests, size_t count, const void* notification,
+             size_t notification_length, engine::Batch& b, std::vector<TimeNs>& deadlines) {
+  if (requests == nullptr && count != 0) return misuse("{}: requests is NULL with count {}", call, count);
+  if (count > kMaxBatchRequests) {
+    return invalid("{}: count is {} (expected at most {} requests a batch)", call, count, kMaxBatchRequests);
+  }
+  if (notification == nullptr && notification_length != 0) {
+    return misuse("{}: notification is NULL with length {}", call, notification_length);
+  }
+  // Before the copy: a corrupt length would read far past the caller's bytes.
+  if (notification_length > baton::transport::kMaxNotificationBytes) {
+    return invalid("{}: notification_length is {} (at most {} bytes)", call, notification_length,
+                   baton::transport::kMaxNotificationBytes);
+  }
+  if (notification_length != 0) b.notification.assign(static_cast<const char*>(notification), notification_length);
+  b.requests.reserve(count);
+  deadlines.assign(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    const baton_request& in = requests[i];
+    if (in.peer == nullptr) return misuse("{}: requests[{}].peer is NULL", call, i);
+    if (in.op != BATON_OP_READ && in.op != BATON_OP_WRITE) {
+      return invalid("{}: requests[{}].op is {} (expected BATON_OP_READ or BATON_OP_WRITE)", call, i, in.op);
+    }
+    if (in.qos < 0 || in.qos >= baton::sched::kQosClassCount) {
+      return invalid("{}: requests[{}].qos is {} (expected BATON_QOS_*, 0..{})", call, i, in.qos,
+                     baton::sched::kQosClassCount - 1);
+    }
+    engine::Request r;
+    r.op = static_cast<engine::Op>(in.op);
+    r.qos = static_cast<baton::sched::QosClass>(in.qos);
+    r.local_region = in.local_region;
+    r.local_offset = in.local_offset;
+    r.peer = in.peer;
+    r.remote_region = in.remote_region;
+    r.remote_offset = in.remote_offset;
+    r.length = in.length;
+    const int deadline_rc = relative_ns(call, fmt::format("requests[{}].deadline_ns", i), in.deadline_ns, deadlines[i]);
+    if (deadline_rc != BATON_OK) return deadline_rc;
+    const int timeout_rc = relative_ns(call, fmt::format("requests[{}].timeout_ns", i), in.timeout_ns, r.timeout_ns);
+    if (timeout_rc != BATON_OK) return timeout_rc;
+    b.requests.push_back(std::move(r));
+  }
+  return BATON_OK;
+}
+
+// Relative deadlines made absolute, as of `now`.
+void set_deadlines(engine::Batch& b, const std::vector<TimeNs>& deadlines, TimeNs now) {
+  for (std::size_t i = 0; i < b.requests.size(); ++i) b.requests[i].deadline_ns = deadlines[i] == 0 ? 0 : now + deadlines[i];
+}
+
+}  // namespace
+
 int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
                  size_t notification_length, uint64_t* batch) {
   return with_engine("baton_submit", handle, [&](EngineBox& box) -> int {
     if (batch == nullptr) return misuse("baton_submit: batch is NULL");
-    if (requests == nullptr && count != 0) return misuse("baton_submit: requests is NULL with count {}", count);
-    if (count > kMaxBatchRequests) {
-      return invalid("baton_submit: count is {} (expected at most {} requests a batch)", count, kMaxBatchRequests);
-    }
-    if (notification == nullptr && notification_length != 0) {
-      return misuse("baton_submit: notification is NULL with length {}", notification_length);
-    }
-    // Before the copy: a corrupt length would read far past the caller's bytes.
-    if (notification_length > baton::transport::kMaxNotificationBytes) {
-      return invalid("baton_submit: notification_length is {} (at most {} bytes)", notification_length,
-                     baton::transport::kMaxNotificationBytes);
-    }
     engine::Batch b;
-    if (notification_length != 0) {
-      b.notification.assign(static_cast<const char*>(notification), notification_length);
+    std::vector<TimeNs> deadlines;
+    if (int rc = to_batch("baton_submit", requests, count, notification, notification_length, b, deadlines);
+        rc != BATON_OK) {
+      return rc;
     }
-    b.requests.reserve(count);
-    const TimeNs now = box.engine->now_ns();
-    for (std::size_t i = 0; i < count; ++i) {
-      const baton_request& in = requests[i];
-      if (in.peer == nullptr) return misuse("baton_submit: requests[{}].peer is NULL", i);
-      if (in.op != BATON_OP_READ && in.op != BATON_OP_WRITE) {
-        return invalid("baton_submit: requests[{}].op is {} (expected BATON_OP_READ or BATON_OP_WRITE)", i, in.op);
-      }
-      if (in.qos < 0 || in.qos >= baton::sched::kQosClassCount) {
-        return invalid("baton_submit: requests[{}].qos is {} (expected BATON_QOS_*, 0..{})", i, in.qos,
-                       baton::sched::kQosClassCount - 1);
-      }
-      engine::Request r;
-      r.op = static_cast<engine::Op>(in.op);
-      r.qos = static_cast<baton::sched::QosClass>(in.qos);
-      r.local_region = in.local_region;
-      r.local_offset = in.local_offset;
-      r.peer = in.peer;
-      r.remote_region = in.remote_region;
-      r.remote_offset = in.remote_offset;
-      r.length = in.length;
-      TimeNs deadline = 0;
-      const int deadline_rc =
-          relative_ns("baton_submit", fmt::format("requests[{}].deadline_ns", i), in.deadline_ns, deadline);
-      if (deadline_rc != BATON_OK) return deadline_rc;
-      r.deadline_ns = deadline == 0 ? 0 : now + deadline;
-      const int timeout_rc =
-          relative_ns("baton_submit", fmt::format("requests[{}].timeout_ns", i), in.timeout_ns, r.timeout_ns);
-      if (timeout_rc != BATON_OK) return timeout_rc;
-      b.requests.push_back(std::move(r));
-    }
+    set_deadlines(b, deadlines, box.engine->now_ns());
     auto h = box.engine->submit(b);
     if (!h) return fail(h.error());
     *batch = h->id;
+    return BATON_OK;
+  });
+}
+
+int baton_prepare(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
+                  size_t notification_length, uint64_t* prepared) {
+  return with_engine("baton_prepare", handle, [&](EngineBox& box) -> int {
+    if (prepared == nullptr) return misuse("baton_prepare: prepared is NULL");
+    engine::Batch b;
+    auto p = std::make_shared<Prepared>();
+    if (int rc = to_batch("baton_prepare", requests, count, notification, notification_length, b, p->deadlines);
+        rc != BATON_OK) {
+      return rc;
+    }
+    p->with_deadlines = std::ranges::any_of(p->deadlines, [](TimeNs d) { return d != 0; });
+    p->batch = engine::PreparedBatch(std::move(b));
+    std::lock_guard lock(box.prepared_mutex);
+    if (box.prepared.size() >= kMaxPrepared) {
+      return fail(Status::resource_exhausted("baton_prepare: {} prepared batches held (baton_unprepare the unused)",
+                                             kMaxPrepared));
+    }
+    const std::uint64_t id = box.next_prepared++;
+    box.prepared.emplace(id, std::move(p));
+    *prepared = id;
+    return BATON_OK;
+  });
+}
+
+int baton_submit_prepared(baton_engine* handle, uint64_t prepared, uint64_t* batch) {
+  return with_engine("baton_submit_prepared", handle, [&](EngineBox& box) -> int {
+    if (batch == nullptr) return misuse("baton_submit_prepared: batch is NULL");
+    std::shared_ptr<Prepared> p;
+    {
+      std::lock_guard lock(box.prepared_mutex);
+      auto it = box.prepared.find(prepared);
+      if (it == box.prepared.end()) {
+        return fail(Status::not_found("baton_submit_prepared: no prepared batch {} on this engine", prepared));
+      }
+      p = it->second;
+    }
+    std::lock_guard one_at_a_time(p->mutex);  // its resolution is rewritten by the submit that finds it stale
+    auto h = [&] {
+      if (!p->with_deadlines) return box.engine->submit(p->batch);
+      engine::Batch b = p->batch.batch();  // relative deadlines: absolute as of this submit
+      set_deadlines(b, p->deadlines, box.engine->now_ns());
+      return box.engine->submit(b);
+    }();
+    if (!h) return fail(h.error());
+    *batch = h->id;
+    return BATON_OK;
+  });
+}
+
+int baton_unprepare(baton_engine* handle, uint64_t prepared) {
+  return with_engine("baton_unprepare", handle, [&](EngineBox& box) -> int {
+    std::lock_guard lock(box.prepared_mutex);
+    if (box.prepared.erase(prepared) == 0) {
+      return fail(Status::not_found("baton_unprepare: no prepared batch {} on this engine", prepared));
+    }
     return BATON_OK;
   });
 }

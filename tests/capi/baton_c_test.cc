@@ -87,6 +87,9 @@ TEST(CApi, ANullEngineIsMisuseEverywhere) {
   EXPECT_EQ(baton_refresh(none, "127.0.0.1:1", 0), BATON_MISUSE);
   EXPECT_EQ(baton_remote_regions(none, "127.0.0.1:1", nullptr, 0, &size), BATON_MISUSE);
   EXPECT_EQ(baton_submit(none, nullptr, 0, nullptr, 0, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_prepare(none, nullptr, 0, nullptr, 0, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_submit_prepared(none, 1, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_unprepare(none, 1), BATON_MISUSE);
   EXPECT_EQ(baton_poll(none, 1, &status), BATON_MISUSE);
   EXPECT_EQ(baton_wait(none, 1, 0), BATON_MISUSE);
   EXPECT_EQ(baton_cancel(none, 1), BATON_MISUSE);
@@ -531,6 +534,74 @@ TEST(CApi, TwoEnginesMoveBytesAndANotification) {
 
   ASSERT_EQ(baton_unregister(local.handle, mine.handle), BATON_OK) << last_error();
   EXPECT_EQ(baton_unregister(local.handle, mine.handle), BATON_NOT_FOUND);
+}
+
+// A prepared batch: checked as baton_submit checks (the same refusals), then
+// submitted again and again, each time moving that moment's bytes, with a
+// relative deadline made absolute per submit; ids are per engine and
+// unprepare forgets them.
+TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
+  constexpr std::size_t kBytes = 64 << 10;
+  Engine target;
+  Engine local;
+  baton_region served{};
+  ASSERT_EQ(baton_allocate_memory(target.handle, kBytes, -1, &served), BATON_OK) << last_error();
+  ASSERT_EQ(baton_export_region(target.handle, served.handle, nullptr, 0), BATON_OK) << last_error();
+  auto served_bytes = std::span(static_cast<std::byte*>(served.base), kBytes);
+  std::vector<std::byte> buffer(kBytes);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(local.handle, buffer.data(), kBytes, BATON_MEMORY_DRAM, -1, &mine), BATON_OK)
+      << last_error();
+  char peer[64];
+  ASSERT_EQ(baton_connect(local.handle, target.address().c_str(), peer, sizeof peer, nullptr), BATON_OK)
+      << last_error();
+  ASSERT_EQ(baton_refresh(local.handle, peer, 0), BATON_OK) << last_error();
+
+  std::uint64_t prepared = 0, batch = 0;
+  baton_request reads[2] = {request(BATON_OP_READ, mine.handle, peer, served.handle, kBytes / 2),
+                            request(BATON_OP_READ, mine.handle, peer, served.handle, kBytes / 2)};
+  reads[1].local_offset = reads[1].remote_offset = kBytes / 2;
+  // baton_submit's refusals, at prepare.
+  EXPECT_EQ(baton_prepare(local.handle, reads, 2, nullptr, 0, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_prepare(local.handle, nullptr, 2, nullptr, 0, &prepared), BATON_MISUSE);
+  EXPECT_EQ(baton_prepare(local.handle, reads, SIZE_MAX, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  baton_request bad = reads[0];
+  bad.op = 9;
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("baton_prepare: requests[0].op"), std::string::npos) << last_error();
+  bad = reads[0];
+  bad.deadline_ns = -1;
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  EXPECT_EQ(baton_submit_prepared(local.handle, 12345, &batch), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_unprepare(local.handle, 12345), BATON_NOT_FOUND);
+
+  ASSERT_EQ(baton_prepare(local.handle, reads, 2, nullptr, 0, &prepared), BATON_OK) << last_error();
+  std::uint64_t timed = 0;
+  reads[1].deadline_ns = 10 * kSecond;  // relative: made absolute at each submit
+  ASSERT_EQ(baton_prepare(local.handle, reads, 2, nullptr, 0, &timed), BATON_OK) << last_error();
+  EXPECT_NE(timed, prepared);
+  EXPECT_EQ(baton_submit_prepared(local.handle, prepared, nullptr), BATON_MISUSE);
+  EXPECT_EQ(baton_submit_prepared(target.handle, prepared, &batch), BATON_NOT_FOUND);  // another engine's id
+  for (int round = 0; round < 20; ++round) {
+    baton::engine::fill_pattern(served_bytes, 50 + round);
+    ASSERT_EQ(baton_submit_prepared(local.handle, round % 2 == 0 ? prepared : timed, &batch), BATON_OK) << last_error();
+    ASSERT_EQ(baton_wait(local.handle, batch, 20 * kSecond), BATON_OK) << last_error();
+    baton_batch_status status{};
+    ASSERT_EQ(baton_poll(local.handle, batch, &status), BATON_OK) << last_error();
+    EXPECT_EQ(status.status, BATON_OK) << last_error();
+    EXPECT_EQ(status.bytes_done, kBytes);
+    ASSERT_EQ(baton_release(local.handle, batch), BATON_OK) << last_error();
+    EXPECT_FALSE(baton::engine::pattern_mismatch(buffer, 50 + round).has_value()) << "round " << round;
+  }
+  // A prepared batch whose regions went: baton_submit's answer, each time.
+  ASSERT_EQ(baton_unregister(local.handle, mine.handle), BATON_OK) << last_error();
+  EXPECT_EQ(baton_submit_prepared(local.handle, prepared, &batch), BATON_NOT_FOUND) << last_error();
+  EXPECT_EQ(baton_submit_prepared(local.handle, timed, &batch), BATON_NOT_FOUND) << last_error();
+  EXPECT_EQ(baton_submit(local.handle, reads, 2, nullptr, 0, &batch), BATON_NOT_FOUND) << last_error();
+  ASSERT_EQ(baton_unprepare(local.handle, prepared), BATON_OK) << last_error();
+  ASSERT_EQ(baton_unprepare(local.handle, timed), BATON_OK) << last_error();
+  EXPECT_EQ(baton_submit_prepared(local.handle, prepared, &batch), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_unprepare(local.handle, prepared), BATON_NOT_FOUND);
 }
 
 // A notification length past the limit is refused before a byte of it is

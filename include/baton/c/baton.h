@@ -216,6 +216,19 @@ typedef struct baton_batch_status {
  * completed; it needs a single peer. */
 BATON_C_API int baton_submit(baton_engine* engine, const baton_request* requests, size_t count,
                              const void* notification, size_t notification_length, uint64_t* batch);
+/* A batch to submit many times (Engine::PreparedBatch): the requests are
+ * checked and copied once, as baton_submit checks them, into *prepared, an
+ * id on this engine. baton_submit_prepared then submits them, with
+ * baton_submit's answers; a same-host batch resolves its peer, regions and
+ * ranges again only when a region or peer of the engine came or went since.
+ * Deadlines stay relative to each submit. Concurrent submits of one
+ * prepared batch take turns. At most 65536 held per engine
+ * (BATON_RESOURCE_EXHAUSTED); baton_unprepare forgets one (BATON_NOT_FOUND
+ * for an unknown id). Destroying the engine forgets them all. */
+BATON_C_API int baton_prepare(baton_engine* engine, const baton_request* requests, size_t count,
+                              const void* notification, size_t notification_length, uint64_t* prepared);
+BATON_C_API int baton_submit_prepared(baton_engine* engine, uint64_t prepared, uint64_t* batch);
+BATON_C_API int baton_unprepare(baton_engine* engine, uint64_t prepared);
 /* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */
 BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_status* status);
 /* Until the batch ended (BATON_OK; then poll it) or timeout_ns passed
