@@ -350,26 +350,60 @@ void check_unmoved(const RegionState& state) {
   }
 }
 
-// Requests with their deadlines made absolute on the engine's clock.
-engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vector<PyRequest>& requests,
-                       std::string notification) {
+// Requests as a Batch, after submit's checks, with no deadline set yet;
+// `regions` gets each region of this engine they name, once.
+engine::Batch checked_batch(const EngineState& s, const std::vector<PyRequest>& requests, std::string notification,
+                            std::vector<std::shared_ptr<RegionState>>& regions) {
   engine::Batch b;
   b.notification = std::move(notification);
   b.requests.reserve(requests.size());
-  const baton::TimeNs now = e.now_ns();
-  std::vector<const RegionState*> checked;  // a batch names a few regions, many times each
   for (const PyRequest& r : requests) {
     check_same_engine(s, r.engine, "submit: local");
-    for (const auto& region : r.regions) {
-      if (std::ranges::find(checked, region.get()) != checked.end()) continue;
+    for (const auto& region : r.regions) {  // a batch names a few regions, many times each
+      if (std::ranges::find(regions, region) != regions.end()) continue;
       check_unmoved(*region);
-      checked.push_back(region.get());
+      regions.push_back(region);
     }
     b.requests.push_back(r.request);
-    if (r.deadline_ms) b.requests.back().deadline_ns = now + milliseconds_ns("deadline_ms", r.deadline_ms);
   }
   return b;
 }
+
+// Relative deadlines (ms) made absolute on the engine's clock.
+void set_deadlines(engine::Batch& b, const std::vector<std::optional<double>>& deadlines_ms, baton::TimeNs now) {
+  for (std::size_t i = 0; i < b.requests.size(); ++i) {
+    if (deadlines_ms[i]) b.requests[i].deadline_ns = now + milliseconds_ns("deadline_ms", deadlines_ms[i]);
+  }
+}
+
+std::vector<std::optional<double>> deadlines_of(const std::vector<PyRequest>& requests) {
+  std::vector<std::optional<double>> out;
+  out.reserve(requests.size());
+  for (const PyRequest& r : requests) out.push_back(r.deadline_ms);
+  return out;
+}
+
+// Requests with their deadlines made absolute on the engine's clock.
+engine::Batch to_batch(const EngineState& s, engine::Engine& e, const std::vector<PyRequest>& requests,
+                       std::string notification) {
+  std::vector<std::shared_ptr<RegionState>> regions;
+  engine::Batch b = checked_batch(s, requests, std::move(notification), regions);
+  set_deadlines(b, deadlines_of(requests), e.now_ns());
+  return b;
+}
+
+// Engine.prepare(): requests converted and checked once, submitted many
+// times (engine::PreparedBatch). The tensors are checked unmoved at every
+// submit, the deadlines made absolute at every submit.
+struct PyPrepared {
+  std::shared_ptr<EngineState> engine;
+  std::mutex mutex;  // one submit at a time: a stale resolution is rewritten by the submit that finds it
+  engine::PreparedBatch batch;
+  std::vector<std::optional<double>> deadlines_ms;
+  bool with_deadlines = false;
+  std::vector<std::shared_ptr<RegionState>> regions;
+  std::uint64_t bytes = 0;
+};
 
 // Engine::wait in slices, looking for a signal between them with the GIL: a
 // wait that never comes back to Python never sees Ctrl-C. Called without
@@ -706,6 +740,31 @@ PYBIND11_MODULE(_baton, m) {
         ok_or_raise(s);
       });
 
+  py::class_<PyPrepared, std::shared_ptr<PyPrepared>>(m, "PreparedBatch",
+                                                      "Requests checked once and submitted many times (Engine.prepare)")
+      .def("submit",
+           [](std::shared_ptr<PyPrepared> p) {
+             auto e = p->engine->get("submit");
+             for (const auto& region : p->regions) check_unmoved(*region);
+             baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
+             {
+               py::gil_scoped_release release;
+               p->engine->sweep_orphans(*e);
+               std::lock_guard one_at_a_time(p->mutex);
+               if (p->with_deadlines) {
+                 engine::Batch b = p->batch.batch();
+                 set_deadlines(b, p->deadlines_ms, e->now_ns());
+                 h = e->submit(b);
+               } else {
+                 h = e->submit(p->batch);
+               }
+             }
+             return PyBatch(p->engine, value_or_raise(std::move(h)), p->bytes);
+           },
+           "Submits the requests again, as Engine.submit would: a Batch")
+      .def("__len__", [](const PyPrepared& p) { return p.batch.batch().requests.size(); })
+      .def_property_readonly("bytes", [](const PyPrepared& p) { return p.bytes; });
+
   py::class_<EngineState, std::shared_ptr<EngineState>>(m, "Engine", "A Baton engine: registered memory, peers, batches")
       .def(py::init([](const std::string& listen, std::optional<std::string> ucx_tls, std::optional<std::string> policy_file,
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
@@ -888,6 +947,20 @@ PYBIND11_MODULE(_baton, m) {
              return PyBatch(s, value_or_raise(std::move(h)), bytes);
            },
            py::arg("requests"), py::arg("notification") = py::bytes(""))
+      .def("prepare",
+           [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
+             (void)s->get("prepare");
+             auto p = std::make_shared<PyPrepared>();
+             p->engine = s;
+             engine::Batch b = checked_batch(*s, requests, std::string(notification), p->regions);
+             for (const auto& r : b.requests) p->bytes += r.length;
+             p->deadlines_ms = deadlines_of(requests);
+             p->with_deadlines = std::ranges::any_of(p->deadlines_ms, [](const auto& d) { return d.has_value(); });
+             p->batch = engine::PreparedBatch(std::move(b));
+             return p;
+           },
+           py::arg("requests"), py::arg("notification") = py::bytes(""),
+           "The requests checked and converted once, for PreparedBatch.submit() to submit many times")
       .def("read", one_request("read"), py::kw_only(), py::arg("local"), py::arg("local_offset") = 0, py::arg("peer"),
            py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
            py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),

@@ -898,3 +898,51 @@ def test_a_closed_engines_regions_are_no_longer_registered():
     assert region.registered
     e.close()
     assert not region.registered
+
+
+def test_a_prepared_batch_is_submitted_many_times_with_submits_answers(holder, engine):
+    """Engine.prepare(): checked once, each submit moves that moment's bytes, a moved tensor and a gone region still raise."""
+    peer = engine.connect(holder.address)
+    block = 4096
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    check = np.zeros(SIZE, dtype=np.uint8)
+    check_region = engine.register(check)
+    writes = [baton.Request(op="write", local=region, local_offset=i * block, peer=peer, remote=holder.handle,
+                            remote_offset=i * block, length=block, deadline_ms=(1000 if i == 0 else None))
+              for i in range(8)]
+    prepared = engine.prepare(writes)
+    assert len(prepared) == 8 and prepared.bytes == 8 * block
+    for round in range(6):
+        local[:8 * block] = pattern(8 * block, 100 + round)
+        batch = prepared.submit()
+        batch.wait(timeout=30)
+        assert batch.status == "ok" and batch.bytes_done == 8 * block
+        batch.release()
+        engine.read(local=check_region, peer=peer, remote=holder.handle, length=8 * block)
+        assert np.array_equal(check[:8 * block], pattern(8 * block, 100 + round)), round
+    # Without a deadline, the same bytes the loop-free way.
+    reads = engine.prepare([baton.Request(op="read", local=check_region, peer=peer, remote=holder.handle,
+                                          length=8 * block)])
+    check[:] = 0
+    reads.submit().wait(timeout=30)
+    assert np.array_equal(check[:8 * block], pattern(8 * block, 105))
+    # What submit raises, a prepared batch raises too, at its submit.
+    empty = engine.prepare([])
+    with pytest.raises(baton.InvalidArgument):
+        empty.submit()
+    engine.unregister(region)
+    with pytest.raises(baton.NotFound):
+        prepared.submit()
+    with pytest.raises(baton.NotFound):
+        engine.submit(writes)
+    t = FakeTensor(SIZE)
+    moved = engine.prepare([baton.Request(op="read", local=engine.register(t), peer=peer, remote=holder.handle,
+                                          length=block)])
+    moved.submit().wait(timeout=30)
+    t.resize_(2 * SIZE)
+    with pytest.raises(baton.FailedPrecondition, match="resize_"):
+        moved.submit()
+    engine.close()
+    with pytest.raises(baton.Unavailable):
+        reads.submit()
