@@ -604,6 +604,24 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
   EXPECT_EQ(baton_unprepare(local.handle, prepared), BATON_NOT_FOUND);
 }
 
+// A caller that prepares and never unprepares is stopped at 65536, with
+// what to do; one unprepared makes room for one more.
+TEST(CApi, PreparedBatchesAreBoundedPerEngine) {
+  Engine e;
+  const baton_request r = request(BATON_OP_READ, 1, "127.0.0.1:1", 1, 8);
+  std::uint64_t id = 0, first = 0;
+  std::size_t held = 0;
+  while (baton_prepare(e.handle, &r, 1, nullptr, 0, &id) == BATON_OK) {
+    if (held++ == 0) first = id;
+    ASSERT_LE(held, 65536u);
+  }
+  EXPECT_EQ(held, 65536u);
+  EXPECT_NE(last_error().find("baton_unprepare the unused"), std::string::npos) << last_error();
+  EXPECT_EQ(baton_prepare(e.handle, &r, 1, nullptr, 0, &id), BATON_RESOURCE_EXHAUSTED);
+  ASSERT_EQ(baton_unprepare(e.handle, first), BATON_OK) << last_error();
+  EXPECT_EQ(baton_prepare(e.handle, &r, 1, nullptr, 0, &id), BATON_OK) << last_error();
+}
+
 // A notification length past the limit is refused before a byte of it is
 // read: a corrupt length (1 GiB behind a 12-byte string) read far past it.
 TEST(CApi, ANotificationTooLongIsRefusedBeforeItIsRead) {
