@@ -746,18 +746,18 @@ PYBIND11_MODULE(_baton, m) {
            [](std::shared_ptr<PyPrepared> p) {
              auto e = p->engine->get("submit");
              for (const auto& region : p->regions) check_unmoved(*region);
+             // Deadlines count from this submit: a copy with them made absolute.
+             std::optional<engine::Batch> timed;
+             if (p->with_deadlines) {
+               timed = p->batch.batch();
+               set_deadlines(*timed, p->deadlines_ms, e->now_ns());
+             }
              baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
              {
                py::gil_scoped_release release;
                p->engine->sweep_orphans(*e);
                std::lock_guard one_at_a_time(p->mutex);
-               if (p->with_deadlines) {
-                 engine::Batch b = p->batch.batch();
-                 set_deadlines(b, p->deadlines_ms, e->now_ns());
-                 h = e->submit(b);
-               } else {
-                 h = e->submit(p->batch);
-               }
+               h = timed ? e->submit(*timed) : e->submit(p->batch);
              }
              return PyBatch(p->engine, value_or_raise(std::move(h)), p->bytes);
            },

@@ -116,8 +116,6 @@ int guarded(const char* call, Body&& body) noexcept {
   }
 }
 
-// One engine and the notifications taken from it that the caller has not
-// had yet (a buffer too small leaves one here).
 // A batch from baton_prepare, submitted with baton_submit_prepared.
 struct Prepared {
   std::mutex mutex;  // one submit at a time
@@ -129,6 +127,8 @@ struct Prepared {
 // Prepared batches one engine holds at most: a caller that never unprepares shows up.
 constexpr std::size_t kMaxPrepared = 65536;
 
+// One engine, the notifications taken from it that the caller has not had
+// yet (a buffer too small leaves one here), and its prepared batches.
 struct EngineBox {
   std::unique_ptr<engine::Engine> engine;
   std::mutex notifications_mutex;
