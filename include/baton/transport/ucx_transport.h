@@ -352,7 +352,7 @@ class UcxTransport final : public Transport {
       Op op = Op::kRead;
       std::uint64_t bytes = 0;
     };
-    std::uint64_t generation = 0;  // the table's they were checked against; 0: none
+    std::uint64_t generation = 0;  // the table's they were checked against (unique in the process); 0: none
     std::vector<Copy> copies;
   };
   [[nodiscard]] Status copy_direct(std::span<const DirectCopy> copies, ResolvedCopies& resolved,

@@ -10,7 +10,11 @@ void UcxTransport::State::publish_direct() {
   std::shared_ptr<DirectTable> t;
   if (config.same_host_copy && !shut_down) {
     t = std::make_shared<DirectTable>();
-    t->generation = ++generations_published;
+    // Unique in the process, not per transport: a resolution made against
+    // another engine's table must never match this one's (a PreparedBatch
+    // submitted to two engines copied into the first one's memory).
+    static std::atomic<std::uint64_t> generations{0};
+    t->generation = generations.fetch_add(1, std::memory_order_relaxed) + 1;
     for (const auto& [base, r] : regions) {
       if (r.kind != MemoryKind::kDram || r.staged || r.revoking) continue;
       t->locals.emplace(r.handle, DirectTable::Local{reinterpret_cast<std::byte*>(r.base), r.length,

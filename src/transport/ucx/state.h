@@ -444,12 +444,11 @@ struct UcxTransport::State {
     };
     std::unordered_map<RegionHandle, Local> locals;
     std::map<std::string, Peer, std::less<>> peers;  // by the address connect() named
-    std::uint64_t generation = 0;  // from 1, one per table published
+    std::uint64_t generation = 0;  // from 1, one per table published by any transport of the process
   };
   mutable std::mutex direct_mutex;
   std::shared_ptr<const DirectTable> direct;  // guarded by direct_mutex; null: no direct copies
   std::atomic<std::uint64_t> direct_generation{0};  // direct's, 0 when null: read without the mutex
-  std::uint64_t generations_published = 0;
   // Tables replaced while a copy may still hold them: revocations wait for these to go.
   std::vector<std::weak_ptr<const DirectTable>> retired;
   bool direct_dirty = true;
