@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <chrono>
 #include <optional>
@@ -35,6 +36,7 @@ struct ThroughputOptions {
   std::string op = "read";
   std::string block_size = "1MiB";
   int batch_size = 16;
+  int blocks = 0;  // distinct blocks per thread; 0: one per request of the batch
   int threads = 1;
   bool prepared = false;
   std::string duration = "5s";
@@ -47,7 +49,8 @@ struct Plan {
   engine::Op op = engine::Op::kRead;
   std::uint64_t block = 0;
   TimeNs duration_ns = 0;
-  std::uint64_t span = 0;  // bytes each side touches: threads × batch × block
+  int blocks = 0;          // distinct blocks a thread's batch cycles over
+  std::uint64_t span = 0;  // bytes each side touches: threads × blocks × block
 };
 
 Result<Plan> check_options(const ThroughputOptions& o) {
@@ -64,7 +67,16 @@ Result<Plan> check_options(const ThroughputOptions& o) {
   if (!duration) return std::unexpected(Status::invalid_argument("--duration: {}", duration.error().message()));
   if (*duration <= 0) return std::unexpected(Status::invalid_argument("--duration must be > 0"));
   p.duration_ns = *duration;
-  p.span = static_cast<std::uint64_t>(o.threads) * static_cast<std::uint64_t>(o.batch_size) * p.block;
+  p.blocks = o.blocks == 0 ? o.batch_size : o.blocks;
+  if (p.blocks > o.batch_size) {
+    return std::unexpected(Status::invalid_argument("--blocks {} exceeds --batch-size {}: a block no request touches",
+                                                    p.blocks, o.batch_size));
+  }
+  const auto threads = static_cast<std::uint64_t>(o.threads), blocks = static_cast<std::uint64_t>(p.blocks);
+  if (p.block > std::numeric_limits<std::uint64_t>::max() / threads / blocks) {
+    return std::unexpected(Status::invalid_argument("--threads × --blocks × --block-size overflows"));
+  }
+  p.span = threads * blocks * p.block;
   return p;
 }
 
@@ -108,8 +120,10 @@ int run_throughput(const ThroughputOptions& o) {
     std::ranges::fill(buffer, std::byte{0});
   }
 
-  // Each thread owns blocks [t·batch, (t+1)·batch) at the same offsets on
-  // both sides, and keeps one batch of them in flight.
+  // Each thread owns blocks [t·blocks, (t+1)·blocks) at the same offsets on
+  // both sides, and keeps one batch over them in flight: request i on its
+  // block i mod blocks (--blocks 1: every request on one block, as
+  // ucx_perftest's window of operations on its one buffer).
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> bytes{0};
   std::vector<std::vector<double>> latencies(static_cast<std::size_t>(o.threads));
@@ -120,7 +134,7 @@ int run_throughput(const ThroughputOptions& o) {
     workers.emplace_back([&, t] {
       engine::Batch batch;
       for (int i = 0; i < o.batch_size; ++i) {
-        const std::uint64_t offset = (static_cast<std::uint64_t>(t) * o.batch_size + i) * plan->block;
+        const std::uint64_t offset = (static_cast<std::uint64_t>(t) * plan->blocks + i % plan->blocks) * plan->block;
         batch.requests.push_back(bp.request(plan->op, offset, plan->block));
       }
       engine::PreparedBatch prepared(o.prepared ? batch : engine::Batch{});
@@ -198,8 +212,8 @@ int run_throughput(const ThroughputOptions& o) {
   const double p99 = summary ? summary->p99 : 0.0;
   const double gbps = static_cast<double>(bytes.load()) / seconds / 1e9;
   const double requests_per_s = static_cast<double>(bytes.load() / plan->block) / seconds;
-  fmt::print("op {} block {} batch {}{} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n", o.op,
-             plan->block, o.batch_size, o.prepared ? " (prepared)" : "", o.threads, transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
+  fmt::print("op {} block {} batch {} on {} block(s){} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n",
+             o.op, plan->block, o.batch_size, plan->blocks, o.prepared ? " (prepared)" : "", o.threads, transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
              bytes.load(), seconds);
   fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
   fmt::print("throughput {:.3f} GB/s, {:.0f} requests/s; memcpy of the same working set {:.3f} GB/s ({:.2f}x)\n", gbps,
@@ -207,6 +221,7 @@ int run_throughput(const ThroughputOptions& o) {
   nlohmann::json j{{"op", o.op},
                    {"block_size", plan->block},
                    {"batch_size", o.batch_size},
+                   {"blocks", plan->blocks},
                    {"threads", o.threads},
                    {"prepared", o.prepared},
                    {"duration_s", seconds},
@@ -235,6 +250,10 @@ Command add_bench_throughput(CLI::App& bench) {
   app->add_option("--op", o->op, "read or write");
   app->add_option("--block-size", o->block_size, "Bytes per request (size)");
   app->add_option("--batch-size", o->batch_size, "Requests per batch")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--blocks", o->blocks,
+                  "Distinct blocks per thread, request i on block i mod N (default: one per request; 1: every request "
+                  "on one block, ucx_perftest's working set)")
+      ->check(CLI::Range(1, 1 << 16));
   app->add_option("--threads", o->threads, "Submitting threads, one batch in flight each")->check(CLI::Range(1, 256));
   app->add_flag("--prepared", o->prepared,
                 "Submit each thread's batch as an engine::PreparedBatch (resolved once, as perftest and NIXL's "
