@@ -470,6 +470,24 @@ TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {
     // With --json -, stdout is the JSON alone; the summary goes to stderr.
     EXPECT_EQ(r.out.find("throughput "), std::string::npos) << r.out;
     EXPECT_NE(r.err.find("throughput "), std::string::npos) << r.err;
+    EXPECT_EQ(j["blocks"], 4);  // one block per request by default
+  }
+}
+
+// --blocks 1: every request of a batch on one block (ucx_perftest's working
+// set); the bytes are still checked, and the memcpy reference copies the
+// same single block.
+TEST(BenchThroughput, ABatchOnOneBlockMovesVerifiedBytes) {
+  for (const char* op : {"read", "write"}) {
+    const CommandRun r = run_baton(fmt::format(
+        "bench throughput --spawn --op {} --block-size 64KiB --batch-size 8 --blocks 1 --duration 200ms --json -", op));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = json_of(r);
+    EXPECT_EQ(j["blocks"], 1);
+    EXPECT_EQ(j["batch_size"], 8);
+    EXPECT_EQ(j["verified"], true);
+    EXPECT_EQ(j["bytes"].get<std::uint64_t>() % (8 * (64 << 10)), 0u);  // 8 requests a batch, on one block
+    EXPECT_GT(j["memcpy_gbps"].get<double>(), 0.0);
   }
 }
 
@@ -512,6 +530,13 @@ TEST(BenchThroughput, RefusesBadInput) {
   EXPECT_EQ(run_baton("bench throughput --spawn --op copy").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --block-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --duration -1s").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput --spawn --blocks 0").exit_code, 2);
+  const CommandRun idle = run_baton("bench throughput --spawn --batch-size 4 --blocks 5");
+  EXPECT_EQ(idle.exit_code, 2);
+  EXPECT_NE(idle.err.find("--blocks 5 exceeds --batch-size 4"), std::string::npos) << idle.err;
+  const CommandRun huge = run_baton("bench throughput --spawn --threads 256 --batch-size 65536 --blocks 65536 --block-size 1024TiB");
+  EXPECT_EQ(huge.exit_code, 2);
+  EXPECT_NE(huge.err.find("overflows"), std::string::npos) << huge.err;
   EXPECT_EQ(run_baton("bench throughput --spawn --target 127.0.0.1:9").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput").exit_code, 2);
   const CommandRun r = run_baton("bench throughput --target 127.0.0.1:1 --duration 100ms");
