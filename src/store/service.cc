@@ -435,6 +435,12 @@ Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std
   if (!peer) return peer.error();
   auto pages = allocate_blocks(ns, static_cast<std::uint32_t>(hashes.size()), producer);
   if (!pages) return pages.error();
+  // One page per block, or the writes below would read past our blocks
+  // (more pages) or leave some unwritten (fewer): nothing is written.
+  if (pages->size() != hashes.size()) {
+    return Status::unavailable("put {}: the store answered {} pages for {} blocks (nothing written)", ns,
+                               pages->size(), hashes.size());
+  }
   const std::uint64_t block_bytes = layout.block_bytes();
   engine::Batch writes;
   std::vector<std::uint64_t> ids;
