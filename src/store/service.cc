@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -494,6 +495,16 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
   } lock{*this, answer->session};
   auto plan = plan::parse_plan(answer->plan);
   if (!plan) return std::unexpected(plan.error());
+  // The plan must be for the prefix asked, in its order: a caller reads
+  // block b of the answer as hashes[b]'s KV, and indexes up to `found`.
+  if (answer->found > hashes.size() || plan->blocks != answer->found) {
+    return std::unexpected(Status::unavailable("fetch {}: the store found {} of {} hashes with a plan of {} blocks", ns,
+                                               answer->found, hashes.size(), plan->blocks));
+  }
+  if (!plan->block_hashes.empty() && !std::ranges::equal(plan->block_hashes, hashes.first(answer->found))) {
+    return std::unexpected(
+        Status::unavailable("fetch {}: the store's plan is for other blocks than the {} asked for", ns, answer->found));
+  }
   auto ops = plan::materialize(*plan, engine.topology(), options.materialize);
   if (!ops) return std::unexpected(ops.error());
   // Every op inside memory the store exported, before any slab is made: the

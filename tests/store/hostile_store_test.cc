@@ -1,15 +1,18 @@
 // The store's client against a store that answers wrongly: a real gRPC
-// server on loopback speaking store.proto, backed by a real engine whose
-// region the client could write, that hands out more (or fewer) pages than
-// the blocks asked for. The client must refuse before writing anything.
+// server on loopback speaking store.proto, backed by a real engine, that
+// hands out more (or fewer) pages than the blocks asked for, or answers a
+// query with a plan for other blocks than those asked. The client must
+// refuse: before writing anything, and without handing back wrong KV.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
+#include "baton/store/block_store.h"
 #include "baton/store/service.h"
 #include "store.grpc.pb.h"
 
@@ -104,6 +107,111 @@ TEST(HostileStore, APageCountOtherThanTheBlocksIsRefusedBeforeAnythingIsWritten)
     const std::span<const std::byte> held(reinterpret_cast<const std::byte*>(pages->base), pages->length);
     EXPECT_TRUE(std::all_of(held.begin(), held.end(), [](std::byte b) { return b == std::byte{0}; }))
         << "a page was written";
+    server->Shutdown();
+  }
+}
+
+// A store in front of a real one that passes every call on, except that it
+// asks the real store for the hashes in reverse order, or says it found one
+// block more than it did: a confused store's answer to a query.
+class LyingProxy final : public wire::Store::Service {
+ public:
+  enum class Lie { kReversed, kOneMore };
+  LyingProxy(StoreClient& real, Lie lie) : real_(real), lie_(lie) {}
+
+  grpc::Status Hello(grpc::ServerContext*, const wire::HelloRequest*, wire::HelloReply* reply) override {
+    auto h = real_.hello();
+    if (!h) return {grpc::StatusCode::UNAVAILABLE, h.error().message()};
+    reply->set_engine_address(h->first);
+    for (const NamespaceInfo& n : h->second) {
+      wire::Namespace* ns = reply->add_namespaces();
+      ns->set_name(n.name);
+      ns->mutable_layout()->set_slots(n.layout.slots);
+      ns->mutable_layout()->set_segments(n.layout.segments);
+      ns->mutable_layout()->set_segment_bytes(n.layout.segment_bytes);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status QueryBlocksForTransfer(grpc::ServerContext*, const wire::QueryBlocksForTransferRequest* request,
+                                      wire::QueryBlocksForTransferReply* reply) override {
+    std::vector<std::uint64_t> hashes(request->hashes().begin(), request->hashes().end());
+    if (lie_ == Lie::kReversed) std::ranges::reverse(hashes);
+    auto a = real_.query(request->namespace_(), hashes, request->requester());
+    if (!a) return {grpc::StatusCode::UNAVAILABLE, a.error().message()};
+    reply->set_found(a->found + (lie_ == Lie::kOneMore ? 1 : 0));
+    reply->set_plan(a->plan);
+    reply->set_session(a->session);
+    return grpc::Status::OK;
+  }
+  grpc::Status ReleaseTransferLock(grpc::ServerContext*, const wire::ReleaseTransferLockRequest* request,
+                                   wire::ReleaseTransferLockReply*) override {
+    ++releases;
+    const Status s = real_.release(request->session());
+    return s.is_ok() ? grpc::Status::OK : grpc::Status{grpc::StatusCode::NOT_FOUND, s.message()};
+  }
+  std::atomic<int> releases{0};
+
+ private:
+  StoreClient& real_;
+  Lie lie_;
+};
+
+TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
+  auto holder = make_engine();
+  ASSERT_NE(holder, nullptr);
+  auto store = BlockStore::create(*holder);
+  ASSERT_TRUE(store.has_value()) << store.error().to_string();
+  ASSERT_TRUE((*store)->add_namespace({"llama", kLayout, 16, {0}}).is_ok());
+  auto served = StoreServer::start(**store, *holder);
+  ASSERT_TRUE(served.has_value()) << served.error().to_string();
+  auto real = StoreClient::connect((*served)->address());
+  ASSERT_TRUE(real.has_value());
+
+  // Three blocks, each its own pattern, put through the real store.
+  auto producer = make_engine();
+  ASSERT_NE(producer, nullptr);
+  std::vector<std::byte> kv(3 * kLayout.block_bytes());
+  for (std::uint64_t b = 0; b < 3; ++b) {
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 40 + b);
+  }
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  const std::vector<std::uint64_t> hashes{0x20, 0x21, 0x22};
+  ASSERT_TRUE((*real)->put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
+
+  auto requester = make_engine();
+  ASSERT_NE(requester, nullptr);
+  // Through the real store the blocks come back as asked.
+  auto honest = (*real)->fetch(*requester, "llama", hashes, "d");
+  ASSERT_TRUE(honest.has_value()) << honest.error().to_string();
+  ASSERT_EQ(honest->found, 3u);
+  for (std::uint32_t b = 0; b < 3; ++b) {
+    const std::span<const std::byte> k(honest->blocks->view(b, 0, 0), kLayout.segment_bytes);
+    EXPECT_FALSE(engine::pattern_mismatch(k, 40 + b).has_value()) << b;
+  }
+  honest = {};
+
+  for (const auto& [lie, says] : {std::pair{LyingProxy::Lie::kReversed, "for other blocks"},
+                                  std::pair{LyingProxy::Lie::kOneMore, "found 4 of 3"}}) {
+    SCOPED_TRACE(says);
+    LyingProxy proxy(**real, lie);
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&proxy);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    auto client = StoreClient::connect("127.0.0.1:" + std::to_string(port));
+    ASSERT_TRUE(client.has_value());
+    auto fetched = (*client)->fetch(*requester, "llama", hashes, "d");
+    ASSERT_FALSE(fetched.has_value()) << "blocks handed back for the wrong hashes";
+    EXPECT_EQ(fetched.error().code(), StatusCode::kUnavailable) << fetched.error().to_string();
+    EXPECT_NE(fetched.error().message().find(says), std::string::npos) << fetched.error().message();
+    EXPECT_EQ(proxy.releases.load(), 1) << "the lock it took is given back";
+    auto stats = (*real)->stats();
+    ASSERT_TRUE(stats.has_value());
+    EXPECT_EQ(stats->sessions, 0u);
+    EXPECT_EQ(stats->locked_blocks, 0u);
     server->Shutdown();
   }
 }
