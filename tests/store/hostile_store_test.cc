@@ -159,6 +159,9 @@ class LyingProxy final : public wire::Store::Service {
 TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
   auto holder = make_engine();
   ASSERT_NE(holder, nullptr);
+  // Before the clients: their slab caches hold regions of its (it must outlive them).
+  auto requester = make_engine();
+  ASSERT_NE(requester, nullptr);
   auto store = BlockStore::create(*holder);
   ASSERT_TRUE(store.has_value()) << store.error().to_string();
   ASSERT_TRUE((*store)->add_namespace({"llama", kLayout, 16, {0}}).is_ok());
@@ -179,8 +182,6 @@ TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
   const std::vector<std::uint64_t> hashes{0x20, 0x21, 0x22};
   ASSERT_TRUE((*real)->put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
 
-  auto requester = make_engine();
-  ASSERT_NE(requester, nullptr);
   // Through the real store the blocks come back as asked.
   auto honest = (*real)->fetch(*requester, "llama", hashes, "d");
   ASSERT_TRUE(honest.has_value()) << honest.error().to_string();
