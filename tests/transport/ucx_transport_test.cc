@@ -1382,6 +1382,14 @@ TEST_P(UcxTransportTest, CopyDirectIsAllOrNothingAndOnlyForSameHostPeers) {
   for (const auto& copies : bad) {
     EXPECT_EQ(a_->copy_direct(copies, results).code(), StatusCode::kFailedPrecondition);
   }
+  // A name of the peer's length that differs in any one character is
+  // another peer (names are compared a word at a time).
+  for (std::size_t i = 0; i < peer.size(); ++i) {
+    std::string other = peer;
+    other[i] = other[i] == '9' ? '8' : '9';
+    const std::vector<Copy> copies{write, {other, Op::kRead, *mine, 0, *reg, 0, 8}};
+    EXPECT_EQ(a_->copy_direct(copies, results).code(), StatusCode::kFailedPrecondition) << other;
+  }
   EXPECT_EQ(std::memcmp(registered.data(), pattern(kBytes, 3).data(), kBytes), 0);
   EXPECT_EQ(a_->copy_direct(reads, std::span(results).first(1)).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(a_->copy_direct(std::span(&write, 1), std::span(results).first(1)).is_ok());

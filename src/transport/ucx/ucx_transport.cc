@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cstring>
 #include <ranges>
 #include <tuple>
 
@@ -16,6 +17,21 @@ namespace baton::transport {
 // --- UcxTransport ------------------------------------------------------------
 
 namespace {
+
+// A copy's peer against the one before it, without a memcmp call per copy
+// (it was a fifth of copy_direct's checks, callgrind): a batch names one
+// peer again and again, and an address of 8..16 characters ("127.0.0.1:7000")
+// is two overlapping 8-byte words.
+bool same_name(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  if (a.size() < 8 || a.size() > 16) return a == b;
+  std::uint64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+  std::memcpy(&a0, a.data(), 8);
+  std::memcpy(&a1, a.data() + a.size() - 8, 8);
+  std::memcpy(&b0, b.data(), 8);
+  std::memcpy(&b1, b.data() + b.size() - 8, 8);
+  return a0 == b0 && a1 == b1;
+}
 
 // Each NIC names a device of this machine: a network interface ("eth1") or
 // an RDMA device and port ("mlx5_0:1"); every rail needs a lane. A NIC named
@@ -846,7 +862,7 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, ResolvedCop
     const State::DirectTable::Remote* remote = nullptr;
     for (std::size_t i = 0; i < copies.size(); ++i) {  // everything checked before anything is copied
       const DirectCopy& c = copies[i];
-      if (peer == nullptr || c.peer != peer_name) {
+      if (peer == nullptr || !same_name(c.peer, peer_name)) {
         const auto it = table->peers.find(c.peer);
         if (it == table->peers.end()) return refuse(i, "not a ready same-host peer");
         peer = &it->second;
