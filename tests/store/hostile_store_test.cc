@@ -21,6 +21,38 @@ namespace {
 
 const BlockLayout kLayout{.slots = 2, .segments = 2, .segment_bytes = 4096};
 
+void to_wire(const BlockLayout& layout, wire::BlockLayout* out) {
+  out->set_slots(layout.slots);
+  out->set_segments(layout.segments);
+  out->set_segment_bytes(layout.segment_bytes);
+}
+
+// `service` on an ephemeral loopback port, and a client of it.
+struct Serving {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<StoreClient> client;
+  Serving() = default;
+  Serving(Serving&&) = default;
+  ~Serving() {
+    if (server) server->Shutdown();
+  }
+};
+Serving serve(grpc::Service& service) {
+  Serving s;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  s.server = builder.BuildAndStart();
+  EXPECT_NE(s.server, nullptr);
+  EXPECT_GT(port, 0);
+  if (!s.server || port <= 0) return s;
+  auto client = StoreClient::connect("127.0.0.1:" + std::to_string(port));
+  EXPECT_TRUE(client.has_value()) << client.error().to_string();
+  if (client) s.client = std::move(*client);
+  return s;
+}
+
 // Hello and AllocateBlocks as a store would answer them, except that each
 // allocation returns `count + extra` pages (extra may be negative); Seal is
 // counted and refused.
@@ -33,9 +65,7 @@ class WrongPageCountStore final : public wire::Store::Service {
     reply->set_engine_address(engine_address_);
     wire::Namespace* ns = reply->add_namespaces();
     ns->set_name("llama");
-    ns->mutable_layout()->set_slots(kLayout.slots);
-    ns->mutable_layout()->set_segments(kLayout.segments);
-    ns->mutable_layout()->set_segment_bytes(kLayout.segment_bytes);
+    to_wire(kLayout, ns->mutable_layout());
     return grpc::Status::OK;
   }
   grpc::Status AllocateBlocks(grpc::ServerContext*, const wire::AllocateBlocksRequest* request,
@@ -81,16 +111,8 @@ TEST(HostileStore, APageCountOtherThanTheBlocksIsRefusedBeforeAnythingIsWritten)
     std::memset(reinterpret_cast<void*>(pages->base), 0, pages->length);
 
     WrongPageCountStore service(holder->address(), *pages, extra);
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    ASSERT_NE(server, nullptr);
-    ASSERT_GT(port, 0);
-
-    auto client = StoreClient::connect("127.0.0.1:" + std::to_string(port));
-    ASSERT_TRUE(client.has_value()) << client.error().to_string();
+    Serving served = serve(service);
+    ASSERT_NE(served.client, nullptr);
     auto producer = make_engine();
     ASSERT_NE(producer, nullptr);
     std::vector<std::byte> kv(4 * kLayout.block_bytes());
@@ -99,7 +121,7 @@ TEST(HostileStore, APageCountOtherThanTheBlocksIsRefusedBeforeAnythingIsWritten)
     ASSERT_TRUE(mine.has_value()) << mine.error().to_string();
 
     const std::vector<std::uint64_t> hashes{0x10, 0x11, 0x12};
-    const Status put = (*client)->put(*producer, "llama", "p", hashes, kLayout, mine->handle);
+    const Status put = served.client->put(*producer, "llama", "p", hashes, kLayout, mine->handle);
     EXPECT_EQ(put.code(), StatusCode::kUnavailable) << put.to_string();
     EXPECT_NE(put.message().find(fmt::format("answered {} pages for 3 blocks", 3 + extra)), std::string::npos)
         << put.message();
@@ -107,7 +129,6 @@ TEST(HostileStore, APageCountOtherThanTheBlocksIsRefusedBeforeAnythingIsWritten)
     const std::span<const std::byte> held(reinterpret_cast<const std::byte*>(pages->base), pages->length);
     EXPECT_TRUE(std::all_of(held.begin(), held.end(), [](std::byte b) { return b == std::byte{0}; }))
         << "a page was written";
-    server->Shutdown();
   }
 }
 
@@ -126,9 +147,7 @@ class LyingProxy final : public wire::Store::Service {
     for (const NamespaceInfo& n : h->second) {
       wire::Namespace* ns = reply->add_namespaces();
       ns->set_name(n.name);
-      ns->mutable_layout()->set_slots(n.layout.slots);
-      ns->mutable_layout()->set_segments(n.layout.segments);
-      ns->mutable_layout()->set_segment_bytes(n.layout.segment_bytes);
+      to_wire(n.layout, ns->mutable_layout());
     }
     return grpc::Status::OK;
   }
@@ -196,15 +215,9 @@ TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
                                   std::pair{LyingProxy::Lie::kOneMore, "found 4 of 3"}}) {
     SCOPED_TRACE(says);
     LyingProxy proxy(**real, lie);
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&proxy);
-    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    ASSERT_NE(server, nullptr);
-    auto client = StoreClient::connect("127.0.0.1:" + std::to_string(port));
-    ASSERT_TRUE(client.has_value());
-    auto fetched = (*client)->fetch(*requester, "llama", hashes, "d");
+    Serving served = serve(proxy);
+    ASSERT_NE(served.client, nullptr);
+    auto fetched = served.client->fetch(*requester, "llama", hashes, "d");
     ASSERT_FALSE(fetched.has_value()) << "blocks handed back for the wrong hashes";
     EXPECT_EQ(fetched.error().code(), StatusCode::kUnavailable) << fetched.error().to_string();
     EXPECT_NE(fetched.error().message().find(says), std::string::npos) << fetched.error().message();
@@ -213,7 +226,6 @@ TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
     ASSERT_TRUE(stats.has_value());
     EXPECT_EQ(stats->sessions, 0u);
     EXPECT_EQ(stats->locked_blocks, 0u);
-    server->Shutdown();
   }
 }
 
