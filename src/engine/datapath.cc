@@ -477,13 +477,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   }
   ended.status.bytes = batch_bytes;
   ended.status.bytes_done = batch_done;
-  DirectCounts& n = direct_counts_;
-  n.batches.fetch_add(1, std::memory_order_relaxed);
-  for (int op = 0; op < 2; ++op) {
-    if (completed[op] != 0) n.completed[op].fetch_add(completed[op], std::memory_order_relaxed);
-    if (failed[op] != 0) n.failed[op].fetch_add(failed[op], std::memory_order_relaxed);
-    if (bytes_done[op] != 0) n.bytes[op].fetch_add(bytes_done[op], std::memory_order_relaxed);
-  }
+  count_direct(completed, failed, bytes_done);
   if (batch.notification.empty() || !ended.status.status.is_ok()) {
     publish_ended(id, std::move(node));
     return BatchHandle{id};
@@ -500,6 +494,33 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     publish_ended(id, std::move(*node));
   });
   return BatchHandle{id};
+}
+
+std::optional<Status> Datapath::run_direct(const Batch& batch, transport::UcxTransport::ResolvedCopies& resolved) {
+  if (resolved.generation == 0 || !batch.notification.empty() || batch.requests.size() != resolved.copies.size()) {
+    return std::nullopt;
+  }
+  if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
+  thread_local std::vector<Status> results;
+  if (results.capacity() > kScratchKept) results = {};
+  results.resize(batch.requests.size());
+  if (!ucx_.copy_direct({}, resolved, results).is_ok()) return std::nullopt;  // the table changed: resolve again
+  std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
+  Status first = Status::ok();
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Request& r = batch.requests[i];
+    const int op = r.op == Op::kRead ? 0 : 1;
+    if (results[i].is_ok()) {
+      ++completed[op];
+      bytes_done[op] += r.length;
+    } else {
+      ++failed[op];
+      if (first.is_ok()) first = std::move(results[i]);
+      results[i] = Status::ok();
+    }
+  }
+  count_direct(completed, failed, bytes_done);
+  return first;
 }
 
 Datapath::EndedNode& Datapath::thread_spare() {
@@ -555,21 +576,34 @@ void Datapath::notify_direct(const std::string& peer, const std::string& notific
   }
 }
 
+void Datapath::count_direct(const std::uint64_t (&completed)[2], const std::uint64_t (&failed)[2],
+                            const std::uint64_t (&bytes)[2]) {
+  ThreadCounts::Block& mine = direct_counts_.mine();
+  mine.add(kDirectBatches, 1);
+  for (std::size_t op = 0; op < 2; ++op) {
+    if (completed[op] != 0) mine.add(kDirectCompleted + op, completed[op]);
+    if (failed[op] != 0) mine.add(kDirectFailed + op, failed[op]);
+    if (bytes[op] != 0) mine.add(kDirectBytes + op, bytes[op]);
+  }
+}
+
 void Datapath::flush_direct_metrics() {
-  DirectCounts& n = direct_counts_;
-  if (n.batches.load(std::memory_order_relaxed) == 0) return;
-  const std::uint64_t batches = n.batches.exchange(0);
-  metrics_.add("baton_engine_batches_total", {}, static_cast<double>(batches));
-  metrics_.add("baton_engine_direct_batches_total", {}, static_cast<double>(batches));
-  for (int op = 0; op < 2; ++op) {
+  const ThreadCounts::Totals now = direct_counts_.totals();
+  if (now[kDirectBatches] == direct_flushed_[kDirectBatches]) return;
+  ThreadCounts::Totals added{};
+  for (std::size_t i = 0; i < now.size(); ++i) added[i] = now[i] - direct_flushed_[i];
+  direct_flushed_ = now;
+  metrics_.add("baton_engine_batches_total", {}, static_cast<double>(added[kDirectBatches]));
+  metrics_.add("baton_engine_direct_batches_total", {}, static_cast<double>(added[kDirectBatches]));
+  for (std::size_t op = 0; op < 2; ++op) {
     const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
-    if (const auto c = n.completed[op].exchange(0)) {
+    if (const auto c = added[kDirectCompleted + op]) {
       metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kCompleted))}}, static_cast<double>(c));
     }
-    if (const auto f = n.failed[op].exchange(0)) {
+    if (const auto f = added[kDirectFailed + op]) {
       metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kFailed))}}, static_cast<double>(f));
     }
-    if (const auto b = n.bytes[op].exchange(0)) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
+    if (const auto b = added[kDirectBytes + op]) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
   }
 }
 

@@ -21,6 +21,7 @@
 #include "baton/sched/scheduler.h"
 #include "baton/transport/ucx_transport.h"
 #include "engine/engine_loop.h"
+#include "engine/thread_counts.h"
 #include "engine/vram_staging.h"
 
 namespace baton::engine {
@@ -82,6 +83,13 @@ class Datapath {
   [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(
       const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
       transport::UcxTransport::ResolvedCopies* resolved = nullptr);
+  // Engine::run's loop-free path: a prepared batch that submit_direct
+  // already resolved against the table still published (so every check
+  // passed, and it has no deadline and no notification) is copied here and
+  // leaves no record: no handle, no stamps, only the counts. Its status: ok,
+  // or the first failed copy's. nullopt: it takes submit's way.
+  [[nodiscard]] std::optional<Status> run_direct(const Batch& batch,
+                                                 transport::UcxTransport::ResolvedCopies& resolved);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
   // It is written only once somebody asked for it; a batch that ended
   // before (one copied within submit, say) makes it readable at that first
@@ -187,13 +195,13 @@ class Datapath {
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
   std::atomic<std::uint64_t> next_batch_{1};
   std::atomic<std::uint64_t> loop_requests_{0};  // submitted through the loop, not yet ended
-  struct DirectCounts {  // per op (read, write), not yet in the metrics
-    std::atomic<std::uint64_t> batches{0};
-    std::atomic<std::uint64_t> completed[2]{};
-    std::atomic<std::uint64_t> failed[2]{};
-    std::atomic<std::uint64_t> bytes[2]{};
-  };
-  DirectCounts direct_counts_;
+  // Direct batches' counts, per op (read, write), added on the submitting
+  // threads; the loop adds what grew since direct_flushed_ to the metrics.
+  static constexpr std::size_t kDirectBatches = 0, kDirectCompleted = 1, kDirectFailed = 3, kDirectBytes = 5;
+  void count_direct(const std::uint64_t (&completed)[2], const std::uint64_t (&failed)[2],
+                    const std::uint64_t (&bytes)[2]);
+  ThreadCounts direct_counts_;
+  ThreadCounts::Totals direct_flushed_{};  // on the loop
   // Whether anyone asked for ended_fd(): else a batch's end writes nothing
   // (a syscall per batch on the loop-free path).
   mutable std::atomic<bool> ended_fd_used_{false};

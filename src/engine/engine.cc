@@ -31,6 +31,20 @@ struct Engine::State {
   }
 };
 
+namespace {
+
+// run()'s end: waits for the batch, takes its status and releases it.
+Status finish_run(Engine& engine, Result<BatchHandle> submitted) {
+  if (!submitted) return std::move(submitted.error());
+  if (Status s = engine.wait(*submitted, kForeverNs); !s.is_ok()) return s;
+  thread_local BatchStatus status;  // its storage reused, as poll(handle, out) allows
+  Status polled = engine.poll(*submitted, status);
+  if (Status s = engine.release(*submitted); !s.is_ok() && polled.is_ok()) polled = std::move(s);
+  return polled.is_ok() ? status.status : polled;
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Engine::~Engine() {
@@ -153,6 +167,19 @@ Result<BatchHandle> Engine::submit(const Batch& batch) {
 Result<BatchHandle> Engine::submit(PreparedBatch& batch) {
   BATON_REQUIRE_OPEN("submit");
   return state_->submit(batch.batch_, &batch.resolved_);
+}
+
+Status Engine::run(const Batch& batch) {
+  if (state_->closed) return Status::unavailable("run: the engine shut down");
+  return finish_run(*this, state_->submit(batch, nullptr));
+}
+
+Status Engine::run(PreparedBatch& batch) {
+  if (state_->closed) return Status::unavailable("run: the engine shut down");
+  if (state_->direct_copy_max_bytes > 0) {
+    if (auto ran = state_->datapath->run_direct(batch.batch_, batch.resolved_)) return std::move(*ran);
+  }
+  return finish_run(*this, state_->submit(batch.batch_, &batch.resolved_));
 }
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {

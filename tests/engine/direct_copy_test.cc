@@ -384,7 +384,10 @@ TEST(DirectCopy, ABatchWaitingForItsNotificationIsNeverUnknown) {
 // every batch ends (completed before, not_found after); nothing crashes.
 // A prepared batch, resolved once, must see the revocation as well: its
 // addresses are dropped with the table they were found in.
-void revoke_while_copying(bool prepared) {
+// Engine::run, prepared, ends a resolved batch with no record at all.
+enum class Submission { kBatch, kPrepared, kRun };
+
+void revoke_while_copying(Submission how) {
   Pair p;
   std::atomic<bool> stop{false};
   std::atomic<int> completed{0}, refused{0}, other{0};
@@ -395,7 +398,12 @@ void revoke_while_copying(bool prepared) {
       const Batch b{{p.request(t % 2 == 0 ? Op::kRead : Op::kWrite, offset, p.allocated, offset, 64 << 10)}, {}};
       PreparedBatch pb(b);
       while (!stop) {
-        auto h = prepared ? p.initiator->submit(pb) : p.initiator->submit(b);
+        if (how == Submission::kRun) {
+          const Status s = p.initiator->run(pb);
+          (s.is_ok() ? completed : s.code() == StatusCode::kNotFound ? refused : other)++;
+          continue;
+        }
+        auto h = how == Submission::kPrepared ? p.initiator->submit(pb) : p.initiator->submit(b);
         if (!h) {
           (h.error().code() == StatusCode::kNotFound ? refused : other)++;
           continue;
@@ -428,9 +436,11 @@ void revoke_while_copying(bool prepared) {
   EXPECT_EQ(other.load(), 0);
 }
 
-TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) { revoke_while_copying(false); }
+TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) { revoke_while_copying(Submission::kBatch); }
 
-TEST(DirectCopy, ARevocationEndsAPreparedBatchsCopiesToo) { revoke_while_copying(true); }
+TEST(DirectCopy, ARevocationEndsAPreparedBatchsCopiesToo) { revoke_while_copying(Submission::kPrepared); }
+
+TEST(DirectCopy, ARevocationEndsRunsOfAPreparedBatchToo) { revoke_while_copying(Submission::kRun); }
 
 // A prepared batch submitted again and again moves the bytes of each
 // submission, stays right while regions come and go around it (each change
@@ -581,6 +591,103 @@ TEST(DirectCopy, ThreadsCopyingAtOnceEachGetTheirOwnBytes) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_direct_batches_total"), kThreads * 200);
+}
+
+// run(): submit, wait and release in one call. A prepared same-host batch
+// runs with no record left behind (nothing held, nothing for the
+// scheduler), moves each run's bytes while tables change around it, and
+// is counted like any batch; the other ways end as submit() and poll()
+// would have said.
+TEST(DirectCopy, RunMovesEachRunsBytesAndLeavesNoRecord) {
+  Pair p;
+  constexpr std::uint64_t kBlock = 4096;
+  Batch b;
+  for (std::uint64_t i = 0; i < 4; ++i) b.requests.push_back(p.request(Op::kRead, i * kBlock, p.allocated, (4 + i) * kBlock, kBlock));
+  PreparedBatch prepared(b);
+  std::vector<std::byte> extra(kBlock);
+  for (int round = 0; round < 30; ++round) {
+    fill_pattern(p.allocated_bytes().subspan(4 * kBlock, 4 * kBlock), 700 + round);
+    if (round % 10 == 5) {  // a new table: the prepared batch is resolved again
+      auto r = p.initiator->register_memory(extra.data(), extra.size());
+      ASSERT_TRUE(r.has_value());
+      ASSERT_TRUE(p.initiator->unregister(r->handle).is_ok());
+    }
+    const Status s = round % 3 == 2 ? p.initiator->run(b) : p.initiator->run(prepared);
+    ASSERT_TRUE(s.is_ok()) << "round " << round << ": " << s.to_string();
+    EXPECT_FALSE(pattern_mismatch(std::span(p.mine).first(4 * kBlock), 700 + round).has_value()) << "round " << round;
+  }
+  std::string m = p.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 30);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"read\",state=\"completed\"}"), 120);
+  EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"read\"}"), 120 * kBlock);
+  EXPECT_EQ(counter(m, "baton_engine_batches_held"), 0);
+  EXPECT_EQ(p.initiator->stats().slices_posted, 0u);
+
+  // A write, then through the loop (a batch above the direct limit's
+  // engine): the same bytes, the scheduler's way.
+  fill_pattern(std::span(p.mine).first(kBlock), 800);
+  ASSERT_TRUE(p.initiator->run(Batch{{p.request(Op::kWrite, 0, p.allocated, 9 * kBlock, kBlock)}, {}}).is_ok());
+  EXPECT_FALSE(pattern_mismatch(p.allocated_bytes().subspan(9 * kBlock, kBlock), 800).has_value());
+  Pair loop(/*direct_copy_max_bytes=*/0);
+  fill_pattern(loop.allocated_bytes().first(kBlock), 801);
+  PreparedBatch through_loop(Batch{{loop.request(Op::kRead, 0, loop.allocated, 0, kBlock)}, {}});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(loop.initiator->run(through_loop).is_ok());
+  EXPECT_FALSE(pattern_mismatch(std::span(loop.mine).first(kBlock), 801).has_value());
+  m = loop.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 0);
+  EXPECT_EQ(counter(m, "baton_engine_batches_total"), 3);
+  EXPECT_EQ(counter(m, "baton_engine_batches_held"), 0);  // released there too
+}
+
+TEST(DirectCopy, RunAnswersWhatSubmitWouldHaveRefused) {
+  Pair p;
+  const std::vector<std::byte> before(p.held.begin(), p.held.end());
+  Request outside = p.request(Op::kWrite, 0, p.held_region, Pair::kBytes - 10, 11);
+  Request unknown = p.request(Op::kWrite, 0, p.held_region, 0, 8);
+  unknown.remote_region = 999;
+  for (const auto& [bad, code] : {std::pair{outside, StatusCode::kOutOfRange}, std::pair{unknown, StatusCode::kNotFound}}) {
+    PreparedBatch prepared(Batch{{p.request(Op::kWrite, 0, p.held_region, 0, 4096), bad}, {}});
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(p.initiator->run(prepared).code(), code);
+    EXPECT_EQ(p.initiator->run(prepared.batch()).code(), code);
+  }
+  EXPECT_EQ(p.initiator->run(Batch{}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.held, before);  // all or nothing
+  // Our region leaves after runs resolved it: not_found, nothing copied.
+  PreparedBatch read(Batch{{p.request(Op::kRead, 0, p.held_region, 0, 4096)}, {}});
+  ASSERT_TRUE(p.initiator->run(read).is_ok());
+  std::ranges::fill(p.mine, std::byte{0});
+  ASSERT_TRUE(p.initiator->unregister(p.mine_region.handle).is_ok());
+  EXPECT_EQ(p.initiator->run(read).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(std::ranges::all_of(p.mine, [](std::byte x) { return x == std::byte{0}; }));
+  p.initiator->shutdown();
+  EXPECT_EQ(p.initiator->run(read).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(p.initiator->run(read.batch()).code(), StatusCode::kUnavailable);
+}
+
+// Threads that run at once and then exit are each counted exactly.
+TEST(DirectCopy, RunsFromManyThreadsAreEachCounted) {
+  Pair p;
+  constexpr int kThreads = 4, kRuns = 300;
+  constexpr std::uint64_t kSlot = Pair::kBytes / kThreads;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::uint64_t at = static_cast<std::uint64_t>(t) * kSlot;
+      PreparedBatch write(Batch{{p.request(Op::kWrite, at, p.allocated, at, 4096)}, {}});
+      for (int i = 0; i < kRuns; ++i) {
+        const std::uint64_t salt = 5000 + static_cast<std::uint64_t>(t) * 1000 + static_cast<std::uint64_t>(i);
+        fill_pattern(std::span(p.mine).subspan(at, 4096), salt);
+        if (!p.initiator->run(write).is_ok() || pattern_mismatch(p.allocated_bytes().subspan(at, 4096), salt)) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const std::string m = p.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), kThreads * kRuns);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), kThreads * kRuns);
+  EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), kThreads * kRuns * 4096.0);
 }
 
 }  // namespace

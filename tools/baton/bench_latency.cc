@@ -1,10 +1,10 @@
 // `baton bench latency`: one request at a time against a `baton serve` peer,
 // like `ucx_perftest -t ucp_get -O 1` (and ucp_put_lat): what a decode step
 // waiting for one small block sees. Each sample is submit → wait → poll of a
-// one-request batch; the release is outside the clock. The bytes are checked
-// at the end, as in `bench throughput`.
+// one-request batch, the release outside the clock (--run: one
+// Engine::run, which releases too). The bytes are checked at the end, as in
+// `bench throughput`.
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include <fmt/core.h>
@@ -16,6 +16,7 @@
 #include "bench_peer.h"
 #include "commands.h"
 #include "json_output.h"
+#include "sample_clock.h"
 #include "serve_child.h"
 #include "ucx_options.h"
 
@@ -31,6 +32,7 @@ struct LatencyOptions {
   int iterations = 20'000;
   int warmup = 1'000;
   bool prepared = false;
+  bool run = false;
   std::string json;
 };
 
@@ -57,22 +59,37 @@ int run_latency(const LatencyOptions& o) {
   const engine::Batch batch{{bp.request(op, 0, *block)}, {}};
   engine::PreparedBatch prepared(o.prepared ? batch : engine::Batch{});
 
-  std::vector<double> us;
-  us.reserve(static_cast<std::size_t>(o.iterations));
+  SampleClock clock;
+  std::vector<std::uint64_t> ticks;
+  ticks.reserve(static_cast<std::size_t>(o.iterations));
   engine::BatchStatus st;  // reused, as a connector's poll loop would
   for (int i = 0; i < o.warmup + o.iterations; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto h = o.prepared ? bp.engine().submit(prepared) : bp.engine().submit(batch);
-    Status s = h ? bp.engine().wait(*h, 60'000'000'000) : h.error();
-    if (s.is_ok()) {
-      s = bp.engine().poll(*h, st);
-      if (s.is_ok()) s = st.status;
+    if (i == o.warmup) clock.start();
+    const std::uint64_t t0 = clock.now();
+    Status s;
+    if (o.run) {
+      s = o.prepared ? bp.engine().run(prepared) : bp.engine().run(batch);
+    } else {
+      auto h = o.prepared ? bp.engine().submit(prepared) : bp.engine().submit(batch);
+      s = h ? bp.engine().wait(*h, 60'000'000'000) : h.error();
+      if (s.is_ok()) {
+        s = bp.engine().poll(*h, st);
+        if (s.is_ok()) s = st.status;
+      }
+      const std::uint64_t t1 = clock.now();
+      if (h) (void)bp.engine().release(*h);  // outside the sample, as documented above
+      if (!s.is_ok()) return fail(1, fmt::format("request {} failed: {}", i, s.to_string()));
+      if (i >= o.warmup) ticks.push_back(t1 - t0);
+      continue;
     }
-    const auto t1 = std::chrono::steady_clock::now();
-    if (h) (void)bp.engine().release(*h);
+    const std::uint64_t t1 = clock.now();
     if (!s.is_ok()) return fail(1, fmt::format("request {} failed: {}", i, s.to_string()));
-    if (i >= o.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    if (i >= o.warmup) ticks.push_back(t1 - t0);
   }
+  clock.stop();
+  std::vector<double> us;
+  us.reserve(ticks.size());
+  for (const std::uint64_t t : ticks) us.push_back(clock.to_us(t));
 
   std::uint64_t salt = kServeSalt;
   if (op == engine::Op::kWrite) {
@@ -100,6 +117,8 @@ int run_latency(const LatencyOptions& o) {
                    {"requests", us.size()},
                    {"warmup", o.warmup},
                    {"prepared", o.prepared},
+                   {"run", o.run},
+                   {"clock", clock.name()},
                    {"p50_us", summary->p50},
                    {"p99_us", summary->p99},
                    {"p999_us", *p999},
@@ -126,6 +145,7 @@ Command add_bench_latency(CLI::App& bench) {
   app->add_option("--iterations", o->iterations, "Requests measured")->check(CLI::Range(1, 10'000'000));
   app->add_option("--warmup", o->warmup, "Requests run before the clock starts")->check(CLI::Range(0, 10'000'000));
   app->add_flag("--prepared", o->prepared, "Submit the request as an engine::PreparedBatch (resolved once)");
+  app->add_flag("--run", o->run, "Each sample is one Engine::run() (submit, wait and release in one call)");
   add_ucx_options(*app, o->peer.ucx);
   app->add_option("--policy-file", o->peer.policy_file, "Scheduling policy YAML (configs/sched_policy.yaml)")
       ->check(kPolicyFile);

@@ -235,6 +235,14 @@ class Engine {
   // ended when submit returns (docs/engine.md, "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
   [[nodiscard]] Result<BatchHandle> submit(PreparedBatch& batch);
+  // submit(), wait() and release() in one call, for a caller that waits
+  // anyway (a decode step's one block): ok once every request completed,
+  // else the first failed request's status (each request's timeout bounds
+  // the wait). A prepared same-host batch on the loop-free path, resolved
+  // by an earlier call, leaves no record at all: only its copies and its
+  // counts (docs/engine.md, "The loop-free path").
+  [[nodiscard]] Status run(const Batch& batch);
+  [[nodiscard]] Status run(PreparedBatch& batch);
   // A snapshot of every request's state and bytes. not_found for an unknown
   // or released handle.
   [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch);

@@ -31,32 +31,30 @@ void UcxTransport::State::publish_direct() {
       }
     }
   }
-  std::shared_ptr<const DirectTable> old;
-  {
-    std::lock_guard lock(direct_mutex);
-    direct_generation.store(t ? t->generation : 0, std::memory_order_release);
-    old = std::exchange(direct, std::move(t));
-  }
+  std::shared_ptr<const DirectTable> old = std::exchange(direct, std::move(t));
+  direct_table.store(direct.get(), std::memory_order_seq_cst);  // before the snapshot below
+  direct_generation.store(direct ? direct->generation : 0, std::memory_order_release);
   // Pruned here too: an engine whose regions are never revoked must not
   // keep one entry per table it ever published.
   if (old) {
-    std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
-    retired.push_back(old);
+    (void)retired_in_use();
+    retired.push_back({std::move(old), ucx::Readers::snapshot()});
   }
 }
 
-// Whether a copy may still read a table that is no longer published.
+// Whether a copy may still read a table that is no longer published; frees
+// the retired tables no copy can read any more (their mappings with them).
 bool UcxTransport::State::retired_in_use() {
-  std::erase_if(retired, [](const std::weak_ptr<const DirectTable>& w) { return w.expired(); });
+  std::erase_if(retired, [](Retired& r) { return r.readers.left(); });
   return !retired.empty();
 }
 
 // A revocation (ours, or a peer's we have yet to acknowledge) that a copy
 // on a caller's thread may be holding back. Asked every loop turn: the
-// retired tables (almost always none) go first. Staged copies that serve
-// a region are polled anyway (kStagedPollNs).
+// retired tables (almost always none) go first; poll() prunes them. Staged
+// copies that serve a region are polled anyway (kStagedPollNs).
 bool UcxTransport::State::revocation_waits_on_copies() const {
-  if (std::ranges::none_of(retired, [](const auto& w) { return !w.expired(); })) return false;
+  if (retired.empty()) return false;
   return std::ranges::any_of(peers, [](const Peer& p) { return !p.revokes.empty(); }) ||
          std::ranges::any_of(regions, [](const auto& r) { return r.second.revoking; });
 }

@@ -63,6 +63,7 @@
 #include "transport/ucx/control_wire.h"
 #include "transport/ucx/copy_workers.h"
 #include "transport/ucx/progress_threads.h"
+#include "transport/ucx/readers.h"
 #include "transport/ucx/same_host.h"
 #include "baton/common/socket_address.h"
 #include "transport/ucx/wire.h"
@@ -446,11 +447,17 @@ struct UcxTransport::State {
     std::map<std::string, Peer, std::less<>> peers;  // by the address connect() named
     std::uint64_t generation = 0;  // from 1, one per table published by any transport of the process
   };
-  mutable std::mutex direct_mutex;
-  std::shared_ptr<const DirectTable> direct;  // guarded by direct_mutex; null: no direct copies
-  std::atomic<std::uint64_t> direct_generation{0};  // direct's, 0 when null: read without the mutex
-  // Tables replaced while a copy may still hold them: revocations wait for these to go.
-  std::vector<std::weak_ptr<const DirectTable>> retired;
+  std::shared_ptr<const DirectTable> direct;  // the loop's; null: no direct copies
+  // direct's, for copies on other threads: read inside a Readers::Section.
+  std::atomic<const DirectTable*> direct_table{nullptr};
+  std::atomic<std::uint64_t> direct_generation{0};  // direct's, 0 when null
+  // Tables replaced while a copy may still read them, with the readers
+  // that may: revocations wait for these to go.
+  struct Retired {
+    std::shared_ptr<const DirectTable> table;
+    ucx::Readers::Snapshot readers;
+  };
+  std::vector<Retired> retired;
   bool direct_dirty = true;
   std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
 

@@ -824,6 +824,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.collect_copies();
   s.hand_out(now_ns, out);
   if (s.direct_dirty) s.publish_direct();
+  if (!s.retired.empty()) (void)s.retired_in_use();  // frees what no copy reads any more
 }
 
 Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<Status> results) const {
@@ -839,11 +840,10 @@ std::uint64_t UcxTransport::direct_generation() const {
 
 Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, ResolvedCopies& resolved,
                                  std::span<Status> results) const {
-  std::shared_ptr<const State::DirectTable> table;  // held: a revocation waits for this copy
-  {
-    std::lock_guard lock(state_->direct_mutex);
-    table = state_->direct;
-  }
+  // A table the loop replaces meanwhile is freed only after this section
+  // (a revocation waits for it).
+  const ucx::Readers::Section reading;
+  const State::DirectTable* const table = state_->direct_table.load(std::memory_order_seq_cst);
   auto refuse = [](std::size_t i, std::string_view why) {
     return Status::failed_precondition("copy_direct: copy {}: {}", i, why);
   };

@@ -1,0 +1,102 @@
+#include "transport/ucx/readers.h"
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace baton::transport::ucx {
+
+struct Readers::Slot {
+  alignas(64) std::atomic<std::uint64_t> count{0};  // odd: inside a section; written by its owner only
+  std::uint32_t depth = 0;                           // the owner's nesting
+  std::atomic<bool> owned{false};
+  Slot* next = nullptr;  // set before the slot is listed, then fixed
+};
+
+namespace {
+
+std::atomic<Readers::Slot*> g_slots{nullptr};  // every slot ever made; none is freed
+std::atomic<std::size_t> g_slot_count{0};
+
+// Whether the writer's membarrier stands in for the readers' fences.
+// Decided once, before the first section or snapshot.
+bool asymmetric() {
+  static const bool registered =
+      ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return registered;
+}
+
+Readers::Slot* claim() {
+  for (Readers::Slot* s = g_slots.load(std::memory_order_seq_cst); s != nullptr; s = s->next) {
+    bool free = false;
+    if (!s->owned.load(std::memory_order_relaxed) && s->owned.compare_exchange_strong(free, true)) return s;
+  }
+  auto* s = new Readers::Slot;  // lives as long as the process, reused by later threads
+  s->owned.store(true, std::memory_order_relaxed);
+  // Sequentially consistent with snapshot()'s walk: a slot listed after
+  // the walk belongs to a reader that reads the new table.
+  Readers::Slot* head = g_slots.load(std::memory_order_seq_cst);
+  do {
+    s->next = head;
+  } while (!g_slots.compare_exchange_weak(head, s, std::memory_order_seq_cst));
+  g_slot_count.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
+
+// A thread's slot, handed back when the thread exits.
+struct Owner {
+  Readers::Slot* slot = claim();
+  Owner() { (void)asymmetric(); }
+  ~Owner() { slot->owned.store(false, std::memory_order_release); }
+  Owner(const Owner&) = delete;
+  Owner& operator=(const Owner&) = delete;
+};
+
+}  // namespace
+
+Readers::Section::Section() {
+  thread_local Owner owner;
+  slot_ = owner.slot;
+  if (slot_->depth++ != 0) return;
+  slot_->count.store(slot_->count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // The table is read only after the store above: the compiler keeps the
+  // order; the CPU is made to by the writer's membarrier, or here.
+  if (asymmetric()) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+Readers::Section::~Section() {
+  if (--slot_->depth != 0) return;
+  // Release: what this section read happens before the table is freed.
+  slot_->count.store(slot_->count.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+Readers::Snapshot Readers::snapshot() {
+  if (asymmetric()) {
+    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  Snapshot out;
+  for (const Slot* s = g_slots.load(std::memory_order_seq_cst); s != nullptr; s = s->next) {
+    const std::uint64_t count = s->count.load(std::memory_order_acquire);
+    if (count % 2 == 1) out.inside_.emplace_back(s, count);
+  }
+  return out;
+}
+
+bool Readers::Snapshot::left() {
+  std::erase_if(inside_, [](const auto& reader) {
+    return reader.first->count.load(std::memory_order_acquire) != reader.second;
+  });
+  return inside_.empty();
+}
+
+std::size_t Readers::slots() { return g_slot_count.load(std::memory_order_relaxed); }
+
+}  // namespace baton::transport::ucx
