@@ -498,6 +498,26 @@ void set_deadlines(engine::Batch& b, const std::vector<TimeNs>& deadlines, TimeN
   for (std::size_t i = 0; i < b.requests.size(); ++i) b.requests[i].deadline_ns = deadlines[i] == 0 ? 0 : now + deadlines[i];
 }
 
+// The prepared batch `id` of `box`, held by `use` (one caller at a time:
+// its resolution is rewritten by the call that finds it stale), with its
+// relative deadlines made absolute as of now when it has any. (A template:
+// C++ linkage inside this extern "C" block.)
+extern "C++" template <typename Use>
+int with_prepared(const char* call, EngineBox& box, std::uint64_t id, Use use) {
+  std::shared_ptr<Prepared> p;
+  {
+    std::lock_guard lock(box.prepared_mutex);
+    auto it = box.prepared.find(id);
+    if (it == box.prepared.end()) return fail(Status::not_found("{}: no prepared batch {} on this engine", call, id));
+    p = it->second;
+  }
+  std::lock_guard one_at_a_time(p->mutex);
+  if (!p->with_deadlines) return use(p->batch);
+  engine::Batch b = p->batch.batch();
+  set_deadlines(b, p->deadlines, box.engine->now_ns());
+  return use(b);
+}
+
 }  // namespace
 
 int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
@@ -545,25 +565,36 @@ int baton_prepare(baton_engine* handle, const baton_request* requests, size_t co
 int baton_submit_prepared(baton_engine* handle, uint64_t prepared, uint64_t* batch) {
   return with_engine("baton_submit_prepared", handle, [&](EngineBox& box) -> int {
     if (batch == nullptr) return misuse("baton_submit_prepared: batch is NULL");
-    std::shared_ptr<Prepared> p;
-    {
-      std::lock_guard lock(box.prepared_mutex);
-      auto it = box.prepared.find(prepared);
-      if (it == box.prepared.end()) {
-        return fail(Status::not_found("baton_submit_prepared: no prepared batch {} on this engine", prepared));
-      }
-      p = it->second;
+    return with_prepared("baton_submit_prepared", box, prepared, [&](auto& b) {
+      auto h = box.engine->submit(b);
+      if (!h) return fail(h.error());
+      *batch = h->id;
+      return static_cast<int>(BATON_OK);
+    });
+  });
+}
+
+int baton_run(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
+              size_t notification_length) {
+  return with_engine("baton_run", handle, [&](EngineBox& box) -> int {
+    engine::Batch b;
+    std::vector<TimeNs> deadlines;
+    if (int rc = to_batch("baton_run", requests, count, notification, notification_length, b, deadlines);
+        rc != BATON_OK) {
+      return rc;
     }
-    std::lock_guard one_at_a_time(p->mutex);  // its resolution is rewritten by the submit that finds it stale
-    auto h = [&] {
-      if (!p->with_deadlines) return box.engine->submit(p->batch);
-      engine::Batch b = p->batch.batch();  // relative deadlines: absolute as of this submit
-      set_deadlines(b, p->deadlines, box.engine->now_ns());
-      return box.engine->submit(b);
-    }();
-    if (!h) return fail(h.error());
-    *batch = h->id;
-    return BATON_OK;
+    set_deadlines(b, deadlines, box.engine->now_ns());
+    const Status s = box.engine->run(b);
+    return s.is_ok() ? BATON_OK : fail(s);
+  });
+}
+
+int baton_run_prepared(baton_engine* handle, uint64_t prepared) {
+  return with_engine("baton_run_prepared", handle, [&](EngineBox& box) -> int {
+    return with_prepared("baton_run_prepared", box, prepared, [&](auto& b) {
+      const Status s = box.engine->run(b);
+      return s.is_ok() ? static_cast<int>(BATON_OK) : fail(s);
+    });
   });
 }
 

@@ -89,6 +89,8 @@ TEST(CApi, ANullEngineIsMisuseEverywhere) {
   EXPECT_EQ(baton_submit(none, nullptr, 0, nullptr, 0, &batch), BATON_MISUSE);
   EXPECT_EQ(baton_prepare(none, nullptr, 0, nullptr, 0, &batch), BATON_MISUSE);
   EXPECT_EQ(baton_submit_prepared(none, 1, &batch), BATON_MISUSE);
+  EXPECT_EQ(baton_run(none, nullptr, 0, nullptr, 0), BATON_MISUSE);
+  EXPECT_EQ(baton_run_prepared(none, 1), BATON_MISUSE);
   EXPECT_EQ(baton_unprepare(none, 1), BATON_MISUSE);
   EXPECT_EQ(baton_poll(none, 1, &status), BATON_MISUSE);
   EXPECT_EQ(baton_wait(none, 1, 0), BATON_MISUSE);
@@ -593,8 +595,28 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
     ASSERT_EQ(baton_release(local.handle, batch), BATON_OK) << last_error();
     EXPECT_FALSE(baton::engine::pattern_mismatch(buffer, 50 + round).has_value()) << "round " << round;
   }
+  // baton_run_prepared / baton_run: the same bytes, no batch to wait for or release.
+  EXPECT_EQ(baton_run_prepared(local.handle, 12345), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_run_prepared(target.handle, prepared), BATON_NOT_FOUND);  // another engine's id
+  for (int round = 0; round < 20; ++round) {
+    baton::engine::fill_pattern(served_bytes, 80 + round);
+    const int rc = round % 3 == 2 ? baton_run(local.handle, reads, 2, nullptr, 0)
+                                  : baton_run_prepared(local.handle, round % 2 == 0 ? prepared : timed);
+    ASSERT_EQ(rc, BATON_OK) << last_error();
+    EXPECT_FALSE(baton::engine::pattern_mismatch(buffer, 80 + round).has_value()) << "round " << round;
+  }
+  EXPECT_EQ(baton_run(local.handle, nullptr, 2, nullptr, 0), BATON_MISUSE);
+  bad = reads[0];
+  bad.op = 9;
+  EXPECT_EQ(baton_run(local.handle, &bad, 1, nullptr, 0), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("baton_run: requests[0].op"), std::string::npos) << last_error();
+  bad = reads[0];
+  bad.remote_offset = kBytes;  // past the region: submit's out_of_range
+  EXPECT_EQ(baton_run(local.handle, &bad, 1, nullptr, 0), BATON_OUT_OF_RANGE) << last_error();
   // A prepared batch whose regions went: baton_submit's answer, each time.
   ASSERT_EQ(baton_unregister(local.handle, mine.handle), BATON_OK) << last_error();
+  EXPECT_EQ(baton_run_prepared(local.handle, prepared), BATON_NOT_FOUND) << last_error();
+  EXPECT_EQ(baton_run(local.handle, reads, 2, nullptr, 0), BATON_NOT_FOUND) << last_error();
   EXPECT_EQ(baton_submit_prepared(local.handle, prepared, &batch), BATON_NOT_FOUND) << last_error();
   EXPECT_EQ(baton_submit_prepared(local.handle, timed, &batch), BATON_NOT_FOUND) << last_error();
   EXPECT_EQ(baton_submit(local.handle, reads, 2, nullptr, 0, &batch), BATON_NOT_FOUND) << last_error();

@@ -119,6 +119,7 @@ int run_latency(const LatencyOptions& o) {
                    {"prepared", o.prepared},
                    {"run", o.run},
                    {"clock", clock.name()},
+                   {"elapsed_us", clock.elapsed_us()},
                    {"p50_us", summary->p50},
                    {"p99_us", summary->p99},
                    {"p999_us", *p999},

@@ -47,10 +47,9 @@ void SampleClock::start() {
 }
 
 void SampleClock::stop() {
-  if (!tsc_) return;
   const std::uint64_t ticks = now() - start_ticks_;
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_time_).count();
-  if (ticks > 0) us_per_tick_ = us / static_cast<double>(ticks);
+  elapsed_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_time_).count();
+  if (tsc_ && ticks > 0) us_per_tick_ = elapsed_us_ / static_cast<double>(ticks);
 }
 
 }  // namespace baton::cli

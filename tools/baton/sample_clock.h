@@ -21,12 +21,16 @@ class SampleClock {
   void stop();
   [[nodiscard]] double to_us(std::uint64_t ticks) const { return static_cast<double>(ticks) * us_per_tick_; }
   [[nodiscard]] std::string_view name() const { return tsc_ ? "tsc" : "steady"; }
+  // Microseconds from start() to stop() on steady_clock: a check of the
+  // samples (their sum cannot exceed it).
+  [[nodiscard]] double elapsed_us() const { return elapsed_us_; }
 
  private:
   bool tsc_ = false;
   std::chrono::steady_clock::time_point start_time_;
   std::uint64_t start_ticks_ = 0;
   double us_per_tick_ = 1e-3;  // steady_clock's ticks are ns
+  double elapsed_us_ = 0;
 };
 
 }  // namespace baton::cli

@@ -229,6 +229,14 @@ BATON_C_API int baton_prepare(baton_engine* engine, const baton_request* request
                               const void* notification, size_t notification_length, uint64_t* prepared);
 BATON_C_API int baton_submit_prepared(baton_engine* engine, uint64_t prepared, uint64_t* batch);
 BATON_C_API int baton_unprepare(baton_engine* engine, uint64_t prepared);
+/* Submit, wait and release in one call (Engine::run): BATON_OK once every
+ * request completed, else the first failed request's code (its text in
+ * baton_last_error()); baton_submit's refusals as they are. Each request's
+ * timeout bounds the wait. A prepared same-host batch on the loop-free path
+ * leaves no batch behind at all (the fastest way to move one small block). */
+BATON_C_API int baton_run(baton_engine* engine, const baton_request* requests, size_t count,
+                          const void* notification, size_t notification_length);
+BATON_C_API int baton_run_prepared(baton_engine* engine, uint64_t prepared);
 /* A snapshot of the batch. BATON_NOT_FOUND for an unknown or released one. */
 BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_status* status);
 /* Until the batch ended (BATON_OK; then poll it) or timeout_ns passed
