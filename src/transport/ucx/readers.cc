@@ -60,13 +60,16 @@ Readers::Section::Section() {
   thread_local Owner owner;
   slot_ = owner.slot;
   if (slot_->depth++ != 0) return;
-  slot_->count.store(slot_->count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  // The table is read only after the store above: the compiler keeps the
-  // order; the CPU is made to by the writer's membarrier, or here.
+  const std::uint64_t entered = slot_->count.load(std::memory_order_relaxed) + 1;
+  // The table is read only after this store: the compiler keeps the order
+  // (the signal fence); the CPU is made to by the writer's membarrier, or
+  // else by a sequentially consistent store (against the writer's
+  // sequentially consistent store of the table and load of the slot).
   if (asymmetric()) {
+    slot_->count.store(entered, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    slot_->count.store(entered, std::memory_order_seq_cst);
   }
 }
 
@@ -77,14 +80,10 @@ Readers::Section::~Section() {
 }
 
 Readers::Snapshot Readers::snapshot() {
-  if (asymmetric()) {
-    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
+  if (asymmetric()) (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   Snapshot out;
   for (const Slot* s = g_slots.load(std::memory_order_seq_cst); s != nullptr; s = s->next) {
-    const std::uint64_t count = s->count.load(std::memory_order_acquire);
+    const std::uint64_t count = s->count.load(std::memory_order_seq_cst);
     if (count % 2 == 1) out.inside_.emplace_back(s, count);
   }
   return out;
