@@ -5,6 +5,7 @@ For each case it runs `baton bench throughput` (C++) and the same loop in
 Python through the `baton` module, alternately, --repeat times, and prints
 the medians and their ratio:
   read4k     one 4 KiB read at a time, synchronous (engine.read): requests/s
+  run4k      the same read prepared once, PreparedBatch.run() (C++ --prepared)
   batch1m    batches of 16 reads of 1 MiB (submit, wait, release): GB/s
   batch4k    batches of 16 reads of 4 KiB (submit, wait, release): requests/s
   prepared4k the same batch prepared once (Engine.prepare; C++ --prepared)
@@ -47,6 +48,17 @@ def python_read4k(engine, region, peer, remote, seconds):
     return n * 4096 / (time.monotonic() - start)
 
 
+def python_run4k(engine, region, peer, remote, seconds):
+    ready = engine.prepare([baton.Request(op="read", local=region, peer=peer, remote=remote, length=4096)])
+    n = 0
+    end = time.monotonic() + seconds
+    start = time.monotonic()
+    while time.monotonic() < end:
+        ready.run()
+        n += 1
+    return n * 4096 / (time.monotonic() - start)
+
+
 def python_batches(engine, region, peer, remote, seconds, block, prepared=False):
     reqs = [baton.Request(op="read", local=region, local_offset=i * block, peer=peer, remote=remote,
                           remote_offset=i * block, length=block) for i in range(16)]
@@ -77,6 +89,7 @@ def main():
             peer = e.connect(target)
             remote = peer.regions[0]
             cases = [("read4k", 4096, 1, False, python_read4k),
+                     ("run4k", 4096, 1, True, python_run4k),
                      ("batch1m", 1 << 20, 16, False, lambda *x: python_batches(*x, 1 << 20)),
                      ("batch4k", 4096, 16, False, lambda *x: python_batches(*x, 4096)),
                      ("prepared4k", 4096, 16, True, lambda *x: python_batches(*x, 4096, prepared=True))]

@@ -451,42 +451,58 @@ void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> 
 // on Ctrl-C, the request is cancelled, and the Timeout (or the
 // KeyboardInterrupt) comes once it ended: the caller must know that nothing
 // more lands in its buffer once this returns.
-void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
-  const char* op = r.request.op == engine::Op::kRead ? "read" : "write";
-  auto e = es.get(op);
-  const baton::TimeNs limit = seconds_ns("timeout", timeout_s.value_or(365.0 * 24 * 3600));  // before anything runs
-  engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
+// The wait a `timeout` in seconds allows (none: a year), refused before
+// anything runs.
+baton::TimeNs wait_limit(std::optional<double> timeout_s) {
+  return seconds_ns("timeout", timeout_s.value_or(365.0 * 24 * 3600));
+}
+
+// A batch submitted by `submit` (called without the GIL), waited for in
+// slices that see Ctrl-C, cancelled past `limit` (wait_limit(timeout_s)),
+// released; raises its failure. `what` names the call in messages.
+template <typename Submit>
+void run_submitted(engine::Engine& e, const char* what, Submit submit, baton::TimeNs limit,
+                   std::optional<double> timeout_s) {
   Status failed;
   bool cancelled = false;
   bool interrupted = false;
   {
     py::gil_scoped_release release;
-    auto submitted = e->submit(batch);
+    baton::Result<engine::BatchHandle> submitted = submit();
     if (!submitted) {
       failed = submitted.error();
     } else {
       const engine::BatchHandle h = *submitted;
-      Status waited = wait_interruptible(*e, h, limit, interrupted);
+      Status waited = wait_interruptible(e, h, limit, interrupted);
       if (waited.code() == StatusCode::kTimeout) {
-        cancelled = e->cancel(h).is_ok();  // not when it ended just now
-        waited = e->wait(h, 60'000'000'000);  // a copy under way finishes first
+        cancelled = e.cancel(h).is_ok();  // not when it ended just now
+        waited = e.wait(h, 60'000'000'000);  // a copy under way finishes first
       }
       if (waited.is_ok()) {
-        auto polled = e->poll(h);
-        failed = polled ? polled->status : polled.error();
+        thread_local engine::BatchStatus status;  // its storage reused
+        const Status polled = e.poll(h, status);
+        failed = polled.is_ok() ? status.status : polled;
       } else {
         failed = waited;
       }
-      (void)e->release(h);
+      (void)e.release(h);
     }
   }
   if (interrupted) throw py::error_already_set();
   if (cancelled) {
     raise(StatusCode::kTimeout,
-          fmt::format("{}: not done within {} s; the request was cancelled (nothing more lands in the buffer)", op,
+          fmt::format("{}: not done within {} s; the request was cancelled (nothing more lands in the buffer)", what,
                       timeout_s.value_or(0)));
   }
   ok_or_raise(failed);
+}
+
+void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_s) {
+  const char* op = r.request.op == engine::Op::kRead ? "read" : "write";
+  auto e = es.get(op);
+  const baton::TimeNs limit = wait_limit(timeout_s);
+  engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
+  run_submitted(*e, op, [&] { return e->submit(batch); }, limit, timeout_s);
 }
 
 // The memory of a GPU array, read off its `__cuda_array_interface__`
@@ -762,6 +778,25 @@ PYBIND11_MODULE(_baton, m) {
              return PyBatch(p->engine, value_or_raise(std::move(h)), p->bytes);
            },
            "Submits the requests again, as Engine.submit would: a Batch")
+      .def("run",
+           [](std::shared_ptr<PyPrepared> p, std::optional<double> timeout) {
+             auto e = p->engine->get("run");
+             const baton::TimeNs limit = wait_limit(timeout);
+             for (const auto& region : p->regions) check_unmoved(*region);
+             std::optional<engine::Batch> timed;
+             if (p->with_deadlines) {
+               timed = p->batch.batch();
+               set_deadlines(*timed, p->deadlines_ms, e->now_ns());
+             }
+             run_submitted(*e, "run", [&] {
+               p->engine->sweep_orphans(*e);
+               std::lock_guard one_at_a_time(p->mutex);
+               return timed ? e->submit(*timed) : e->submit(p->batch);
+             }, limit, timeout);
+           },
+           py::arg("timeout") = py::none(),
+           "Submits the requests again and waits until they ended (Engine.read for a prepared batch): raises the "
+           "first failure; past `timeout` seconds cancels them and raises Timeout")
       .def("__len__", [](const PyPrepared& p) { return p.batch.batch().requests.size(); })
       .def_property_readonly("bytes", [](const PyPrepared& p) { return p.bytes; });
 

@@ -946,3 +946,38 @@ def test_a_prepared_batch_is_submitted_many_times_with_submits_answers(holder, e
     engine.close()
     with pytest.raises(baton.Unavailable):
         reads.submit()
+
+
+def test_a_prepared_batch_runs_many_times_and_raises_what_submit_raises(holder, engine):
+    """PreparedBatch.run(): submit, wait and release in one call, each run that moment's bytes; failures raise."""
+    peer = engine.connect(holder.address)
+    block = 4096
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    check = np.zeros(SIZE, dtype=np.uint8)
+    check_region = engine.register(check)
+    writes = engine.prepare([baton.Request(op="write", local=region, local_offset=i * block, peer=peer,
+                                           remote=holder.handle, remote_offset=i * block, length=block,
+                                           deadline_ms=(1000 if i == 0 else None)) for i in range(4)])
+    reads = engine.prepare([baton.Request(op="read", local=check_region, peer=peer, remote=holder.handle,
+                                          length=4 * block)])
+    for round in range(6):
+        local[:4 * block] = pattern(4 * block, 200 + round)
+        assert writes.run(timeout=30) is None
+        check[:] = 0
+        reads.run()
+        assert np.array_equal(check[:4 * block], pattern(4 * block, 200 + round)), round
+    with pytest.raises(baton.InvalidArgument):
+        reads.run(timeout=-1)
+    with pytest.raises(baton.InvalidArgument):
+        engine.prepare([]).run()
+    outside = engine.prepare([baton.Request(op="read", local=check_region, peer=peer, remote=holder.handle,
+                                            remote_offset=SIZE - 1, length=2)])
+    with pytest.raises(baton.OutOfRange):
+        outside.run()
+    engine.unregister(check_region)
+    with pytest.raises(baton.NotFound):
+        reads.run()
+    engine.close()
+    with pytest.raises(baton.Unavailable):
+        writes.run()
