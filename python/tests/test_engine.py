@@ -900,14 +900,18 @@ def test_a_closed_engines_regions_are_no_longer_registered():
     assert not region.registered
 
 
+def connected_with_two_buffers(holder, engine):
+    """The peer, and two registered buffers of SIZE: one to send from, one to check into."""
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    check = np.zeros(SIZE, dtype=np.uint8)
+    return peer, local, engine.register(local), check, engine.register(check)
+
+
 def test_a_prepared_batch_is_submitted_many_times_with_submits_answers(holder, engine):
     """Engine.prepare(): checked once, each submit moves that moment's bytes, a moved tensor and a gone region still raise."""
-    peer = engine.connect(holder.address)
+    peer, local, region, check, check_region = connected_with_two_buffers(holder, engine)
     block = 4096
-    local = np.zeros(SIZE, dtype=np.uint8)
-    region = engine.register(local)
-    check = np.zeros(SIZE, dtype=np.uint8)
-    check_region = engine.register(check)
     writes = [baton.Request(op="write", local=region, local_offset=i * block, peer=peer, remote=holder.handle,
                             remote_offset=i * block, length=block, deadline_ms=(1000 if i == 0 else None))
               for i in range(8)]
@@ -950,12 +954,8 @@ def test_a_prepared_batch_is_submitted_many_times_with_submits_answers(holder, e
 
 def test_a_prepared_batch_runs_many_times_and_raises_what_submit_raises(holder, engine):
     """PreparedBatch.run(): submit, wait and release in one call, each run that moment's bytes; failures raise."""
-    peer = engine.connect(holder.address)
+    peer, local, region, check, check_region = connected_with_two_buffers(holder, engine)
     block = 4096
-    local = np.zeros(SIZE, dtype=np.uint8)
-    region = engine.register(local)
-    check = np.zeros(SIZE, dtype=np.uint8)
-    check_region = engine.register(check)
     writes = engine.prepare([baton.Request(op="write", local=region, local_offset=i * block, peer=peer,
                                            remote=holder.handle, remote_offset=i * block, length=block,
                                            deadline_ms=(1000 if i == 0 else None)) for i in range(4)])
