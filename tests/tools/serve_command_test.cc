@@ -513,6 +513,32 @@ TEST(BenchLatency, MeasuresOneRequestAtATimeVerifiedWithPercentiles) {
   }
 }
 
+// Engine::run (--run), of a batch or a prepared one, on the loop-free path
+// and over TCP: the bytes checked, and the samples inside the time they
+// spanned (the TSC's rate is measured over the same span).
+TEST(BenchLatency, RunMovesVerifiedBytesAndItsSamplesFitTheirSpan) {
+  for (const char* op : {"read", "write"}) {
+    for (const char* call : {" --run", " --prepared --run"}) {
+      for (const char* path : {"", " --no-same-host-copy"}) {
+        const CommandRun r = run_baton(
+            fmt::format("bench latency --spawn --op {} --iterations 300 --warmup 20{}{} --json -", op, call, path));
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const auto j = json_of(r);
+        EXPECT_EQ(j["run"], true);
+        EXPECT_EQ(j["prepared"], std::string(call) == " --prepared --run");
+        EXPECT_EQ(j["verified"], true);
+        EXPECT_EQ(j["requests"], 300);
+        const std::string clock = j["clock"];
+        EXPECT_TRUE(clock == "tsc" || clock == "steady") << clock;
+        const double mean = j["mean_us"], elapsed = j["elapsed_us"];
+        EXPECT_GT(mean, 0.0);
+        EXPECT_LE(mean * 300, elapsed * 1.0001) << op << call << path;
+        EXPECT_LE(j["p50_us"].get<double>(), j["p99_us"].get<double>());
+      }
+    }
+  }
+}
+
 TEST(BenchLatency, RefusesBadInput) {
   EXPECT_EQ(run_baton("bench latency --spawn --op copy").exit_code, 2);
   EXPECT_EQ(run_baton("bench latency --spawn --block-size 0").exit_code, 2);
