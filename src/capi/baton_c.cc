@@ -518,6 +518,18 @@ int with_prepared(const char* call, EngineBox& box, std::uint64_t id, Use use) {
   return use(b);
 }
 
+// The requests converted and checked as `call`, their relative deadlines
+// made absolute as of now (baton_submit's and baton_run's batch).
+int batch_as_of_now(const char* call, EngineBox& box, const baton_request* requests, size_t count,
+                    const void* notification, size_t notification_length, engine::Batch& b) {
+  std::vector<TimeNs> deadlines;
+  if (int rc = to_batch(call, requests, count, notification, notification_length, b, deadlines); rc != BATON_OK) {
+    return rc;
+  }
+  set_deadlines(b, deadlines, box.engine->now_ns());
+  return BATON_OK;
+}
+
 }  // namespace
 
 int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
@@ -525,12 +537,10 @@ int baton_submit(baton_engine* handle, const baton_request* requests, size_t cou
   return with_engine("baton_submit", handle, [&](EngineBox& box) -> int {
     if (batch == nullptr) return misuse("baton_submit: batch is NULL");
     engine::Batch b;
-    std::vector<TimeNs> deadlines;
-    if (int rc = to_batch("baton_submit", requests, count, notification, notification_length, b, deadlines);
+    if (int rc = batch_as_of_now("baton_submit", box, requests, count, notification, notification_length, b);
         rc != BATON_OK) {
       return rc;
     }
-    set_deadlines(b, deadlines, box.engine->now_ns());
     auto h = box.engine->submit(b);
     if (!h) return fail(h.error());
     *batch = h->id;
@@ -578,12 +588,10 @@ int baton_run(baton_engine* handle, const baton_request* requests, size_t count,
               size_t notification_length) {
   return with_engine("baton_run", handle, [&](EngineBox& box) -> int {
     engine::Batch b;
-    std::vector<TimeNs> deadlines;
-    if (int rc = to_batch("baton_run", requests, count, notification, notification_length, b, deadlines);
+    if (int rc = batch_as_of_now("baton_run", box, requests, count, notification, notification_length, b);
         rc != BATON_OK) {
       return rc;
     }
-    set_deadlines(b, deadlines, box.engine->now_ns());
     const Status s = box.engine->run(b);
     return s.is_ok() ? BATON_OK : fail(s);
   });

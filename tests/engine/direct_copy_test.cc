@@ -68,6 +68,19 @@ struct Pair {
   std::span<std::byte> allocated_bytes() const {
     return {reinterpret_cast<std::byte*>(allocated.base), kBytes};
   }
+  // `n` reads of `block` bytes: allocated blocks n..2n-1 into ours 0..n-1.
+  Batch block_reads(std::uint64_t n, std::uint64_t block) const {
+    Batch b;
+    for (std::uint64_t i = 0; i < n; ++i) b.requests.push_back(request(Op::kRead, i * block, allocated, (n + i) * block, block));
+    return b;
+  }
+  // A region of ours comes and goes: the initiator publishes a new table.
+  void new_table() {
+    std::vector<std::byte> extra(4096);
+    auto r = initiator->register_memory(extra.data(), extra.size());
+    ASSERT_TRUE(r.has_value());
+    ASSERT_TRUE(initiator->unregister(r->handle).is_ok());
+  }
   Request request(Op op, std::uint64_t local_offset, const Region& remote, std::uint64_t remote_offset,
                   std::uint64_t length) const {
     Request r;
@@ -449,18 +462,12 @@ TEST(DirectCopy, ARevocationEndsRunsOfAPreparedBatchToo) { revoke_while_copying(
 TEST(DirectCopy, APreparedBatchMovesEachSubmissionsBytes) {
   Pair p;
   constexpr std::uint64_t kBlock = 4096;
-  Batch b;
-  for (std::uint64_t i = 0; i < 8; ++i) b.requests.push_back(p.request(Op::kRead, i * kBlock, p.allocated, (8 + i) * kBlock, kBlock));
+  const Batch b = p.block_reads(8, kBlock);
   PreparedBatch prepared(b);
   EXPECT_EQ(prepared.batch().requests.size(), 8u);
-  std::vector<std::byte> extra(kBlock);
   for (int round = 0; round < 30; ++round) {
     fill_pattern(p.allocated_bytes().subspan(8 * kBlock, 8 * kBlock), 500 + round);
-    if (round % 10 == 5) {  // a new table: a region of ours comes and goes
-      auto r = p.initiator->register_memory(extra.data(), extra.size());
-      ASSERT_TRUE(r.has_value());
-      ASSERT_TRUE(p.initiator->unregister(r->handle).is_ok());
-    }
+    if (round % 10 == 5) p.new_table();
     auto h = p.initiator->submit(prepared);
     ASSERT_TRUE(h.has_value()) << h.error().to_string();
     auto st = p.initiator->poll(*h);
@@ -601,17 +608,11 @@ TEST(DirectCopy, ThreadsCopyingAtOnceEachGetTheirOwnBytes) {
 TEST(DirectCopy, RunMovesEachRunsBytesAndLeavesNoRecord) {
   Pair p;
   constexpr std::uint64_t kBlock = 4096;
-  Batch b;
-  for (std::uint64_t i = 0; i < 4; ++i) b.requests.push_back(p.request(Op::kRead, i * kBlock, p.allocated, (4 + i) * kBlock, kBlock));
+  const Batch b = p.block_reads(4, kBlock);
   PreparedBatch prepared(b);
-  std::vector<std::byte> extra(kBlock);
   for (int round = 0; round < 30; ++round) {
     fill_pattern(p.allocated_bytes().subspan(4 * kBlock, 4 * kBlock), 700 + round);
-    if (round % 10 == 5) {  // a new table: the prepared batch is resolved again
-      auto r = p.initiator->register_memory(extra.data(), extra.size());
-      ASSERT_TRUE(r.has_value());
-      ASSERT_TRUE(p.initiator->unregister(r->handle).is_ok());
-    }
+    if (round % 10 == 5) p.new_table();  // the prepared batch is resolved again
     const Status s = round % 3 == 2 ? p.initiator->run(b) : p.initiator->run(prepared);
     ASSERT_TRUE(s.is_ok()) << "round " << round << ": " << s.to_string();
     EXPECT_FALSE(pattern_mismatch(std::span(p.mine).first(4 * kBlock), 700 + round).has_value()) << "round " << round;

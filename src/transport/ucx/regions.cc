@@ -34,12 +34,9 @@ void UcxTransport::State::publish_direct() {
   std::shared_ptr<const DirectTable> old = std::exchange(direct, std::move(t));
   direct_table.store(direct.get(), std::memory_order_seq_cst);  // before the snapshot below
   direct_generation.store(direct ? direct->generation : 0, std::memory_order_release);
-  // Pruned here too: an engine whose regions are never revoked must not
-  // keep one entry per table it ever published.
-  if (old) {
-    (void)retired_in_use();
-    retired.push_back({std::move(old), ucx::Readers::snapshot()});
-  }
+  // poll() prunes them each turn: an engine whose regions are never
+  // revoked does not keep one entry per table it ever published.
+  if (old) retired.push_back({std::move(old), ucx::Readers::snapshot()});
 }
 
 // Whether a copy may still read a table that is no longer published; frees
