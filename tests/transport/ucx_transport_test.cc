@@ -459,10 +459,12 @@ TEST_P(UcxTransportTest, AHoldersProgressThreadServesRmaWithoutItsLoop) {
   EXPECT_EQ(*rt.back, rt.source);
 }
 
-// Small raw slices sent as Baton's messages (TCP) travel in one bundle per
-// lane per burst, answered in one bundle: writes and reads mixed, of sizes
-// around the bundling bound (16 KiB), byte-exact. A burst larger than a
-// bundle holds goes as more than one. Other flavours send none.
+// Small raw writes and the asks of raw reads of any size, sent as Baton's
+// messages (TCP), travel in one bundle per lane per burst: writes and
+// reads mixed, of sizes around the bundling bound (16 KiB), byte-exact;
+// the holder answers small ones in a bundle and larger reads alone. A
+// burst of writes larger than a bundle holds, or of more asks than its
+// entries, goes as more than one. Other flavours send none.
 TEST_P(UcxTransportTest, SmallMessageSlicesOfABurstTravelAsOneBundlePerLane) {
   const std::vector<std::size_t> sizes = {1, 4096, 16384, 16385, 333, 8192, 16383, 2, 4096, 100'000};
   std::size_t total = 0;
@@ -504,25 +506,44 @@ TEST_P(UcxTransportTest, SmallMessageSlicesOfABurstTravelAsOneBundlePerLane) {
   for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
   EXPECT_EQ(remote, expected_remote);
   EXPECT_TRUE(std::equal(back.begin(), back.end(), remote.begin() + static_cast<std::ptrdiff_t>(total)));
-  // 8 of the 10 sizes bundle (16 385 and 100 000 do not): lane 1's in one
-  // bundle (24 580 bytes), lane 0's in two (a bundle goes at 64 KiB).
-  EXPECT_EQ(a_->bundles_sent() - before, bundles ? 3u : 0u);
+  // Every read's ask and 8 of the 10 writes bundle (16 385 and 100 000 do
+  // not): one bundle per lane (lane 0's writes 37 197 bytes, lane 1's
+  // 12 290: a bundle goes at 64 KiB).
+  EXPECT_EQ(a_->bundles_sent() - before, bundles ? 2u : 0u);
 
-  // A burst of more than a bundle holds (64 KiB of payload) on one lane.
+  // A burst of writes of more than a bundle holds (64 KiB of payload) on one lane.
   done_a_.clear();
   const std::uint64_t again = a_->bundles_sent();
   constexpr std::size_t kSmall = 4096;
   const std::size_t count = std::min<std::size_t>(total / kSmall, 40);  // 160 KiB: three bundles
   for (std::size_t i = 0; i < count; ++i) {
-    ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kRead, back.data() + i * kSmall, addr(remote.data()) + i * kSmall,
+    ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kWrite, source.data() + i * kSmall, addr(remote.data()) + i * kSmall,
                                  *remote_region, kSmall),
                            now())
                     .is_ok());
   }
   ASSERT_TRUE(wait_slices(count));
   for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
-  EXPECT_TRUE(std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(count * kSmall), remote.begin()));
+  EXPECT_EQ(remote, expected_remote);
   EXPECT_EQ(a_->bundles_sent() - again, bundles ? 3u : 0u);
+
+  // A burst of more asks than a bundle's entries (256) on one lane: two.
+  done_a_.clear();
+  const std::uint64_t asks = a_->bundles_sent();
+  constexpr std::size_t kTiny = 512;
+  constexpr std::size_t kAsks = 300;
+  ASSERT_LE(kAsks * kTiny, total);
+  std::ranges::fill(back, 0);
+  for (std::size_t i = 0; i < kAsks; ++i) {
+    ASSERT_TRUE(a_->submit(slice(id++, path, 1, Op::kRead, back.data() + i * kTiny, addr(remote.data()) + i * kTiny,
+                                 *remote_region, kTiny),
+                           now())
+                    .is_ok());
+  }
+  ASSERT_TRUE(wait_slices(kAsks));
+  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(kAsks * kTiny), remote.begin()));
+  EXPECT_EQ(a_->bundles_sent() - asks, bundles ? 2u : 0u);
 }
 
 // With copy threads, same-host copies of 32 KiB and more run on them, each

@@ -81,7 +81,7 @@ void UcxTransport::State::add_to_bundle(Lane& lane, MessageKind kind, const Slic
   }
   ucx::add_to_bundle(lane.bundle, kind, op.submit.id, d, data);
   lane.bundled.push_back(op.submit.id);
-  lane.bundled_bytes += op.submit.bytes;
+  lane.bundled_bytes += op.wire_bytes;
   if (lane.bundled_bytes >= kBundleBytes || lane.bundled.size() == ucx::kMaxBundleEntries) send_bundle(lane);
 }
 
@@ -432,6 +432,14 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
     entry.seq = e.seq;  // a deferred answer goes alone, named by its slice
     Answer a = answer_slice(*session, in.reply_ep, e.kind, e.descriptor, e.data, reply.size(), entry);
     if (a.deferred) continue;
+    if (a.data.size() > kMaxBundledSliceBytes) {
+      // A large read's bytes go at once, alone (from a bundle they would
+      // wait for the rest and be copied once more).
+      if (Status s = send_answer(back, a.kind, entry, a); !s.is_ok()) {
+        spdlog::warn("ucx: reply to slice {} not sent: {}", e.seq, s.message());
+      }
+      continue;
+    }
     if (reply.empty()) reply = ucx::begin_bundle(buffers.take(kBundleBytes + ucx::kBundleEntryBytes));
     ucx::add_to_bundle(reply, a.kind, e.seq, a.reply, a.data);
     buffers.give(std::move(a.packed));

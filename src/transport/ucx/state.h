@@ -89,8 +89,9 @@ inline constexpr std::size_t kMaxStagedCopies = 64;
 inline constexpr std::size_t kMaxStagedWaiting = 1024;
 // Payload buffers kept for reuse (ucx::BufferPool): a few batches of slices.
 inline constexpr std::size_t kPooledBufferBytes = 64 << 20;
-// Raw message slices up to this size travel in a lane's bundle (wire.h);
-// a bundle goes once it carries this many bytes, or at the loop's next
+// Raw message writes up to this size, and every raw read's ask, travel in
+// a lane's bundle (wire.h); a holder answers reads above it alone. A
+// bundle goes once its entries take kBundleBytes, or at the loop's next
 // poll or sleep (flush_lanes). Both within one TCP segment.
 inline constexpr std::uint64_t kMaxBundledSliceBytes = 16 << 10;
 inline constexpr std::size_t kBundleBytes = 64 << 10;

@@ -692,8 +692,9 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
     SliceDescriptor d{m.remote_key, compress ? s.codec_id : WireCodec::kRaw, 0, m.remote_addr, slice.bytes};
     std::vector<std::uint8_t> payload;
     const auto* bytes = static_cast<const std::byte*>(m.local);
-    if (!compress && slice.bytes <= kMaxBundledSliceBytes) {
-      // A small raw slice waits for the rest of this turn's in its lane's bundle.
+    if (!compress && (m.op == Op::kRead || slice.bytes <= kMaxBundledSliceBytes)) {
+      // A small raw write, or a raw read's ask of any size (it carries no
+      // bytes), waits for the rest of this turn's in its lane's bundle.
       const auto data = m.op == Op::kRead ? std::span<const std::uint8_t>()
                                           : std::span(reinterpret_cast<const std::uint8_t*>(bytes), slice.bytes);
       op->awaiting_reply = true;
