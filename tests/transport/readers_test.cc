@@ -1,14 +1,22 @@
 // Readers: lock-free reading of a table one thread replaces. The test that
 // matters is the last: readers that keep reading while a writer replaces
-// and frees tables (ASan reports a read of a freed one, TSan a race).
+// and frees tables (ASan reports a read of a freed one, TSan a race). ctest
+// runs these twice: with the writer's membarrier, and with the readers'
+// own fences (BATON_NO_MEMBARRIER=1, readers_without_membarrier).
 #include "transport/ucx/readers.h"
 
 #include <gtest/gtest.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,6 +31,18 @@ bool left_within(Readers::Snapshot& snapshot, std::chrono::seconds limit) {
     std::this_thread::yield();
   }
   return true;
+}
+
+// The writer's membarrier is used where this kernel offers the expedited
+// command, unless BATON_NO_MEMBARRIER says no: then the readers fence
+// themselves (ctest runs this file both ways: readers_without_membarrier).
+TEST(Readers, UseMembarrierWhereTheKernelOffersItUnlessTheEnvironmentSaysNo) {
+  const char* off = std::getenv("BATON_NO_MEMBARRIER");
+  const bool turned_off = off != nullptr && *off != '\0' && std::string_view(off) != "0";
+  const long offered = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  const bool expedited = offered > 0 && (offered & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0;
+  EXPECT_EQ(Readers::membarrier(), expedited && !turned_off)
+      << "BATON_NO_MEMBARRIER=" << (off != nullptr ? off : "(unset)") << ", kernel commands " << offered;
 }
 
 TEST(Readers, WithNoReaderASnapshotHasLeftAtOnce) {
@@ -73,7 +93,7 @@ TEST(Readers, NoReaderSeesATableAfterItWasFreed) {
   };
   auto make = [](std::uint64_t seed) {
     auto t = std::make_unique<Table>();
-    t->values.resize(64);
+    t->values.resize(4096);  // a read long enough that a writer that did not wait catches it inside
     std::iota(t->values.begin(), t->values.end(), seed);
     t->sum = std::accumulate(t->values.begin(), t->values.end(), std::uint64_t{0});
     return t;
@@ -94,20 +114,43 @@ TEST(Readers, NoReaderSeesATableAfterItWasFreed) {
       }
     });
   }
+  // Each round starts once the readers read since the last: without
+  // membarrier's cost the writer would otherwise finish before they start.
+  auto readers_moved_on = [&](std::uint64_t since) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (reads.load(std::memory_order_relaxed) == since) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  };
+  // The rounds, in a function so that a failure still stops and joins the
+  // readers below.
   int freed = 0;
-  for (std::uint64_t round = 2; round < 302; ++round) {
-    std::unique_ptr<Table> next = make(round);
-    published.store(next.get(), std::memory_order_seq_cst);
-    std::unique_ptr<Table> old = std::exchange(current, std::move(next));
-    Readers::Snapshot snapshot = Readers::snapshot();
-    ASSERT_TRUE(left_within(snapshot, std::chrono::seconds(20))) << "round " << round;
-    std::ranges::fill(old->values, 0);  // what a reader still inside would see
-    old->sum = 1;
-    old.reset();
-    ++freed;
-  }
+  auto rounds = [&]() -> std::string {
+    std::uint64_t seen = 0;
+    for (std::uint64_t round = 2; round < 302; ++round) {
+      if (!readers_moved_on(seen)) return "round " + std::to_string(round) + ": no read for 20 s";
+      std::unique_ptr<Table> next = make(round);
+      published.store(next.get(), std::memory_order_seq_cst);
+      std::unique_ptr<Table> old = std::exchange(current, std::move(next));
+      Readers::Snapshot snapshot = Readers::snapshot();
+      if (!left_within(snapshot, std::chrono::seconds(20))) {
+        (void)old.release();  // a reader may still be inside: never freed
+        return "round " + std::to_string(round) + ": a reader stayed inside for 20 s";
+      }
+      std::ranges::fill(old->values, 0);  // what a reader still inside would see
+      old->sum = 1;
+      old.reset();
+      ++freed;
+      seen = reads.load(std::memory_order_relaxed);
+    }
+    return {};
+  };
+  const std::string failed = rounds();
   stop = true;
   for (auto& t : readers) t.join();
+  EXPECT_EQ(failed, "");
   EXPECT_EQ(freed, 300);
   EXPECT_GT(reads.load(), 0u);
   EXPECT_EQ(bad.load(), 0u);

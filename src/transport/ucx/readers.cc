@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 namespace baton::transport::ucx {
 
@@ -21,10 +23,16 @@ std::atomic<Readers::Slot*> g_slots{nullptr};  // every slot ever made; none is 
 std::atomic<std::size_t> g_slot_count{0};
 
 // Whether the writer's membarrier stands in for the readers' fences.
-// Decided once, before the first section or snapshot.
+// Decided once, before the first section or snapshot. BATON_NO_MEMBARRIER
+// (set, not "0") turns it off: membarrier interrupts every CPU that runs
+// this process, which a deployment with isolated cores may not want; and
+// the readers' own fences get tested that way.
 bool asymmetric() {
-  static const bool registered =
-      ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  static const bool registered = [] {
+    const char* off = std::getenv("BATON_NO_MEMBARRIER");
+    if (off != nullptr && *off != '\0' && std::string_view(off) != "0") return false;
+    return ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  }();
   return registered;
 }
 
@@ -97,5 +105,7 @@ bool Readers::Snapshot::left() {
 }
 
 std::size_t Readers::slots() { return g_slot_count.load(std::memory_order_relaxed); }
+
+bool Readers::membarrier() { return asymmetric(); }
 
 }  // namespace baton::transport::ucx

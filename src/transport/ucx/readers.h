@@ -11,8 +11,8 @@
 // every reader's entering store visible (membarrier(2), expedited: an
 // interrupt on the CPUs that run this process, instead of a fence on each
 // read), so a reader either shows up odd in the snapshot or reads the new
-// table. Where the kernel refuses membarrier, readers enter with a
-// sequentially consistent store instead. The table pointer is stored and
+// table. Where the kernel refuses membarrier (or BATON_NO_MEMBARRIER is
+// set), readers enter with a sequentially consistent store instead. The table pointer is stored and
 // loaded sequentially consistent.
 // Process-wide; slots are reused after their threads exit.
 #pragma once
@@ -56,6 +56,9 @@ class Readers {
 
   // The slots ever made (readers at once, at most); for tests.
   [[nodiscard]] static std::size_t slots();
+  // Whether the writer's membarrier stands in for the readers' fences:
+  // false where the kernel refuses it or BATON_NO_MEMBARRIER is set.
+  [[nodiscard]] static bool membarrier();
 };
 
 }  // namespace baton::transport::ucx
