@@ -12,8 +12,8 @@
 // interrupt on the CPUs that run this process, instead of a fence on each
 // read), so a reader either shows up odd in the snapshot or reads the new
 // table. Where the kernel refuses membarrier (or BATON_NO_MEMBARRIER is
-// set), readers enter with a sequentially consistent store instead. The table pointer is stored and
-// loaded sequentially consistent.
+// set), readers enter with a sequentially consistent store instead. The
+// table pointer is stored and loaded sequentially consistent.
 // Process-wide; slots are reused after their threads exit.
 #pragma once
 
