@@ -511,39 +511,35 @@ TEST_P(UcxTransportTest, SmallMessageSlicesOfABurstTravelAsOneBundlePerLane) {
   // 12 290: a bundle goes at 64 KiB).
   EXPECT_EQ(a_->bundles_sent() - before, bundles ? 2u : 0u);
 
+  // A burst of `count` slices of `size` bytes on one lane, each at the same
+  // offset of both sides; every one ends ok. Returns the bundles it took.
+  auto burst = [&](int lane, Op op, std::uint8_t* local, std::size_t count, std::size_t size) {
+    done_a_.clear();
+    const std::uint64_t start = a_->bundles_sent();
+    for (std::size_t i = 0; i < count; ++i) {
+      EXPECT_TRUE(a_->submit(slice(id++, path, lane, op, local + i * size, addr(remote.data()) + i * size,
+                                   *remote_region, size),
+                             now())
+                      .is_ok());
+    }
+    EXPECT_TRUE(wait_slices(count));
+    for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+    return a_->bundles_sent() - start;
+  };
+
   // A burst of writes of more than a bundle holds (64 KiB of payload) on one lane.
-  done_a_.clear();
-  const std::uint64_t again = a_->bundles_sent();
   constexpr std::size_t kSmall = 4096;
   const std::size_t count = std::min<std::size_t>(total / kSmall, 40);  // 160 KiB: three bundles
-  for (std::size_t i = 0; i < count; ++i) {
-    ASSERT_TRUE(a_->submit(slice(id++, path, 0, Op::kWrite, source.data() + i * kSmall, addr(remote.data()) + i * kSmall,
-                                 *remote_region, kSmall),
-                           now())
-                    .is_ok());
-  }
-  ASSERT_TRUE(wait_slices(count));
-  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(burst(0, Op::kWrite, source.data(), count, kSmall), bundles ? 3u : 0u);
   EXPECT_EQ(remote, expected_remote);
-  EXPECT_EQ(a_->bundles_sent() - again, bundles ? 3u : 0u);
 
   // A burst of more asks than a bundle's entries (256) on one lane: two.
-  done_a_.clear();
-  const std::uint64_t asks = a_->bundles_sent();
   constexpr std::size_t kTiny = 512;
   constexpr std::size_t kAsks = 300;
   ASSERT_LE(kAsks * kTiny, total);
   std::ranges::fill(back, 0);
-  for (std::size_t i = 0; i < kAsks; ++i) {
-    ASSERT_TRUE(a_->submit(slice(id++, path, 1, Op::kRead, back.data() + i * kTiny, addr(remote.data()) + i * kTiny,
-                                 *remote_region, kTiny),
-                           now())
-                    .is_ok());
-  }
-  ASSERT_TRUE(wait_slices(kAsks));
-  for (const Completion& c : done_a_) EXPECT_TRUE(c.status.is_ok()) << c.status.to_string();
+  EXPECT_EQ(burst(1, Op::kRead, back.data(), kAsks, kTiny), bundles ? 2u : 0u);
   EXPECT_TRUE(std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(kAsks * kTiny), remote.begin()));
-  EXPECT_EQ(a_->bundles_sent() - asks, bundles ? 2u : 0u);
 }
 
 // With copy threads, same-host copies of 32 KiB and more run on them, each
