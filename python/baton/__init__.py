@@ -25,6 +25,7 @@ from ._baton import (  # noqa: F401  (re-exported)
     OutOfRange,
     Peer,
     PermissionDenied,
+    PreparedBatch,
     Region,
     RemoteRegion,
     Request,
@@ -35,8 +36,8 @@ from ._baton import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "AlreadyExists", "Batch", "BatonError", "Cancelled", "DeadlineInfeasible", "Engine", "FailedPrecondition",
-    "InvalidArgument", "NotFound", "OutOfRange", "Peer", "PermissionDenied", "Region", "RemoteRegion", "Request",
-    "ResourceExhausted", "Timeout", "Unavailable",
+    "InvalidArgument", "NotFound", "OutOfRange", "Peer", "PermissionDenied", "PreparedBatch", "Region",
+    "RemoteRegion", "Request", "ResourceExhausted", "Timeout", "Unavailable",
 ]
 
 
@@ -81,6 +82,11 @@ class _Waker:
         if not still:
             self.stop()
 
+    def forget_cancelled(self):
+        self.waiting = [(b, f) for b, f in self.waiting if not f.cancelled()]
+        if not self.waiting:
+            self.stop()
+
     def stop(self):
         if self.fd < 0:
             return  # stopped already (a check queued by close() came after)
@@ -114,6 +120,9 @@ def _await_batch(self):
     if waker is None:
         waker = _wakers[(loop, engine)] = _Waker(loop, engine, self._engine_fd())
     waker.waiting.append((self, future))
+    # An await given up (asyncio.wait_for's timeout, a cancelled task) lets
+    # go of the waker at once: a waker left in _wakers holds the engine.
+    future.add_done_callback(lambda f: f.cancelled() and waker.forget_cancelled())
     waker.check()  # it may have ended already
     return future.__await__()
 

@@ -459,13 +459,20 @@ baton::TimeNs wait_limit(std::optional<double> timeout_s) {
 
 // A batch submitted by `submit` (called without the GIL), waited for in
 // slices that see Ctrl-C, cancelled past `limit` (wait_limit(timeout_s)),
-// released; raises its failure. `what` names the call in messages.
+// released; raises its failure. `what` names the call in messages. A
+// cancelled batch is waited for until it ended, so nothing lands in the
+// buffer after the call returns: with a peer that stopped answering that is
+// the engine's stall timeout, and the message says how long it took. A
+// second Ctrl-C while it settles leaves it to the engine (released once it
+// ended, as a dropped Batch is).
 template <typename Submit>
-void run_submitted(engine::Engine& e, const char* what, Submit submit, baton::TimeNs limit,
+void run_submitted(EngineState& es, engine::Engine& e, const char* what, Submit submit, baton::TimeNs limit,
                    std::optional<double> timeout_s) {
   Status failed;
   bool cancelled = false;
   bool interrupted = false;
+  bool left_running = false;
+  double settled_s = 0;
   {
     py::gil_scoped_release release;
     baton::Result<engine::BatchHandle> submitted = submit();
@@ -476,7 +483,12 @@ void run_submitted(engine::Engine& e, const char* what, Submit submit, baton::Ti
       Status waited = wait_interruptible(e, h, limit, interrupted);
       if (waited.code() == StatusCode::kTimeout) {
         cancelled = e.cancel(h).is_ok();  // not when it ended just now
-        waited = e.wait(h, 60'000'000'000);  // a copy under way finishes first
+        const auto start = std::chrono::steady_clock::now();
+        bool again = false;
+        waited = wait_interruptible(e, h, wait_limit(std::nullopt), again);  // a copy under way finishes first
+        settled_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        left_running = again;
+        interrupted = interrupted || again;
       }
       if (waited.is_ok()) {
         thread_local engine::BatchStatus status;  // its storage reused
@@ -485,14 +497,21 @@ void run_submitted(engine::Engine& e, const char* what, Submit submit, baton::Ti
       } else {
         failed = waited;
       }
-      (void)e.release(h);
+      if (left_running || !e.release(h).is_ok()) es.orphan(h);
     }
   }
   if (interrupted) throw py::error_already_set();
   if (cancelled) {
+    // A slice on the wire to a peer that stopped answering ends only when
+    // the path fails: say so rather than let the timeout look ignored.
+    const std::string settled =
+        settled_s < 0.5 ? std::string()
+                        : fmt::format(" {:.1f} s later, once its slices on the wire had ended (a peer that stops "
+                                      "answering holds them until the engine's stall_timeout)",
+                                      settled_s);
     raise(StatusCode::kTimeout,
-          fmt::format("{}: not done within {} s; the request was cancelled (nothing more lands in the buffer)", what,
-                      timeout_s.value_or(0)));
+          fmt::format("{}: not done within {} s; the request was cancelled{} (nothing more lands in the buffer)",
+                      what, timeout_s.value_or(0), settled));
   }
   ok_or_raise(failed);
 }
@@ -502,7 +521,7 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
   auto e = es.get(op);
   const baton::TimeNs limit = wait_limit(timeout_s);
   engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
-  run_submitted(*e, op, [&] { return e->submit(batch); }, limit, timeout_s);
+  run_submitted(es, *e, op, [&] { return e->submit(batch); }, limit, timeout_s);
 }
 
 // The memory of a GPU array, read off its `__cuda_array_interface__`
@@ -788,7 +807,7 @@ PYBIND11_MODULE(_baton, m) {
                timed = p->batch.batch();
                set_deadlines(*timed, p->deadlines_ms, e->now_ns());
              }
-             run_submitted(*e, "run", [&] {
+             run_submitted(*p->engine, *e, "run", [&] {
                p->engine->sweep_orphans(*e);
                std::lock_guard one_at_a_time(p->mutex);
                return timed ? e->submit(*timed) : e->submit(p->batch);
@@ -805,7 +824,8 @@ PYBIND11_MODULE(_baton, m) {
                        std::optional<std::string> metrics_address, std::optional<std::string> secret_file, int lanes,
                        std::optional<std::string> topology_model, bool peer_failure_detection,
                        bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
-                       int copy_threads, int progress_threads, bool gpu_paths, bool allow_unauthenticated) {
+                       int copy_threads, int progress_threads, bool gpu_paths, bool allow_unauthenticated,
+                       std::optional<double> stall_timeout) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -822,6 +842,9 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.progress_threads = progress_threads;
              c.gpu_paths = gpu_paths;
              c.ucx.allow_unauthenticated = allow_unauthenticated;
+             if (stall_timeout) {  // whole milliseconds, rounded up: a small one does not become 0 ("never")
+               c.ucx.stall_timeout_ms = (seconds_ns("stall_timeout", *stall_timeout) + 999'999) / 1'000'000;
+             }
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
@@ -838,7 +861,7 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
            py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads,
            py::arg("progress_threads") = transport::UcxConfig{}.progress_threads, py::arg("gpu_paths") = false,
-           py::arg("allow_unauthenticated") = false)
+           py::arg("allow_unauthenticated") = false, py::arg("stall_timeout") = py::none())
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })
@@ -985,6 +1008,12 @@ PYBIND11_MODULE(_baton, m) {
       .def("prepare",
            [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
              (void)s->get("prepare");
+             // What every submit would refuse is refused once, here.
+             if (requests.empty()) raise(StatusCode::kInvalidArgument, "prepare: the batch is empty");
+             if (const std::size_t n = py::len(notification); n > transport::kMaxNotificationBytes) {
+               raise(StatusCode::kInvalidArgument, fmt::format("prepare: the notification has {} bytes (at most {})",
+                                                               n, transport::kMaxNotificationBytes));
+             }
              auto p = std::make_shared<PyPrepared>();
              p->engine = s;
              engine::Batch b = checked_batch(*s, requests, std::string(notification), p->regions);

@@ -931,10 +931,10 @@ def test_a_prepared_batch_is_submitted_many_times_with_submits_answers(holder, e
     check[:] = 0
     reads.submit().wait(timeout=30)
     assert np.array_equal(check[:8 * block], pattern(8 * block, 105))
-    # What submit raises, a prepared batch raises too, at its submit.
-    empty = engine.prepare([])
-    with pytest.raises(baton.InvalidArgument):
-        empty.submit()
+    # What every submit would raise, prepare raises once; what depends on
+    # the moment (a region gone), each submit raises.
+    with pytest.raises(baton.InvalidArgument, match="prepare: the batch is empty"):
+        engine.prepare([])
     engine.unregister(region)
     with pytest.raises(baton.NotFound):
         prepared.submit()
@@ -969,8 +969,10 @@ def test_a_prepared_batch_runs_many_times_and_raises_what_submit_raises(holder, 
         assert np.array_equal(check[:4 * block], pattern(4 * block, 200 + round)), round
     with pytest.raises(baton.InvalidArgument):
         reads.run(timeout=-1)
-    with pytest.raises(baton.InvalidArgument):
-        engine.prepare([]).run()
+    with pytest.raises(baton.InvalidArgument, match="4097 bytes"):
+        engine.prepare([baton.Request(op="read", local=check_region, peer=peer, remote=holder.handle, length=1)],
+                       notification=b"x" * 4097)
+    assert isinstance(reads, baton.PreparedBatch) and "PreparedBatch" in baton.__all__
     outside = engine.prepare([baton.Request(op="read", local=check_region, peer=peer, remote=holder.handle,
                                             remote_offset=SIZE - 1, length=2)])
     with pytest.raises(baton.OutOfRange):
@@ -981,3 +983,65 @@ def test_a_prepared_batch_runs_many_times_and_raises_what_submit_raises(holder, 
     engine.close()
     with pytest.raises(baton.Unavailable):
         writes.run()
+
+
+def test_a_read_past_its_timeout_from_a_stopped_peer_ends_with_the_stall_timeout_and_says_so(holder):
+    # A slice on the wire to a peer that stopped answering ends only when the
+    # path fails (stall_timeout): the read waits for that, so that nothing
+    # lands afterwards, and its Timeout says how long it took and why.
+    with pytest.raises(baton.InvalidArgument, match="stall_timeout"):
+        baton.Engine(stall_timeout=-1)
+    with pytest.raises(baton.InvalidArgument, match="stall_timeout"):
+        baton.Engine(stall_timeout=float("nan"))
+    engine = baton.Engine(same_host_copy=False, stall_timeout=1)
+    peer = engine.connect(holder.address)
+    local = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(local)
+    holder.proc.stdin.write("stop\n")
+    holder.proc.stdin.flush()
+    time.sleep(0.2)
+    try:
+        start = time.monotonic()
+        with pytest.raises(baton.Timeout, match=r"not done within 0.2 s; the request was cancelled [0-9.]+ s later.*"
+                                                r"stall_timeout.*nothing more lands"):
+            engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE, timeout=0.2)
+        took = time.monotonic() - start
+    finally:
+        holder.proc.send_signal(18)  # SIGCONT
+    assert took < 8  # the engine's 1 s stall timeout, not the 10 s default
+    landed = local.copy()
+    time.sleep(0.3)  # the holder, running again, answers what it was asked before it stopped
+    assert np.array_equal(local, landed)
+    engine.close()
+
+
+def test_an_await_given_up_lets_a_dropped_engine_close(holder):
+    # asyncio.wait_for's timeout cancels the await: the waker lets go of the
+    # engine at once, so an engine dropped afterwards still closes.
+    engine = baton.Engine(same_host_copy=False)
+    address = engine.address
+    peer = engine.connect(holder.address)
+    region = engine.register(np.zeros(SIZE, dtype=np.uint8))
+    holder.proc.stdin.write("stop\n")
+    holder.proc.stdin.flush()
+    time.sleep(0.2)
+    try:
+        batch = engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE)])
+
+        async def main():
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(_awaited(batch), 0.05)
+
+        asyncio.run(main())
+        assert not any(of is engine for _, of in baton._wakers)
+        batch.cancel()
+    finally:
+        holder.proc.send_signal(18)  # SIGCONT
+    with pytest.raises(baton.Cancelled):
+        batch.wait(timeout=30)
+    batch.release()
+    del engine, peer, region, batch
+    gc.collect()
+    with baton.Engine() as probe:
+        with pytest.raises(baton.Unavailable):
+            probe.connect(address)
