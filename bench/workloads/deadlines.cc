@@ -276,6 +276,7 @@ Result<DeadlinesResult> run_deadlines(const DeadlinesWorkload& w, const std::vec
   // run would fail on it, and the caller named it.
   engine::HarnessConfig config;
   config.topology_model = w.topology_model;
+  config.policy = base;  // its cost_model changes the path the runs use, so the load follows it
   auto probe = engine::Harness::create(config);
   if (!probe) return std::unexpected(probe.error());
   auto route = (*probe)->topology().rank(w.from, w.to);

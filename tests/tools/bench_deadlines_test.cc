@@ -132,6 +132,23 @@ TEST(BenchDeadlines, BadInputIsOneLineAndExitsNonZero) {
   }
 }
 
+// The load is sized on the path the runs use: a policy's cost_model that
+// slows that path slows the offered load with it (it stayed at the built-in
+// 24 GB/s, the run silently about 5x overloaded).
+TEST(BenchDeadlines, TheLoadFollowsThePolicysCostModel) {
+  const std::string file =
+      ::testing::TempDir() + "/bench_deadlines_cost_model_" + std::to_string(getpid()) + ".yaml";
+  {
+    std::ofstream out(file);
+    out << "cost_model:\n  pcie_p2p:\n    PIX: {bandwidth_gbps: 5, latency_us: 3}\n";
+  }
+  const auto plain = run_json("--duration-ms 5");
+  const auto slowed = run_json("--duration-ms 5 --policy-file " + file);
+  std::remove(file.c_str());
+  EXPECT_EQ(plain["link_gbps"], 24.0);  // gpu0 -> gpu1 of the default model: pcie_p2p over a PIX switch
+  EXPECT_EQ(slowed["link_gbps"], 5.0);
+}
+
 // A policy file is the caller's input in every command that takes one: a
 // missing one, a directory or bad YAML exits 2 before anything runs
 // (a missing one exited 1, as if the run had failed).

@@ -102,6 +102,22 @@ TEST(BenchDualpath, AKilledPrefillProcessLosesNoByteAndTheRestartedOneWinsAgain)
   EXPECT_GT(direct_after_restore, 0);
 }
 
+// A kill time after every arrival still kills the peer then: the report
+// gives the time the signal was sent (after the one asked for), not the one
+// asked for, with nothing in flight and nothing affected.
+TEST(BenchDualpath, AKillAfterTheLastArrivalStillHappensAtItsTime) {
+  const CommandRun r = baton(
+      "bench fault --transport ucx --spawn --requests 3 --duration-ms 100 --kill-at-ms 300 --restore-at-ms 350 "
+      "--json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["completed"], 3);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_GT(j["kill_at_us"].get<double>(), 300'000.0);  // measured: the old report echoed 300000 exactly
+  EXPECT_EQ(j["in_flight_at_fault"], 0);
+  EXPECT_EQ(j["affected"], 0);
+}
+
 // Gone or a zombie: it runs no more.
 bool ended(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

@@ -76,6 +76,19 @@ TEST(BenchHandoff, CancelEveryNEndsThoseCancelledAndReturnsTheirPages) {
   EXPECT_EQ(j["pages_retained_at_end"], 0);
 }
 
+// Every request cancelled: no handoff completed, so no overhead, interval
+// or percentile exists; the report says null ("n/a"), not 1.0 or 0 ms.
+TEST(BenchHandoff, WithEveryRequestCancelledTheFiguresAreNullNotZero) {
+  const auto j = run("--producers 1 --consumers 1 --requests 3 --cancel-every 1");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["statuses"]["cancelled"], 3);
+  EXPECT_EQ(j["completed"], 0);
+  EXPECT_EQ(j["pages_leaked"], 0);
+  for (const char* key : {"overhead_ratio", "overhead_ratio_ci95", "p50_ms", "p99_ms"}) {
+    EXPECT_TRUE(j[key].is_null()) << key << ": " << j[key];
+  }
+}
+
 TEST(BenchHandoff, AStalledConsumerRankTimesOutRetainsThenReleases) {
   const auto j = run("--producers 1 --consumers 2 --consumer-tp 2 --requests 16 --stall-consumer-rank 1 --timeout 100ms");
   ASSERT_FALSE(j.is_null());

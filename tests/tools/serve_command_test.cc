@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -736,6 +737,20 @@ TEST(ServeChildStart, UcxWarningsBeforeTheAddressAreSkipped) {
   EXPECT_TRUE(child->stop().is_ok());
 }
 
+// At the source: serve keeps stdout for its own lines, and UCX's warnings
+// go to stderr, so a parent that reads the first line gets the address.
+TEST(ServeCommand, UcxWarningsGoToStderrAndStdoutStartsWithTheAddress) {
+  const std::string command = std::string("UCX_BATON_TEST_NO_SUCH_SETTING=1 exec timeout -s TERM 2 ") + BATON_BINARY +
+                              " serve --buffer-size 1MiB 2>/dev/null";
+  FILE* out = ::popen(command.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  char line[512] = {};
+  const bool got = std::fgets(line, sizeof line, out) != nullptr;
+  ::pclose(out);  // after at most 2 s: timeout's SIGTERM ends the serve
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(std::string(line).starts_with("address 127.0.0.1:")) << line;
+}
+
 // scripts/netns-link's namespaces have fixed names: a test that uses them
 // holds this lock (as scripts/bench-compress does), so ctest -j runs them one
 // at a time.
@@ -952,7 +967,12 @@ TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
     EXPECT_GT(p["ops"].get<int>(), 0) << policy;
     EXPECT_GE(p["bytes_verified"].get<std::uint64_t>(), p["kv_bytes"].get<std::uint64_t>()) << policy;
     EXPECT_GT(p["plan_wire_bytes"].get<int>(), 0) << policy;
+    // 8 MiB is copied inside submit: no step races it, and no percentile
+    // stands in for the missing samples.
+    EXPECT_EQ(p["decode_steps"], 0) << policy;
+    EXPECT_TRUE(p["decode_p50_us"].is_null() && p["decode_p99_us"].is_null()) << policy;
   }
+  EXPECT_NE(r.err.find("no decode step raced the pull: a pull of at most --direct-copy-max"), std::string::npos);
   EXPECT_NE(r.err.find("every byte checked"), std::string::npos);  // stdout holds the JSON alone
   // The store leg: every block put by prefill and fetched back by decode.
   const auto& store = j["store"];

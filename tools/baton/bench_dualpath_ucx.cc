@@ -420,14 +420,18 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
     }
     --i;
   }
-  if (killer.joinable()) killer.join();
-  const std::optional<TimeNs> killed_at =
-      killed_ns.load() != 0 ? std::optional<TimeNs>(killed_ns.load()) : std::nullopt;
+  if (killer.joinable()) {
+    killer.join();
+  } else {  // no arrival at or after the kill time: the peer still dies at that time
+    if (Status s = (*dual)->run_until(kill_ns); !s.is_ok()) return fail_bench(kMode, s);
+    killed_ns = rig.engine->now_ns();
+    rig.prefill_child->kill();
+  }
   if (Status s = (*dual)->run_until_idle(kIdleLimitNs); !s.is_ok()) return fail_bench(kMode, s);
   auto out = outcome(rig, **dual, ids);
   if (!out) return fail_bench(kMode, out.error());
 
-  const TimeNs kill = killed_at.value_or(kill_ns);
+  const TimeNs kill = killed_ns.load();  // when it was sent, not when it was asked for
   ordered_json timeline = ordered_json::array();
   std::optional<TimeNs> recovery_ns, returned_ns, first_affected_submit_ns, detected_ns;
   int affected = 0;

@@ -69,8 +69,10 @@ json waves_ms(const std::vector<WaveTimes>& waves) {
   return out;
 }
 
-std::pair<double, double> overhead_ci95(const std::vector<WaveTimes>& waves) {
-  if (waves.size() < 2) return {0.0, 0.0};
+// Null where there is nothing to resample (fewer than two waves, or no
+// handoff bytes in any): no interval stands in for a missing sample.
+json overhead_ci95(const std::vector<WaveTimes>& waves) {
+  if (waves.size() < 2) return nullptr;
   std::mt19937_64 rng(42);
   std::uniform_int_distribution<std::size_t> pick(0, waves.size() - 1);
   std::vector<double> overheads;
@@ -85,7 +87,19 @@ std::pair<double, double> overhead_ci95(const std::vector<WaveTimes>& waves) {
       overheads.push_back(1.0 - (sum.handoff_bytes / sum.handoff_s) / (sum.raw_bytes / sum.raw_s));
     }
   }
-  return {percentile(overheads, 2.5).value_or(0.0), percentile(overheads, 97.5).value_or(0.0)};
+  const auto low = percentile(overheads, 2.5), high = percentile(overheads, 97.5);
+  if (!low || !high) return nullptr;
+  return json::array({*low, *high});
+}
+
+// A figure or null (the report says "n/a"): a sample that is empty has none.
+template <typename Maybe>  // std::optional<double> or Result<double>
+json or_null(const Maybe& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+std::string text_of(const json& v, const char* format) {
+  return v.is_null() ? std::string("n/a") : fmt::format(fmt::runtime(format), v.get<double>());
 }
 
 struct Replica {
@@ -571,7 +585,9 @@ int Bench::run() {
   const double handoff_gbps = seconds(handoff_time) > 0 ? bytes_done_ / seconds(handoff_time) / 1e9 : 0;
   const double raw_gbps = seconds(raw_time) > 0 ? raw_bytes / seconds(raw_time) / 1e9 : 0;
   auto summary = summarize(ms);
-  const auto [ci_low, ci_high] = overhead_ci95(waves);
+  const json ci = overhead_ci95(waves);
+  // Parity is only defined where both passes moved bytes.
+  const json overhead = raw_gbps > 0 && handoff_gbps > 0 ? json(1.0 - handoff_gbps / raw_gbps) : json(nullptr);
   json statuses_json = json::object();
   for (const auto& [k, v] : statuses) statuses_json[k] = v;
   json j{{"requests", o_.requests},
@@ -579,13 +595,13 @@ int Bench::run() {
          {"verified", verified},
          {"handoff_gbps", handoff_gbps},
          {"raw_gbps", raw_gbps},
-         {"overhead_ratio", raw_gbps > 0 ? 1.0 - handoff_gbps / raw_gbps : 1.0},
-         {"overhead_ratio_ci95", {ci_low, ci_high}},
+         {"overhead_ratio", overhead},
+         {"overhead_ratio_ci95", ci},
          {"waves_ms", waves_ms(waves)},
          {"pages_leaked", leaked},
          {"pages_of_failed_consumers", stopped_pages},
-         {"p50_ms", summary ? summary->p50 : 0.0},
-         {"p99_ms", summary ? summary->p99 : 0.0},
+         {"p50_ms", or_null(summary ? std::optional(summary->p50) : std::nullopt)},
+         {"p99_ms", or_null(summary ? std::optional(summary->p99) : std::nullopt)},
          {"statuses", statuses_json},
          {"pages_retained_peak", retained_peak_},
          {"pages_retained_at_end", retained_at_end},
@@ -594,14 +610,15 @@ int Bench::run() {
          {"producer_layout", to_json(pl_)},
          {"consumer_layout", to_json(cl_)},
          {"window", o_.window},
-         {"wave_ratio_p50", percentile(wave_ratios, 50).value_or(0.0)},
-         {"wave_ratio_min", wave_ratios.empty() ? 0.0 : *std::ranges::min_element(wave_ratios)},
-         {"wave_ratio_max", wave_ratios.empty() ? 0.0 : *std::ranges::max_element(wave_ratios)},
+         {"wave_ratio_p50", or_null(percentile(wave_ratios, 50))},
+         {"wave_ratio_min", or_null(percentile(wave_ratios, 0))},
+         {"wave_ratio_max", or_null(percentile(wave_ratios, 100))},
          {"warmup_requests", o_.window}};
   fmt::print("{} requests, {} completed, {} verified; handoff {:.2f} GB/s vs plain batches {:.2f} GB/s "
-             "(overhead {:.4f}, 95% interval {:.4f} .. {:.4f}); p50 {:.2f} ms p99 {:.2f} ms; {} pages leaked\n",
-             o_.requests, completed, verified, handoff_gbps, raw_gbps, j["overhead_ratio"].get<double>(), ci_low, ci_high,
-             j["p50_ms"].get<double>(), j["p99_ms"].get<double>(), leaked);
+             "(overhead {}, 95% interval {}); p50 {} p99 {}; {} pages leaked\n",
+             o_.requests, completed, verified, handoff_gbps, raw_gbps, text_of(j["overhead_ratio"], "{:.4f}"),
+             ci.is_null() ? std::string("n/a") : fmt::format("{:.4f} .. {:.4f}", ci[0].get<double>(), ci[1].get<double>()),
+             text_of(j["p50_ms"], "{:.2f} ms"), text_of(j["p99_ms"], "{:.2f} ms"), leaked);
   // The report first: a worker slow to exit cannot cost it.
   const int rc = emit_json("bench handoff", j.dump(2), o_.json);
   for (std::vector<Replica>* replicas : {&producers_, &consumers_}) {

@@ -340,19 +340,31 @@ int run_demo(const DemoOptions& o) {
   nlohmann::json j{{"kv", {{"layers", o.kv.layers}, {"tp", o.kv.tp}, {"blocks", o.kv.blocks},
                            {"block_tokens", o.kv.block_tokens}, {"bytes", total}}},
                    {"policies", nlohmann::json::object()}};
+  bool no_race = false;
   for (const RunResult& r : results) {
-    fmt::print("{:<15} {:>10} {:>6} {:>9.3f} {:>9} {:>7} {:>10.1f} us {:>10.1f} us {:>7} {:>10}\n", r.policy,
+    // No decode step, no percentile: "n/a" and null, not a 0 that reads as instant.
+    const bool steps = r.decode_count > 0;
+    no_race = no_race || !steps;
+    auto us = [steps](double v) { return steps ? fmt::format("{:.1f} us", v) : std::string("n/a"); };
+    fmt::print("{:<15} {:>10} {:>6} {:>9.3f} {:>9} {:>7} {:>13} {:>13} {:>7} {:>10}\n", r.policy,
                format_size(r.kv_bytes), r.ops, static_cast<double>(r.kv_bytes) / r.kv_seconds / 1e9, r.plan_wire_bytes,
-               r.decode_count, r.decode.p50, r.decode.p99, r.decode_missed, format_size(r.bytes_verified));
+               r.decode_count, us(r.decode.p50), us(r.decode.p99), r.decode_missed, format_size(r.bytes_verified));
     j["policies"][r.policy] = {{"kv_bytes", r.kv_bytes},
                                {"ops", r.ops},
                                {"kv_gbps", static_cast<double>(r.kv_bytes) / r.kv_seconds / 1e9},
                                {"plan_wire_bytes", r.plan_wire_bytes},
                                {"decode_steps", r.decode_count},
-                               {"decode_p50_us", r.decode.p50},
-                               {"decode_p99_us", r.decode.p99},
+                               {"decode_p50_us", steps ? nlohmann::json(r.decode.p50) : nlohmann::json()},
+                               {"decode_p99_us", steps ? nlohmann::json(r.decode.p99) : nlohmann::json()},
                                {"decode_missed", r.decode_missed},
                                {"bytes_verified", r.bytes_verified}};
+  }
+  if (no_race && total <= o.ucx.direct_copy_max_bytes) {
+    fmt::print("no decode step raced the pull: a pull of at most --direct-copy-max ({}) is copied inside submit, "
+               "before the first step; more --blocks, or --direct-copy-max 0, make them race\n",
+               format_size(o.ucx.direct_copy_max_bytes));
+  } else if (no_race) {
+    fmt::print("no decode step raced the pull: it ended before the first step; more --blocks make them race\n");
   }
   fmt::print("every byte checked against the holder's pattern: ok\n");
 
