@@ -280,6 +280,17 @@ Status PolicyReader::read_cost_model(const Entry& section, SchedPolicy& policy) 
                          fmt::format("unknown proximity \"{}\" (expected PIX, PXB, PHB, NODE, SYS, local or remote)",
                                      x.key));
       }
+      if (!topology::CostModel::priced(*path, *proximity)) {
+        std::string where;
+        for (int i = 0; i < topology::kProximityCount; ++i) {
+          const auto at = static_cast<topology::Proximity>(i);
+          if (topology::CostModel::priced(*path, at)) where += (where.empty() ? "" : ", ") + std::string(to_string(at));
+        }
+        return bad_value(line_of(x), path_key,
+                         fmt::format("{} is never priced at {} (a topology has it at {}): the entry could not take "
+                                     "effect",
+                                     p.key, x.key, where));
+      }
       const std::string key = join(path_key, x.key);
       auto fields = entries(x.value, key, line_of(x), kKeys);
       if (!fields) return fields.error();
@@ -884,6 +895,10 @@ Status SchedPolicy::validate() const {
                                       "proximity < {})",
                                       i, static_cast<int>(o.path), static_cast<int>(o.proximity),
                                       topology::kPathTypeCount, topology::kProximityCount);
+    }
+    if (!topology::CostModel::priced(o.path, o.proximity)) {
+      return Status::invalid_argument("SchedPolicy: cost_model[{}] prices {} at {}, which no topology has",
+                                      i, topology::to_string(o.path), topology::to_string(o.proximity));
     }
     // NaN fails both comparisons.
     if (!(o.bandwidth_gbps >= CostOverride::kMinBandwidthGbps && o.bandwidth_gbps <= CostOverride::kMaxBandwidthGbps) ||

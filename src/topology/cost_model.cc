@@ -131,6 +131,12 @@ Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
   return Status::ok();
 }
 
+bool CostModel::priced(PathType path, Proximity proximity) {
+  static const CostModel defaults;
+  return defaults.cost(path, proximity, 1).has_value() ||
+         (path == PathType::kGdr && proximity == Proximity::kSys);
+}
+
 void CostModel::disable(PathType path, Proximity proximity) {
   if (!known(path) || !known(proximity)) return;  // nothing there to disable
   table_[idx(path)][idx(proximity)] = {};

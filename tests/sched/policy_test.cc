@@ -674,6 +674,23 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
     EXPECT_EQ(p.error().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(p.error().message().find("cost_model"), std::string::npos) << p.error().message();
   }
+  // A path at a proximity no topology prices it at could never take effect.
+  for (const auto& [bad, said] : {std::pair{"cost_model: {pcie_p2p: {SYS: {bandwidth_gbps: 50}}}",
+                                            "pcie_p2p is never priced at SYS (a topology has it at PIX, PXB, PHB)"},
+                                  std::pair{"cost_model: {nvswitch: {PIX: {bandwidth_gbps: 5}}}",
+                                            "nvswitch is never priced at PIX (a topology has it at local)"},
+                                  std::pair{"cost_model: {tcp: {PIX: {bandwidth_gbps: 5}}}",
+                                            "tcp is never priced at PIX (a topology has it at local, remote)"}}) {
+    const auto q = parse_policy(bad);
+    ASSERT_FALSE(q.has_value()) << bad;
+    EXPECT_NE(q.error().message().find(said), std::string::npos) << q.error().message();
+  }
+  // GDR across sockets is off by default (as NCCL has it) and on once priced.
+  EXPECT_TRUE(parse_policy("cost_model: {gdr: {SYS: {bandwidth_gbps: 5}}}").has_value());
+  SchedPolicy programmatic = SchedPolicy::defaults();
+  programmatic.cost_model.push_back({PathType::kPcieP2p, topology::Proximity::kSys, 50, 1});
+  EXPECT_NE(programmatic.validate().message().find("prices pcie_p2p at SYS, which no topology has"), std::string::npos)
+      << programmatic.validate().message();
   // No `default` there, unlike slice_size and credits: the message does not
   // offer it (it said "unknown path \"default\" (expected default, …)").
   const auto p = parse_policy("cost_model: {default: {local: {bandwidth_gbps: 1}}}");
