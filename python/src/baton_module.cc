@@ -904,6 +904,7 @@ PYBIND11_MODULE(_baton, m) {
              EngineState& s = *sp;
              auto e = s.get("allocate");
              const auto n = non_negative("nbytes", nbytes);
+             if (n == 0) raise(StatusCode::kInvalidArgument, "allocate: nbytes is 0 (expected > 0)");
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
              {
                py::gil_scoped_release release;

@@ -292,6 +292,10 @@ def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine)
             baton.Request(**kw)
         with pytest.raises(baton.InvalidArgument):
             baton.Request(**kw)
+    # A size the engine cannot allocate names the parameter the caller passed.
+    for n, said in ((0, "nbytes is 0"), (-1, "nbytes is -1")):
+        with pytest.raises(baton.InvalidArgument, match=said):
+            engine.allocate(n)
     # Unknown peer: LookupError.
     with pytest.raises(LookupError):
         engine.read(local=local, peer="127.0.0.1:1", remote=holder.handle, length=4096)

@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
   app.require_subcommand(1);
+  // Every flag's help shows the value it starts with (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (default: BATON_LOG_LEVEL or warn)");
 
