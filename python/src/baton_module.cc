@@ -1008,16 +1008,18 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("requests"), py::arg("notification") = py::bytes(""))
       .def("prepare",
            [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
-             (void)s->get("prepare");
-             // What every submit would refuse is refused once, here.
-             if (requests.empty()) raise(StatusCode::kInvalidArgument, "prepare: the batch is empty");
-             if (const std::size_t n = py::len(notification); n > transport::kMaxNotificationBytes) {
-               raise(StatusCode::kInvalidArgument, fmt::format("prepare: the notification has {} bytes (at most {})",
-                                                               n, transport::kMaxNotificationBytes));
-             }
+             auto e = s->get("prepare");
              auto p = std::make_shared<PyPrepared>();
              p->engine = s;
              engine::Batch b = checked_batch(*s, requests, std::string(notification), p->regions);
+             // What every submit would refuse is refused once, here (a region
+             // gone later is each submit's to say).
+             Status checked;
+             {
+               py::gil_scoped_release release;
+               checked = e->check(b);
+             }
+             ok_or_raise(checked);
              for (const auto& r : b.requests) p->bytes += r.length;
              p->deadlines_ms = deadlines_of(requests);
              p->with_deadlines = std::ranges::any_of(p->deadlines_ms, [](const auto& d) { return d.has_value(); });

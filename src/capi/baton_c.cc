@@ -558,6 +558,8 @@ int baton_prepare(baton_engine* handle, const baton_request* requests, size_t co
         rc != BATON_OK) {
       return rc;
     }
+    // baton_submit's refusals, once, here.
+    if (Status s = box.engine->check(b); !s.is_ok()) return fail(s);
     p->with_deadlines = std::ranges::any_of(p->deadlines, [](TimeNs d) { return d != 0; });
     p->batch = engine::PreparedBatch(std::move(b));
     std::lock_guard lock(box.prepared_mutex);

@@ -282,7 +282,12 @@ Result<transport::RegionHandle> Datapath::local_key(const Region& region) {
   return *key;
 }
 
-Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
+Status Datapath::check(const Batch& batch) {
+  auto checked = check_batch(batch);
+  return checked ? Status::ok() : checked.error();
+}
+
+auto Datapath::check_batch(const Batch& batch) -> Result<std::vector<Checked>> {
   if (batch.requests.empty()) return std::unexpected(Status::invalid_argument("submit: the batch is empty"));
   if (batch.notification.size() > transport::kMaxNotificationBytes) {
     return std::unexpected(Status::invalid_argument("submit: the notification has {} bytes (at most {})",
@@ -304,6 +309,13 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
           batch.requests[0].peer, i, batch.requests[i].peer));
     }
   }
+  return checked;
+}
+
+Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
+  auto made = check_batch(batch);
+  if (!made) return std::unexpected(made.error());
+  std::vector<Checked>& checked = *made;
   // Requests with no peer: both regions' keys with the GPU paths, now that
   // nothing in the batch is refused any more.
   for (std::size_t i = 0; i < checked.size(); ++i) {

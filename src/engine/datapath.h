@@ -47,6 +47,8 @@ class Datapath {
   void refresh(const Peer& peer, std::function<void(Status)> done);
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer) const;
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch, TimeNs now_ns);
+  // What submit would refuse of `batch`, without submitting it.
+  [[nodiscard]] Status check(const Batch& batch);
   // Into `out`, reusing its storage (a poll loop allocates nothing).
   [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out) const;
   [[nodiscard]] Status cancel(BatchHandle batch, TimeNs now_ns);
@@ -167,6 +169,8 @@ class Datapath {
     transport::RegionHandle target_key = 0;
   };
   [[nodiscard]] Result<Checked> check(const Request& r, std::size_t index);
+  // Every request of a batch, and the batch as a whole; nothing changes.
+  [[nodiscard]] Result<std::vector<Checked>> check_batch(const Batch& batch);
   // A request between two of this engine's regions, over the local GPU paths.
   [[nodiscard]] Result<Checked> check_local(const Request& r, RegionRecord& local);
   // The region's registration with the local GPU paths, made at its first use.

@@ -169,6 +169,11 @@ Result<BatchHandle> Engine::submit(PreparedBatch& batch) {
   return state_->submit(batch.batch_, &batch.resolved_);
 }
 
+Status Engine::check(const Batch& batch) {
+  if (state_->closed) return Status::unavailable("check: the engine shut down");
+  return state_->core->on_loop([&] { return state_->datapath->check(batch); });
+}
+
 Status Engine::run(const Batch& batch) {
   if (state_->closed) return Status::unavailable("run: the engine shut down");
   return finish_run(*this, state_->submit(batch, nullptr));

@@ -574,6 +574,24 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
   bad = reads[0];
   bad.deadline_ns = -1;
   EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  // What the engine refuses at submit (peers, regions, ranges, the batch as a
+  // whole), it refuses at prepare: a prepared id is never one whose every
+  // submit would fail.
+  bad = reads[0];
+  bad.length = 0;
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("length 0"), std::string::npos) << last_error();
+  bad = reads[0];
+  bad.local_region = 777;
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_NOT_FOUND);
+  bad = reads[0];
+  bad.peer = "127.0.0.1:1";
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_NOT_FOUND);
+  bad = reads[0];
+  bad.remote_offset = kBytes;
+  EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_OUT_OF_RANGE);
+  EXPECT_EQ(baton_prepare(local.handle, reads, 0, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("the batch is empty"), std::string::npos) << last_error();
   EXPECT_EQ(baton_submit_prepared(local.handle, 12345, &batch), BATON_NOT_FOUND);
   EXPECT_EQ(baton_unprepare(local.handle, 12345), BATON_NOT_FOUND);
 
@@ -629,8 +647,19 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
 // A caller that prepares and never unprepares is stopped at 65536, with
 // what to do; one unprepared makes room for one more.
 TEST(CApi, PreparedBatchesAreBoundedPerEngine) {
+  Engine target;
   Engine e;
-  const baton_request r = request(BATON_OP_READ, 1, "127.0.0.1:1", 1, 8);
+  baton_region served{};
+  ASSERT_EQ(baton_allocate_memory(target.handle, 4096, -1, &served), BATON_OK) << last_error();
+  ASSERT_EQ(baton_export_region(target.handle, served.handle, nullptr, 0), BATON_OK) << last_error();
+  std::vector<std::byte> buffer(4096);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &mine), BATON_OK)
+      << last_error();
+  char peer[64];
+  ASSERT_EQ(baton_connect(e.handle, target.address().c_str(), peer, sizeof peer, nullptr), BATON_OK) << last_error();
+  ASSERT_EQ(baton_refresh(e.handle, peer, 0), BATON_OK) << last_error();
+  const baton_request r = request(BATON_OP_READ, mine.handle, peer, served.handle, 8);
   std::uint64_t id = 0, first = 0;
   std::size_t held = 0;
   while (baton_prepare(e.handle, &r, 1, nullptr, 0, &id) == BATON_OK) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -1536,6 +1537,49 @@ TEST_P(UcxTransportTest, EventFdWakesAnArmedIdleTransport) {
 INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kDirectThreads, kRails, kRmaRails,
                                                                     kTcpThreads, kShmThreads, kRailsThreads, kRmaRailsThreads),
                          [](const ::testing::TestParamInfo<Flavor>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace baton::transport
+
+namespace baton::transport {
+namespace {
+
+std::string contents(FILE* f) {
+  std::string text;
+  std::rewind(f);
+  char chunk[4096];
+  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) text.append(chunk, n);
+  return text;
+}
+
+// UCX prints its log on stdout, where a program using Baton writes its own
+// output: from the first transport on, UCX's lines go to stderr.
+TEST(UcxLog, ItsWarningsGoToStderrNotStdout) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  FILE* out = std::tmpfile();
+  FILE* err = std::tmpfile();
+  ASSERT_TRUE(out != nullptr && err != nullptr);
+  const int saved_out = ::dup(STDOUT_FILENO), saved_err = ::dup(STDERR_FILENO);
+  ::dup2(::fileno(out), STDOUT_FILENO);
+  ::dup2(::fileno(err), STDERR_FILENO);
+  UcxConfig c;
+  c.tls = "tcp,no_such_transport";  // UCX warns about the second and goes on with the first
+  auto made = UcxTransport::create(c);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(saved_out, STDOUT_FILENO);
+  ::dup2(saved_err, STDERR_FILENO);
+  ::close(saved_out);
+  ::close(saved_err);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  const std::string said_out = contents(out), said_err = contents(err);
+  std::fclose(out);
+  std::fclose(err);
+  EXPECT_EQ(said_out.find("no_such_transport"), std::string::npos) << said_out;
+  EXPECT_NE(said_err.find("UCX WARN"), std::string::npos) << said_err;
+  EXPECT_NE(said_err.find("'no_such_transport' is not available"), std::string::npos) << said_err;
+}
 
 }  // namespace
 }  // namespace baton::transport

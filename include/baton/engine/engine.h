@@ -235,6 +235,10 @@ class Engine {
   // ended when submit returns (docs/engine.md, "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
   [[nodiscard]] Result<BatchHandle> submit(PreparedBatch& batch);
+  // What submit() would refuse of `batch`, with the same Status, without
+  // submitting it (ok when submit would take it as things stand): a batch
+  // prepared once is checked once, where it is made.
+  [[nodiscard]] Status check(const Batch& batch);
   // submit(), wait() and release() in one call, for a caller that waits
   // anyway (a decode step's one block): ok once every request completed,
   // else the first failed request's status (each request's timeout bounds

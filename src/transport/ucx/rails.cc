@@ -2,6 +2,7 @@
 // context and worker, its active-message handlers and error callbacks,
 // progress, handshake messages, endpoint closes, a failing rail, teardown.
 #include "transport/ucx/state.h"
+#include "transport/ucx/ucx_log.h"
 
 namespace baton::transport {
 
@@ -16,6 +17,7 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
     if (rail.context != nullptr) ucp_cleanup(rail.context);
     return std::unexpected(std::move(why));
   };
+  ucx::log_to_stderr();  // before UCX reads its settings, which it may warn about
   ucp_config_t* ucp_config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucp_config); s != UCS_OK) {
     return fail(ucx_failure("UcxTransport::create", "ucp_config_read", s));
@@ -153,7 +155,16 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   // A slice's bytes are kept where UCX assembled them, not copied again
   // (over TCP this copy, into fresh memory, cost more than the socket).
   const bool lend = length > 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+  if constexpr (kKind == MessageKind::kReadData) {
+    // Over TCP UCX lends nothing: a read's answer goes straight into place.
+    if (!lend) in.placed = state->place_read_answer(in.header, std::span(d, length));
+    in.placed_wire_bytes = length;
+  }
   const auto recording = state->record();
+  if (in.placed) {
+    state->inbox.push_back(std::move(in));
+    return UCS_OK;
+  }
   if (lend) {
     in.held = HeldAmData(data, ReleaseAmData{handler.worker});
     in.payload = std::span(d, length);
