@@ -154,17 +154,11 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   if (header_length > 0) in.header.assign(h, h + header_length);
   // A slice's bytes are kept where UCX assembled them, not copied again
   // (over TCP this copy, into fresh memory, cost more than the socket).
+  // A message UCX does not lend (TCP's single-segment ones) is copied into
+  // a pooled buffer: copying a read's answer straight into place here
+  // instead saved that copy and measured no faster (docs/results.md).
   const bool lend = length > 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
-  if constexpr (kKind == MessageKind::kReadData) {
-    // Over TCP UCX lends nothing: a read's answer goes straight into place.
-    if (!lend) in.placed = state->place_read_answer(in.header, std::span(d, length));
-    in.placed_wire_bytes = length;
-  }
   const auto recording = state->record();
-  if (in.placed) {
-    state->inbox.push_back(std::move(in));
-    return UCS_OK;
-  }
   if (lend) {
     in.held = HeldAmData(data, ReleaseAmData{handler.worker});
     in.payload = std::span(d, length);

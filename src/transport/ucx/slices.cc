@@ -450,7 +450,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
 
 // The initiator's side: the holder answered slice `seq` on `lane`.
 void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind kind, const Result<SliceDescriptor>& d,
-                                      std::span<const std::uint8_t> data, std::size_t wire_bytes, bool placed) {
+                                      std::span<const std::uint8_t> data, std::size_t wire_bytes) {
   const auto it = slices.find(seq);
   if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path ||
       (kind == MessageKind::kReadData) != (it->second->submit.memory.op == Op::kRead)) {
@@ -477,8 +477,7 @@ void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind
                                                                op.submit.bytes));
       return;
     }
-    if (Status s = placed ? Status::ok() : unpack(*d, data, static_cast<std::byte*>(op.submit.memory.local));
-        !s.is_ok()) {
+    if (Status s = unpack(*d, data, static_cast<std::byte*>(op.submit.memory.local)); !s.is_ok()) {
       finish_compressed(op, UCS_ERR_INVALID_PARAM, s.message());
       return;
     }
@@ -486,32 +485,7 @@ void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind
   finish_compressed(op, UCS_OK, {});
 }
 
-std::optional<SliceDescriptor> UcxTransport::State::place_read_answer(std::span<const std::uint8_t> header_bytes,
-                                                                      std::span<const std::uint8_t> payload) {
-  const auto header = ucx::decode_header(header_bytes);
-  if (!header) return std::nullopt;
-  Lane* lane = lane_of(*header);
-  const auto it = slices.find(header->seq);
-  if (lane == nullptr || it == slices.end() || !it->second->awaiting_reply || it->second->submit.path != lane->path ||
-      it->second->submit.memory.op != Op::kRead) {
-    return std::nullopt;
-  }
-  const SliceOp& op = *it->second;
-  std::size_t at = 0;
-  const auto d = ucx::decode_slice(payload, at);
-  if (!d || d->failed != 0 || d->codec != WireCodec::kRaw || d->payload_len != op.submit.bytes ||
-      payload.size() - at != d->payload_len) {
-    return std::nullopt;
-  }
-  std::memcpy(op.submit.memory.local, payload.data() + at, d->payload_len);
-  return *d;
-}
-
 void UcxTransport::State::handle_slice_reply(const Inbound& in, const MessageHeader& header) {
-  if (in.placed) {
-    take_answer(lane_of(header), header.seq, in.kind, *in.placed, {}, in.placed_wire_bytes, /*placed=*/true);
-    return;
-  }
   std::size_t at = 0;
   auto d = ucx::decode_slice(in.payload, at);
   take_answer(lane_of(header), header.seq, in.kind, d, in.payload.subspan(d ? at : 0), in.payload.size());

@@ -354,10 +354,6 @@ struct UcxTransport::State {
     std::span<const std::uint8_t> payload;  // into `held` or `copy`
     HeldAmData held;
     std::vector<std::uint8_t> copy;  // when UCX could not lend it
-    // A raw read answer the callback already copied into its slice's memory
-    // (place_read_answer): its descriptor and size on the wire, no payload.
-    std::optional<SliceDescriptor> placed;
-    std::size_t placed_wire_bytes = 0;
   };
 
   UcxConfig config;
@@ -579,15 +575,7 @@ struct UcxTransport::State {
   void handle_slice_request(const Inbound& in, const MessageHeader& header);
   void handle_bundle(const Inbound& in, const MessageHeader& header);
   void take_answer(Lane* lane, std::uint64_t seq, MessageKind kind, const Result<SliceDescriptor>& d,
-                   std::span<const std::uint8_t> data, std::size_t wire_bytes, bool placed = false);
-  // From a read answer's callback: when take_answer would accept it as a raw
-  // answer of the right size, copies its bytes from UCX's buffer into the
-  // slice's memory and returns the descriptor — one copy, where buffering
-  // the message for the loop made two. It reads the slice table and writes
-  // only that memory: the table changes in calls into the transport, which
-  // no callback overlaps (the loop runs them, or holds every rail).
-  std::optional<SliceDescriptor> place_read_answer(std::span<const std::uint8_t> header,
-                                                   std::span<const std::uint8_t> payload);
+                   std::span<const std::uint8_t> data, std::size_t wire_bytes);
   void handle_slice_reply(const Inbound& in, const MessageHeader& header);
   void handle_bundle_reply(const Inbound& in, const MessageHeader& header);
   Lane* lane_of(const MessageHeader& header);
