@@ -9,6 +9,7 @@
 #include "baton/c/baton.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <deque>
@@ -135,7 +136,6 @@ struct EngineBox {
   std::deque<baton::transport::Notification> notifications;
   std::mutex prepared_mutex;
   std::unordered_map<std::uint64_t, std::shared_ptr<Prepared>> prepared;
-  std::uint64_t next_prepared = 1;
 };
 
 // Handles start at a random value and step by a large odd number: a
@@ -567,7 +567,9 @@ int baton_prepare(baton_engine* handle, const baton_request* requests, size_t co
       return fail(Status::resource_exhausted("baton_prepare: {} prepared batches held (baton_unprepare the unused)",
                                              kMaxPrepared));
     }
-    const std::uint64_t id = box.next_prepared++;
+    // Unique in the process: another engine's id is not_found here.
+    static std::atomic<std::uint64_t> next_prepared{1};
+    const std::uint64_t id = next_prepared.fetch_add(1, std::memory_order_relaxed);
     box.prepared.emplace(id, std::move(p));
     *prepared = id;
     return BATON_OK;

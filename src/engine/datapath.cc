@@ -16,6 +16,14 @@ namespace {
 // Entries a thread keeps of submit_direct's scratch between batches.
 constexpr std::size_t kScratchKept = 4096;
 
+// Batch ids are unique in the process, not per engine: another engine's
+// handle is not_found here, where a per-engine count named (and could
+// release) a batch of this one.
+std::uint64_t next_batch_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 bool ended_state(sched::RequestState s) {
   return s != sched::RequestState::kQueued && s != sched::RequestState::kRunning;
 }
@@ -160,7 +168,7 @@ Result<transport::PathId> Datapath::live_path(const std::string& peer) const {
     return std::unexpected(Status::not_found(
         "no peer \"{}\" (connect() to it first; a peer is named by the address connect() returned: "
         "\"localhost:7000\" is \"127.0.0.1:7000\")",
-        peer));
+        shown(peer)));  // the caller's string, maybe huge or binary
   }
   if (Status s = ucx_.path_status(it->second); !s.is_ok()) return std::unexpected(s);
   return it->second;
@@ -328,7 +336,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     }
     checked[i].target_key = *theirs;
   }
-  const std::uint64_t id = next_batch_++;
+  const std::uint64_t id = next_batch_id();
   // The record exists before its requests are admitted: a request may end
   // during admission (infeasible at once, with a recompute callback) and
   // its finish must find its batch. `open` holds one extra count until
@@ -439,7 +447,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   if (deadlines && resolved != nullptr) resolved->generation = 0;
   const TimeNs done_ns = clock_ ? clock_() : now_ns;
 
-  const std::uint64_t id = next_batch_.fetch_add(1);
+  const std::uint64_t id = next_batch_id();
   EndedNode node = spare_ended_node();
   Ended& ended = node.mapped();
   ended.clean = true;

@@ -197,7 +197,6 @@ class Datapath {
   std::unordered_map<std::string, transport::PathId> peers_;  // address → latest path
   std::unordered_map<std::uint64_t, BatchRecord> batches_;
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
-  std::atomic<std::uint64_t> next_batch_{1};
   std::atomic<std::uint64_t> loop_requests_{0};  // submitted through the loop, not yet ended
   // Direct batches' counts, per op (read, write), added on the submitting
   // threads; the loop adds what grew since direct_flushed_ to the metrics.

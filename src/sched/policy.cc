@@ -112,7 +112,9 @@ class PolicyReader {
 
   static std::string describe(const YAML::Node& node) {
     switch (node.Type()) {
-      case YAML::NodeType::Scalar: return fmt::format("\"{}\"", node.Scalar());
+      // Shortened: a file read by mistake (--policy-file /etc/passwd) is one
+      // scalar, not echoed whole.
+      case YAML::NodeType::Scalar: return fmt::format("\"{}\"", shown(node.Scalar()));
       case YAML::NodeType::Sequence: return "a sequence";
       case YAML::NodeType::Map: return "a mapping";
       default: return "nothing";

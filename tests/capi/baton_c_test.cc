@@ -644,6 +644,58 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
   EXPECT_EQ(baton_unprepare(local.handle, prepared), BATON_NOT_FOUND);
 }
 
+// Region handles, batch ids and prepared ids are unique in the process: one
+// engine's, named to another, is not_found there. They were per-engine
+// counts, so engine B's first region was engine A's first region too, and a
+// read "into B's region" submitted to A landed in A's buffer.
+TEST(CApi, AnotherEnginesHandlesAreNotFoundHere) {
+  Engine target;
+  Engine a;
+  Engine b;
+  baton_region served{};
+  ASSERT_EQ(baton_allocate_memory(target.handle, 4096, -1, &served), BATON_OK) << last_error();
+  ASSERT_EQ(baton_export_region(target.handle, served.handle, nullptr, 0), BATON_OK) << last_error();
+  std::vector<std::byte> in_a(4096), in_b(4096);
+  baton_region ra{}, rb{};
+  ASSERT_EQ(baton_register_memory(a.handle, in_a.data(), in_a.size(), BATON_MEMORY_DRAM, -1, &ra), BATON_OK);
+  ASSERT_EQ(baton_register_memory(b.handle, in_b.data(), in_b.size(), BATON_MEMORY_DRAM, -1, &rb), BATON_OK);
+  EXPECT_NE(ra.handle, rb.handle);
+  char peer[64];
+  ASSERT_EQ(baton_connect(a.handle, target.address().c_str(), peer, sizeof peer, nullptr), BATON_OK) << last_error();
+  ASSERT_EQ(baton_refresh(a.handle, peer, 0), BATON_OK) << last_error();
+  const baton_request wrong = request(BATON_OP_READ, rb.handle, peer, served.handle, 4096);
+  EXPECT_EQ(baton_run(a.handle, &wrong, 1, nullptr, 0), BATON_NOT_FOUND) << last_error();
+  std::uint64_t prepared = 0;
+  EXPECT_EQ(baton_prepare(a.handle, &wrong, 1, nullptr, 0, &prepared), BATON_NOT_FOUND) << last_error();
+  // A batch and a prepared batch of A, named to B.
+  const baton_request right = request(BATON_OP_READ, ra.handle, peer, served.handle, 4096);
+  std::uint64_t batch = 0;
+  ASSERT_EQ(baton_submit(a.handle, &right, 1, nullptr, 0, &batch), BATON_OK) << last_error();
+  ASSERT_EQ(baton_prepare(a.handle, &right, 1, nullptr, 0, &prepared), BATON_OK) << last_error();
+  EXPECT_EQ(baton_wait(b.handle, batch, 0), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_release(b.handle, batch), BATON_NOT_FOUND);
+  EXPECT_EQ(baton_unprepare(b.handle, prepared), BATON_NOT_FOUND);
+  ASSERT_EQ(baton_wait(a.handle, batch, 20 * kSecond), BATON_OK) << last_error();
+  EXPECT_EQ(baton_release(a.handle, batch), BATON_OK) << last_error();
+  EXPECT_EQ(baton_unprepare(a.handle, prepared), BATON_OK) << last_error();
+}
+
+// The caller's peer string is echoed shortened: a 1 MiB one made a 1 MiB
+// message.
+TEST(CApi, AHugePeerNameIsShownShortened) {
+  Engine e;
+  std::vector<std::byte> buffer(4096);
+  baton_region mine{};
+  ASSERT_EQ(baton_register_memory(e.handle, buffer.data(), buffer.size(), BATON_MEMORY_DRAM, -1, &mine), BATON_OK);
+  const std::string huge(1 << 20, 'p');
+  const baton_request r = request(BATON_OP_READ, mine.handle, huge.c_str(), 1, 8);
+  EXPECT_EQ(baton_run(e.handle, &r, 1, nullptr, 0), BATON_NOT_FOUND);
+  EXPECT_NE(last_error().find("(1048576 bytes)"), std::string::npos) << last_error().substr(0, 300);
+  EXPECT_LT(last_error().size(), 400u);
+  EXPECT_EQ(baton_refresh(e.handle, huge.c_str(), 0), BATON_NOT_FOUND);
+  EXPECT_LT(last_error().size(), 400u);
+}
+
 // A caller that prepares and never unprepares is stopped at 65536, with
 // what to do; one unprepared makes room for one more.
 TEST(CApi, PreparedBatchesAreBoundedPerEngine) {

@@ -381,6 +381,10 @@ TEST(SchedPolicyParse, DocumentMustBeAMapping) {
   EXPECT_EQ(error_for("# a comment\n\ndeadline_aware\n"),
             "<string>:3: expected a mapping of policy keys, got \"deadline_aware\"");
   EXPECT_EQ(error_for("42\n"), "<string>:1: expected a mapping of policy keys, got \"42\"");
+  // A file read by mistake is one long scalar: shown shortened, not whole.
+  const std::string text = error_for(std::string(5000, 'x') + "\n");
+  EXPECT_NE(text.find("… (5000 bytes)"), std::string::npos) << text;
+  EXPECT_LT(text.size(), 200u) << text;
 }
 
 TEST(SchedPolicyParse, OneDocumentPerFile) {

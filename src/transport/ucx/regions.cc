@@ -124,7 +124,13 @@ Result<RegionHandle> UcxTransport::State::map_region(void* addr, std::size_t len
 
 RegionHandle UcxTransport::State::add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
                                              std::shared_ptr<UcxTransport::StagedAccess> staged) {
-  region.handle = next_region++;
+  // Unique in the process, not per engine: another engine's handle named
+  // here is not_found, where a per-engine count named a region of this one
+  // and moved bytes into the wrong buffer. Never 0 or ~0 (no target).
+  static std::atomic<RegionHandle> next{1};
+  do {
+    region.handle = next.fetch_add(1, std::memory_order_relaxed);
+  } while (region.handle == 0 || region.handle == ~RegionHandle{0} || region_base.contains(region.handle));
   region.base = reinterpret_cast<std::uintptr_t>(addr);
   region.length = length;
   region.kind = kind;

@@ -368,7 +368,6 @@ struct UcxTransport::State {
 
   std::map<std::uintptr_t, LocalRegion> regions;  // by base address
   std::map<RegionHandle, std::uintptr_t> region_base;
-  RegionHandle next_region = 1;  // 0 is never a region: a default remote_key fails
 
   std::vector<Peer> peers;  // by PathId
   std::vector<PathInfo> infos;
