@@ -500,7 +500,7 @@ def test_views_of_allocated_memory_stay_valid_and_regions_stay_with_their_engine
         mine = np.zeros(1 << 20, dtype=np.uint8)
         theirs = np.zeros(1 << 20, dtype=np.uint8)
         r1, r2 = e1.register(mine), e2.register(theirs)
-        assert r1.handle == r2.handle  # the same number in each engine
+        assert r1.handle != r2.handle  # unique in the process (they were the same number in each engine)
         peer = e1.connect(holder.address)
         with pytest.raises(baton.InvalidArgument, match="another engine"):
             e1.read(local=r2, peer=peer, remote=holder.handle, length=16)
