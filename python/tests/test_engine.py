@@ -39,6 +39,15 @@ class Holder:
         self.proc.stdin.flush()
         return self.proc.stdout.readline().split()
 
+    def stop(self):
+        """SIGSTOPs the holder (it stops itself, between two commands)."""
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.flush()
+        time.sleep(0.2)
+
+    def resume(self):
+        self.proc.send_signal(18)  # SIGCONT
+
     def close(self):
         if self.proc.poll() is None:
             try:
@@ -381,9 +390,7 @@ def test_timeout_waiting_and_metrics(holder):
     engine = baton.Engine(same_host_copy=False)
     peer = engine.connect(holder.address)
     local = engine.register(np.zeros(SIZE, dtype=np.uint8))
-    holder.proc.stdin.write("stop\n")
-    holder.proc.stdin.flush()
-    time.sleep(0.2)
+    holder.stop()
     try:
         batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=SIZE)])
         with pytest.raises(TimeoutError):
@@ -393,7 +400,7 @@ def test_timeout_waiting_and_metrics(holder):
         with pytest.raises(baton.Timeout, match="read: not done within 0.2.* s; the request was cancelled"):
             engine.read(local=local, peer=peer, remote=holder.handle, length=SIZE, timeout=0.2)
     finally:
-        holder.proc.send_signal(18)  # SIGCONT
+        holder.resume()
     batch.wait(timeout=30)
     assert "baton_engine_batches_total" in engine.metrics_text()
     engine.close()
@@ -639,9 +646,7 @@ def test_ctrl_c_interrupts_a_blocked_wait_and_read(holder):
     peer = engine.connect(holder.address)
     for_batch, for_read = np.zeros(SIZE, dtype=np.uint8), np.zeros(SIZE, dtype=np.uint8)
     batch_region, read_region = engine.register(for_batch), engine.register(for_read)
-    holder.proc.stdin.write("stop\n")
-    holder.proc.stdin.flush()
-    time.sleep(0.2)
+    holder.stop()
     try:
         batch = engine.submit([baton.Request(op="read", local=batch_region, peer=peer, remote=holder.handle,
                                              length=SIZE)])
@@ -654,7 +659,7 @@ def test_ctrl_c_interrupts_a_blocked_wait_and_read(holder):
             engine.read(local=read_region, peer=peer, remote=holder.handle, length=SIZE)
         batch.cancel()
     finally:
-        holder.proc.send_signal(18)  # SIGCONT
+        holder.resume()
     with pytest.raises(baton.Cancelled):
         batch.wait(timeout=30)  # a slice under way may land before it ends; nothing after
     landed = for_batch.copy()
@@ -1000,9 +1005,7 @@ def test_a_read_past_its_timeout_from_a_stopped_peer_ends_with_the_stall_timeout
     peer = engine.connect(holder.address)
     local = np.zeros(SIZE, dtype=np.uint8)
     region = engine.register(local)
-    holder.proc.stdin.write("stop\n")
-    holder.proc.stdin.flush()
-    time.sleep(0.2)
+    holder.stop()
     try:
         start = time.monotonic()
         with pytest.raises(baton.Timeout, match=r"not done within 0.2 s; the request was cancelled [0-9.]+ s later.*"
@@ -1010,7 +1013,7 @@ def test_a_read_past_its_timeout_from_a_stopped_peer_ends_with_the_stall_timeout
             engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE, timeout=0.2)
         took = time.monotonic() - start
     finally:
-        holder.proc.send_signal(18)  # SIGCONT
+        holder.resume()
     assert took < 8  # the engine's 1 s stall timeout, not the 10 s default
     landed = local.copy()
     time.sleep(0.3)  # the holder, running again, answers what it was asked before it stopped
@@ -1025,9 +1028,7 @@ def test_an_await_given_up_lets_a_dropped_engine_close(holder):
     address = engine.address
     peer = engine.connect(holder.address)
     region = engine.register(np.zeros(SIZE, dtype=np.uint8))
-    holder.proc.stdin.write("stop\n")
-    holder.proc.stdin.flush()
-    time.sleep(0.2)
+    holder.stop()
     try:
         batch = engine.submit([baton.Request(op="read", local=region, peer=peer, remote=holder.handle, length=SIZE)])
 
@@ -1039,7 +1040,7 @@ def test_an_await_given_up_lets_a_dropped_engine_close(holder):
         assert not any(of is engine for _, of in baton._wakers)
         batch.cancel()
     finally:
-        holder.proc.send_signal(18)  # SIGCONT
+        holder.resume()
     with pytest.raises(baton.Cancelled):
         batch.wait(timeout=30)
     batch.release()
