@@ -5,6 +5,7 @@ import gc
 import hashlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -1001,24 +1002,48 @@ def test_a_read_past_its_timeout_from_a_stopped_peer_ends_with_the_stall_timeout
         baton.Engine(stall_timeout=-1)
     with pytest.raises(baton.InvalidArgument, match="stall_timeout"):
         baton.Engine(stall_timeout=float("nan"))
-    engine = baton.Engine(same_host_copy=False, stall_timeout=1)
-    peer = engine.connect(holder.address)
-    local = np.zeros(SIZE, dtype=np.uint8)
-    region = engine.register(local)
+    # Two engines reading from the same stopped holder: the one with the
+    # shorter stall timeout gives up first (an ordering, not a time).
+    engines = {t: baton.Engine(same_host_copy=False, stall_timeout=t) for t in (1, 4)}
+    peers = {t: e.connect(holder.address) for t, e in engines.items()}
+    buffers = {t: np.zeros(SIZE, dtype=np.uint8) for t in engines}
+    regions = {t: engines[t].register(buffers[t]) for t in engines}
+    ended, raised = [], {}
+
+    def read(t):
+        try:
+            engines[t].read(local=regions[t], peer=peers[t], remote=holder.handle, length=SIZE, timeout=0.2)
+        except baton.BatonError as e:
+            raised[t] = e
+        ended.append(t)
+
     holder.stop()
     try:
-        start = time.monotonic()
-        with pytest.raises(baton.Timeout, match=r"not done within 0.2 s; the request was cancelled [0-9.]+ s later.*"
-                                                r"stall_timeout.*nothing more lands"):
-            engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE, timeout=0.2)
-        took = time.monotonic() - start
+        threads = [threading.Thread(target=read, args=(t,)) for t in engines]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
     finally:
         holder.resume()
-    assert took < 8  # the engine's 1 s stall timeout, not the 10 s default
-    landed = local.copy()
+    assert ended == [1, 4]
+    later = {}
+    for t in engines:
+        assert isinstance(raised[t], baton.Timeout), raised[t]
+        said = re.search(r"not done within 0.2 s; the request was cancelled ([0-9.]+) s later.*stall_timeout.*"
+                         r"nothing more lands", str(raised[t]))
+        assert said, str(raised[t])
+        later[t] = float(said.group(1))
+    assert later[4] > 2 * later[1], later  # each waited its own stall timeout
+    # What ended them was the stall timeout: the path failed, and stays
+    # failed though the holder runs again; nothing landed after the read.
+    with pytest.raises(baton.Unavailable):
+        engines[1].read(local=regions[1], peer=peers[1], remote=holder.handle, length=SIZE, timeout=5)
+    landed = {t: b.copy() for t, b in buffers.items()}
     time.sleep(0.3)  # the holder, running again, answers what it was asked before it stopped
-    assert np.array_equal(local, landed)
-    engine.close()
+    for t in engines:
+        assert np.array_equal(buffers[t], landed[t])
+        engines[t].close()
 
 
 def test_an_await_given_up_lets_a_dropped_engine_close(holder):
