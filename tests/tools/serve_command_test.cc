@@ -726,8 +726,9 @@ TEST(ServeNics, ABadNicIsRefusedByNameAndASpawnedServeThatRefusesItIsReportedAsE
   EXPECT_NE(r.err.find("refused the settings passed on to it"), std::string::npos) << r.err;
 }
 
-// UCX prints its warnings on stdout, where a spawned serve gives its
-// address: lines before the address are passed on, not taken for it.
+// UCX printed its warnings on stdout, where a spawned serve gives its
+// address (the library now sends them to stderr): lines before the address
+// are passed on, not taken for it.
 TEST(ServeChildStart, UcxWarningsBeforeTheAddressAreSkipped) {
   ASSERT_EQ(::setenv("UCX_BATON_TEST_NO_SUCH_SETTING", "1", 1), 0);  // UCX warns: an unused variable
   auto child = ServeChild::start({"--buffer-size", "1MiB"}, BATON_BINARY);
@@ -737,8 +738,8 @@ TEST(ServeChildStart, UcxWarningsBeforeTheAddressAreSkipped) {
   EXPECT_TRUE(child->stop().is_ok());
 }
 
-// At the source: serve keeps stdout for its own lines, and UCX's warnings
-// go to stderr, so a parent that reads the first line gets the address.
+// At the source: the library sends UCX's warnings to stderr, so a parent
+// that reads serve's first line gets the address.
 TEST(ServeCommand, UcxWarningsGoToStderrAndStdoutStartsWithTheAddress) {
   const std::string command = std::string("UCX_BATON_TEST_NO_SUCH_SETTING=1 exec timeout -s TERM 2 ") + BATON_BINARY +
                               " serve --buffer-size 1MiB 2>/dev/null";

@@ -93,8 +93,7 @@ json overhead_ci95(const std::vector<WaveTimes>& waves) {
 }
 
 // A figure or null (the report says "n/a"): a sample that is empty has none.
-template <typename Maybe>  // std::optional<double> or Result<double>
-json or_null(const Maybe& v) {
+json or_null(const Result<double>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
@@ -600,8 +599,8 @@ int Bench::run() {
          {"waves_ms", waves_ms(waves)},
          {"pages_leaked", leaked},
          {"pages_of_failed_consumers", stopped_pages},
-         {"p50_ms", or_null(summary ? std::optional(summary->p50) : std::nullopt)},
-         {"p99_ms", or_null(summary ? std::optional(summary->p99) : std::nullopt)},
+         {"p50_ms", summary ? json(summary->p50) : json(nullptr)},
+         {"p99_ms", summary ? json(summary->p99) : json(nullptr)},
          {"statuses", statuses_json},
          {"pages_retained_peak", retained_peak_},
          {"pages_retained_at_end", retained_at_end},

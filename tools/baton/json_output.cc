@@ -11,34 +11,20 @@
 namespace baton::cli {
 namespace {
 
-int kept_fd = -1;  // the process's stdout, once keep_stdout() moved the rest to stderr
+int json_fd = -1;  // the process's stdout, once prepare_json_output("-") moved the rest to stderr
 
 }  // namespace
 
-Status keep_stdout() {
-  if (kept_fd >= 0) return Status::ok();
-  std::fflush(stdout);
-  kept_fd = ::dup(STDOUT_FILENO);
-  if (kept_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
-    return Status::unavailable("cannot set stdout aside for the command's output");
-  }
-  return Status::ok();
-}
-
-Status write_kept_stdout(std::string_view text) {
-  std::fflush(stdout);
-  const int fd = kept_fd >= 0 ? kept_fd : STDOUT_FILENO;
-  for (std::size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n <= 0) return Status::unavailable("cannot write to stdout");
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
 Status prepare_json_output(const std::string& path) {
   if (path.empty()) return Status::invalid_argument("--json \"\": an empty path (- for stdout)");
-  if (path == "-") return keep_stdout();
+  if (path == "-") {
+    std::fflush(stdout);
+    json_fd = ::dup(STDOUT_FILENO);
+    if (json_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+      return Status::unavailable("--json -: cannot set stdout aside for the JSON");
+    }
+    return Status::ok();
+  }
   return check_output_file("--json", path);
 }
 
@@ -63,7 +49,20 @@ Status check_output_file(std::string_view flag, const std::string& path) {
 
 Status write_json_output(const std::string& json, const std::string& path) {
   if (path.empty()) return Status::ok();
-  if (path == "-") return write_kept_stdout(json + "\n");
+  if (path == "-") {
+    if (json_fd < 0) {
+      fmt::print("{}\n", json);
+      return Status::ok();
+    }
+    std::fflush(stdout);
+    const std::string text = json + "\n";
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(json_fd, text.data() + done, text.size() - done);
+      if (n <= 0) return Status::unavailable("cannot write JSON to stdout");
+      done += static_cast<std::size_t>(n);
+    }
+    return Status::ok();
+  }
   std::ofstream out(path);
   out << json << "\n";
   out.close();

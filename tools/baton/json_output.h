@@ -8,14 +8,6 @@
 
 namespace baton::cli {
 
-// From here stdout is kept for what write_kept_stdout writes (a JSON, the
-// "address HOST:PORT" lines a parent reads), and whatever else writes to
-// it (UCX's warnings, a library's prints) goes to stderr. unavailable when
-// the descriptors cannot be moved.
-[[nodiscard]] Status keep_stdout();
-// Writes `text` to the kept stdout (stdout itself before keep_stdout).
-[[nodiscard]] Status write_kept_stdout(std::string_view text);
-
 // Before a command runs (main.cc): with "-", stdout is kept for the JSON
 // alone, and what the command prints for people (UCX's warnings too) goes
 // to stderr; a PATH whose directory is missing or not writable is refused

@@ -13,7 +13,6 @@
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
 #include "commands.h"
-#include "json_output.h"
 #include "serve_child.h"
 #include "ucx_options.h"
 
@@ -46,8 +45,6 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  // A parent reads the lines below from stdout: UCX's warnings go to stderr.
-  if (Status s = keep_stdout(); !s.is_ok()) return fail_command("serve", s);
   engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.metrics_address = o.metrics_address;
   auto engine = engine::Engine::create(config);
@@ -79,10 +76,10 @@ int run_serve(const ServeOptions& o) {
     engine::fill_pattern(buffer.subspan(at, std::min(kSlice, buffer.size() - at)), kServeSalt, at);
   }
   if (Status s = (*engine)->export_region(region->handle, o.export_to); !s.is_ok()) return fail_command("serve", s);
-  std::string lines = fmt::format("address {}\nregion {} bytes {}\n", (*engine)->address(), region->handle,
-                                  region->length);
-  if (!(*engine)->metrics_address().empty()) lines += fmt::format("metrics http://{}/metrics\n", (*engine)->metrics_address());
-  if (Status s = write_kept_stdout(lines); !s.is_ok()) return fail_command("serve", s);
+  fmt::print("address {}\n", (*engine)->address());
+  fmt::print("region {} bytes {}\n", region->handle, region->length);
+  if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
+  std::fflush(stdout);
 
   int signal = 0;
   sigwait(&stop, &signal);

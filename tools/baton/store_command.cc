@@ -20,7 +20,6 @@
 #include "baton/store/directory.h"
 #include "baton/store/service.h"
 #include "commands.h"
-#include "json_output.h"
 #include "ucx_options.h"
 
 namespace baton::cli {
@@ -134,8 +133,6 @@ int run_store(const StoreOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  // A parent reads the lines below from stdout: UCX's warnings go to stderr.
-  if (Status s = keep_stdout(); !s.is_ok()) return fail(1, s.to_string());
   engine::EngineConfig config;
   config.ucx = o.ucx;
   config.ucx.listen_address = o.engine_listen;
@@ -173,9 +170,10 @@ int run_store(const StoreOptions& o) {
     if (auto s = (*d)->register_store(record, *lease); !s.is_ok()) return fail(1, s.to_string());
     directory = std::move(*d);
   }
-  std::string lines = fmt::format("address {}\nengine {}\n", (*server)->address(), (*engine)->address());
-  if (!(*engine)->metrics_address().empty()) lines += fmt::format("metrics http://{}/metrics\n", (*engine)->metrics_address());
-  if (Status s = write_kept_stdout(lines); !s.is_ok()) return fail(1, s.to_string());
+  fmt::print("address {}\n", (*server)->address());
+  fmt::print("engine {}\n", (*engine)->address());
+  if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
+  std::fflush(stdout);
 
   int signal = 0;
   sigwait(&stop, &signal);
