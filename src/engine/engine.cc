@@ -91,6 +91,10 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
 std::string Engine::address() const { return state_->core->ucx->address(); }
 int Engine::batch_event_fd() const { return state_->datapath->ended_fd(); }
 
+std::vector<std::pair<std::string, std::string>> Engine::ucx_settings() const {
+  return state_->core->ucx->ucx_settings();  // fixed once created: no loop round trip
+}
+
 std::string Engine::metrics_address() const { return state_->http ? state_->http->address() : std::string{}; }
 
 Result<Region> Engine::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {

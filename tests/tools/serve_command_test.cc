@@ -558,6 +558,10 @@ TEST(BenchThroughput, RefusesBadInput) {
   EXPECT_EQ(run_baton("bench throughput --spawn --block-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --duration -1s").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --blocks 0").exit_code, 2);
+  EXPECT_EQ(run_baton("bench throughput --spawn --tcp-socket-buffer lots").exit_code, 2);
+  const CommandRun small = run_baton("bench throughput --spawn --tcp-socket-buffer 4KiB");
+  EXPECT_EQ(small.exit_code, 2);
+  EXPECT_NE(small.err.find("--tcp-socket-buffer 4KiB: expected 0"), std::string::npos) << small.err;
   const CommandRun idle = run_baton("bench throughput --spawn --batch-size 4 --blocks 5");
   EXPECT_EQ(idle.exit_code, 2);
   EXPECT_NE(idle.err.find("--blocks 5 exceeds --batch-size 4"), std::string::npos) << idle.err;
@@ -569,6 +573,29 @@ TEST(BenchThroughput, RefusesBadInput) {
   const CommandRun r = run_baton("bench throughput --target 127.0.0.1:1 --duration 100ms");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;
+}
+
+// The JSON lists the UCX settings the engine chose (what scripts/bench-vs-perftest
+// gives ucx_perftest): the TCP segment, and the socket buffers unless
+// --tcp-socket-buffer 0 leaves them to the kernel (or the kernel's cap is lower).
+TEST(BenchThroughput, ItsJsonListsTheUcxSettingsTheEngineChose) {
+  std::uint64_t cap = 0;
+  std::ifstream("/proc/sys/net/core/rmem_max") >> cap;
+  // The option, and the receive buffer it sets (0: none, the autotuning).
+  for (const auto& [option, expected] : {std::pair<std::string, std::uint64_t>{"", 1 << 20},
+                                         {" --tcp-socket-buffer 0", 0},
+                                         {" --tcp-socket-buffer 128KiB", 128 << 10}}) {
+    SCOPED_TRACE(option);
+    const CommandRun r = run_baton("bench throughput --spawn --ucx-tls tcp --no-same-host-copy --block-size 64KiB "
+                                   "--duration 100ms --json -" + option);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json settings = json_of(r)["ucx_settings"];
+    EXPECT_EQ(settings.value("UCX_TCP_RX_SEG_SIZE", ""), "524288") << settings.dump();
+    EXPECT_EQ(settings.value("UCX_TCP_TX_SEG_SIZE", ""), "524288") << settings.dump();
+    if (std::getenv("UCX_TCP_RCVBUF") != nullptr) continue;  // the environment's, not listed
+    const bool set = expected != 0 && cap >= expected;
+    EXPECT_EQ(settings.value("UCX_TCP_RCVBUF", ""), set ? std::to_string(expected) : "") << settings.dump();
+  }
 }
 
 TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {

@@ -103,6 +103,9 @@ int run_latency(const LatencyOptions& o) {
     return fail(1, fmt::format("data check FAILED at byte {} of {}", *bad, buffer.size()));
   }
   const std::string transport = bp.peer().transport;
+  // What to run ucx_perftest with to compare like with like (scripts/bench-vs-perftest).
+  nlohmann::json ucx_settings = nlohmann::json::object();
+  for (const auto& [name, value] : bp.engine().ucx_settings()) ucx_settings[name] = value;
   if (Status s = bp.close(); !s.is_ok()) return fail(1, s.message());
 
   auto p999 = percentile(us, 99.9);
@@ -130,6 +133,7 @@ int run_latency(const LatencyOptions& o) {
                    {"ucx_tls", o.peer.ucx.tls},
                    {"same_host_copy", o.peer.ucx.same_host_copy},
                    {"progress_threads", transport::runs_progress_threads(o.peer.ucx) ? 1 : 0},  // in effect, -1 resolved
+                   {"ucx_settings", ucx_settings},
                    {"verified", true}};
   return emit_json("bench latency", j.dump(2), o.json);
 }

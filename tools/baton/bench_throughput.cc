@@ -199,6 +199,9 @@ int run_throughput(const ThroughputOptions& o) {
     return 1;
   }
   const std::string transport = bp.peer().transport;
+  // What to run ucx_perftest with to compare like with like (scripts/bench-vs-perftest).
+  nlohmann::json ucx_settings = nlohmann::json::object();
+  for (const auto& [name, value] : bp.engine().ucx_settings()) ucx_settings[name] = value;
   if (Status s = bp.close(); !s.is_ok()) {
     fmt::print(stderr, "baton bench throughput: {}\n", s.message());
     return 1;
@@ -236,6 +239,7 @@ int run_throughput(const ThroughputOptions& o) {
                    {"peer_failure_detection", o.ucx.peer_failure_detection},
                    {"same_host_copy", o.ucx.same_host_copy},
                    {"progress_threads", transport::runs_progress_threads(o.ucx) ? 1 : 0},  // in effect, -1 resolved
+                   {"ucx_settings", ucx_settings},
                    {"verified", true}};
   return emit_json("bench throughput", j.dump(2), o.json);
 }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "baton/admission/admission.h"
@@ -170,6 +171,10 @@ class Engine {
   [[nodiscard]] std::string address() const;
   // Where GET /metrics is served, or empty.
   [[nodiscard]] std::string metrics_address() const;
+  // The UCX settings the engine chose for itself, as environment variables
+  // ({"UCX_TCP_RX_SEG_SIZE", "524288"}, ...; those the environment set are
+  // not listed): give them to `ucx_perftest` to compare like with like.
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> ucx_settings() const;
 
   // Registers [ptr, ptr + length) for transfers; peers reach it only once
   // export_region() made it visible to them. invalid_argument for a null

@@ -4,7 +4,21 @@
 #include "transport/ucx/state.h"
 #include "transport/ucx/ucx_log.h"
 
+#include <fstream>
+
 namespace baton::transport {
+namespace {
+
+// The kernel's largest socket buffer a process may set (`limit`: rmem_max
+// or wmem_max); 0 when it cannot be read. A larger SO_RCVBUF / SO_SNDBUF is
+// silently cut to it, and a set one turns the kernel's autotuning off.
+std::uint64_t kernel_socket_buffer_max(const char* limit) {
+  std::uint64_t bytes = 0;
+  std::ifstream(fmt::format("/proc/sys/net/core/{}", limit)) >> bytes;
+  return bytes;
+}
+
+}  // namespace
 
 // A UCP context and worker on one NIC (`nic` empty: UCX's choice), with
 // our active-message handlers. Destroyed by teardown() once in `rails`;
@@ -36,18 +50,34 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
                                            ucs_status_string(s)));
     }
   }
-  // One segment per slice message (UcxConfig::tcp_segment_bytes); what the
-  // environment sets wins. Only where TCP may open: UCX warns about a
-  // setting no transport took.
-  if (cfg.tcp_segment_bytes != 0 && may_use_tcp(cfg.tls, nic)) {
-    const std::string bytes = std::to_string(cfg.tcp_segment_bytes);
-    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
-      if (std::getenv(fmt::format("UCX_TCP_{}", key).c_str()) != nullptr) continue;
+  // One segment per slice message (UcxConfig::tcp_segment_bytes) and fixed
+  // socket buffers (tcp_socket_buffer_bytes); what the environment sets
+  // wins. Only where TCP may open: UCX warns about a setting no transport took.
+  if (may_use_tcp(cfg.tls, nic)) {
+    std::vector<std::pair<const char*, std::uint64_t>> wanted;
+    if (cfg.tcp_segment_bytes != 0) {
+      wanted.insert(wanted.end(), {{"TX_SEG_SIZE", cfg.tcp_segment_bytes}, {"RX_SEG_SIZE", cfg.tcp_segment_bytes}});
+    }
+    if (cfg.tcp_socket_buffer_bytes != 0) {
+      for (auto [key, limit] : {std::pair{"SNDBUF", "wmem_max"}, std::pair{"RCVBUF", "rmem_max"}}) {
+        if (const std::uint64_t max = kernel_socket_buffer_max(limit); max >= cfg.tcp_socket_buffer_bytes) {
+          wanted.emplace_back(key, cfg.tcp_socket_buffer_bytes);
+        } else {
+          spdlog::debug("UcxTransport: TCP {} left to the kernel's autotuning: net.core.{} is {} (below {})", key,
+                        limit, max, cfg.tcp_socket_buffer_bytes);
+        }
+      }
+    }
+    for (auto [key, value] : wanted) {
+      const std::string name = fmt::format("UCX_TCP_{}", key);
+      if (std::getenv(name.c_str()) != nullptr) continue;
+      const std::string bytes = std::to_string(value);
       if (ucs_status_t s = ucp_config_modify(ucp_config, key, bytes.c_str()); s != UCS_OK) {
         ucp_config_release(ucp_config);
-        return fail(Status::invalid_argument("UcxTransport::create: {}={} refused by UCX: {}", key, bytes,
+        return fail(Status::invalid_argument("UcxTransport::create: {}={} refused by UCX: {}", name, bytes,
                                              ucs_status_string(s)));
       }
+      rail.settings.emplace_back(name, bytes);
     }
   }
   ucp_params_t params{};

@@ -221,6 +221,7 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> worker_address;
     int worker_fd = -1;
     std::unique_ptr<HandlerArg> handler_arg;  // a stable address for UCX
+    std::vector<std::pair<std::string, std::string>> settings;  // UcxTransport::ucx_settings
   };
 
   struct Lane {

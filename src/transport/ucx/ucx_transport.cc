@@ -120,6 +120,12 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
         "UcxTransport::create: tcp_segment_bytes is {} (expected 0 for UCX's default, or {} .. {})",
         config.tcp_segment_bytes, kMinTcpSegmentBytes, kMaxTcpSegmentBytes));
   }
+  if (config.tcp_socket_buffer_bytes != 0 && (config.tcp_socket_buffer_bytes < kMinTcpSocketBufferBytes ||
+                                               config.tcp_socket_buffer_bytes > kMaxTcpSocketBufferBytes)) {
+    return std::unexpected(Status::invalid_argument(
+        "UcxTransport::create: tcp_socket_buffer_bytes is {} (expected 0 for the kernel's autotuning, or {} .. {})",
+        config.tcp_socket_buffer_bytes, kMinTcpSocketBufferBytes, kMaxTcpSocketBufferBytes));
+  }
   if (config.copy_threads < -1 || config.copy_threads > kMaxCopyThreads) {
     return std::unexpected(Status::invalid_argument(
         "UcxTransport::create: copy_threads is {} (expected -1 for one per 8 cores, 0 for none, or up to {})",
@@ -207,6 +213,10 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
 }
 
 const std::string& UcxTransport::address() const { return state_->address; }
+
+const std::vector<std::pair<std::string, std::string>>& UcxTransport::ucx_settings() const {
+  return state_->rails.front().settings;  // every rail is made from the same config
+}
 
 Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length, MemoryKind kind) {
   const auto held = state_->hold();
