@@ -558,10 +558,10 @@ TEST(BenchThroughput, RefusesBadInput) {
   EXPECT_EQ(run_baton("bench throughput --spawn --block-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --duration -1s").exit_code, 2);
   EXPECT_EQ(run_baton("bench throughput --spawn --blocks 0").exit_code, 2);
-  EXPECT_EQ(run_baton("bench throughput --spawn --tcp-socket-buffer lots").exit_code, 2);
-  const CommandRun small = run_baton("bench throughput --spawn --tcp-socket-buffer 4KiB");
+  EXPECT_EQ(run_baton("bench throughput --spawn --tcp-receive-buffer lots").exit_code, 2);
+  const CommandRun small = run_baton("bench throughput --spawn --tcp-receive-buffer 4KiB");
   EXPECT_EQ(small.exit_code, 2);
-  EXPECT_NE(small.err.find("--tcp-socket-buffer 4KiB: expected 0"), std::string::npos) << small.err;
+  EXPECT_NE(small.err.find("--tcp-receive-buffer 4KiB: expected 0"), std::string::npos) << small.err;
   const CommandRun idle = run_baton("bench throughput --spawn --batch-size 4 --blocks 5");
   EXPECT_EQ(idle.exit_code, 2);
   EXPECT_NE(idle.err.find("--blocks 5 exceeds --batch-size 4"), std::string::npos) << idle.err;
@@ -577,14 +577,14 @@ TEST(BenchThroughput, RefusesBadInput) {
 
 // The JSON lists the UCX settings the engine chose (what scripts/bench-vs-perftest
 // gives ucx_perftest): the TCP segment, and the socket buffers unless
-// --tcp-socket-buffer 0 leaves them to the kernel (or the kernel's cap is lower).
+// --tcp-receive-buffer 0 leaves them to the kernel (or the kernel's cap is lower).
 TEST(BenchThroughput, ItsJsonListsTheUcxSettingsTheEngineChose) {
   std::uint64_t cap = 0;
   std::ifstream("/proc/sys/net/core/rmem_max") >> cap;
   // The option, and the receive buffer it sets (0: none, the autotuning).
   for (const auto& [option, expected] : {std::pair<std::string, std::uint64_t>{"", 1 << 20},
-                                         {" --tcp-socket-buffer 0", 0},
-                                         {" --tcp-socket-buffer 128KiB", 128 << 10}}) {
+                                         {" --tcp-receive-buffer 0", 0},
+                                         {" --tcp-receive-buffer 128KiB", 128 << 10}}) {
     SCOPED_TRACE(option);
     const CommandRun r = run_baton("bench throughput --spawn --ucx-tls tcp --no-same-host-copy --block-size 64KiB "
                                    "--duration 100ms --json -" + option);

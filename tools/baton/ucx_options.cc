@@ -51,17 +51,17 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
          "Copy same-host batches of at most this size on the submitting thread, without the loop, while the "
          "loop holds no request (size; 0: always through the loop; default 16MiB)"));
   added.push_back(app.add_option_function<std::string>(
-         "--tcp-socket-buffer",
+         "--tcp-receive-buffer",
          [&ucx](const std::string& text) {
            auto bytes = parse_size(text);
-           if (!bytes) throw BadValue("--tcp-socket-buffer: " + bytes.error().message());
-           if (*bytes != 0 && (*bytes < transport::kMinTcpSocketBufferBytes || *bytes > transport::kMaxTcpSocketBufferBytes)) {
-             throw BadValue(fmt::format("--tcp-socket-buffer {}: expected 0 (the kernel's autotuning) or 64KiB .. 1GiB", text));
+           if (!bytes) throw BadValue("--tcp-receive-buffer: " + bytes.error().message());
+           if (*bytes != 0 && (*bytes < transport::kMinTcpReceiveBufferBytes || *bytes > transport::kMaxTcpReceiveBufferBytes)) {
+             throw BadValue(fmt::format("--tcp-receive-buffer {}: expected 0 (the kernel's autotuning) or 64KiB .. 1GiB", text));
            }
-           ucx.tcp_socket_buffer_bytes = *bytes;
+           ucx.tcp_receive_buffer_bytes = *bytes;
          },
-         "SO_SNDBUF and SO_RCVBUF of UCX's TCP sockets (size; 0: the kernel's autotuning; kept at the "
-         "autotuning where net.core.rmem_max / wmem_max is lower; default 1MiB)"));
+         "SO_RCVBUF of UCX's TCP sockets (size; 0: the kernel's autotuning, also kept where "
+         "net.core.rmem_max is lower; default 1MiB)"));
   added.push_back(app.add_option("--copy-threads", ucx.copy_threads,
                  "Datapath threads for same-host copies that take the loop (-1: one per 8 cores, at most 4, none "
                  "below 8 cores; 0: none)")
@@ -99,8 +99,8 @@ std::vector<std::string> serve_args(std::uint64_t buffer_bytes, const transport:
   if (!ucx.nics.empty()) args.insert(args.end(), {"--nics", fmt::format("{}", fmt::join(ucx.nics, ","))});
   if (!ucx.peer_failure_detection) args.emplace_back("--no-peer-failure-detection");
   if (!ucx.same_host_copy) args.emplace_back("--no-same-host-copy");
-  if (ucx.tcp_socket_buffer_bytes != transport::UcxConfig{}.tcp_socket_buffer_bytes) {
-    args.insert(args.end(), {"--tcp-socket-buffer", std::to_string(ucx.tcp_socket_buffer_bytes)});
+  if (ucx.tcp_receive_buffer_bytes != transport::UcxConfig{}.tcp_receive_buffer_bytes) {
+    args.insert(args.end(), {"--tcp-receive-buffer", std::to_string(ucx.tcp_receive_buffer_bytes)});
   }
   if (ucx.copy_threads != transport::UcxConfig{}.copy_threads) {
     args.insert(args.end(), {"--copy-threads", std::to_string(ucx.copy_threads)});

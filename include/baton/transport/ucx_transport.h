@@ -30,8 +30,8 @@ namespace baton::transport {
 
 inline constexpr std::uint64_t kMinTcpSegmentBytes = 8 << 10;   // UCX's own default
 inline constexpr std::uint64_t kMaxTcpSegmentBytes = 64 << 20;  // a receive buffer per connection at most
-inline constexpr std::uint64_t kMinTcpSocketBufferBytes = 64 << 10;
-inline constexpr std::uint64_t kMaxTcpSocketBufferBytes = 1ULL << 30;
+inline constexpr std::uint64_t kMinTcpReceiveBufferBytes = 64 << 10;
+inline constexpr std::uint64_t kMaxTcpReceiveBufferBytes = 1ULL << 30;
 // The handshake, revoke and stall timeouts: a year at most, so that one in
 // ns added to the clock stays far from wrapping (1e13 ms fired at once).
 inline constexpr std::int64_t kMaxTimeoutMs = 365LL * 24 * 3600 * 1000;
@@ -130,17 +130,18 @@ struct UcxConfig {
   // which made TCP paths 8x slower on a VM (docs/results.md). 0: UCX's
   // default; else kMinTcpSegmentBytes .. kMaxTcpSegmentBytes.
   std::uint64_t tcp_segment_bytes = 512 << 10;
-  // SO_SNDBUF and SO_RCVBUF of UCX's TCP sockets (UCX_TCP_SNDBUF and
-  // UCX_TCP_RCVBUF, unless the environment sets them; the kernel doubles
-  // the value for its bookkeeping). The kernel's autotuning grew a busy
-  // loopback connection's receive buffer to 5-7 MiB, and reads of 1 and 4
-  // MiB ran 20-30% slower than with this fixed 2 MiB (docs/results.md). A
-  // fixed buffer above net.core.rmem_max / wmem_max would be cut to that
-  // maximum and lose the autotuning, so where the kernel's maximum is lower
-  // the autotuning stays. Set only where TCP may open, as the segment.
-  // 0: the kernel's autotuning; else kMinTcpSocketBufferBytes ..
-  // kMaxTcpSocketBufferBytes.
-  std::uint64_t tcp_socket_buffer_bytes = 1 << 20;
+  // SO_RCVBUF of UCX's TCP sockets (UCX_TCP_RCVBUF, unless the environment
+  // sets it; the kernel doubles the value for its bookkeeping). The
+  // kernel's autotuning grew a busy loopback connection's receive buffer to
+  // 5-7 MiB, and 1 MiB reads ran about 20% slower than with this fixed 2 MiB
+  // (docs/results.md). A fixed buffer above net.core.rmem_max would be cut
+  // to that maximum and lose the autotuning, so where the kernel's maximum
+  // is lower the autotuning stays. The send buffer stays autotuned: fixed
+  // at 2 MiB, a connection reset while UCX had a zero-copy send half in the
+  // socket made UCX 1.13 complete it twice and abort (docs/transport.md).
+  // Set only where TCP may open, as the segment. 0: the kernel's
+  // autotuning; else kMinTcpReceiveBufferBytes .. kMaxTcpReceiveBufferBytes.
+  std::uint64_t tcp_receive_buffer_bytes = 1 << 20;
   // A connect whose handshake has not finished by then fails (unavailable);
   // a connection to our listener that has not proved the secret by then is closed.
   std::int64_t handshake_timeout_ms = 5000;

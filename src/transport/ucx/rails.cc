@@ -9,12 +9,12 @@
 namespace baton::transport {
 namespace {
 
-// The kernel's largest socket buffer a process may set (`limit`: rmem_max
-// or wmem_max); 0 when it cannot be read. A larger SO_RCVBUF / SO_SNDBUF is
-// silently cut to it, and a set one turns the kernel's autotuning off.
-std::uint64_t kernel_socket_buffer_max(const char* limit) {
+// The kernel's largest receive buffer a process may set (net.core.rmem_max);
+// 0 when it cannot be read. A larger SO_RCVBUF is silently cut to it, and a
+// set one turns the kernel's autotuning off.
+std::uint64_t kernel_receive_buffer_max() {
   std::uint64_t bytes = 0;
-  std::ifstream(fmt::format("/proc/sys/net/core/{}", limit)) >> bytes;
+  std::ifstream("/proc/sys/net/core/rmem_max") >> bytes;
   return bytes;
 }
 
@@ -50,22 +50,20 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
                                            ucs_status_string(s)));
     }
   }
-  // One segment per slice message (UcxConfig::tcp_segment_bytes) and fixed
-  // socket buffers (tcp_socket_buffer_bytes); what the environment sets
+  // One segment per slice message (UcxConfig::tcp_segment_bytes) and a fixed
+  // receive buffer (tcp_receive_buffer_bytes); what the environment sets
   // wins. Only where TCP may open: UCX warns about a setting no transport took.
   if (may_use_tcp(cfg.tls, nic)) {
     std::vector<std::pair<const char*, std::uint64_t>> wanted;
     if (cfg.tcp_segment_bytes != 0) {
       wanted.insert(wanted.end(), {{"TX_SEG_SIZE", cfg.tcp_segment_bytes}, {"RX_SEG_SIZE", cfg.tcp_segment_bytes}});
     }
-    if (cfg.tcp_socket_buffer_bytes != 0) {
-      for (auto [key, limit] : {std::pair{"SNDBUF", "wmem_max"}, std::pair{"RCVBUF", "rmem_max"}}) {
-        if (const std::uint64_t max = kernel_socket_buffer_max(limit); max >= cfg.tcp_socket_buffer_bytes) {
-          wanted.emplace_back(key, cfg.tcp_socket_buffer_bytes);
-        } else {
-          spdlog::debug("UcxTransport: TCP {} left to the kernel's autotuning: net.core.{} is {} (below {})", key,
-                        limit, max, cfg.tcp_socket_buffer_bytes);
-        }
+    if (cfg.tcp_receive_buffer_bytes != 0) {
+      if (const std::uint64_t max = kernel_receive_buffer_max(); max >= cfg.tcp_receive_buffer_bytes) {
+        wanted.emplace_back("RCVBUF", cfg.tcp_receive_buffer_bytes);
+      } else {
+        spdlog::debug("UcxTransport: TCP receive buffer left to the kernel's autotuning: net.core.rmem_max is {} "
+                      "(below {})", max, cfg.tcp_receive_buffer_bytes);
       }
     }
     for (auto [key, value] : wanted) {

@@ -120,11 +120,11 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
         "UcxTransport::create: tcp_segment_bytes is {} (expected 0 for UCX's default, or {} .. {})",
         config.tcp_segment_bytes, kMinTcpSegmentBytes, kMaxTcpSegmentBytes));
   }
-  if (config.tcp_socket_buffer_bytes != 0 && (config.tcp_socket_buffer_bytes < kMinTcpSocketBufferBytes ||
-                                               config.tcp_socket_buffer_bytes > kMaxTcpSocketBufferBytes)) {
+  if (config.tcp_receive_buffer_bytes != 0 && (config.tcp_receive_buffer_bytes < kMinTcpReceiveBufferBytes ||
+                                               config.tcp_receive_buffer_bytes > kMaxTcpReceiveBufferBytes)) {
     return std::unexpected(Status::invalid_argument(
-        "UcxTransport::create: tcp_socket_buffer_bytes is {} (expected 0 for the kernel's autotuning, or {} .. {})",
-        config.tcp_socket_buffer_bytes, kMinTcpSocketBufferBytes, kMaxTcpSocketBufferBytes));
+        "UcxTransport::create: tcp_receive_buffer_bytes is {} (expected 0 for the kernel's autotuning, or {} .. {})",
+        config.tcp_receive_buffer_bytes, kMinTcpReceiveBufferBytes, kMaxTcpReceiveBufferBytes));
   }
   if (config.copy_threads < -1 || config.copy_threads > kMaxCopyThreads) {
     return std::unexpected(Status::invalid_argument(
