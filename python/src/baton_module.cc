@@ -657,7 +657,7 @@ PYBIND11_MODULE(_baton, m) {
   m.doc() = "Baton: a deadline-driven KV-cache transfer engine (the compiled part of the `baton` package)";
   register_exceptions(m);
   // As the `baton` command: BATON_LOG_LEVEL, else warnings and worse, on stderr.
-  if (Status s = baton::init_logging(); !s.is_ok()) (void)baton::init_logging("warn");
+  baton::init_default_logging();
 
   py::class_<PyRemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it; it goes with that peer only")
       .def_property_readonly("handle", [](const PyRemoteRegion& r) { return r.region.key; })

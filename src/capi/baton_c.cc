@@ -235,13 +235,7 @@ void baton_engine_config_init(baton_engine_config* config) {
 
 int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
   return guarded("baton_engine_create", [&]() -> int {
-    // As the `baton` command and the Python module: BATON_LOG_LEVEL (else
-    // warnings and worse) on stderr. Without it spdlog's default logger
-    // wrote info lines to the program's stdout.
-    static std::once_flag logging;
-    std::call_once(logging, [] {
-      if (Status s = baton::init_logging(); !s.is_ok()) (void)baton::init_logging("warn");
-    });
+    baton::init_default_logging();  // before a refused config logs, as Engine::create does
     if (out == nullptr) return misuse("baton_engine_create: engine is NULL");
     engine::EngineConfig c;
     if (config != nullptr) {

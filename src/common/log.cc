@@ -34,4 +34,13 @@ Status init_logging(std::string_view level) {
   return Status::ok();
 }
 
+void init_default_logging() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // spdlog's own default logger has an empty name; "baton" is ours.
+    if (!spdlog::default_logger()->name().empty()) return;
+    if (!init_logging().is_ok()) (void)init_logging("warn");
+  });
+}
+
 }  // namespace baton

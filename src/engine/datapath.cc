@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "baton/topology/cost_model.h"
 #include "baton/topology/probe.h"
@@ -637,6 +638,22 @@ void Datapath::before_scrape() {
   metrics_.set("baton_engine_batches_held", {}, held);
 }
 
+namespace {
+
+// The scheduler names a request by its id, which a caller of the engine
+// never sees ("request 625 cancelled"): in a batch's statuses it is named by
+// its place in the batch, as submit's refusals name it.
+Status named_in_batch(const Status& s, sched::RequestId id, std::size_t index) {
+  const std::string internal = fmt::format("request {}", id);
+  const std::string& message = s.message();
+  if (!message.starts_with(internal) || (message.size() > internal.size() && std::isdigit(message[internal.size()]))) {
+    return s;
+  }
+  return Status(s.code(), fmt::format("request {} of the batch{}", index, message.substr(internal.size())));
+}
+
+}  // namespace
+
 Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("poll: no batch {}", handle.id);
@@ -646,11 +663,12 @@ Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
   out.bytes = 0;
   out.bytes_done = 0;
   out.requests.clear();
-  for (sched::RequestId id : b.requests) {
-    auto s = admission_.status(id);
+  for (std::size_t i = 0; i < b.requests.size(); ++i) {
+    auto s = admission_.status(b.requests[i]);
     if (!s) return s.error();
     out.bytes += s->bytes;
     out.bytes_done += s->bytes_done;
+    if (!s->status.is_ok()) s->status = named_in_batch(s->status, b.requests[i], i);
     if (out.done && out.status.is_ok() && s->state != sched::RequestState::kCompleted) out.status = s->status;
     out.requests.push_back(std::move(*s));
   }

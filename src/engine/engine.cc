@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "baton/common/log.h"
 #include "engine/core.h"
 #include "engine/datapath.h"
 #include "engine/metrics_server.h"
@@ -56,6 +57,7 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
+  init_default_logging();  // BATON_LOG_LEVEL on stderr, unless the program set its own logger
   const std::int64_t revoke_timeout_ms = config.ucx.revoke_timeout_ms;
   const std::uint64_t direct_copy_max_bytes = config.ucx.direct_copy_max_bytes;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),

@@ -1,5 +1,6 @@
 // The Engine over UCX, in one process: pairs of wall-clock engines on
 // 127.0.0.1 moving real bytes between registered buffers.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <linux/mempolicy.h>
@@ -331,6 +332,16 @@ TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   }
   EXPECT_GT(cancelled, 0);
   EXPECT_EQ(st->status.code(), StatusCode::kCancelled);
+  // Each request is named by its place in the batch, not by an id the
+  // engine's caller never saw; the batch's status is its first one's.
+  std::string first;
+  for (std::size_t i = 0; i < st->requests.size(); ++i) {
+    if (st->requests[i].state != sched::RequestState::kCancelled) continue;
+    const std::string expected = fmt::format("request {} of the batch cancelled", i);
+    EXPECT_EQ(st->requests[i].status.message(), expected);
+    if (first.empty()) first = expected;
+  }
+  EXPECT_EQ(st->status.message(), first);
   EXPECT_EQ(local.engine->cancel(*h).code(), StatusCode::kInvalidArgument);
   // Posted slices UCX could not recall finish; then the batch and the region go.
   Status released;

@@ -110,6 +110,11 @@ if [[ -z "$address" || -z "$region" || -z "$bytes" ]]; then
 fi
 echo "install_test: baton serve at $address, region $region of $bytes bytes"
 
-timeout 60 "$tmp/cxx/cxx_consumer" "$address" "$region" "$bytes" || fail "the C++ consumer"
+# The library's log obeys BATON_LOG_LEVEL and goes to stderr, never into
+# the program's stdout (spdlog's default logger would print info lines there).
+BATON_LOG_LEVEL=info timeout 60 "$tmp/cxx/cxx_consumer" "$address" "$region" "$bytes" \
+  >"$tmp/cxx.out" 2>"$tmp/cxx.err" || { cat "$tmp/cxx.out" "$tmp/cxx.err" >&2; fail "the C++ consumer"; }
+grep -q "127.0.0.1:1" "$tmp/cxx.err" || fail "the C++ consumer's refused connect was not logged on stderr: $(cat "$tmp/cxx.err")"
+[[ "$(grep -cv '^cxx_consumer: read ' "$tmp/cxx.out")" == 0 ]] || fail "log lines on the C++ consumer's stdout: $(cat "$tmp/cxx.out")"
 timeout 60 "$tmp/c_consumer" "$address" "$region" "$bytes" || fail "the C consumer"
 echo "install_test: ok"

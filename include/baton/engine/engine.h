@@ -263,8 +263,11 @@ class Engine {
   // timeout passed (timeout). Wakes at once when the batch ends, also when
   // another thread released it meanwhile (ok). A timeout of 0 (or below)
   // only looks: it neither yields nor sleeps; INT64_MAX waits as long as it
-  // takes. A wait under way when the engine is destroyed ends `unavailable`
-  // before the destructor returns.
+  // takes. ok says the batch ended, not that it succeeded: its status is in
+  // poll(). A wait under way when the engine is destroyed returns before the
+  // destructor does: ok when the batch ended (the destructor's shutdown()
+  // cancels what runs, so usually ok, its requests cancelled), `unavailable`
+  // when it could not end first.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
   // Cancels the requests still running and returns at once. A request
   // reports `cancelled` only once nothing it posted can still land in the
