@@ -646,7 +646,7 @@ namespace {
 Status named_in_batch(const Status& s, sched::RequestId id, std::size_t index) {
   const std::string internal = fmt::format("request {}", id);
   const std::string& message = s.message();
-  if (!message.starts_with(internal) || (message.size() > internal.size() && std::isdigit(message[internal.size()]))) {
+  if (!message.starts_with(internal) || (message.size() > internal.size() && std::isdigit(static_cast<unsigned char>(message[internal.size()])))) {
     return s;
   }
   return Status(s.code(), fmt::format("request {} of the batch{}", index, message.substr(internal.size())));

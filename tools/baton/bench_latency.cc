@@ -5,6 +5,7 @@
 // Engine::run, which releases too). The bytes are checked at the end, as in
 // `bench throughput`.
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include <fmt/core.h>
@@ -104,8 +105,8 @@ int run_latency(const LatencyOptions& o) {
   }
   const std::string transport = bp.peer().transport;
   // What to run ucx_perftest with to compare like with like (scripts/bench-vs-perftest).
-  nlohmann::json ucx_settings = nlohmann::json::object();
-  for (const auto& [name, value] : bp.engine().ucx_settings()) ucx_settings[name] = value;
+  const auto chosen = bp.engine().ucx_settings();
+  const std::map<std::string, std::string> ucx_settings(chosen.begin(), chosen.end());  // a JSON object
   if (Status s = bp.close(); !s.is_ok()) return fail(1, s.message());
 
   auto p999 = percentile(us, 99.9);

@@ -3,6 +3,7 @@
 // Every thread keeps one batch in flight on its own blocks; the data is
 // checked against serve's pattern at the end, so a fast wrong answer fails.
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -200,8 +201,8 @@ int run_throughput(const ThroughputOptions& o) {
   }
   const std::string transport = bp.peer().transport;
   // What to run ucx_perftest with to compare like with like (scripts/bench-vs-perftest).
-  nlohmann::json ucx_settings = nlohmann::json::object();
-  for (const auto& [name, value] : bp.engine().ucx_settings()) ucx_settings[name] = value;
+  const auto chosen = bp.engine().ucx_settings();
+  const std::map<std::string, std::string> ucx_settings(chosen.begin(), chosen.end());  // a JSON object
   if (Status s = bp.close(); !s.is_ok()) {
     fmt::print(stderr, "baton bench throughput: {}\n", s.message());
     return 1;
