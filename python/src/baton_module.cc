@@ -825,7 +825,8 @@ PYBIND11_MODULE(_baton, m) {
                        std::optional<std::string> topology_model, bool peer_failure_detection,
                        bool same_host_copy, long long direct_copy_max_bytes, std::vector<std::string> nics,
                        int copy_threads, int progress_threads, bool gpu_paths, bool allow_unauthenticated,
-                       std::optional<double> stall_timeout) {
+                       std::optional<double> stall_timeout, long long tcp_segment_bytes,
+                       long long tcp_receive_buffer_bytes) {
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -842,6 +843,8 @@ PYBIND11_MODULE(_baton, m) {
              c.ucx.progress_threads = progress_threads;
              c.gpu_paths = gpu_paths;
              c.ucx.allow_unauthenticated = allow_unauthenticated;
+             c.ucx.tcp_segment_bytes = non_negative("tcp_segment_bytes", tcp_segment_bytes);
+             c.ucx.tcp_receive_buffer_bytes = non_negative("tcp_receive_buffer_bytes", tcp_receive_buffer_bytes);
              if (stall_timeout) {  // whole milliseconds, rounded up: a small one does not become 0 ("never")
                c.ucx.stall_timeout_ms = (seconds_ns("stall_timeout", *stall_timeout) + 999'999) / 1'000'000;
              }
@@ -861,9 +864,19 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("direct_copy_max_bytes") = static_cast<long long>(transport::UcxConfig{}.direct_copy_max_bytes),
            py::arg("nics") = std::vector<std::string>{}, py::arg("copy_threads") = transport::UcxConfig{}.copy_threads,
            py::arg("progress_threads") = transport::UcxConfig{}.progress_threads, py::arg("gpu_paths") = false,
-           py::arg("allow_unauthenticated") = false, py::arg("stall_timeout") = py::none())
+           py::arg("allow_unauthenticated") = false, py::arg("stall_timeout") = py::none(),
+           py::arg("tcp_segment_bytes") = static_cast<long long>(transport::UcxConfig{}.tcp_segment_bytes),
+           py::arg("tcp_receive_buffer_bytes") = static_cast<long long>(transport::UcxConfig{}.tcp_receive_buffer_bytes))
       .def_property_readonly("address", [](EngineState& s) { return s.get("address")->address(); })
       .def_property_readonly("metrics_address", [](EngineState& s) { return s.get("metrics_address")->metrics_address(); })
+      .def_property_readonly(
+          "ucx_settings",
+          [](EngineState& s) {
+            py::dict d;
+            for (const auto& [name, value] : s.get("ucx_settings")->ucx_settings()) d[py::str(name)] = value;
+            return d;
+          },
+          "The UCX variables Baton set for this engine ({\"UCX_TCP_RCVBUF\": \"1048576\", ...}); the environment's win")
       .def_property_readonly("batch_event_fd", [](EngineState& s) { return s.get("batch_event_fd")->batch_event_fd(); })
       .def_property_readonly("closed", [](EngineState& s) {
         std::lock_guard lock(s.mutex);

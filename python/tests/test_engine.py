@@ -106,6 +106,31 @@ def test_nics_give_rails_that_move_bytes_and_bad_nics_raise(holder):
             baton.Engine(nics=nics)
 
 
+def test_ucx_settings_list_what_baton_set_and_bad_tcp_settings_raise(holder):
+    # Where TCP may open, Baton sets UCX's TCP segment and the sockets' receive
+    # buffer (the latter only up to the kernel's cap), and says so.
+    cap = int(pathlib.Path("/proc/sys/net/core/rmem_max").read_text())
+    with baton.Engine(ucx_tls="tcp", same_host_copy=False, tcp_segment_bytes=1 << 20,
+                      tcp_receive_buffer_bytes=128 << 10) as e:
+        settings = e.ucx_settings
+        assert settings["UCX_TCP_TX_SEG_SIZE"] == settings["UCX_TCP_RX_SEG_SIZE"] == str(1 << 20)
+        assert settings.get("UCX_TCP_RCVBUF") == (str(128 << 10) if cap >= 128 << 10 else None)
+        peer = e.connect(holder.address)
+        local = np.zeros(SIZE, dtype=np.uint8)
+        e.read(local=e.register(local), peer=peer, remote=holder.handle, length=SIZE)
+        assert np.array_equal(local, pattern(SIZE, 7))
+    with baton.Engine(ucx_tls="tcp", tcp_receive_buffer_bytes=0) as e:
+        assert "UCX_TCP_RCVBUF" not in e.ucx_settings  # 0: the kernel's autotuning
+    closed = baton.Engine()
+    closed.close()
+    with pytest.raises(baton.Unavailable):
+        closed.ucx_settings
+    for bad in ({"tcp_receive_buffer_bytes": 1}, {"tcp_receive_buffer_bytes": -1}, {"tcp_segment_bytes": 1},
+                {"tcp_segment_bytes": 1 << 40}):
+        with pytest.raises(baton.InvalidArgument):
+            baton.Engine(**bad)
+
+
 def test_torch_tensors_and_engine_memory(holder, engine):
     torch = pytest.importorskip("torch")
     peer = engine.connect(holder.address)
