@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "baton/common/log.h"
 #include "baton/engine/engine.h"
 
 namespace py = pybind11;
@@ -656,8 +655,6 @@ std::string state_name(baton::sched::RequestState s) { return std::string(baton:
 PYBIND11_MODULE(_baton, m) {
   m.doc() = "Baton: a deadline-driven KV-cache transfer engine (the compiled part of the `baton` package)";
   register_exceptions(m);
-  // As the `baton` command: BATON_LOG_LEVEL, else warnings and worse, on stderr.
-  baton::init_default_logging();
 
   py::class_<PyRemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it; it goes with that peer only")
       .def_property_readonly("handle", [](const PyRemoteRegion& r) { return r.region.key; })

@@ -26,7 +26,6 @@
 
 #include <fmt/format.h>
 
-#include "baton/common/log.h"
 #include "baton/engine/engine.h"
 
 namespace {
@@ -235,7 +234,6 @@ void baton_engine_config_init(baton_engine_config* config) {
 
 int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
   return guarded("baton_engine_create", [&]() -> int {
-    baton::init_default_logging();  // before a refused config logs, as Engine::create does
     if (out == nullptr) return misuse("baton_engine_create: engine is NULL");
     engine::EngineConfig c;
     if (config != nullptr) {

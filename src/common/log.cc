@@ -1,46 +1,66 @@
 #include "baton/common/log.h"
 
 #include <cstdlib>
-#include <mutex>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 namespace baton {
+namespace {
+
+// from_str answers "off" for anything it does not know; only "off" means off.
+std::optional<spdlog::level::level_enum> level_named(const std::string& name) {
+  const auto parsed = spdlog::level::from_str(name);
+  if (parsed == spdlog::level::off && name != "off") return std::nullopt;
+  return parsed;
+}
+
+const char* environment_level() {
+  const char* env = std::getenv("BATON_LOG_LEVEL");
+  return env != nullptr && *env != '\0' ? env : nullptr;
+}
+
+std::shared_ptr<spdlog::logger> make_logger() {
+  if (auto given = spdlog::get("baton")) return given;
+  std::shared_ptr<spdlog::logger> made;
+  try {
+    made = spdlog::stderr_color_mt("baton");
+  } catch (const spdlog::spdlog_ex&) {  // the program registered "baton" in between
+    if (auto given = spdlog::get("baton")) return given;
+    made = std::make_shared<spdlog::logger>("baton", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  }
+  const char* env = environment_level();
+  const auto level = level_named(env != nullptr ? env : "warn");
+  made->set_level(level.value_or(spdlog::level::warn));
+  if (!level) {
+    made->warn("BATON_LOG_LEVEL=\"{}\" is not a level (trace, debug, info, warn, error or off): logging at warn", env);
+  }
+  return made;
+}
+
+}  // namespace
+
+spdlog::logger& logger() {
+  static const std::shared_ptr<spdlog::logger> the = make_logger();
+  return *the;
+}
 
 Status init_logging(std::string_view level) {
   std::string name(level);
   if (name.empty()) {
-    const char* env = std::getenv("BATON_LOG_LEVEL");
-    name = env != nullptr && *env != '\0' ? env : "warn";
+    const char* env = environment_level();
+    name = env != nullptr ? env : "warn";
   }
-  const auto parsed = spdlog::level::from_str(name);
-  // from_str answers "off" for anything it does not know; only "off" means off.
-  if (parsed == spdlog::level::off && name != "off") {
+  const auto parsed = level_named(name);
+  if (!parsed) {
     return Status::invalid_argument(
-        "init_logging: unknown level \"{}\" (expected trace, debug, info, warn, "
-        "error or off)",
-        name);
+        "init_logging: unknown level \"{}\" (expected trace, debug, info, warn, error or off)", name);
   }
-  // Called again (a C program and the Python module in one process, say):
-  // the same logger, not a second of that name, which spdlog refuses.
-  static std::mutex mutex;
-  std::lock_guard lock(mutex);
-  auto logger = spdlog::get("baton");
-  if (!logger) logger = spdlog::stderr_color_mt("baton");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(parsed);
+  logger().set_level(*parsed);
   return Status::ok();
-}
-
-void init_default_logging() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // spdlog's own default logger has an empty name; "baton" is ours.
-    if (!spdlog::default_logger()->name().empty()) return;
-    if (!init_logging().is_ok()) (void)init_logging("warn");
-  });
 }
 
 }  // namespace baton

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "baton/common/log.h"
 #include "baton/topology/probe.h"
 #include "engine/nic_choice.h"
 
@@ -70,7 +71,7 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
       config.ucx.nics = rail_nics(*facts, current_numa_node());
       if (config.ucx.nics.size() < 2) config.ucx.nics.clear();
       config.ucx.lanes_per_peer = std::max<int>(config.ucx.lanes_per_peer, static_cast<int>(config.ucx.nics.size()));
-      spdlog::info("engine: NICs from the topology: {}",
+      baton::logger().info("engine: NICs from the topology: {}",
                    config.ucx.nics.empty() ? "fewer than two, UCX chooses" : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
     }
     // A TCP slice crosses as one UCX segment, whatever the policy's slice

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "baton/common/log.h"
 #include "baton/topology/cost_model.h"
 #include "baton/topology/probe.h"
 
@@ -43,7 +44,7 @@ Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission:
       next_id_(next_id),
       loop_(loop),
       ended_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-  if (ended_fd_ < 0) spdlog::warn("engine: eventfd failed; batch_event_fd() will not wake anyone");
+  if (ended_fd_ < 0) baton::logger().warn("engine: eventfd failed; batch_event_fd() will not wake anyone");
   (void)metrics_.declare_counter("baton_engine_requests_total", "Requests ended, per op and final state");
   (void)metrics_.declare_counter("baton_engine_bytes_total", "Bytes delivered, per op");
   (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
@@ -235,7 +236,7 @@ Result<std::string> local_node(const transport::CudaTransport& cuda, const Regio
       auto d = cuda.device_of(p.to);
       if (!d || *d != other.device || cuda.device_of(p.from)) continue;
       if (!exact && !named.empty()) {
-        spdlog::debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named, other.device,
+        baton::logger().debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named, other.device,
                       p.from);
       }
       if (!exact || p.from == named) return p.from;
@@ -388,7 +389,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
       record.local_regions.pop_back();
       record.ops.pop_back();
       batch_of_.erase(rid);
-      spdlog::warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
+      baton::logger().warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
       refused = std::move(s);
       break;
     }
@@ -593,7 +594,7 @@ void Datapath::notify_direct(const std::string& peer, const std::string& notific
   if (sent.is_ok()) {
     metrics_.add("baton_engine_notifications_sent_total", {}, 1);
   } else {
-    spdlog::warn("direct batch: notification not sent: {}", sent.message());
+    baton::logger().warn("direct batch: notification not sent: {}", sent.message());
   }
 }
 
@@ -749,7 +750,7 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     if (Status s = ucx_.notify(b.notify_path, b.notification); s.is_ok()) {
       metrics_.add("baton_engine_notifications_sent_total", {}, 1);
     } else {
-      spdlog::warn("batch {}: notification not sent: {}", id, s.message());
+      baton::logger().warn("batch {}: notification not sent: {}", id, s.message());
     }
   }
   b.ended = true;

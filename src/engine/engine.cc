@@ -57,7 +57,6 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
-  init_default_logging();  // BATON_LOG_LEVEL on stderr, unless the program set its own logger
   const std::int64_t revoke_timeout_ms = config.ucx.revoke_timeout_ms;
   const std::uint64_t direct_copy_max_bytes = config.ucx.direct_copy_max_bytes;
   auto core = Core::create({ClockKind::kWall, true, std::move(config.ucx), std::move(config.topology_model),
@@ -300,7 +299,7 @@ void Engine::shutdown() {
     if (state_->core->on_loop([this] { return state_->datapath->shutdown_complete(); })) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  spdlog::warn("Engine::shutdown: endpoint closes or GPU copies did not finish within 2 s");
+  baton::logger().warn("Engine::shutdown: endpoint closes or GPU copies did not finish within 2 s");
 }
 
 #undef BATON_REQUIRE_OPEN

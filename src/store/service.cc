@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "baton/common/log.h"
 #include "baton/common/socket_address.h"
 #include "baton/plan/wire.h"
 #include "store.grpc.pb.h"
@@ -54,7 +55,7 @@ void route_grpc_log() {
   static std::once_flag once;
   std::call_once(once, [] {
     gpr_set_log_function([](gpr_log_func_args* args) {
-      spdlog::debug("grpc {}:{}: {}", args->file, args->line, args->message);
+      baton::logger().debug("grpc {}:{}: {}", args->file, args->line, args->message);
     });
   });
 }

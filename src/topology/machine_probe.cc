@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "baton/common/log.h"
 #include "baton/topology/probe.h"
 
 namespace baton::topology {
@@ -115,7 +116,7 @@ Result<TopologyFacts> probe_machine() {
   }
   auto host = probe_hwloc();
   if (!host) {
-    spdlog::warn("topology: hwloc failed: {}", host.error().message());
+    baton::logger().warn("topology: hwloc failed: {}", host.error().message());
     notes.push_back(host.error().message());
     host = single_node_host();
   }

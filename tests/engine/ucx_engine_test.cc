@@ -11,12 +11,16 @@
 #include <cstring>
 #include <cstdio>
 #include <random>
+#include <sstream>
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include <httplib.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
+#include "baton/common/log.h"
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
 #include "baton/transport/codec.h"
@@ -592,6 +596,35 @@ TEST(UcxEngineValidation, RefusesEveryBadInputWithAClearStatus) {
   EXPECT_EQ(e.submit(Batch{{good}, {}}).error().code(), StatusCode::kUnavailable);
   EXPECT_EQ(e.connect(target.engine->address()).error().code(), StatusCode::kUnavailable);
   EXPECT_EQ(e.register_memory(local.buffer.data(), 10).error().code(), StatusCode::kUnavailable);
+}
+
+// A library does not take over its program's logging: creating an engine
+// left spdlog's default logger and the program's levels alone (it used to
+// make its own logger the default, at BATON_LOG_LEVEL, for every logger),
+// and the engine's lines go to Baton's logger only.
+TEST(UcxEngineLogging, AnEngineLogsThroughItsOwnLoggerAndLeavesTheProgramsAlone) {
+  std::ostringstream program_out;
+  std::ostringstream baton_out;
+  const auto saved_default = spdlog::default_logger();
+  auto program = std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::ostream_sink_mt>(program_out));
+  program->set_level(spdlog::level::trace);
+  spdlog::set_default_logger(program);
+  spdlog::logger& ours = baton::logger();
+  const auto saved_level = ours.level();
+  ours.set_level(spdlog::level::info);
+  ours.sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(baton_out));
+  {
+    auto e = make_engine("tcp");
+    ASSERT_NE(e, nullptr);
+    EXPECT_FALSE(e->connect("127.0.0.1:1").has_value());  // refused: an info line says so
+  }
+  EXPECT_EQ(spdlog::default_logger(), program);
+  EXPECT_EQ(program->level(), spdlog::level::trace);
+  ours.sinks().pop_back();
+  ours.set_level(saved_level);
+  spdlog::set_default_logger(saved_default);
+  EXPECT_NE(baton_out.str().find("127.0.0.1:1"), std::string::npos) << baton_out.str();
+  EXPECT_EQ(program_out.str(), "");
 }
 
 // INT64_MAX as a timeout means "never": it used to wrap (now + timeout) into

@@ -116,5 +116,10 @@ BATON_LOG_LEVEL=info timeout 60 "$tmp/cxx/cxx_consumer" "$address" "$region" "$b
   >"$tmp/cxx.out" 2>"$tmp/cxx.err" || { cat "$tmp/cxx.out" "$tmp/cxx.err" >&2; fail "the C++ consumer"; }
 grep -q "127.0.0.1:1" "$tmp/cxx.err" || fail "the C++ consumer's refused connect was not logged on stderr: $(cat "$tmp/cxx.err")"
 [[ "$(grep -cv '^cxx_consumer: read ' "$tmp/cxx.out")" == 0 ]] || fail "log lines on the C++ consumer's stdout: $(cat "$tmp/cxx.out")"
+# A mistyped level is said once, on stderr, and the library logs at warn.
+BATON_LOG_LEVEL=debgu timeout 60 "$tmp/cxx/cxx_consumer" "$address" "$region" "$bytes" \
+  >"$tmp/cxx.out" 2>"$tmp/cxx.err" || { cat "$tmp/cxx.out" "$tmp/cxx.err" >&2; fail "the C++ consumer (BATON_LOG_LEVEL=debgu)"; }
+grep -q 'BATON_LOG_LEVEL="debgu" is not a level' "$tmp/cxx.err" || fail "no word of the unknown BATON_LOG_LEVEL: $(cat "$tmp/cxx.err")"
+if grep -q "127.0.0.1:1" "$tmp/cxx.err"; then fail "an info line logged at the warn fallback: $(cat "$tmp/cxx.err")"; fi
 timeout 60 "$tmp/c_consumer" "$address" "$region" "$bytes" || fail "the C consumer"
 echo "install_test: ok"

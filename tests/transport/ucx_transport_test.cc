@@ -1574,7 +1574,9 @@ TEST_P(UcxTransportTest, TcpSocketsGetTheReceiveBufferItListsWhereTheKernelAllow
   const std::uint64_t cap = receive_buffer_max();
   const std::uint64_t bytes = std::min<std::uint64_t>(cap / 4096 * 4096, 768 << 10);
   if (bytes < kMinTcpReceiveBufferBytes) GTEST_SKIP() << "net.core.rmem_max allows " << cap << " bytes";
-  if (std::getenv("UCX_TCP_RCVBUF") != nullptr) GTEST_SKIP() << "the environment sets the receive buffer";
+  for (const char* name : {"UCX_TCP_RCVBUF", "UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}) {
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << "the environment sets " << name;
+  }
   auto listed = [](const UcxTransport& t) {
     return std::map<std::string, std::string>(t.ucx_settings().begin(), t.ucx_settings().end());
   };
@@ -1616,6 +1618,34 @@ TEST_P(UcxTransportTest, TcpSocketsGetTheReceiveBufferItListsWhereTheKernelAllow
   auto no_tcp = UcxTransport::create(c);
   ASSERT_TRUE(no_tcp.has_value()) << no_tcp.error().to_string();
   EXPECT_TRUE((*no_tcp)->ucx_settings().empty());
+  // A negated list opens TCP unless it names it ("^rc" ran over TCP with
+  // nothing set, at a tenth of the speed).
+  for (const auto& [tls, tcp] : {std::pair<std::string, bool>{"^rc,ud", true}, {"^ud:aux,tcp", false}, {"sm,tcp:aux", true}}) {
+    SCOPED_TRACE(tls);
+    c.tls = tls;
+    auto made = UcxTransport::create(c);
+    ASSERT_TRUE(made.has_value()) << made.error().to_string();
+    EXPECT_EQ(listed(**made).contains("UCX_TCP_RX_SEG_SIZE"), tcp);
+    EXPECT_EQ(listed(**made).contains("UCX_TCP_RCVBUF"), tcp);
+  }
+}
+
+// One TCP segment set in the environment leaves the other to UCX too: UCX
+// refuses a receive segment below the send one, and a user's
+// UCX_TCP_RX_SEG_SIZE=64k failed every engine (ucp_worker_create).
+TEST_P(UcxTransportTest, OneTcpSegmentFromTheEnvironmentLeavesBothToIt) {
+  if (GetParam().name != std::string("tcp")) GTEST_SKIP() << "one TCP flavour is enough";
+  for (const char* name : {"UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"}) {
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << "the environment sets " << name;
+  }
+  for (const char* name : {"UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"}) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(::setenv(name, "64k", 1), 0);
+    auto made = UcxTransport::create(config());
+    ::unsetenv(name);
+    ASSERT_TRUE(made.has_value()) << made.error().to_string();
+    for (const auto& [listed, value] : (*made)->ucx_settings()) EXPECT_FALSE(listed.ends_with("_SEG_SIZE")) << listed;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Flavors, UcxTransportTest, ::testing::Values(kTcp, kShm, kTcpRma, kDirect, kDirectThreads, kRails, kRmaRails,

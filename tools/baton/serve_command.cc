@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include "baton/common/log.h"
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
@@ -69,7 +70,7 @@ int run_serve(const ServeOptions& o) {
   for (std::size_t at = 0; at < buffer.size(); at += kSlice) {
     const timespec no_wait{};
     if (const int early = sigtimedwait(&stop, nullptr, &no_wait); early > 0) {
-      spdlog::info("baton serve: {} received while filling the buffer", early == SIGINT ? "SIGINT" : "SIGTERM");
+      baton::logger().info("baton serve: {} received while filling the buffer", early == SIGINT ? "SIGINT" : "SIGTERM");
       (*engine)->shutdown();  // before `own` goes
       return 0;
     }
@@ -83,7 +84,7 @@ int run_serve(const ServeOptions& o) {
 
   int signal = 0;
   sigwait(&stop, &signal);
-  spdlog::info("baton serve: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  baton::logger().info("baton serve: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*engine)->shutdown();  // before `own` goes
   return 0;
 }

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baton/common/host_port.h"
+#include "baton/common/log.h"
 #include "baton/common/units.h"
 #include "baton/engine/engine.h"
 #include "baton/store/block_store.h"
@@ -177,7 +178,7 @@ int run_store(const StoreOptions& o) {
 
   int signal = 0;
   sigwait(&stop, &signal);
-  spdlog::info("baton store: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  baton::logger().info("baton store: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
   if (directory) (void)directory->deregister();  // leave at once, not at expiry
   server->reset();
   blocks->reset();

@@ -56,7 +56,9 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
            auto bytes = parse_size(text);
            if (!bytes) throw BadValue("--tcp-receive-buffer: " + bytes.error().message());
            if (*bytes != 0 && (*bytes < transport::kMinTcpReceiveBufferBytes || *bytes > transport::kMaxTcpReceiveBufferBytes)) {
-             throw BadValue(fmt::format("--tcp-receive-buffer {}: expected 0 (the kernel's autotuning) or 64KiB .. 1GiB", text));
+             throw BadValue(fmt::format("--tcp-receive-buffer {}: expected 0 (the kernel's autotuning) or {} .. {}", text,
+                                        format_size(transport::kMinTcpReceiveBufferBytes),
+                                        format_size(transport::kMaxTcpReceiveBufferBytes)));
            }
            ucx.tcp_receive_buffer_bytes = *bytes;
          },

@@ -1,21 +1,26 @@
-// Logging setup. Layers log through spdlog directly; this only decides the
-// level, from the argument or from BATON_LOG_LEVEL (trace, debug, info, warn,
-// error, off). Logs go to stderr so that stdout stays clean for JSON output.
+// Baton's log: a spdlog logger of its own, "baton", on stderr (stdout stays
+// clean for JSON), at BATON_LOG_LEVEL (trace, debug, info, warn, error,
+// off; else warn). A library does not take over its program's logging:
+// spdlog's default logger and the program's own loggers stay as the program
+// set them. The program reaches Baton's with spdlog::get("baton") (its
+// level, its sinks); a "baton" logger it registered first is used as is.
 #pragma once
 
 #include <string_view>
 
 #include "baton/common/status.h"
 
+namespace spdlog {
+class logger;
+}
+
 namespace baton {
 
-// `level` empty → BATON_LOG_LEVEL, else "warn". Unknown level → invalid_argument.
-Status init_logging(std::string_view level = {});
+// Every layer logs through this one; made on first use.
+spdlog::logger& logger();
 
-// What an engine's creation calls, once per process: init_logging() (an
-// unknown BATON_LOG_LEVEL: warn), unless the program installed a default
-// spdlog logger of its own, which stays. Without it a program using the
-// library got spdlog's default: info lines on its stdout.
-void init_default_logging();
+// Sets the level of logger(): `level`, or when empty BATON_LOG_LEVEL, else
+// warn. An unknown level → invalid_argument, the level unchanged.
+Status init_logging(std::string_view level = {});
 
 }  // namespace baton

@@ -124,7 +124,7 @@ struct UcxConfig {
   // dies mid-transfer. Off: UCX's RMA everywhere (slightly less copying).
   bool tcp_slices_as_messages = true;
   // UCX's TCP segment (UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE, unless
-  // the environment sets them): a slice message that fits in one crosses as
+  // the environment sets either): a slice message that fits in one crosses as
   // one send and is taken from UCX's receive buffer. UCX's own 8 KiB cut a
   // 256 KiB slice into 32 fragments reassembled in freshly allocated memory,
   // which made TCP paths 8x slower on a VM (docs/results.md). 0: UCX's

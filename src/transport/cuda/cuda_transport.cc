@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baton/common/address_ranges.h"
+#include "baton/common/log.h"
 
 #include <algorithm>
 #include <array>
@@ -257,7 +258,7 @@ struct CudaTransport::State {
   void fail_path(CudaPath& p, const Status& why, std::string_view name) {
     if (!p.failure.is_ok()) return;
     p.failure = Status::unavailable("cuda path {} failed: {}", name, why.message());
-    spdlog::warn("{}", p.failure.message());
+    baton::logger().warn("{}", p.failure.message());
   }
 };
 
@@ -339,14 +340,14 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
       } else if (peer_link(link)) {
         if (a.device == b.device || !rt.can_access_peer(a.device, b.device) ||
             !rt.can_access_peer(b.device, a.device)) {
-          spdlog::info("cuda transport: {} <-> {} over {}: no peer access; host staging only", link.from, link.to,
+          baton::logger().info("cuda transport: {} <-> {} over {}: no peer access; host staging only", link.from, link.to,
                        topology::to_string(link.path));
           continue;
         }
         Status s = rt.enable_peer_access(a.device, b.device);
         if (s.is_ok()) s = rt.enable_peer_access(b.device, a.device);
         if (!s.is_ok()) {
-          spdlog::warn("cuda transport: {} <-> {}: {}; host staging only", link.from, link.to, s.message());
+          baton::logger().warn("cuda transport: {} <-> {}: {}; host staging only", link.from, link.to, s.message());
           continue;
         }
         mechanism = Mechanism::kPeer;

@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "baton/common/log.h"
+
 namespace baton::transport::ucx {
 namespace {
 
@@ -166,7 +168,7 @@ std::unique_ptr<ControlConnection> ControlListener::accept() {
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       // Out of fds, for one: the connection waits in the backlog until some close.
-      spdlog::warn("control channel: accept on {}: {}", address_, std::strerror(errno));
+      baton::logger().warn("control channel: accept on {}: {}", address_, std::strerror(errno));
     }
     return nullptr;
   }
@@ -185,7 +187,7 @@ void epoll_apply(int epoll, int op, int fd, bool write) {
   ev.events = EPOLLIN | (write ? EPOLLOUT : 0U);
   ev.data.fd = fd;
   if (::epoll_ctl(epoll, op, fd, &ev) != 0 && op != EPOLL_CTL_DEL) {
-    spdlog::warn("control channel: epoll_ctl({}) on fd {}: {}", op, fd, std::strerror(errno));
+    baton::logger().warn("control channel: epoll_ctl({}) on fd {}: {}", op, fd, std::strerror(errno));
   }
 }
 }  // namespace

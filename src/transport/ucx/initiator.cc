@@ -3,15 +3,17 @@
 // and a failing path.
 #include "transport/ucx/state.h"
 
+#include "baton/common/log.h"
+
 namespace baton::transport {
 
 void UcxTransport::State::fail_path(PathId id, Status reason) {
   Peer& peer = peers[id];
   if (peer.state == PathState::kFailed) return;
   if (shut_down) {
-    spdlog::debug("ucx: path {} to {} closed", id, peer.address);
+    baton::logger().debug("ucx: path {} to {} closed", id, peer.address);
   } else {
-    spdlog::info("ucx: path {} to {} failed: {}", id, peer.address, reason.message());
+    baton::logger().info("ucx: path {} to {} failed: {}", id, peer.address, reason.message());
   }
   peer.state = PathState::kFailed;
   peer.error = std::move(reason);
@@ -141,7 +143,7 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   const auto pid = static_cast<pid_t>(w->pid);
   if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
     peer.same_host_pid = pid;
-    spdlog::debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
+    baton::logger().debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
   }
   if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
   token = w->session;
@@ -189,7 +191,7 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
         peer.state = PathState::kReady;
         direct_dirty = true;
         set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
-        spdlog::debug("ucx: path {} ready: {}", id, infos[id].name());
+        baton::logger().debug("ucx: path {} ready: {}", id, infos[id].name());
         return Status::ok();
       }
       break;

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "baton/common/host_port.h"
+#include "baton/common/log.h"
 
 namespace baton::transport {
 
@@ -23,14 +24,14 @@ auto UcxTransport::State::session_of(ucp_ep_h ep) -> Session* {
 // bound, the control connection says the path is ready.
 void UcxTransport::State::handle_bind(const Inbound& in) {
   if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
-    spdlog::warn("ucx: a lane binding without a reply endpoint or a token; dropped");
+    baton::logger().warn("ucx: a lane binding without a reply endpoint or a token; dropped");
     return;
   }
   std::uint64_t token = 0;
   std::memcpy(&token, in.payload.data(), sizeof token);
   const auto it = session_by_token.find(token);
   if (it == session_by_token.end()) {
-    spdlog::warn("ucx: a lane binding with an unknown session token; dropped");
+    baton::logger().warn("ucx: a lane binding with an unknown session token; dropped");
     return;
   }
   const std::uint64_t id = it->second;
@@ -40,7 +41,7 @@ void UcxTransport::State::handle_bind(const Inbound& in) {
     sessions.at(old->second).bound.erase(in.reply_ep);
   }
   if (!session.bound.contains(in.reply_ep) && session.bound.size() >= session.lanes) {
-    spdlog::warn("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes);
+    baton::logger().warn("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes);
     return;
   }
   session.bound.insert(in.reply_ep);
@@ -65,7 +66,7 @@ void UcxTransport::State::fail_back_rail(const BackError& e) {
     close_session(e.session, why);
     return;
   }
-  spdlog::warn("ucx: peer {}: {}; answering over the other rails", session.name, why);
+  baton::logger().warn("ucx: peer {}: {}; answering over the other rails", session.name, why);
   for (auto& back : session.back) {
     if (back->rail != e.rail || back->ep == nullptr) continue;
     close_endpoint(back->ep);
@@ -86,9 +87,9 @@ void UcxTransport::State::close_session(std::uint64_t id, std::string_view why) 
   Session& session = it->second;
   if (!session.authenticated) end_handshake(session);
   if (session.authenticated && !shut_down) {
-    spdlog::info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
+    baton::logger().info("ucx: peer {} ({}) left: {}", session.name, session.conn->remote(), why);
   } else {
-    spdlog::debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
+    baton::logger().debug("ucx: unauthenticated connection from {} closed: {}", session.conn->remote(), why);
   }
   poller->forget(session.conn->fd());
   // Our endpoints to it close; what still arrives on its lanes finds no
@@ -191,12 +192,12 @@ void UcxTransport::State::accept_connections(TimeNs now_ns) {
   while (auto conn = listener->accept()) {
     std::string from = host_of(conn->remote());
     if (!admit_handshake(from, *conn)) {
-      spdlog::debug("ucx: connection from {} refused ({} handshakes under way)", conn->remote(), unauthenticated);
+      baton::logger().debug("ucx: connection from {} refused ({} handshakes under way)", conn->remote(), unauthenticated);
       continue;  // closes it
     }
     auto nonce = ucx::random_nonce();
     if (!nonce) {
-      spdlog::error("ucx: {}", nonce.error().message());
+      baton::logger().error("ucx: {}", nonce.error().message());
       continue;
     }
     const std::uint64_t id = next_session++;
@@ -300,7 +301,7 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   welcome.cookie_address = reinterpret_cast<std::uintptr_t>(cookie.data());
   welcome.cookie = cookie;
   welcome.regions = tell_regions(session);
-  spdlog::debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
+  baton::logger().debug("ucx: peer {} ({}) authenticated", session.name, session.conn->remote());
   tell(id, ControlKind::kWelcome, ucx::encode(welcome));
   return Status::ok();
 }
@@ -326,7 +327,7 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       auto text = ucx::decode_text(frame.body, kMaxNotificationBytes);
       if (!text) return text.error();
       if (notifications.size() == ucx::kMaxPendingNotifications) {
-        spdlog::warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
+        baton::logger().warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
         notifications.pop_front();
       }
       notifications.push_back({session.name, std::move(*text)});

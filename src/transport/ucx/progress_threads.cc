@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "baton/common/log.h"
+
 namespace baton::transport::ucx {
 namespace {
 
@@ -123,7 +125,7 @@ void ProgressThreads::run(PerRail& r) {
     if (pin_to(r.rail.cpus)) {
       pinned_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      spdlog::warn("ucx: a progress thread could not be pinned to CPUs {}", r.rail.cpus);
+      baton::logger().warn("ucx: a progress thread could not be pinned to CPUs {}", r.rail.cpus);
     }
   }
   UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
@@ -133,7 +135,7 @@ void ProgressThreads::run(PerRail& r) {
     ev.data.fd = fd;
     if (epoll.get() < 0 || epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
       // Without a way to sleep, it polls: correct, only costlier.
-      spdlog::warn("ucx: a progress thread cannot sleep ({}): it will poll", std::strerror(errno));
+      baton::logger().warn("ucx: a progress thread cannot sleep ({}): it will poll", std::strerror(errno));
       epoll = UniqueFd(-1);
       break;
     }
@@ -153,7 +155,7 @@ void ProgressThreads::run(PerRail& r) {
       // (BUSY: events came in since; progress again).
       if (done == 0 && epoll.get() >= 0) {
         const ucs_status_t st = ucp_worker_arm(r.rail.worker);
-        if (st != UCS_OK && st != UCS_ERR_BUSY) spdlog::warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
+        if (st != UCS_OK && st != UCS_ERR_BUSY) baton::logger().warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
         armed = st == UCS_OK;
         if (armed) r.sleeping.store(true, std::memory_order_release);
       }

@@ -4,17 +4,21 @@
 #include "transport/ucx/state.h"
 #include "transport/ucx/ucx_log.h"
 
+#include <algorithm>
 #include <fstream>
+#include <optional>
+
+#include "baton/common/log.h"
 
 namespace baton::transport {
 namespace {
 
 // The kernel's largest receive buffer a process may set (net.core.rmem_max);
-// 0 when it cannot be read. A larger SO_RCVBUF is silently cut to it, and a
-// set one turns the kernel's autotuning off.
-std::uint64_t kernel_receive_buffer_max() {
+// none when it cannot be read. A larger SO_RCVBUF is silently cut to it,
+// and a set one turns the kernel's autotuning off.
+std::optional<std::uint64_t> kernel_receive_buffer_max() {
   std::uint64_t bytes = 0;
-  std::ifstream("/proc/sys/net/core/rmem_max") >> bytes;
+  if (!(std::ifstream("/proc/sys/net/core/rmem_max") >> bytes)) return std::nullopt;
   return bytes;
 }
 
@@ -55,15 +59,20 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
   // wins. Only where TCP may open: UCX warns about a setting no transport took.
   if (may_use_tcp(cfg.tls, nic)) {
     std::vector<std::pair<const char*, std::uint64_t>> wanted;
-    if (cfg.tcp_segment_bytes != 0) {
+    // The two segments go together: UCX refuses a receive segment below the
+    // send one, so one set in the environment leaves both to it.
+    if (cfg.tcp_segment_bytes != 0 && std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr &&
+        std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
       wanted.insert(wanted.end(), {{"TX_SEG_SIZE", cfg.tcp_segment_bytes}, {"RX_SEG_SIZE", cfg.tcp_segment_bytes}});
     }
     if (cfg.tcp_receive_buffer_bytes != 0) {
-      if (const std::uint64_t max = kernel_receive_buffer_max(); max >= cfg.tcp_receive_buffer_bytes) {
+      if (const auto max = kernel_receive_buffer_max(); max && *max >= cfg.tcp_receive_buffer_bytes) {
         wanted.emplace_back("RCVBUF", cfg.tcp_receive_buffer_bytes);
       } else {
-        spdlog::debug("UcxTransport: TCP receive buffer left to the kernel's autotuning: net.core.rmem_max is {} "
-                      "(below {})", max, cfg.tcp_receive_buffer_bytes);
+        baton::logger().debug("UcxTransport: TCP receive buffer left to the kernel's autotuning: net.core.rmem_max {} "
+                              "(below {})",
+                              max ? fmt::format("is {}", *max) : std::string("could not be read"),
+                              cfg.tcp_receive_buffer_bytes);
       }
     }
     for (auto [key, value] : wanted) {
@@ -75,7 +84,10 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
         return fail(Status::invalid_argument("UcxTransport::create: {}={} refused by UCX: {}", name, bytes,
                                              ucs_status_string(s)));
       }
-      rail.settings.emplace_back(name, bytes);
+      auto& set = state->ucx_settings;
+      if (std::ranges::find(set, name, &std::pair<std::string, std::string>::first) == set.end()) {
+        set.emplace_back(name, bytes);
+      }
     }
   }
   ucp_params_t params{};
@@ -157,7 +169,7 @@ void UcxTransport::State::on_message_sent(void* request, ucs_status_t status, vo
   ucp_request_free(request);
   const auto recording = msg->state->record();
   if (status != UCS_OK && status != UCS_ERR_CANCELED) {
-    spdlog::debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
+    baton::logger().debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
   }
   msg->state->outgoing_bytes -= msg->payload.size();
   msg->state->buffers.give(std::move(msg->payload));
@@ -171,7 +183,7 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   State* state = handler.state;
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
     // We send every handshake message eager; a rendezvous one is not ours.
-    spdlog::warn("ucx: dropped a rendezvous handshake message of {} bytes", length);
+    baton::logger().warn("ucx: dropped a rendezvous handshake message of {} bytes", length);
     return UCS_OK;
   }
   Inbound in;
@@ -316,7 +328,7 @@ void UcxTransport::State::fail_rail(PathId id, std::size_t rail, Status reason) 
     fail_path(id, std::move(reason));
     return;
   }
-  spdlog::warn("ucx: {}; its lanes fail over to the path's other rails", reason.message());
+  baton::logger().warn("ucx: {}; its lanes fail over to the path's other rails", reason.message());
   peer.rails[rail].failed = true;
   for (auto& lane : peer.lanes) {
     if (lane->rail != rail || lane->ep == nullptr) continue;
@@ -394,7 +406,7 @@ void UcxTransport::State::teardown() {
   for (StagedCopy& copy : std::exchange(staged_copies, {})) copy.access->release(copy.ticket);
   staged_waiting.clear();  // not started: nothing to hand back
   if (!closing.empty()) {
-    spdlog::warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
+    baton::logger().warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
     for (void* r : std::exchange(closing, {})) ucp_request_free(r);
   }
   // Whatever UCX still holds must not call back into freed records.

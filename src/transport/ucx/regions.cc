@@ -3,6 +3,8 @@
 // table, and revocation.
 #include "transport/ucx/state.h"
 
+#include "baton/common/log.h"
+
 namespace baton::transport {
 
 void UcxTransport::State::publish_direct() {
@@ -207,7 +209,7 @@ Status UcxTransport::State::apply_regions(PathId id, const std::vector<RegionDes
       if (mapped) {
         keys->mapping = std::make_shared<const ucx::Mapping>(std::move(*mapped));
       } else {
-        spdlog::debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
+        baton::logger().debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
       }
     }
     table.emplace(d.key, std::move(keys));

@@ -3,6 +3,8 @@
 // or bundled), and handing completions and same-host copies to the loop.
 #include "transport/ucx/state.h"
 
+#include "baton/common/log.h"
+
 namespace baton::transport {
 
 void UcxTransport::State::on_slice_request(void* request, ucs_status_t status, void* user_data) {
@@ -275,7 +277,7 @@ void UcxTransport::State::end_staged_copy(const StagedCopy& copy, const Result<s
     reply_with(a, done->data());
   }
   if (Status s = send_answer(back, copy.answer, copy.header, a); !s.is_ok()) {
-    spdlog::warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
+    baton::logger().warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
   }
 }
 
@@ -386,11 +388,11 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
   if (a.deferred) return;
   ucp_ep_h back = back_endpoint(*session, header.lane);
   if (back == nullptr) {
-    spdlog::warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
+    baton::logger().warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
     return;
   }
   if (Status s = send_answer(back, a.kind, header, a); !s.is_ok()) {
-    spdlog::warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
+    baton::logger().warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
   }
 }
 
@@ -407,24 +409,24 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
   if (!entries) {
     // Its slices stall and fail on the initiator's stall timeout: only a
     // corrupt or hostile peer sends one.
-    spdlog::warn("ucx: dropped a bundle from {}: {}", session->name, entries.error().message());
+    baton::logger().warn("ucx: dropped a bundle from {}: {}", session->name, entries.error().message());
     return;
   }
   ucp_ep_h back = back_endpoint(*session, header.lane);
   if (back == nullptr) {
-    spdlog::warn("ucx: replies to a bundle not sent: no endpoint to {} left", session->name);
+    baton::logger().warn("ucx: replies to a bundle not sent: no endpoint to {} left", session->name);
     return;
   }
   std::vector<std::uint8_t> reply;
   auto send = [&] {
     if (Status s = send_message(back, MessageKind::kReplyBundle, header, std::move(reply)); !s.is_ok()) {
-      spdlog::warn("ucx: replies to a bundle not sent: {}", s.message());
+      baton::logger().warn("ucx: replies to a bundle not sent: {}", s.message());
     }
     reply = {};
   };
   for (const ucx::BundleEntry& e : *entries) {
     if (e.kind != MessageKind::kWriteData && e.kind != MessageKind::kReadAsk) {
-      spdlog::warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
+      baton::logger().warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
                    static_cast<unsigned>(e.kind));
       continue;
     }
@@ -436,7 +438,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
       // A large read's bytes go at once, alone (from a bundle they would
       // wait for the rest and be copied once more).
       if (Status s = send_answer(back, a.kind, entry, a); !s.is_ok()) {
-        spdlog::warn("ucx: reply to slice {} not sent: {}", e.seq, s.message());
+        baton::logger().warn("ucx: reply to slice {} not sent: {}", e.seq, s.message());
       }
       continue;
     }
@@ -495,12 +497,12 @@ void UcxTransport::State::handle_bundle_reply(const Inbound& in, const MessageHe
   Lane* lane = lane_of(header);
   auto entries = ucx::decode_bundle(in.payload);
   if (!entries) {
-    spdlog::warn("ucx: dropped a reply bundle: {}", entries.error().message());
+    baton::logger().warn("ucx: dropped a reply bundle: {}", entries.error().message());
     return;
   }
   for (const ucx::BundleEntry& e : *entries) {
     if (e.kind != MessageKind::kWriteDone && e.kind != MessageKind::kReadData) {
-      spdlog::warn("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind));
+      baton::logger().warn("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind));
       continue;
     }
     take_answer(lane, e.seq, e.kind, e.descriptor, e.data, ucx::kBundleEntryBytes + e.data.size());
@@ -530,7 +532,7 @@ void UcxTransport::State::handle_recorded() {
     for (Inbound& in : std::exchange(inbox, {})) {
       auto header = ucx::decode_header(in.header);
       if (!header) {
-        spdlog::warn("ucx: dropped a message: {}", header.error().message());
+        baton::logger().warn("ucx: dropped a message: {}", header.error().message());
         continue;
       }
       switch (in.kind) {
@@ -553,7 +555,7 @@ bool UcxTransport::State::cma_copier() {
   if (copier) return true;
   auto made = ucx::CmaCopier::create();
   if (!made) {
-    spdlog::warn("ucx: CMA copies stay on the loop: {}", made.error().message());
+    baton::logger().warn("ucx: CMA copies stay on the loop: {}", made.error().message());
     return false;
   }
   copier = std::move(*made);

@@ -158,11 +158,23 @@ struct RemoteRegionKeys {
 };
 
 // Whether UCX may open TCP with these transports on this NIC: its default
-// and "all" include it, an RDMA device and port ("mlx5_0:1") does not.
+// and "all" include it, a list names it ("sm,tcp"), a negated list
+// ("^rc,ud") does unless it names it; an RDMA device and port ("mlx5_0:1")
+// does not.
 inline bool may_use_tcp(std::string_view tls, std::string_view nic) {
   if (nic.find(':') != std::string_view::npos) return false;
-  if (tls.empty() || tls == "all") return true;
-  return tls.find("tcp") != std::string_view::npos && !tls.starts_with('^');
+  const bool negated = tls.starts_with('^');
+  if (negated) tls.remove_prefix(1);
+  if (tls.empty()) return true;
+  bool named = false;
+  for (std::size_t at = 0; at <= tls.size();) {
+    const std::size_t end = std::min(tls.find(',', at), tls.size());
+    std::string_view name = tls.substr(at, end - at);
+    name = name.substr(0, name.find(':'));  // "tcp:aux"
+    named = named || name == "tcp" || (!negated && name == "all");
+    at = end + 1;
+  }
+  return named != negated;
 }
 
 // A payload UCX lent us (UCP_AM_RECV_ATTR_FLAG_DATA): kept without a copy
@@ -221,7 +233,6 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> worker_address;
     int worker_fd = -1;
     std::unique_ptr<HandlerArg> handler_arg;  // a stable address for UCX
-    std::vector<std::pair<std::string, std::string>> settings;  // UcxTransport::ucx_settings
   };
 
   struct Lane {
@@ -361,6 +372,9 @@ struct UcxTransport::State {
   std::string secret;
   std::string address;
   std::vector<Rail> rails;  // at least one
+  // What make_rail set for UCX, once each whatever the rails
+  // (UcxTransport::ucx_settings): one NIC's rail may open TCP, another not.
+  std::vector<std::pair<std::string, std::string>> ucx_settings;
   // Read out of our memory by a same-host peer to prove where it is (Welcome).
   ucx::Cookie cookie{};
   std::optional<ucx::ControlListener> listener;

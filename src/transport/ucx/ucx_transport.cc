@@ -1,6 +1,7 @@
 // UcxTransport: the Transport interface over its State (state.h, which
 // describes the design), whose methods live by job in rails.cc,
 // slices.cc, regions.cc, listener.cc and initiator.cc.
+#include "baton/common/log.h"
 #include "baton/transport/ucx_transport.h"
 
 #include <arpa/inet.h>
@@ -166,10 +167,10 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
           shown(config.listen_address)));
     }
     if (is_loopback(listen->get())) {
-      spdlog::debug("ucx: no secret: listening on loopback {} only, for processes of this host",
+      baton::logger().debug("ucx: no secret: listening on loopback {} only, for processes of this host",
                     config.listen_address);
     } else {
-      spdlog::warn("ucx: no secret, and listening on {}: any host that reaches it is a peer (allow_unauthenticated)",
+      baton::logger().warn("ucx: no secret, and listening on {}: any host that reaches it is a peer (allow_unauthenticated)",
                    config.listen_address);
     }
   }
@@ -215,7 +216,7 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
 const std::string& UcxTransport::address() const { return state_->address; }
 
 const std::vector<std::pair<std::string, std::string>>& UcxTransport::ucx_settings() const {
-  return state_->rails.front().settings;  // every rail is made from the same config
+  return state_->ucx_settings;
 }
 
 Result<RegionHandle> UcxTransport::register_memory(void* addr, std::size_t length, MemoryKind kind) {
@@ -554,7 +555,7 @@ bool UcxTransport::arm() {
   if (s.progress_once()) return false;
   for (State::Rail& rail : s.rails) {
     const ucs_status_t st = ucp_worker_arm(rail.worker);
-    if (st != UCS_OK && st != UCS_ERR_BUSY) spdlog::warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
+    if (st != UCS_OK && st != UCS_ERR_BUSY) baton::logger().warn("ucx: ucp_worker_arm: {}", ucs_status_string(st));
     if (st != UCS_OK) return false;
   }
   return true;
