@@ -56,9 +56,10 @@ Proximity proximity_of(PciLocality locality) {
 //   platforms, so it is not offered.
 // - Host staging of GPU↔GPU is two PCIe copies through pinned memory: about
 //   half the PCIe bandwidth, less across the socket link.
-// - GPUDirect RDMA at 200 Gb/s (25 GB/s) HDR: full rate under one switch,
-//   degraded through the host bridge and across host bridges; NCCL refuses
-//   GDR across sockets by default (NCCL_NET_GDR_LEVEL), and so do we.
+// - GPUDirect RDMA at 200 Gb/s (25 GB/s) HDR: full rate under one switch.
+//   Through the host bridge and beyond it is often slower than staging, so
+//   NCCL's default (NCCL_NET_GDR_LEVEL=PXB) stops at PXB, and so do we: PHB,
+//   NODE and SYS are off until a policy gives them a cost.
 // - rdma/tcp/shm from host memory: local NUMA vs remote NUMA.
 CostModel::CostModel() {
   auto put = [this](PathType p, Proximity x, double gbps, double us) {
@@ -83,8 +84,6 @@ CostModel::CostModel() {
 
   put(P::kGdr, X::kPix, 24.0, 2.0);
   put(P::kGdr, X::kPxb, 23.0, 2.2);
-  put(P::kGdr, X::kPhb, 14.0, 3.0);
-  put(P::kGdr, X::kNode, 9.0, 3.5);
 
   put(P::kRdma, X::kLocal, 24.0, 2.5);
   put(P::kRdma, X::kRemote, 14.0, 3.5);
@@ -134,7 +133,8 @@ Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
 bool CostModel::priced(PathType path, Proximity proximity) {
   static const CostModel defaults;
   return defaults.cost(path, proximity, 1).has_value() ||
-         (path == PathType::kGdr && proximity == Proximity::kSys);
+         (path == PathType::kGdr &&
+          (proximity == Proximity::kPhb || proximity == Proximity::kNode || proximity == Proximity::kSys));
 }
 
 void CostModel::disable(PathType path, Proximity proximity) {

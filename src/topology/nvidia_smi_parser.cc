@@ -350,9 +350,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   facts.source = "nvidia-smi";
   facts.gpus.resize(gpus);
   facts.nics.resize(nics);
-  bool numa_inferred = false;
   const bool numa_column = std::ranges::any_of(trailing, [](const auto& t) { return t.second == "NUMA Affinity"; });
-  std::map<std::string, int> numa_by_cpus;  // only when there is no NUMA column
+  // GPUs whose NUMA Affinity names no one node: N/A, or a list of nodes
+  // ("0-1", where the firmware left the PCI device's node unset).
+  std::vector<std::string> numa_unknown;
   for (int c = 0; c < n; ++c) {
     if (gpu_of[c] >= 0) {
       GpuInfo& gpu = facts.gpus[gpu_of[c]];
@@ -372,25 +373,26 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
         if (it == ex.end() || it->second == "N/A") return Status::ok();
         const auto v = parse_int(it->second);
         if (!v || *v < 0 || *v > kMaxNumaNode) {
-          return Status::invalid_argument("nvidia-smi topo: line {}: {}: {} \"{}\" (expected 0..{} or N/A)",
+          return Status::invalid_argument("nvidia-smi topo: line {}: {}: {} \"{}\" (expected 0..{}, a list of "
+                                          "nodes or N/A)",
                                           row_line[c], columns[c], column, shown(it->second), kMaxNumaNode);
         }
         into = *v;
         return Status::ok();
       };
-      if (numa_column && !ex.contains("NUMA Affinity")) {
-        // Guessed from the CPU set instead, its id collided with given ones.
-        return error(row_line[c], fmt::format("row \"{}\" has no NUMA Affinity value (the header names one; "
-                                              "N/A when unknown)", columns[c]));
-      }
       if (numa_column) {
-        if (Status st = numa_value("NUMA Affinity", gpu.numa); !st.is_ok()) return std::unexpected(st);
-      } else if (!gpu.cpu_affinity.empty()) {
-        // Older drivers print only CPU Affinity: GPUs with the same CPU set
-        // share a socket, numbered in order of appearance.
-        auto [it2, fresh] = numa_by_cpus.try_emplace(gpu.cpu_affinity, static_cast<int>(numa_by_cpus.size()));
-        gpu.numa = it2->second;
-        numa_inferred = true;
+        const auto it = ex.find("NUMA Affinity");
+        if (it == ex.end()) {
+          // Guessed from the CPU set instead, its id collided with given ones.
+          return error(row_line[c], fmt::format("row \"{}\" has no NUMA Affinity value (the header names one; "
+                                                "N/A when unknown)", columns[c]));
+        }
+        const bool node_list = it->second.find_first_of(",-") != std::string_view::npos && cpu_list_count(it->second);
+        if (it->second == "N/A" || node_list) {
+          numa_unknown.push_back(fmt::format("{} \"{}\"", columns[c], shown(it->second)));
+        } else if (Status st = numa_value("NUMA Affinity", gpu.numa); !st.is_ok()) {
+          return std::unexpected(st);
+        }
       }
       if (Status st = numa_value("GPU NUMA ID", gpu.gpu_numa_id); !st.is_ok()) return std::unexpected(st);
     } else {
@@ -405,8 +407,28 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       }
     }
   }
+  // No GPU names its node (older drivers print no NUMA Affinity; VMs and
+  // some firmware print N/A or a list): GPUs with the same CPU set share a
+  // socket, numbered in order of appearance. Where some GPUs name theirs,
+  // a guessed id could collide with a given one: the others stay unknown.
+  const bool none_given = std::ranges::none_of(facts.gpus, [](const GpuInfo& g) { return g.numa != kUnknownNuma; });
+  bool numa_inferred = false;
+  if (none_given) {
+    std::map<std::string, int> numa_by_cpus;
+    for (GpuInfo& gpu : facts.gpus) {
+      if (gpu.cpu_affinity.empty()) continue;
+      gpu.numa = numa_by_cpus.try_emplace(gpu.cpu_affinity, static_cast<int>(numa_by_cpus.size())).first->second;
+      numa_inferred = true;
+    }
+  }
+  const std::string why = !numa_column ? std::string("no NUMA Affinity column")
+                                       : fmt::format("NUMA Affinity of {}", fmt::join(numa_unknown, ", "));
   if (numa_inferred) {
-    facts.notes.push_back("nvidia-smi: no NUMA Affinity column; NUMA nodes inferred from CPU Affinity");
+    facts.notes.push_back(fmt::format("nvidia-smi: {}; NUMA nodes inferred from CPU Affinity", why));
+  } else if (none_given && gpus > 0) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {} and no CPU Affinity: no NUMA node known, so no host-memory paths", why));
+  } else if (!numa_unknown.empty()) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {}: their NUMA node unknown", why));
   }
 
   for (int r = 0; r < n; ++r) {

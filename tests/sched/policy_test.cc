@@ -689,8 +689,10 @@ TEST(SchedPolicyParse, CostModelRefusesWhatItCannotUse) {
     ASSERT_FALSE(q.has_value()) << bad;
     EXPECT_NE(q.error().message().find(said), std::string::npos) << q.error().message();
   }
-  // GDR across sockets is off by default (as NCCL has it) and on once priced.
-  EXPECT_TRUE(parse_policy("cost_model: {gdr: {SYS: {bandwidth_gbps: 5}}}").has_value());
+  // GDR past PXB is off by default (as NCCL has it) and on once priced.
+  for (const char* x : {"PHB", "NODE", "SYS"}) {
+    EXPECT_TRUE(parse_policy(fmt::format("cost_model: {{gdr: {{{}: {{bandwidth_gbps: 5}}}}}}", x)).has_value()) << x;
+  }
   SchedPolicy programmatic = SchedPolicy::defaults();
   programmatic.cost_model.push_back({PathType::kPcieP2p, topology::Proximity::kSys, 50, 1});
   EXPECT_NE(programmatic.validate().message().find("prices pcie_p2p at SYS, which no topology has"), std::string::npos)

@@ -67,7 +67,7 @@ TEST(TopoCommand, ModelNvswitch8Json) {
   for (const auto& r : j["routes"]) {
     if (r["to"].get<std::string>().starts_with("nic") && r["chain"][0] == "gdr") ++gdr_pix;
   }
-  EXPECT_EQ(gdr_pix, 32);  // each GPU: its own NIC (PIX) and three same-socket NICs (NODE)
+  EXPECT_EQ(gdr_pix, 8);  // each GPU: its own NIC (PIX); at NODE, host staging (NCCL's default GDR level)
 }
 
 TEST(TopoCommand, ProbeThisMachineJson) {

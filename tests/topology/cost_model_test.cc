@@ -32,16 +32,19 @@ TEST(CostModel, NvlinkBandwidthScalesWithLinks) {
   EXPECT_FALSE(m.cost(PathType::kNvlink, Proximity::kLocal, 0).has_value());
 }
 
-TEST(CostModel, GdrPrefersTheSharedSwitchAndRefusesCrossSocket) {
-  const CostModel m;
+// GDR as NCCL's default has it (NCCL_NET_GDR_LEVEL=PXB): under PCIe
+// switches only; through the host bridge and beyond, off until priced.
+TEST(CostModel, GdrStopsAtTheSharedSwitchesAsNcclDoes) {
+  CostModel m;
   const double pix = score(m, PathType::kGdr, Proximity::kPix);
   const double pxb = score(m, PathType::kGdr, Proximity::kPxb);
-  const double phb = score(m, PathType::kGdr, Proximity::kPhb);
-  const double node = score(m, PathType::kGdr, Proximity::kNode);
   EXPECT_GT(pix, pxb);
-  EXPECT_GT(pxb, phb);
-  EXPECT_GT(phb, node);
-  EXPECT_FALSE(m.cost(PathType::kGdr, Proximity::kSys).has_value());
+  for (Proximity x : {Proximity::kPhb, Proximity::kNode, Proximity::kSys}) {
+    EXPECT_FALSE(m.cost(PathType::kGdr, x).has_value()) << to_string(x);
+    EXPECT_TRUE(CostModel::priced(PathType::kGdr, x)) << to_string(x);  // a policy may turn it on
+  }
+  ASSERT_TRUE(m.set(PathType::kGdr, Proximity::kNode, 9.0, 3.5).is_ok());
+  EXPECT_GT(pxb, score(m, PathType::kGdr, Proximity::kNode));
   // PCIe P2P is not offered between host bridges either.
   EXPECT_FALSE(m.cost(PathType::kPcieP2p, Proximity::kNode).has_value());
   EXPECT_FALSE(m.cost(PathType::kPcieP2p, Proximity::kSys).has_value());

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "baton/topology/graph.h"
 #include "baton/topology/probe.h"
 
 namespace baton::topology {
@@ -281,6 +282,62 @@ TEST(NvidiaSmiParser, Dgx1HybridCubeMeshUnsortedNicsCpuAffinityOnly) {
   ASSERT_EQ(f.notes.size(), 1u);
 }
 
+// NUMA Affinity N/A (a VM, firmware without PCI NUMA) or a list of nodes
+// ("0-1", a dual-socket board that left the device's node unset): no GPU
+// names its node, so the sockets come from the CPU sets, as with drivers
+// that print no NUMA column, and the note says why. Before, N/A left no NUMA
+// node and no host path at all, and "0-1" was refused.
+TEST(NvidiaSmiParser, NumaAffinityNaOrAListInfersTheNodesFromTheCpus) {
+  const auto vm = load("fixture-p4-vm-numa-na.txt");
+  ASSERT_EQ(vm.gpus.size(), 1u);
+  EXPECT_EQ(vm.gpus[0].numa, 0);
+  ASSERT_EQ(vm.numa_nodes.size(), 1u);
+  EXPECT_EQ(vm.numa_nodes[0].cpus, "0-7");
+  ASSERT_EQ(vm.notes.size(), 1u);
+  EXPECT_NE(vm.notes[0].find("GPU0 \"N/A\"; NUMA nodes inferred from CPU Affinity"), std::string::npos) << vm.notes[0];
+
+  const auto board = load("fixture-dual-socket-numa-list.txt");
+  ASSERT_EQ(board.gpus.size(), 3u);
+  for (const GpuInfo& g : board.gpus) EXPECT_EQ(g.numa, 0) << g.name;
+  ASSERT_EQ(board.numa_nodes.size(), 1u);
+  ASSERT_EQ(board.notes.size(), 1u);
+  EXPECT_NE(board.notes[0].find("GPU2 \"0-1\""), std::string::npos) << board.notes[0];
+  // The graph has host memory to stage through, into every GPU.
+  auto graph = TopologyGraph::build(board);
+  ASSERT_TRUE(graph.has_value()) << graph.error().to_string();
+  for (const char* gpu : {"gpu0", "gpu1", "gpu2"}) {
+    auto route = graph->rank("numa0", gpu);
+    ASSERT_TRUE(route.has_value()) << gpu << ": " << route.error().to_string();
+    EXPECT_EQ(route->best().path, PathType::kHostStaging) << gpu;
+  }
+}
+
+// Where some GPUs name their node, a guessed id could collide with a given
+// one: the others stay unknown, said in a note; with neither NUMA nor CPU
+// affinity known, the note says there is no host-memory path.
+TEST(NvidiaSmiParser, AGpuWithoutANodeAmongGpusWithOneStaysUnknown) {
+  auto mixed = parse_nvidia_smi_topo(
+      "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-7\t1\nGPU1\tSYS\t X \t8-15\tN/A\n");
+  ASSERT_TRUE(mixed.has_value()) << mixed.error().to_string();
+  EXPECT_EQ(mixed->gpus[0].numa, 1);
+  EXPECT_EQ(mixed->gpus[1].numa, kUnknownNuma);
+  ASSERT_EQ(mixed->notes.size(), 1u);
+  EXPECT_NE(mixed->notes[0].find("GPU1 \"N/A\": their NUMA node unknown"), std::string::npos) << mixed->notes[0];
+
+  auto nothing = parse_nvidia_smi_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tN/A\tN/A\n");
+  ASSERT_TRUE(nothing.has_value()) << nothing.error().to_string();
+  EXPECT_EQ(nothing->gpus[0].numa, kUnknownNuma);
+  EXPECT_TRUE(nothing->numa_nodes.empty());
+  ASSERT_EQ(nothing->notes.size(), 1u);
+  EXPECT_NE(nothing->notes[0].find("no host-memory paths"), std::string::npos) << nothing->notes[0];
+
+  // A list that is no list of nodes is still refused.
+  for (const char* bad : {"0-", "1-0", "0,,1"}) {
+    auto r = parse_nvidia_smi_topo(fmt::format("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-7\t{}\n", bad));
+    EXPECT_FALSE(r.has_value()) << bad;
+  }
+}
+
 TEST(NvidiaSmiParser, OwnFixtureHgxH100) {
   const auto f = load("fixture-hgx-h100-nv18-mlx5.txt");
   ASSERT_EQ(f.gpus.size(), 8u);
@@ -370,7 +427,7 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"gpu_gap", "\tGPU0\tGPU2\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", "column \"GPU2\" where GPU1 was expected"},
         Malformed{"duplicate_column", "\tGPU0\tmlx5_0\tmlx5_0\n", "appears twice"},
         Malformed{"numa_negative", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-3\t-5\n",
-                  "line 2: GPU0: NUMA Affinity \"-5\" (expected 0..1023 or N/A)"},
+                  "line 2: GPU0: NUMA Affinity \"-5\" (expected 0..1023, a list of nodes or N/A)"},
         Malformed{"numa_huge", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-3\t99999999999\n",
                   "NUMA Affinity \"99999999999\""},
         Malformed{"cpu_affinity_huge", "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-999999999999\t0\n",
