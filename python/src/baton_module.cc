@@ -870,7 +870,8 @@ PYBIND11_MODULE(_baton, m) {
           "ucx_settings",
           [](EngineState& s) {
             py::dict d;
-            for (const auto& [name, value] : s.get("ucx_settings")->ucx_settings()) d[py::str(name)] = value;
+            const auto engine = s.get("ucx_settings");
+            for (const auto& [name, value] : engine->ucx_settings()) d[py::str(name)] = value;
             return d;
           },
           "The UCX variables Baton set for this engine ({\"UCX_TCP_RCVBUF\": \"1048576\", ...}); the environment's win")

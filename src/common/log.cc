@@ -36,7 +36,7 @@ std::shared_ptr<spdlog::logger> make_logger() {
   const auto level = level_named(env != nullptr ? env : "warn");
   made->set_level(level.value_or(spdlog::level::warn));
   if (!level) {
-    made->warn("BATON_LOG_LEVEL=\"{}\" is not a level (trace, debug, info, warn, error or off): logging at warn", env);
+    made->warn("BATON_LOG_LEVEL=\"{}\" is not a level (trace, debug, info, warn, error or off); ignored", env);
   }
   return made;
 }

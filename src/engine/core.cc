@@ -72,7 +72,8 @@ Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
       if (config.ucx.nics.size() < 2) config.ucx.nics.clear();
       config.ucx.lanes_per_peer = std::max<int>(config.ucx.lanes_per_peer, static_cast<int>(config.ucx.nics.size()));
       baton::logger().info("engine: NICs from the topology: {}",
-                   config.ucx.nics.empty() ? "fewer than two, UCX chooses" : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
+                           config.ucx.nics.empty() ? "fewer than two, UCX chooses"
+                                                   : fmt::format("{}", fmt::join(config.ucx.nics, ",")));
     }
     // A TCP slice crosses as one UCX segment, whatever the policy's slice
     // size (the descriptor and headers fit in the headroom). A value out of

@@ -237,7 +237,7 @@ Result<std::string> local_node(const transport::CudaTransport& cuda, const Regio
       if (!d || *d != other.device || cuda.device_of(p.from)) continue;
       if (!exact && !named.empty()) {
         baton::logger().debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named, other.device,
-                      p.from);
+                              p.from);
       }
       if (!exact || p.from == named) return p.from;
     }

@@ -23,6 +23,7 @@ TEST(Logger, IsBatonsOwnAndRegisteredSoAProgramCanReachIt) {
 TEST(Logger, InitLoggingSetsOnlyBatonsLevel) {
   std::ostringstream program_out;
   auto program = std::make_shared<spdlog::logger>("program", std::make_shared<spdlog::sinks::ostream_sink_mt>(program_out));
+  spdlog::register_logger(program);  // where spdlog::set_level would reach it
   program->set_level(spdlog::level::info);
   const auto default_level = spdlog::default_logger()->level();
   const auto before = logger().level();
@@ -40,6 +41,7 @@ TEST(Logger, InitLoggingSetsOnlyBatonsLevel) {
   EXPECT_EQ(logger().level(), spdlog::level::off);  // unchanged by the refusal
 
   logger().set_level(before);
+  spdlog::drop("program");
 }
 
 TEST(Logger, LinesGoToBatonsSinksNotTheDefaultLoggers) {

@@ -92,8 +92,8 @@ class CostModel {
   void disable(PathType path, Proximity proximity);
 
   // Whether a topology graph ever prices `path` at `proximity`: the
-  // defaults' usable entries, and GDR across sockets (off by default, as
-  // NCCL has it, on once given a cost). An override of anything else could
+  // defaults' usable entries, and GDR past the PCIe switches (PHB, NODE,
+  // SYS: off by default, as NCCL has it, on once given a cost). An override of anything else could
   // never take effect (PCIe P2P at NODE or SYS, NVLink anywhere but local).
   [[nodiscard]] static bool priced(PathType path, Proximity proximity);
 

@@ -72,8 +72,9 @@ class TopologyGraph {
                                    std::string_view to) const;
 
   // NICs for GPUDirect RDMA from `gpu`, best first: those sharing a PCIe
-  // switch (PIX, PXB) before PHB/NODE, before NICs reached only across
-  // sockets. Every NIC appears once.
+  // switch (PIX, PXB), then GDR through host bridges (PHB/NODE, where a
+  // policy prices it), then NICs reached by host staging, best first.
+  // Every NIC appears once.
   [[nodiscard]] Result<std::vector<std::string>> nics_for_gpu(
       std::string_view gpu) const;
 

@@ -341,7 +341,7 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(const topology::Top
         if (a.device == b.device || !rt.can_access_peer(a.device, b.device) ||
             !rt.can_access_peer(b.device, a.device)) {
           baton::logger().info("cuda transport: {} <-> {} over {}: no peer access; host staging only", link.from, link.to,
-                       topology::to_string(link.path));
+                               topology::to_string(link.path));
           continue;
         }
         Status s = rt.enable_peer_access(a.device, b.device);

@@ -5,6 +5,7 @@
 #include "transport/ucx/ucx_log.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 
@@ -57,7 +58,8 @@ auto UcxTransport::State::make_rail(const UcxConfig& cfg, const std::string& nic
   // One segment per slice message (UcxConfig::tcp_segment_bytes) and a fixed
   // receive buffer (tcp_receive_buffer_bytes); what the environment sets
   // wins. Only where TCP may open: UCX warns about a setting no transport took.
-  if (may_use_tcp(cfg.tls, nic)) {
+  const char* env_tls = std::getenv("UCX_TLS");  // what UCX reads when the config names none
+  if (may_use_tcp(!cfg.tls.empty() ? std::string_view(cfg.tls) : env_tls != nullptr ? env_tls : "", nic)) {
     std::vector<std::pair<const char*, std::uint64_t>> wanted;
     // The two segments go together: UCX refuses a receive segment below the
     // send one, so one set in the environment leaves both to it.

@@ -378,8 +378,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
   Session* session = session_of(in.reply_ep);
   if (session == nullptr) {
     // After we shut down (its session closed) this is a slice already on the wire.
-    spdlog::log(shut_down ? spdlog::level::debug : spdlog::level::warn,
-                "ucx: a slice message from an endpoint no authenticated peer bound; dropped");
+    baton::logger().log(shut_down ? spdlog::level::debug : spdlog::level::warn,
+                        "ucx: a slice message from an endpoint no authenticated peer bound; dropped");
     return;
   }
   std::size_t at = 0;
@@ -401,8 +401,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
 void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& header) {
   Session* session = session_of(in.reply_ep);
   if (session == nullptr) {
-    spdlog::log(shut_down ? spdlog::level::debug : spdlog::level::warn,
-                "ucx: a bundle from an endpoint no authenticated peer bound; dropped");
+    baton::logger().log(shut_down ? spdlog::level::debug : spdlog::level::warn,
+                        "ucx: a bundle from an endpoint no authenticated peer bound; dropped");
     return;
   }
   auto entries = ucx::decode_bundle(in.payload);
@@ -427,7 +427,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
   for (const ucx::BundleEntry& e : *entries) {
     if (e.kind != MessageKind::kWriteData && e.kind != MessageKind::kReadAsk) {
       baton::logger().warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
-                   static_cast<unsigned>(e.kind));
+                           static_cast<unsigned>(e.kind));
       continue;
     }
     MessageHeader entry = header;
@@ -459,8 +459,8 @@ void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind
     // Expected once the slice's path failed or we shut down: its slices
     // ended then, and replies already on the wire still come in.
     const bool late = shut_down || lane == nullptr || peers[lane->path].state != PathState::kReady;
-    spdlog::log(late ? spdlog::level::debug : spdlog::level::warn,
-                "ucx: a reply for slice {} that is not waiting for one; dropped", seq);
+    baton::logger().log(late ? spdlog::level::debug : spdlog::level::warn,
+                        "ucx: a reply for slice {} that is not waiting for one; dropped", seq);
     return;
   }
   SliceOp& op = *it->second;

@@ -65,6 +65,7 @@
 #include "transport/ucx/progress_threads.h"
 #include "transport/ucx/readers.h"
 #include "transport/ucx/same_host.h"
+#include "transport/ucx/tls_list.h"
 #include "baton/common/socket_address.h"
 #include "transport/ucx/wire.h"
 
@@ -156,26 +157,6 @@ struct RemoteRegionKeys {
     }
   }
 };
-
-// Whether UCX may open TCP with these transports on this NIC: its default
-// and "all" include it, a list names it ("sm,tcp"), a negated list
-// ("^rc,ud") does unless it names it; an RDMA device and port ("mlx5_0:1")
-// does not.
-inline bool may_use_tcp(std::string_view tls, std::string_view nic) {
-  if (nic.find(':') != std::string_view::npos) return false;
-  const bool negated = tls.starts_with('^');
-  if (negated) tls.remove_prefix(1);
-  if (tls.empty()) return true;
-  bool named = false;
-  for (std::size_t at = 0; at <= tls.size();) {
-    const std::size_t end = std::min(tls.find(',', at), tls.size());
-    std::string_view name = tls.substr(at, end - at);
-    name = name.substr(0, name.find(':'));  // "tcp:aux"
-    named = named || name == "tcp" || (!negated && name == "all");
-    at = end + 1;
-  }
-  return named != negated;
-}
 
 // A payload UCX lent us (UCP_AM_RECV_ATTR_FLAG_DATA): kept without a copy
 // until the message was acted on, then handed back to its worker.

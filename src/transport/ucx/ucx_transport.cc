@@ -168,10 +168,10 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
     }
     if (is_loopback(listen->get())) {
       baton::logger().debug("ucx: no secret: listening on loopback {} only, for processes of this host",
-                    config.listen_address);
+                            config.listen_address);
     } else {
       baton::logger().warn("ucx: no secret, and listening on {}: any host that reaches it is a peer (allow_unauthenticated)",
-                   config.listen_address);
+                           config.listen_address);
     }
   }
   state->config = std::move(config);
