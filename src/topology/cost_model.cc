@@ -100,13 +100,16 @@ double CostModel::score(double bandwidth_gbps, double latency_us) {
 }
 
 std::optional<PathCost> CostModel::cost(PathType path, Proximity proximity,
-                                        int nvlinks) const {
+                                        int nvlinks, double gbps_per_link) const {
   if (!known(path) || !known(proximity)) return std::nullopt;
   const Entry& e = table_[idx(path)][idx(proximity)];
   if (!e.usable) return std::nullopt;
   double gbps = e.bandwidth_gbps;
   if (path == PathType::kNvlink || path == PathType::kNvswitch) {
     if (nvlinks <= 0) return std::nullopt;
+    if (!e.overridden && gbps_per_link >= kMinBandwidthGbps && gbps_per_link <= kMaxBandwidthGbps) {
+      gbps = gbps_per_link;
+    }
     gbps *= nvlinks;
   }
   return PathCost{gbps, e.latency_us, score(gbps, e.latency_us)};
@@ -126,7 +129,7 @@ Status CostModel::set(PathType path, Proximity proximity, double bandwidth_gbps,
     return Status::invalid_argument("CostModel::set: {} latency {} us (expected 0..{})", to_string(path),
                                     latency_us, kMaxLatencyUs);
   }
-  table_[idx(path)][idx(proximity)] = {true, bandwidth_gbps, latency_us};
+  table_[idx(path)][idx(proximity)] = {true, bandwidth_gbps, latency_us, true};
   return Status::ok();
 }
 

@@ -131,6 +131,12 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
   };
   for (std::size_t i = 0; i < facts.gpus.size(); ++i) {
     if (Status s = check_numa("gpu", i, facts.gpus[i].numa); !s.is_ok()) return std::unexpected(s);
+    if (const double per = facts.gpus[i].nvlink_gbps_per_link;
+        !(per == 0 || (per >= CostModel::kMinBandwidthGbps && per <= CostModel::kMaxBandwidthGbps))) {
+      return std::unexpected(Status::invalid_argument(
+          "TopologyGraph::build: gpu{} has NVLinks of {} GB/s (expected 0 for unknown, or {}..{})", i, per,
+          CostModel::kMinBandwidthGbps, CostModel::kMaxBandwidthGbps));
+    }
   }
   for (std::size_t i = 0; i < facts.nics.size(); ++i) {
     if (Status s = check_numa("nic", i, facts.nics[i].numa); !s.is_ok()) return std::unexpected(s);
@@ -194,8 +200,8 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
   for (std::size_t i = 0; i < g.nodes_.size(); ++i) g.index_[g.nodes_[i].id] = i;
 
   auto add_link = [&](std::string from, std::string to, PathType path, Proximity proximity,
-                      int nvlinks = 0) {
-    const auto cost = costs.cost(path, proximity, nvlinks);
+                      int nvlinks = 0, double gbps_per_link = 0) {
+    const auto cost = costs.cost(path, proximity, nvlinks, gbps_per_link);
     if (!cost) return;  // the cost model says this combination is not usable
     g.pair_links_[pair_key(from, to)].push_back(g.links_.size());
     g.links_.push_back({std::move(from), std::move(to), path, proximity, nvlinks, *cost});
@@ -210,8 +216,11 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
       const std::string a = fmt::format("gpu{}", i);
       const std::string b = fmt::format("gpu{}", j);
       if (r != nullptr && r->nvlinks > 0) {
+        // The slower end's generation, where the probe knows both.
+        const double per_i = facts.gpus[i].nvlink_gbps_per_link;
+        const double per_j = facts.gpus[j].nvlink_gbps_per_link;
         add_link(a, b, r->via_nvswitch ? PathType::kNvswitch : PathType::kNvlink,
-                 Proximity::kLocal, r->nvlinks);
+                 Proximity::kLocal, r->nvlinks, per_i > 0 && per_j > 0 ? std::min(per_i, per_j) : 0);
       }
       // PCIe P2P stays a fallback beside NVLink when the PCIe path is known.
       // Peer access with no NVLink and no known path is P2P over PCIe too.

@@ -51,6 +51,7 @@ TopologyFacts merge_driver_into_host(const TopologyFacts& driver, TopologyFacts 
     g.name = d.name.empty() ? g.name : d.name;
     g.uuid = d.uuid;
     g.nvlink_active = d.nvlink_active;
+    g.nvlink_gbps_per_link = d.nvlink_gbps_per_link;
     g.gpu_numa_id = d.gpu_numa_id;
     if (g.numa == kUnknownNuma) g.numa = d.numa;
   }

@@ -85,6 +85,7 @@ struct NvmlApi {
   NvmlReturn (*get_numa_node_id)(NvmlDevice, unsigned*) = nullptr;  // nvmlDeviceGetNumaNodeId
   // nvmlDeviceGetNvLinkRemoteDeviceType
   NvmlReturn (*get_nvlink_remote_type)(NvmlDevice, unsigned, NvmlNvLinkDeviceType*) = nullptr;
+  NvmlReturn (*get_architecture)(NvmlDevice, unsigned*) = nullptr;  // nvmlDeviceGetArchitecture
 };
 
 template <typename Fn>
@@ -117,6 +118,7 @@ Result<NvmlApi> load_nvml_api(void* library) {
   load_symbol(library, "nvmlErrorString", api.error_string);
   load_symbol(library, "nvmlDeviceGetNumaNodeId", api.get_numa_node_id);
   load_symbol(library, "nvmlDeviceGetNvLinkRemoteDeviceType", api.get_nvlink_remote_type);
+  load_symbol(library, "nvmlDeviceGetArchitecture", api.get_architecture);
   return api;
 }
 
@@ -259,6 +261,15 @@ Result<std::string> normalize_pci_bus_id(std::string_view id) {
                      parse_hex(device), function);
 }
 
+double nvlink_gbps_for_architecture(unsigned architecture) {
+  switch (architecture) {
+    case 4: return 20.0;                            // Pascal (P100): NVLink 1
+    case 5: case 6: case 7: case 9: return 25.0;    // Volta, Turing, Ampere, Hopper: NVLink 2-4
+    case 10: return 50.0;                           // Blackwell: NVLink 5
+    default: return 0.0;                            // Ada (none), or unknown to this table
+  }
+}
+
 Result<TopologyFacts> facts_from_nvml(const NvmlSnapshot& snapshot) {
   const std::size_t n = snapshot.gpus.size();
   TopologyFacts facts;
@@ -282,6 +293,7 @@ Result<TopologyFacts> facts_from_nvml(const NvmlSnapshot& snapshot) {
     info.pci_bus_id = *id;
     info.uuid = gpu.uuid;
     info.numa = gpu.numa;
+    info.nvlink_gbps_per_link = nvlink_gbps_for_architecture(gpu.architecture);
     facts.gpus.push_back(std::move(info));
   }
 
@@ -397,6 +409,10 @@ Result<TopologyFacts> probe_nvml() {
     if (api->get_numa_node_id != nullptr &&
         api->get_numa_node_id(device, &gpu_node) == kNvmlSuccess) {
       g.gpu_numa_id = static_cast<int>(gpu_node);
+    }
+    unsigned architecture = 0;
+    if (api->get_architecture != nullptr && api->get_architecture(device, &architecture) == kNvmlSuccess) {
+      g.gpu.architecture = architecture;
     }
     probe_links(*api, device, g);
     probed.push_back(std::move(g));

@@ -22,7 +22,15 @@ struct NvmlGpu {
   std::string pci_bus_id;  // normalised: "0000:17:00.0"
   int numa = kUnknownNuma;
   std::vector<NvmlLink> links;  // one per NVLink slot the device has
+  unsigned architecture = 0;    // nvmlDeviceArchitecture_t (Hopper 9, Blackwell 10); 0: unknown
 };
+
+// One NVLink's GB/s per direction for an nvmlDeviceArchitecture_t: Pascal's
+// NVLink 1 20, Volta to Hopper (NVLink 2-4) 25, Blackwell's NVLink 5 50; 0
+// for an architecture without NVLink or one this table does not know. (The
+// per-link nvmlDeviceGetNvLinkVersion is not used: drivers answer NVLink 5
+// for H100.)
+[[nodiscard]] double nvlink_gbps_for_architecture(unsigned architecture);
 
 struct NvmlSnapshot {
   std::vector<NvmlGpu> gpus;

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "baton/topology/cost_model.h"
+#include "baton/topology/graph.h"
 #include "baton/topology/probe.h"
 #include "topology/nvml_snapshot.h"
 
@@ -64,6 +66,42 @@ TEST(FactsFromNvml, NvSwitchBoardJoinsEveryPairThroughTheFabric) {
           << i << "-" << j;
     }
   }
+}
+
+// The same 18 links carry twice the bytes on Blackwell (NVLink 5): the
+// architecture NVML reports sets the speed per link, the slower end's for a
+// pair, and a policy's measured figure still wins.
+TEST(FactsFromNvml, TheArchitectureSetsTheNvlinkSpeedAndAPolicyFigureWins) {
+  EXPECT_EQ(nvlink_gbps_for_architecture(9), 25.0);   // Hopper
+  EXPECT_EQ(nvlink_gbps_for_architecture(10), 50.0);  // Blackwell
+  EXPECT_EQ(nvlink_gbps_for_architecture(8), 0.0);    // Ada: no NVLink
+  EXPECT_EQ(nvlink_gbps_for_architecture(0), 0.0);    // unknown: the cost model's
+  auto bandwidth = [](unsigned arch0, unsigned arch1, const CostModel& costs) {
+    NvmlSnapshot snapshot = nvswitch_snapshot({18, 18});
+    snapshot.gpus[0].architecture = arch0;
+    snapshot.gpus[1].architecture = arch1;
+    auto facts = facts_from_nvml(snapshot);
+    EXPECT_TRUE(facts.has_value()) << facts.error().to_string();
+    auto graph = TopologyGraph::build(*facts, costs);
+    EXPECT_TRUE(graph.has_value()) << graph.error().to_string();
+    auto route = graph->rank("gpu0", "gpu1");
+    EXPECT_TRUE(route.has_value());
+    EXPECT_EQ(route->best().path, PathType::kNvswitch);
+    return route->best().cost.bandwidth_gbps;
+  };
+  const CostModel defaults;
+  EXPECT_DOUBLE_EQ(bandwidth(10, 10, defaults), 900.0);  // B200: 18 x 50
+  EXPECT_DOUBLE_EQ(bandwidth(9, 9, defaults), 450.0);    // H100: 18 x 25
+  EXPECT_DOUBLE_EQ(bandwidth(10, 9, defaults), 450.0);   // the slower end
+  EXPECT_DOUBLE_EQ(bandwidth(10, 0, defaults), 450.0);   // one end unknown: the model's
+  CostModel measured;
+  ASSERT_TRUE(measured.set(PathType::kNvswitch, Proximity::kLocal, 40.0, 2.5).is_ok());
+  EXPECT_DOUBLE_EQ(bandwidth(10, 10, measured), 720.0);  // 18 x the policy's 40
+
+  TopologyFacts bad;
+  bad.gpus.resize(1);
+  bad.gpus[0].nvlink_gbps_per_link = -1;
+  EXPECT_EQ(TopologyGraph::build(bad).error().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(FactsFromNvml, FabricPairsUseTheSmallerActiveLinkCount) {

@@ -60,7 +60,9 @@ inline constexpr std::uint64_t kScoreReferenceBytes = 1 << 20;
 
 // Bandwidth of one NVLink, one direction. NVLink 2, 3 and 4 all carry 25 GB/s
 // per link per direction (V100: 6 links = 150 GB/s, A100: 12 = 300,
-// H100/H200: 18 = 450), so NV# × 25 fits every generation nvidia-smi shows.
+// H100/H200: 18 = 450). Blackwell's NVLink 5 carries 50 with the same 18
+// links; nvidia-smi does not say which, the NVML probe does
+// (GpuInfo::nvlink_gbps_per_link).
 inline constexpr double kNvlinkGbpsPerLink = 25.0;
 
 class CostModel {
@@ -68,12 +70,14 @@ class CostModel {
   // The documented defaults.
   CostModel();
 
-  // Cost of `path` at `proximity`. nvlink/nvswitch scale with `nvlinks`.
-  // nullopt when that combination is not a usable path (e.g. GDR across
-  // the SMP interconnect, which NCCL also refuses by default, or a value
-  // outside the enums).
+  // Cost of `path` at `proximity`. nvlink/nvswitch scale with `nvlinks`,
+  // at `gbps_per_link` where the probe knows the GPUs' NVLink generation
+  // (> 0), unless set() overrode the entry: a measured figure wins. nullopt
+  // when that combination is not a usable path (e.g. GDR across the SMP
+  // interconnect, which NCCL also refuses by default, or a value outside the
+  // enums).
   [[nodiscard]] std::optional<PathCost> cost(PathType path, Proximity proximity,
-                                             int nvlinks = 0) const;
+                                             int nvlinks = 0, double gbps_per_link = 0) const;
 
   // Beyond these a figure is a typo, and its inverse (ns per byte)
   // overflows or rounds to nothing (1e308 GB/s scored inf); a second per
@@ -104,6 +108,7 @@ class CostModel {
     bool usable = false;
     double bandwidth_gbps = 0;
     double latency_us = 0;
+    bool overridden = false;  // by set(): it wins over a probed NVLink speed
   };
   std::array<std::array<Entry, kProximityCount>, kPathTypeCount> table_{};
 };

@@ -44,6 +44,10 @@ struct GpuInfo {
   std::string cpu_affinity; // "0-63,128-191" as the source wrote it
   std::optional<int> gpu_numa_id;  // the GPU's own memory NUMA id (Grace: a number; else unset)
   int nvlink_active = 0;    // active NVLink links, when the source knows
+  // One NVLink's speed per direction in GB/s, when the source knows the
+  // generation (NVML's architecture: Blackwell's NVLink 5 carries 50, twice
+  // the 25 of NVLink 2-4, with the same link count); 0: the cost model's.
+  double nvlink_gbps_per_link = 0;
 };
 
 struct NicInfo {
