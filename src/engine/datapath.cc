@@ -236,8 +236,8 @@ Result<std::string> local_node(const transport::CudaTransport& cuda, const Regio
       auto d = cuda.device_of(p.to);
       if (!d || *d != other.device || cuda.device_of(p.from)) continue;
       if (!exact && !named.empty()) {
-        baton::logger().debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named, other.device,
-                              p.from);
+        baton::logger().debug("region {}: {} has no path to GPU {}; its copies go as from {}", r.handle, named,
+                              other.device, p.from);
       }
       if (!exact || p.from == named) return p.from;
     }
@@ -646,11 +646,10 @@ namespace {
 // its place in the batch, as submit's refusals name it.
 Status named_in_batch(const Status& s, sched::RequestId id, std::size_t index) {
   const std::string internal = fmt::format("request {}", id);
-  const std::string& message = s.message();
-  if (!message.starts_with(internal) || (message.size() > internal.size() && std::isdigit(static_cast<unsigned char>(message[internal.size()])))) {
-    return s;
-  }
-  return Status(s.code(), fmt::format("request {} of the batch{}", index, message.substr(internal.size())));
+  if (!s.message().starts_with(internal)) return s;
+  const std::string_view rest = std::string_view(s.message()).substr(internal.size());
+  if (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest.front()))) return s;  // "request 6250", not 625
+  return Status(s.code(), fmt::format("request {} of the batch{}", index, rest));
 }
 
 }  // namespace

@@ -426,7 +426,8 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   if (numa_inferred) {
     facts.notes.push_back(fmt::format("nvidia-smi: {}; NUMA nodes inferred from CPU Affinity", why));
   } else if (none_given && gpus > 0) {
-    facts.notes.push_back(fmt::format("nvidia-smi: {} and no CPU Affinity: no NUMA node known, so no host-memory paths", why));
+    facts.notes.push_back(
+        fmt::format("nvidia-smi: {} and no CPU Affinity: no NUMA node known, so no host-memory paths", why));
   } else if (!numa_unknown.empty()) {
     facts.notes.push_back(fmt::format("nvidia-smi: {}: their NUMA node unknown", why));
   }
