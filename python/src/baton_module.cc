@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "baton/engine/engine.h"
@@ -31,6 +32,57 @@ namespace engine = baton::engine;
 namespace transport = baton::transport;
 
 namespace {
+
+// --- the GIL ------------------------------------------------------------------
+//
+// A thread that takes the GIL back while the interpreter finalizes is ended
+// by CPython with pthread_exit (3.11-3.13); that unwind through a destructor
+// (pybind11's gil_scoped_release) aborts the whole process ("terminate
+// called without an active exception"), as a daemon thread blocked in
+// wait() did at every exit. Such a thread parks instead, without the GIL,
+// until the process is gone; the finalizing thread itself takes it back.
+
+unsigned long main_thread_ident = 0;  // threading.main_thread(), set at import
+
+bool must_not_take_gil() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing() != 0;
+#else
+  const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+  return finalizing && PyThread_get_thread_ident() != main_thread_ident;
+}
+
+[[noreturn]] void park_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// The GIL released for a call that may wait (every call that can, so a
+// daemon thread in any of them survives the exit).
+class GilReleased {
+ public:
+  GilReleased() : thread_(PyEval_SaveThread()) {}
+  ~GilReleased() {
+    if (must_not_take_gil()) park_forever();
+    PyEval_RestoreThread(thread_);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* thread_;
+};
+
+// The GIL taken inside a GilReleased scope (a signal check between waits).
+class GilTaken {
+ public:
+  GilTaken() {
+    if (must_not_take_gil()) park_forever();
+  }
+
+ private:
+  py::gil_scoped_acquire gil_;
+};
 
 // --- exceptions ---------------------------------------------------------------
 
@@ -107,7 +159,7 @@ struct AllocatedView {
   void* base = nullptr;
   std::size_t length = 0;
   ~AllocatedView() {
-    py::gil_scoped_release release;  // its loop thread is joined without the GIL
+    GilReleased release;  // its loop thread is joined without the GIL
     engine.reset();
   }
 };
@@ -123,7 +175,7 @@ struct RegionState {
   bool closed = false;         // its engine was closed: no longer registered
   ~RegionState() {
     if (view || views) {
-      py::gil_scoped_acquire gil;
+      GilTaken gil;
       if (view) PyBuffer_Release(&*view);
       views = py::object();
     }
@@ -417,7 +469,7 @@ Status wait_interruptible(engine::Engine& e, engine::BatchHandle h, baton::TimeN
     Status s = e.wait(h, std::clamp<baton::TimeNs>(left, 0, kSlice));
     if (s.code() != StatusCode::kTimeout) return s;
     if (left <= kSlice) return Status::timeout("wait: batch {} still running after {} s", h.id, limit / 1e9);
-    py::gil_scoped_acquire gil;
+    GilTaken gil;
     if (PyErr_CheckSignals() != 0) {
       interrupted = true;
       return s;
@@ -433,7 +485,7 @@ void wait_batch(engine::Engine& e, engine::BatchHandle h, std::optional<double> 
   engine::BatchStatus st;
   bool interrupted = false;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     waited = wait_interruptible(e, h, limit, interrupted);
     if (waited.is_ok()) {
       auto polled = e.poll(h);
@@ -473,7 +525,7 @@ void run_submitted(EngineState& es, engine::Engine& e, const char* what, Submit 
   bool left_running = false;
   double settled_s = 0;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     baton::Result<engine::BatchHandle> submitted = submit();
     if (!submitted) {
       failed = submitted.error();
@@ -629,7 +681,7 @@ void close_engine(EngineState& s) {
     region->closed = true;
   }
   if (e) {
-    py::gil_scoped_release release;
+    GilReleased release;
     e->shutdown();  // waiters wake; calls in flight finish on their own reference
     e.reset();
   }
@@ -654,6 +706,7 @@ std::string state_name(baton::sched::RequestState s) { return std::string(baton:
 
 PYBIND11_MODULE(_baton, m) {
   m.doc() = "Baton: a deadline-driven KV-cache transfer engine (the compiled part of the `baton` package)";
+  main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   register_exceptions(m);
 
   py::class_<PyRemoteRegion>(m, "RemoteRegion", "A peer's region as it exported it; it goes with that peer only")
@@ -713,7 +766,7 @@ PYBIND11_MODULE(_baton, m) {
                                auto e = p.engine->get("regions");
                                std::optional<baton::Result<std::vector<baton::transport::RemoteRegion>>> r;
                                {
-                                 py::gil_scoped_release release;
+                                 GilReleased release;
                                  r.emplace(e->remote_regions(engine::Peer{p.address, {}}));
                                }
                                std::vector<PyRemoteRegion> out;
@@ -740,7 +793,7 @@ PYBIND11_MODULE(_baton, m) {
                                auto e = b.engine->get("done");
                                std::optional<baton::Result<engine::BatchStatus>> st;
                                {
-                                 py::gil_scoped_release release;
+                                 GilReleased release;
                                  st.emplace(e->poll(b.handle));
                                }
                                return value_or_raise(std::move(*st)).done;
@@ -786,7 +839,7 @@ PYBIND11_MODULE(_baton, m) {
              }
              baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                p->engine->sweep_orphans(*e);
                std::lock_guard one_at_a_time(p->mutex);
                h = timed ? e->submit(*timed) : e->submit(p->batch);
@@ -848,7 +901,7 @@ PYBIND11_MODULE(_baton, m) {
              auto state = std::make_shared<EngineState>();
              baton::Result<std::unique_ptr<engine::Engine>> made = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                made = engine::Engine::create(std::move(c));
              }
              state->engine = std::shared_ptr<engine::Engine>(value_or_raise(std::move(made)).release());
@@ -899,7 +952,7 @@ PYBIND11_MODULE(_baton, m) {
              if (length == 0) raise(StatusCode::kInvalidArgument, "register: the buffer is empty");
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                r = e->register_memory(ptr, length, kind, device);
              }
              state->region = value_or_raise(std::move(r));
@@ -918,7 +971,7 @@ PYBIND11_MODULE(_baton, m) {
              if (n == 0) raise(StatusCode::kInvalidArgument, "allocate: nbytes is 0 (expected > 0)");
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                r = e->allocate_memory(n);
              }
              auto state = std::make_shared<RegionState>();
@@ -940,9 +993,11 @@ PYBIND11_MODULE(_baton, m) {
                      "export: peers=[] names no peer (peers=None exports to every peer that proved the secret)");
              }
              auto e = s.get("export");
-             py::gil_scoped_release release;
-             const Status st = e->export_region(r.state->region.handle, peers.value_or(std::vector<std::string>{}));
-             py::gil_scoped_acquire gil;
+             Status st;
+             {
+               GilReleased release;
+               st = e->export_region(r.state->region.handle, peers.value_or(std::vector<std::string>{}));
+             }
              ok_or_raise(st);
            },
            py::arg("region"), py::arg("peers") = py::none(),
@@ -964,7 +1019,7 @@ PYBIND11_MODULE(_baton, m) {
              Status st;
              r.state->unregistering = true;  // no view of Region.buffer from here on (it needs the GIL)
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                st = e->unregister(r.state->region.handle);
              }
              if (!st.is_ok()) r.state->unregistering = false;
@@ -983,7 +1038,7 @@ PYBIND11_MODULE(_baton, m) {
              auto e = s->get("connect");
              baton::Result<engine::Peer> p = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                p = e->connect(address);
              }
              return PyPeer{s, value_or_raise(std::move(p)).address};
@@ -995,7 +1050,7 @@ PYBIND11_MODULE(_baton, m) {
              const baton::TimeNs limit = seconds_ns("refresh: timeout", timeout);
              Status st;
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                st = e->refresh(engine::Peer{p.address, {}}, limit);
              }
              ok_or_raise(st);
@@ -1010,7 +1065,7 @@ PYBIND11_MODULE(_baton, m) {
              for (const auto& r : b.requests) bytes += r.length;
              baton::Result<engine::BatchHandle> h = std::unexpected(Status::internal("not run"));
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                s->sweep_orphans(*e);
                h = e->submit(b);
              }
@@ -1027,7 +1082,7 @@ PYBIND11_MODULE(_baton, m) {
              // gone later is each submit's to say).
              Status checked;
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                checked = e->check(b);
              }
              ok_or_raise(checked);
@@ -1052,7 +1107,7 @@ PYBIND11_MODULE(_baton, m) {
              auto e = s.get("take_notifications");
              std::vector<baton::transport::Notification> got;
              {
-               py::gil_scoped_release release;
+               GilReleased release;
                got = e->take_notifications();
              }
              py::list out;
@@ -1061,7 +1116,7 @@ PYBIND11_MODULE(_baton, m) {
            })
       .def("metrics_text", [](EngineState& s) {
         auto e = s.get("metrics_text");
-        py::gil_scoped_release release;
+        GilReleased release;
         return e->metrics_text();
       });
 }

@@ -854,6 +854,58 @@ print("survived", flush=True)
     assert r.stdout.split()[-1] == "survived"
 
 
+@pytest.mark.parametrize("blocked_in", ["wait", "read", "connect"])
+def test_a_daemon_thread_blocked_in_a_call_does_not_abort_the_exit(blocked_in):
+    # CPython ends a daemon thread that takes the GIL back during finalization
+    # with pthread_exit; its unwind through pybind11's GIL guard aborted the
+    # process at every exit ("terminate called without an active exception").
+    code = f"""
+import baton, numpy as np, socket, threading, time
+h = baton.Engine(same_host_copy=False); h.export(h.register(np.ones(64 << 20, np.uint8)))
+e = baton.Engine(same_host_copy=False); p = e.connect(h.address)
+buf = e.register(np.zeros(64 << 20, np.uint8))
+def read_forever():
+    while True:
+        e.read(local=buf, peer=p, remote=p.regions[0], length=64 << 20)
+silent = socket.socket(); silent.bind(("127.0.0.1", 0)); silent.listen()
+target = {{"wait": e.submit([baton.Request(op="read", local=buf, peer=p, remote=p.regions[0], length=64 << 20)
+                            for _ in range(100)]).wait,
+          "read": read_forever,
+          "connect": lambda: e.connect("127.0.0.1:%d" % silent.getsockname()[1])}}["{blocked_in}"]
+threading.Thread(target=target, daemon=True).start()
+time.sleep(0.2)
+print("main returns", flush=True)
+"""
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "terminate" not in r.stderr and r.stdout.split()[-1] == "returns"
+
+
+def test_a_child_of_fork_is_refused_its_parents_engine_and_exits():
+    # The child copies the engine but not its threads: every call, and the
+    # interpreter's exit, waited forever on a loop that was not there.
+    code = """
+import baton, numpy as np, os, sys
+h = baton.Engine(); h.export(h.register(np.ones(1 << 20, np.uint8)))
+e = baton.Engine(); p = e.connect(h.address)
+buf = e.register(np.zeros(1 << 20, np.uint8))
+pid = os.fork()
+if pid == 0:
+    try:
+        e.read(local=buf, peer=p, remote=p.regions[0], length=1 << 20)
+        print("child: read ran", flush=True)
+    except baton.FailedPrecondition as err:
+        print("child: refused", "fork()" in str(err), flush=True)
+    sys.exit(0)  # the interpreter's exit drops both engines
+_, status = os.waitpid(pid, 0)
+e.read(local=buf, peer=p, remote=p.regions[0], length=1 << 20)
+print("parent:", os.waitstatus_to_exitcode(status), int(np.frombuffer(buf.buffer, np.uint8).min()), flush=True)
+"""
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["child: refused True", "parent: 0 1"]
+
+
 def test_unregister_races_neither_a_new_view_nor_another_threads_call():
     # A view taken while unregister() ran pointed at unmapped memory, and the
     # region's last reference, dropped under the engine's mutex, released the

@@ -432,11 +432,16 @@ int baton_remote_regions(baton_engine* handle, const char* peer, baton_remote_re
   });
 }
 
+}  // extern "C"
+
+// Helpers outside extern "C": in an unnamed namespace within it, GCC still
+// exported them under their plain names, and a program's own `to_batch`
+// replaced ours.
+namespace {
+
 // More would only be a caller's corrupt count: the batch's copy alone would
 // be gigabytes.
 constexpr std::size_t kMaxBatchRequests = std::size_t{1} << 24;
-
-namespace {
 
 // The caller's requests as a Batch, checked as baton_submit documents; each
 // relative deadline goes to `deadlines` (0: none), the Batch's stay 0.
@@ -494,7 +499,7 @@ void set_deadlines(engine::Batch& b, const std::vector<TimeNs>& deadlines, TimeN
 // its resolution is rewritten by the call that finds it stale), with its
 // relative deadlines made absolute as of now when it has any. (A template:
 // C++ linkage inside this extern "C" block.)
-extern "C++" template <typename Use>
+template <typename Use>
 int with_prepared(const char* call, EngineBox& box, std::uint64_t id, Use use) {
   std::shared_ptr<Prepared> p;
   {
@@ -523,6 +528,8 @@ int batch_as_of_now(const char* call, EngineBox& box, const baton_request* reque
 }
 
 }  // namespace
+
+extern "C" {
 
 int baton_submit(baton_engine* handle, const baton_request* requests, size_t count, const void* notification,
                  size_t notification_length, uint64_t* batch) {

@@ -1,7 +1,11 @@
 #include "baton/engine/engine.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -13,13 +17,44 @@
 
 namespace baton::engine {
 
+namespace {
+
+// fork() copies an engine's memory into the child but none of its threads:
+// there a call would wait for a loop that does not exist, and the
+// destructor would join threads that are not there. Each fork is counted
+// (in the child) so an engine sees it came from an ancestor.
+std::atomic<std::uint64_t> forks{0};
+
+std::uint64_t fork_count() {
+  static std::once_flag registered;
+  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); }); });
+  return forks.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
 struct Engine::State {
+  std::uint64_t created_after_forks = fork_count();
+  pid_t creator = getpid();
   std::unique_ptr<Core> core;
   std::unique_ptr<Datapath> datapath;
   std::unique_ptr<MetricsServer> http;  // set when metrics_address is configured
   std::atomic<bool> closed{false};      // shutdown() was called
   std::int64_t revoke_timeout_ms = 0;
   std::uint64_t direct_copy_max_bytes = 0;
+
+  [[nodiscard]] bool forked() const { return forks.load(std::memory_order_relaxed) != created_after_forks; }
+  // failed_precondition in a forked child, unavailable after shutdown().
+  [[nodiscard]] Status usable(const char* call) const {
+    if (forked()) {
+      return Status::failed_precondition(
+          "{}: the engine belongs to process {}, which created it before fork(); a child process creates its own "
+          "engine",
+          call, creator);
+    }
+    if (closed) return Status::unavailable("{}: the engine shut down", call);
+    return Status::ok();
+  }
 
   // Without the loop when the batch can go that way (Datapath::submit_direct).
   Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved) {
@@ -49,6 +84,10 @@ Status finish_run(Engine& engine, Result<BatchHandle> submitted) {
 Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Engine::~Engine() {
+  if (state_->forked()) {
+    (void)state_.release();  // its threads are the parent's: nothing here to stop, join or free safely
+    return;
+  }
   shutdown();
   // A thread still in wait() returns `unavailable` before the datapath it
   // reads goes: a batch still cancelling would never end once the loop stops.
@@ -84,9 +123,9 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   return engine;
 }
 
-#define BATON_REQUIRE_OPEN(call)                                                                        \
-  do {                                                                                                  \
-    if (state_->closed) return std::unexpected(Status::unavailable("{}: the engine shut down", call)); \
+#define BATON_REQUIRE_OPEN(call)                                              \
+  do {                                                                        \
+    if (Status s = state_->usable(call); !s.is_ok()) return std::unexpected(s); \
   } while (false)
 
 std::string Engine::address() const { return state_->core->ucx->address(); }
@@ -109,7 +148,7 @@ Result<Region> Engine::allocate_memory(std::size_t length, int numa_node) {
 }
 
 Status Engine::unregister(RegionHandle region) {
-  if (state_->closed) return Status::unavailable("unregister: the engine shut down");
+  if (Status s = state_->usable("unregister"); !s.is_ok()) return s;
   auto done = std::make_shared<std::promise<Status>>();
   auto revoked = done->get_future();
   const Status started = state_->core->on_loop([&] {
@@ -126,7 +165,7 @@ Status Engine::unregister(RegionHandle region) {
 }
 
 Status Engine::export_region(RegionHandle region, const std::vector<std::string>& peers) {
-  if (state_->closed) return Status::unavailable("export_region: the engine shut down");
+  if (Status s = state_->usable("export_region"); !s.is_ok()) return s;
   return state_->core->on_loop([&] { return state_->datapath->export_region(region, peers); });
 }
 
@@ -146,7 +185,7 @@ Result<Peer> Engine::connect(std::string_view address) {
 }
 
 Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
-  if (state_->closed) return Status::unavailable("refresh: the engine shut down");
+  if (Status s = state_->usable("refresh"); !s.is_ok()) return s;
   if (timeout_ns < 0) return Status::invalid_argument("refresh: timeout is {} ns (expected >= 0)", timeout_ns);
   auto done = std::make_shared<std::promise<Status>>();
   auto result = done->get_future();
@@ -175,17 +214,17 @@ Result<BatchHandle> Engine::submit(PreparedBatch& batch) {
 }
 
 Status Engine::check(const Batch& batch) {
-  if (state_->closed) return Status::unavailable("check: the engine shut down");
+  if (Status s = state_->usable("check"); !s.is_ok()) return s;
   return state_->core->on_loop([&] { return state_->datapath->check(batch); });
 }
 
 Status Engine::run(const Batch& batch) {
-  if (state_->closed) return Status::unavailable("run: the engine shut down");
+  if (Status s = state_->usable("run"); !s.is_ok()) return s;
   return finish_run(*this, state_->submit(batch, nullptr));
 }
 
 Status Engine::run(PreparedBatch& batch) {
-  if (state_->closed) return Status::unavailable("run: the engine shut down");
+  if (Status s = state_->usable("run"); !s.is_ok()) return s;
   if (state_->direct_copy_max_bytes > 0) {
     if (auto ran = state_->datapath->run_direct(batch.batch_, batch.resolved_)) return std::move(*ran);
   }
@@ -199,6 +238,7 @@ Result<BatchStatus> Engine::poll(BatchHandle batch) {
 }
 
 Status Engine::poll(BatchHandle batch, BatchStatus& out) {
+  if (state_->forked()) return state_->usable("poll");
   if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
   return state_->core->on_loop([&]() -> Status {
     // A direct batch with a notification ends on the loop, maybe just now.
@@ -211,6 +251,7 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
   // The spin reads the count of ended batches and looks its batch up (under
   // the loop's mutex) only when that moved; it yields between looks, since
   // a waiter that spins on a busy machine takes the core the loop needs.
+  if (state_->forked()) return state_->usable("wait");
   Datapath& datapath = *state_->datapath;
   using Look = Datapath::Look;
   std::uint64_t seen = datapath.ended_count();
@@ -254,7 +295,7 @@ Status Engine::wait(BatchHandle batch, TimeNs timeout_ns) {
 }
 
 Status Engine::cancel(BatchHandle batch) {
-  if (state_->closed) return Status::unavailable("cancel: the engine shut down");
+  if (Status s = state_->usable("cancel"); !s.is_ok()) return s;
   // A batch that ended on the loop-free path has no record on the loop.
   auto ended = [&] { return state_->datapath->look(batch.id) == Datapath::Look::kEnded; };
   if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
@@ -265,6 +306,7 @@ Status Engine::cancel(BatchHandle batch) {
 }
 
 Status Engine::release(BatchHandle batch) {
+  if (state_->forked()) return state_->usable("release");
   const Datapath::Taken taken = state_->datapath->take_ended_if_clean(batch.id);
   if (taken == Datapath::Taken::kDirect) return Status::ok();  // the loop never held it
   if (taken == Datapath::Taken::kLoop) {
@@ -283,11 +325,12 @@ Status Engine::release(BatchHandle batch) {
 }
 
 std::vector<transport::Notification> Engine::take_notifications() {
+  if (state_->forked()) return {};
   return state_->core->on_loop([this] { return state_->core->ucx->take_notifications(); });
 }
 
 void Engine::shutdown() {
-  if (state_->closed.exchange(true)) return;
+  if (state_->closed.exchange(true) || state_->forked()) return;
   state_->http.reset();  // no more scrapes; each posts to the loop
   state_->core->on_loop([this] {
     state_->datapath->shutdown(state_->core->now_ns());
@@ -305,8 +348,9 @@ void Engine::shutdown() {
 #undef BATON_REQUIRE_OPEN
 
 
-std::string Engine::metrics_text() { return state_->core->metrics_text(); }
-sched::SchedStats Engine::stats() { return state_->core->stats(); }
+// Both ask the loop: nothing in a forked child.
+std::string Engine::metrics_text() { return state_->forked() ? std::string{} : state_->core->metrics_text(); }
+sched::SchedStats Engine::stats() { return state_->forked() ? sched::SchedStats{} : state_->core->stats(); }
 TimeNs Engine::now_ns() const { return state_->core->now_ns(); }
 std::uint64_t Engine::loop_turns() const { return state_->core->loop_turns(); }
 const topology::TopologyGraph& Engine::topology() const { return state_->core->graph; }

@@ -5,6 +5,7 @@
 
 #include <linux/mempolicy.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -463,6 +464,55 @@ TEST(UcxEngineBatch, DestroyingTheEngineEndsAWaitInAnotherThread) {
     waiter.join();
     EXPECT_TRUE(waited.is_ok() || waited.code() == StatusCode::kUnavailable) << waited.to_string();
   }
+}
+
+// fork() copies an engine without its threads: in the child every call that
+// needs them used to wait forever (and so did destroying it). Now they are
+// refused, the child's copy goes without a hang, and the parent's engine is
+// untouched.
+TEST(UcxEngineFork, AChildRefusesTheParentsEngineAndDropsItWithoutWaiting) {
+  Side target(64 << 20, kTargetSalt);
+  Side local(64 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  auto ended = local.engine->submit(Batch{.requests = {request(Op::kRead, local, 0, *peer, target, 0, 4096)}, .notification = {}});
+  ASSERT_TRUE(ended.has_value()) << ended.error().to_string();
+  ASSERT_TRUE(local.engine->wait(*ended, 20 * kSecond).is_ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);  // a hang ends the child with SIGALRM, which the parent sees
+    int wrong = 0;
+    auto refused = [&]<typename R>(std::string_view call, const R& r) {
+      Status s;
+      if constexpr (std::is_same_v<R, Status>) s = r;
+      else if (!r) s = r.error();
+      if (s.code() == StatusCode::kFailedPrecondition && s.message().find("fork()") != std::string::npos) return;
+      std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(call.size()), call.data(), s.to_string().c_str());
+      ++wrong;
+    };
+    Engine& e = *local.engine;
+    refused("connect", e.connect(target.engine->address()));
+    refused("submit", e.submit(mib_reads(local, *peer, target)));
+    refused("run", e.run(mib_reads(local, *peer, target)));
+    refused("poll", e.poll(*ended));
+    refused("wait", e.wait(*ended, kSecond));
+    refused("release", e.release(*ended));
+    refused("register_memory", e.register_memory(local.buffer.data(), 4096));
+    refused("unregister", e.unregister(local.region.handle));
+    if (!e.take_notifications().empty() || !e.metrics_text().empty()) ++wrong;
+    local.engine.reset();
+    target.engine.reset();
+    _exit(wrong);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status)) << "the child hung (SIGALRM) or crashed: signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "calls that were not refused: see stderr";
+  // The parent's engines go on: its ended batch is still there, new ones run.
+  EXPECT_TRUE(local.engine->release(*ended).is_ok());
+  EXPECT_TRUE(run(*local.engine, mib_reads(local, *peer, target)).is_ok());
+  EXPECT_EQ(pattern_mismatch(local.buffer, kTargetSalt), std::nullopt);
 }
 
 TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt) {

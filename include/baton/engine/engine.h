@@ -161,6 +161,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // An engine belongs to the process that created it: in a child of fork()
+  // (which copies no thread) those calls answer failed_precondition, poll,
+  // wait and release too, and destroying it there frees nothing.
   // After shutdown(), the calls that take work or change state
   // (register_memory, allocate_memory, unregister, export_region, region,
   // connect, refresh, remote_regions, submit, cancel) answer unavailable;
