@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "plan.pb.h"
+#include "baton/plan.pb.h"  // generated (proto/baton/plan.proto)
 
 namespace baton::plan {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "plan.pb.h"
+#include "baton/plan.pb.h"  // generated (proto/baton/plan.proto)
 
 namespace baton::plan {
 namespace {

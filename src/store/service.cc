@@ -18,7 +18,7 @@
 #include "baton/common/log.h"
 #include "baton/common/socket_address.h"
 #include "baton/plan/wire.h"
-#include "store.grpc.pb.h"
+#include "baton/store.grpc.pb.h"  // generated (proto/baton/store.proto)
 
 namespace baton::store {
 namespace {

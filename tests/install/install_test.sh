@@ -70,6 +70,10 @@ if command -v nm >/dev/null; then
   for s in baton_engine_create baton_submit baton_last_error _ZN5baton6engine6Engine6create; do
     grep -q " T $s" <<<"$symbols" || fail "libbaton.so does not export $s"
   done
+  # Unmangled, only the C ABI and protobuf's table of our own file: any other
+  # plain name would bind a program's function of that name in its place.
+  stray="$(awk '$3 !~ /^(_Z|baton_|descriptor_table_baton_)/ {print $3}' <<<"$symbols")"
+  [[ -z "$stray" ]] || fail "libbaton.so exports plain names outside baton_*: $(tr '\n' ' ' <<<"$stray")"
 fi
 
 # The C++ consumer: find_package(Baton CONFIG) from the prefix alone.

@@ -14,7 +14,7 @@
 #include "baton/engine/pattern.h"
 #include "baton/store/block_store.h"
 #include "baton/store/service.h"
-#include "store.grpc.pb.h"
+#include "baton/store.grpc.pb.h"
 
 namespace baton::store {
 namespace {

@@ -1,4 +1,4 @@
-// The plan's wire form (proto/plan.proto), as bytes: protobuf stays an
+// The plan's wire form (proto/baton/plan.proto), as bytes: protobuf stays an
 // implementation detail of this unit.
 #pragma once
 

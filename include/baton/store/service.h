@@ -1,4 +1,4 @@
-// The block store over gRPC (proto/store.proto): StoreServer serves a
+// The block store over gRPC (proto/baton/store.proto): StoreServer serves a
 // BlockStore and runs its collector; StoreClient is the other side. gRPC and
 // protobuf stay inside src/store/: these headers name neither.
 #pragma once
