@@ -58,7 +58,8 @@ if ! "$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; th
   fail "cmake --install"
 fi
 lib="$prefix/$libdir"
-for f in bin/baton "$libdir/libbaton.so" include/baton/c/baton.h include/baton/engine/engine.h \
+for f in bin/baton "$libdir/libbaton.so" "$libdir/libbaton_store.so" "$libdir/pkgconfig/baton-store.pc" \
+  include/baton/c/baton.h include/baton/engine/engine.h include/baton/store/service.h \
   include/baton/common/status.h "$libdir/cmake/Baton/BatonConfig.cmake" \
   "$libdir/cmake/Baton/BatonConfigVersion.cmake" "$libdir/pkgconfig/baton.pc"; do
   [[ -e "$prefix/$f" ]] || fail "$f was not installed"
@@ -66,14 +67,14 @@ done
 # The command and nothing else: no test binary, benchmark or fuzzer.
 [[ "$(ls "$prefix/bin")" == baton ]] || fail "bin/ holds more than baton: $(ls "$prefix/bin" | tr '\n' ' ')"
 if command -v nm >/dev/null; then
-  symbols="$(nm -D --defined-only "$lib/libbaton.so")"
+  symbols="$(nm -D --defined-only "$lib/libbaton.so" "$lib/libbaton_store.so")"
   for s in baton_engine_create baton_submit baton_last_error _ZN5baton6engine6Engine6create; do
     grep -q " T $s" <<<"$symbols" || fail "libbaton.so does not export $s"
   done
   # Unmangled, only the C ABI and protobuf's table of our own file: any other
   # plain name would bind a program's function of that name in its place.
-  stray="$(awk '$3 !~ /^(_Z|baton_|descriptor_table_baton_)/ {print $3}' <<<"$symbols")"
-  [[ -z "$stray" ]] || fail "libbaton.so exports plain names outside baton_*: $(tr '\n' ' ' <<<"$stray")"
+  stray="$(awk 'NF == 3 && $3 !~ /^(_Z|baton_|descriptor_table_baton_)/ {print $3}' <<<"$symbols")"
+  [[ -z "$stray" ]] || fail "libbaton exports plain names outside baton_*: $(tr '\n' ' ' <<<"$stray")"
 fi
 
 # The C++ consumer: find_package(Baton CONFIG) from the prefix alone.
@@ -126,4 +127,8 @@ BATON_LOG_LEVEL=debgu timeout 60 "$tmp/cxx/cxx_consumer" "$address" "$region" "$
 grep -q 'BATON_LOG_LEVEL="debgu" is not a level' "$tmp/cxx.err" || fail "no word of the unknown BATON_LOG_LEVEL: $(cat "$tmp/cxx.err")"
 if grep -q "127.0.0.1:1" "$tmp/cxx.err"; then fail "an info line logged at the warn fallback: $(cat "$tmp/cxx.err")"; fi
 timeout 60 "$tmp/c_consumer" "$address" "$region" "$bytes" || fail "the C consumer"
+# The store's RPC side, with its own library (every declared function there).
+timeout 60 "$tmp/cxx/store_consumer" || fail "the store consumer"
+ldd "$tmp/cxx/store_consumer" | grep "libbaton_store.so.* => $lib/" >/dev/null ||
+  fail "the store consumer does not load libbaton_store from $lib"
 echo "install_test: ok"
