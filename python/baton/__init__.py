@@ -71,7 +71,12 @@ class _Waker:
             if future.done():
                 continue
             try:
-                if not batch.done:
+                try:
+                    done = batch.done
+                except Unavailable as closed:  # its record went with the engine
+                    raise Unavailable("await: the engine was closed before the batch's end was seen "
+                                      "(close() cancels the batches that run)") from closed
+                if not done:
                     still.append((batch, future))
                     continue
                 batch.wait(0)

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -350,8 +351,28 @@ std::string peer_address(const py::object& peer) {
                        std::string(py::str(py::type::of(peer).attr("__name__"))));
 }
 
-PyRequest make_request(const std::string& op, const PyRegion& local, long long local_offset, const py::object& peer,
-                       const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+// An offset or a length: any integer (numpy's too). Negative is refused as a
+// value; 2**64 and beyond (a TypeError from a 64-bit argument before) as out
+// of any region's range.
+std::uint64_t byte_index(const char* what, const py::object& v, bool positive = false) {
+  if (!PyIndex_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + ": expected an integer, not " +
+                         std::string(py::str(py::type::of(v).attr("__name__"))));
+  }
+  const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  if (positive ? i <= py::int_(0) : i < py::int_(0)) {
+    raise(StatusCode::kInvalidArgument,
+          std::string(what) + " is " + std::string(py::repr(i)) + (positive ? " (expected > 0)" : " (expected >= 0)"));
+  }
+  if (i > py::int_(std::numeric_limits<std::uint64_t>::max())) {
+    raise(StatusCode::kOutOfRange, std::string(what) + " is " + std::string(py::repr(i)) + " (beyond any region: 2**64 bytes)");
+  }
+  return i.cast<std::uint64_t>();
+}
+
+PyRequest make_request(const std::string& op, const PyRegion& local, const py::object& local_offset, const py::object& peer,
+                       const py::object& remote, const py::object& remote_offset, const py::object& length, const std::string& qos,
                        std::optional<double> deadline_ms, std::optional<double> timeout_ms) {
   PyRequest r;
   r.request.op = parse_op(op);
@@ -359,7 +380,7 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   r.engine = local.engine;
   r.regions.push_back(local.state);
   r.request.local_region = local.state->region.handle;
-  r.request.local_offset = non_negative("local_offset", local_offset);
+  r.request.local_offset = byte_index("local_offset", local_offset);
   r.request.peer = peer_address(peer);
   // A handle means nothing without whose it is: ours with no peer, the
   // peer's with one. Mixed, the bytes would land in an unrelated region.
@@ -376,9 +397,8 @@ PyRequest make_request(const std::string& op, const PyRegion& local, long long l
   } else {
     r.request.remote_region = remote_handle(remote, r.request.peer);
   }
-  r.request.remote_offset = non_negative("remote_offset", remote_offset);
-  if (length <= 0) raise(StatusCode::kInvalidArgument, "length is " + std::to_string(length) + " (expected > 0)");
-  r.request.length = static_cast<std::uint64_t>(length);
+  r.request.remote_offset = byte_index("remote_offset", remote_offset);
+  r.request.length = byte_index("length", length, /*positive=*/true);
   r.request.qos = parse_qos(qos);
   milliseconds_ns("deadline_ms", deadline_ms);
   r.deadline_ms = deadline_ms;
@@ -692,8 +712,8 @@ EngineState::~EngineState() { close_engine(*this); }
 
 // engine.read / engine.write: one request with Request's keywords.
 auto one_request(std::string op) {
-  return [op](EngineState& s, const PyRegion& local, long long local_offset, const py::object& peer,
-              const py::object& remote, long long remote_offset, long long length, const std::string& qos,
+  return [op](EngineState& s, const PyRegion& local, const py::object& local_offset, const py::object& peer,
+              const py::object& remote, const py::object& remote_offset, const py::object& length, const std::string& qos,
               std::optional<double> deadline_ms, std::optional<double> timeout) {
     run_one(s, make_request(op, local, local_offset, peer, remote, remote_offset, length, qos, deadline_ms, std::nullopt),
             timeout);
@@ -776,8 +796,8 @@ PYBIND11_MODULE(_baton, m) {
       .def("__repr__", [](const PyPeer& p) { return "Peer(\"" + p.address + "\")"; });
 
   py::class_<PyRequest>(m, "Request", "One read or write between a local region and a peer's region")
-      .def(py::init(&make_request), py::kw_only(), py::arg("op"), py::arg("local"), py::arg("local_offset") = 0,
-           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"),
+      .def(py::init(&make_request), py::kw_only(), py::arg("op"), py::arg("local"), py::arg("local_offset") = py::int_(0),
+           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = py::int_(0), py::arg("length"),
            py::arg("qos") = "prefill_bulk", py::arg("deadline_ms") = py::none(), py::arg("timeout_ms") = py::none())
       .def_property_readonly("op", [](const PyRequest& r) { return r.request.op == engine::Op::kRead ? "read" : "write"; })
       .def_property_readonly("length", [](const PyRequest& r) { return r.request.length; })
@@ -877,6 +897,17 @@ PYBIND11_MODULE(_baton, m) {
                        int copy_threads, int progress_threads, bool gpu_paths, bool allow_unauthenticated,
                        std::optional<double> stall_timeout, long long tcp_segment_bytes,
                        long long tcp_receive_buffer_bytes) {
+             // An empty string is a mistake (an unset variable), never the
+             // default that None asks for: a secret_file of "" gave an engine
+             // without a secret.
+             for (const auto& [name, value] : {std::pair{"ucx_tls", &ucx_tls}, {"policy_file", &policy_file},
+                                               {"metrics_address", &metrics_address}, {"secret_file", &secret_file},
+                                               {"topology_model", &topology_model}}) {
+               if (*value && (*value)->empty()) {
+                 raise(StatusCode::kInvalidArgument,
+                       std::string("Engine: ") + name + "=\"\" (None asks for the default)");
+               }
+             }
              engine::EngineConfig c;
              c.ucx.listen_address = listen;
              if (ucx_tls) c.ucx.tls = *ucx_tls;
@@ -935,7 +966,11 @@ PYBIND11_MODULE(_baton, m) {
       })
       .def("close", &close_engine,
            "Shuts the engine down: running batches are cancelled, peers see it go; later calls raise Unavailable")
-      .def("__enter__", [](std::shared_ptr<EngineState> s) { return s; })
+      .def("__enter__",
+           [](std::shared_ptr<EngineState> s) {
+             (void)s->get("with");  // a closed engine is not entered again
+             return s;
+           })
       .def("__exit__", [](EngineState& s, py::args) {
         close_engine(s);
         return false;
@@ -1085,7 +1120,11 @@ PYBIND11_MODULE(_baton, m) {
                GilReleased release;
                checked = e->check(b);
              }
-             ok_or_raise(checked);
+             if (!checked.is_ok()) {  // check() answers as submit would, and says so
+               std::string message = checked.message();
+               if (message.starts_with("submit: ")) message.replace(0, 6, "prepare");
+               raise(checked.code(), message);
+             }
              for (const auto& r : b.requests) p->bytes += r.length;
              p->deadlines_ms = deadlines_of(requests);
              p->with_deadlines = std::ranges::any_of(p->deadlines_ms, [](const auto& d) { return d.has_value(); });
@@ -1098,8 +1137,8 @@ PYBIND11_MODULE(_baton, m) {
            py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"), py::arg("qos") = "prefill_bulk",
            py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
            "One read, synchronous: raises its failure")
-      .def("write", one_request("write"), py::kw_only(), py::arg("local"), py::arg("local_offset") = 0,
-           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = 0, py::arg("length"),
+      .def("write", one_request("write"), py::kw_only(), py::arg("local"), py::arg("local_offset") = py::int_(0),
+           py::arg("peer"), py::arg("remote"), py::arg("remote_offset") = py::int_(0), py::arg("length"),
            py::arg("qos") = "prefill_bulk", py::arg("deadline_ms") = py::none(), py::arg("timeout") = py::none(),
            "One write, synchronous: raises its failure")
       .def("take_notifications",

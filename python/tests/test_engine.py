@@ -344,6 +344,15 @@ def test_every_exception_class_from_the_bad_input_that_raises_it(holder, engine)
         engine.read(local=local, local_offset=8000, peer=peer, remote=holder.handle, length=4096)
     with pytest.raises(baton.OutOfRange):
         engine.read(local=local, peer=peer, remote=holder.handle, remote_offset=SIZE - 100, length=4096)
+    # Past 64 bits too (a TypeError from the argument's type before), and past 2**63.
+    for far in (dict(local_offset=2**64), dict(remote_offset=2**70), dict(length=2**64), dict(local_offset=2**63)):
+        with pytest.raises(baton.OutOfRange):
+            engine.read(**dict(dict(local=local, peer=peer, remote=holder.handle, length=16), **far))
+    with pytest.raises(TypeError, match="length: expected an integer, not float"):
+        baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=16.0)
+    assert baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=np.int64(16)).length == 16
+    with pytest.raises(baton.InvalidArgument, match="^prepare: the batch is empty"):
+        engine.prepare([])
     # A read-only buffer cannot be registered: peers would write into it.
     with pytest.raises(ValueError):
         engine.register(b"read-only bytes")
@@ -411,6 +420,9 @@ def test_engine_closed_while_a_batch_waits(holder):
     assert outcome and outcome[0] in {"ok", "Cancelled", "Unavailable"}
     with pytest.raises(baton.Unavailable):
         batch.wait()
+    with pytest.raises(baton.Unavailable, match="with: the engine is closed"):
+        with engine:  # a closed engine is not entered again
+            pass
 
 
 def test_timeout_waiting_and_metrics(holder):
@@ -617,6 +629,11 @@ def test_an_unregistered_region_is_not_found_and_listening_wide_needs_a_secret_o
             e.unregister(gone)
     with pytest.raises(baton.InvalidArgument, match="without a secret"):
         baton.Engine(listen="0.0.0.0:0")
+    # "" is an unset variable, not the default None asks for: secret_file=""
+    # gave an engine with no secret at all.
+    for name in ("secret_file", "policy_file", "metrics_address", "ucx_tls", "topology_model"):
+        with pytest.raises(baton.InvalidArgument, match=name + '=""'):
+            baton.Engine(**{name: ""})
     with baton.Engine(listen="0.0.0.0:0", allow_unauthenticated=True) as open_engine:
         assert open_engine.address
 
@@ -639,7 +656,7 @@ def test_await_ends_when_its_engine_closes_and_a_later_engine_still_wakes(holder
         await asyncio.sleep(0.05)
         assert not task.done()
         engine.close()
-        with pytest.raises((baton.Unavailable, baton.Cancelled)):
+        with pytest.raises(baton.Unavailable, match="await: the engine was closed"):
             await asyncio.wait_for(task, 10)
         for _ in range(3):  # each engine likely on the fd number of the one before
             with baton.Engine(same_host_copy=False) as later:

@@ -259,6 +259,9 @@ int baton_engine_create(const baton_engine_config* config, baton_engine** out) {
       }
       c.ucx.tls = field(*config, offsetof(baton_engine_config, ucx_tls));
       c.ucx.secret_file = field(*config, offsetof(baton_engine_config, secret_file));
+      if (config->secret_file != nullptr && *config->secret_file == '\0') {  // within every layout accepted
+        return invalid("baton_engine_create: secret_file is \"\" (NULL asks for $BATON_TOKEN_FILE, else none)");
+      }
       c.policy_file = field(*config, offsetof(baton_engine_config, policy_file));
       c.metrics_address = field(*config, offsetof(baton_engine_config, metrics_address));
       const std::string nics = field(*config, offsetof(baton_engine_config, nics));

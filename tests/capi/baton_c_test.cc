@@ -170,6 +170,14 @@ TEST(CApi, CreateChecksItsArguments) {
     EXPECT_EQ(e, nullptr);
   }
 
+  // An empty secret file is a caller's unset variable, not "no secret".
+  baton_engine_config_init(&config);
+  config.secret_file = "";
+  e = nullptr;
+  EXPECT_EQ(baton_engine_create(&config, &e), BATON_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("secret_file is \"\""), std::string::npos) << last_error();
+  EXPECT_EQ(e, nullptr);
+
   baton_engine_config_init(&config);
   config.policy_file = "/nonexistent/policy.yaml";
   EXPECT_NE(baton_engine_create(&config, &e), BATON_OK);

@@ -495,7 +495,14 @@ TEST_F(UcxSecurityTest, SecretFilesMustBePrivateAndLongEnough) {
   ::setenv("BATON_TOKEN_FILE", good.c_str(), 1);
   b_ = make(config(""));
   a_ = make(config(kSecret));
+  // Set but empty (a deployment's unset variable) is refused, not read as no secret.
+  ::setenv("BATON_TOKEN_FILE", "", 1);
+  auto empty = UcxTransport::create(config(""));
   ::unsetenv("BATON_TOKEN_FILE");
+  ASSERT_FALSE(empty.has_value());
+  EXPECT_EQ(empty.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.error().message().find("BATON_TOKEN_FILE is set but empty"), std::string::npos)
+      << empty.error().to_string();
   ASSERT_TRUE(a_ && b_);
   const PathId path = connect(*a_, *b_);
   EXPECT_EQ(a_->path_state(path), PathState::kReady) << a_->path_status(path).to_string();

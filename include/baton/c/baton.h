@@ -86,7 +86,7 @@ typedef struct baton_engine_config {
   size_t size;
   const char* listen_address;  /* "host:port" peers connect to; default "127.0.0.1:0" (a free port) */
   const char* ucx_tls;         /* UCX_TLS for this engine ("tcp"); default: UCX's own */
-  const char* secret_file;     /* the deployment secret (chmod 600); default: $BATON_TOKEN_FILE, else loopback only */
+  const char* secret_file;     /* the deployment secret (chmod 600); NULL: $BATON_TOKEN_FILE, else loopback only; "" is refused */
   const char* policy_file;     /* a YAML scheduling policy (configs/sched_policy.yaml); default: built in */
   const char* metrics_address; /* "host:port" to serve GET /metrics on (port 0: a free one); default: none */
   /* The NICs that carry slices, comma-separated, one UCP context each

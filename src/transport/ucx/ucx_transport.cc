@@ -146,7 +146,14 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
   state->secret = config.secret;
   std::string secret_file = config.secret_file;
   if (state->secret.empty() && secret_file.empty()) {
-    if (const char* env = std::getenv("BATON_TOKEN_FILE"); env != nullptr) secret_file = env;
+    if (const char* env = std::getenv("BATON_TOKEN_FILE"); env != nullptr) {
+      // Set but empty is a deployment's unset variable, not a wish for no secret.
+      if (*env == '\0') {
+        return std::unexpected(Status::invalid_argument(
+            "UcxTransport::create: BATON_TOKEN_FILE is set but empty (unset it for no secret, or name the file)"));
+      }
+      secret_file = env;
+    }
   }
   if (state->secret.empty() && !secret_file.empty()) {
     auto read = read_secret_file(secret_file);
