@@ -59,7 +59,7 @@ if ! "$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; th
 fi
 lib="$prefix/$libdir"
 for f in bin/baton "$libdir/libbaton.so" "$libdir/libbaton_store.so" "$libdir/pkgconfig/baton-store.pc" \
-  include/baton/c/baton.h include/baton/engine/engine.h include/baton/store/service.h \
+  include/baton/c/baton.h include/baton/engine/engine.h include/baton/store/service.h share/baton/sched_policy.yaml \
   include/baton/common/status.h "$libdir/cmake/Baton/BatonConfig.cmake" \
   "$libdir/cmake/Baton/BatonConfigVersion.cmake" "$libdir/pkgconfig/baton.pc"; do
   [[ -e "$prefix/$f" ]] || fail "$f was not installed"
