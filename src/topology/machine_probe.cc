@@ -2,14 +2,25 @@
 // GPU facts come from the richest source that answers (NVML, then CUDA, then
 // the nvidia-smi command); the host (NUMA nodes, CPUs, NICs, PCIe tree) comes
 // from hwloc. Every source that did not answer leaves a note.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <sstream>
 #include <thread>
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "baton/common/log.h"
@@ -18,17 +29,102 @@
 namespace baton::topology {
 namespace {
 
-bool on_path(const std::string& program) {
+// Where `program` is on PATH, or empty.
+std::string on_path(const std::string& program) {
   const char* path = std::getenv("PATH");
-  if (path == nullptr) return false;
+  if (path == nullptr) return {};
   std::istringstream dirs(path);
   for (std::string dir; std::getline(dirs, dir, ':');) {
     std::error_code ec;
-    if (!dir.empty() && std::filesystem::is_regular_file(std::filesystem::path(dir) / program, ec)) {
-      return true;
+    const auto candidate = std::filesystem::path(dir) / program;
+    if (!dir.empty() && std::filesystem::is_regular_file(candidate, ec)) return candidate.string();
+  }
+  return {};
+}
+
+// The same bound as a file given with --nvidia-smi (load_nvidia_smi_topo).
+constexpr std::size_t kNvidiaSmiMaxBytes = 16 << 20;
+
+// Runs `program args…` with stdout and stderr into one pipe, bounded: a
+// wedged driver holds nvidia-smi in the kernel for minutes, and a broken one
+// may print without end. Past `timeout` or `max_bytes` the child's process
+// group is killed and reaped; it also dies with the thread that started it
+// (PR_SET_PDEATHSIG), so a killed caller leaves no nvidia-smi behind.
+Result<std::string> run_bounded(const std::string& program, const std::vector<std::string>& args,
+                                std::chrono::milliseconds timeout, std::size_t max_bytes) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return std::unexpected(Status::unavailable("{}: pipe: {}", program, strerror(errno)));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return std::unexpected(Status::unavailable("{}: fork: {}", program, strerror(errno)));
+  }
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // a caller's blocked SIGTERM is not the command's
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    execv(program.c_str(), argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<std::int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count()));
+  };
+  std::string out;
+  std::string failure;
+  std::array<char, 65536> buf{};
+  for (;;) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, left_ms());
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      failure = fmt::format("no end within {} ms (a wedged driver?)", timeout.count());
+      break;
+    }
+    const ssize_t n = read(fds[0], buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the end of its output
+    out.append(buf.data(), static_cast<std::size_t>(n));
+    if (out.size() > max_bytes) {
+      failure = fmt::format("more than {} bytes of output", max_bytes);
+      break;
     }
   }
-  return false;
+  close(fds[0]);
+  int status = 0;
+  for (;;) {  // its output ended; it still has until the deadline to exit
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) break;
+    if (!failure.empty() || left_ms() == 0) {
+      if (failure.empty()) failure = fmt::format("no exit within {} ms (a wedged driver?)", timeout.count());
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!failure.empty()) return std::unexpected(Status::unavailable("{}: {}", program, failure));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return std::unexpected(Status::unavailable("{} {}: failed (status {}): {}", program, fmt::join(args, " "), status,
+                                               shown(out.substr(0, out.find('\n')))));
+  }
+  return out;
 }
 
 // Overlays GPU facts from NVML or CUDA onto hwloc's view, matching GPUs by
@@ -87,27 +183,18 @@ TopologyFacts single_node_host() {
 
 }  // namespace
 
-Result<TopologyFacts> probe_nvidia_smi() {
-  if (!on_path("nvidia-smi")) {
-    return std::unexpected(Status::unavailable("nvidia-smi: not found on PATH"));
-  }
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen("nvidia-smi topo -m 2>&1", "r"), &pclose);
-  if (!pipe) return std::unexpected(Status::unavailable("nvidia-smi: could not start the command"));
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe.get())) out.append(buf.data(), n);
-  const int rc = pclose(pipe.release());
-  if (rc != 0) {
-    return std::unexpected(Status::unavailable("nvidia-smi: `nvidia-smi topo -m` failed (status {}): {}", rc,
-                                               out.substr(0, out.find('\n'))));
-  }
-  return parse_nvidia_smi_topo(out);
+Result<TopologyFacts> probe_nvidia_smi(std::chrono::milliseconds timeout) {
+  const std::string program = on_path("nvidia-smi");
+  if (program.empty()) return std::unexpected(Status::unavailable("nvidia-smi: not found on PATH"));
+  auto out = run_bounded(program, {"topo", "-m"}, timeout, kNvidiaSmiMaxBytes);
+  if (!out) return std::unexpected(out.error());
+  return parse_nvidia_smi_topo(*out);
 }
 
 Result<TopologyFacts> probe_machine() {
   std::vector<std::string> notes;
   std::optional<TopologyFacts> gpus;
-  for (auto probe : {&probe_nvml, &probe_cuda, &probe_nvidia_smi}) {
+  for (auto probe : {+[] { return probe_nvml(); }, +[] { return probe_cuda(); }, +[] { return probe_nvidia_smi(); }}) {
     auto facts = probe();
     if (facts) {
       gpus = std::move(*facts);

@@ -4,6 +4,8 @@
 // leaves a note saying why. Synthetic models stand in for machines we lack.
 #pragma once
 
+#include <chrono>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,8 +26,9 @@ namespace baton::topology {
 [[nodiscard]] Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path);
 
 // Runs `nvidia-smi topo -m` on this machine; unavailable when the command is
-// missing or fails.
-[[nodiscard]] Result<TopologyFacts> probe_nvidia_smi();
+// missing or fails, prints more than 16 MiB, or has not ended within
+// `timeout` (a wedged driver): it is then killed, with its children.
+[[nodiscard]] Result<TopologyFacts> probe_nvidia_smi(std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 // NVML, loaded with dlopen("libnvidia-ml.so.1") at run time (never linked).
 // unavailable when the library or a GPU is missing.
