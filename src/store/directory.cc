@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -13,10 +14,32 @@ namespace baton::store {
 namespace {
 
 // etcd's watch answers are a header and the events of one revision; far
-// below this for a directory of stores.
+// below this for a directory of stores. The same bound holds an answer.
 constexpr std::size_t kMaxWatchLineBytes = 4 << 20;
+constexpr std::size_t kMaxAnswerBytes = 4 << 20;
+// A call's whole time, its answer included: a read timeout alone bounds each
+// read, so an endpoint that drips a byte every few seconds held register()
+// (and SIGTERM behind it) without end.
+constexpr auto kCallTimeout = std::chrono::seconds(10);
+// etcd's answers nest a few levels. A deeper text is no answer of etcd's, and
+// copying it would recurse as deep: an answer 100 000 levels deep overflowed
+// the stack.
+constexpr int kMaxJsonDepth = 32;
 
 using nlohmann::json;
+
+// `text` as JSON, discarded when malformed or nested deeper than etcd nests.
+json parse_answer(std::string_view text) {
+  bool too_deep = false;
+  json j = json::parse(
+      text,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        too_deep = too_deep || depth > kMaxJsonDepth;
+        return !too_deep;
+      },
+      false);
+  return too_deep ? json(json::value_t::discarded) : j;
+}
 
 std::string base64(std::string_view in) {
   std::string out(4 * ((in.size() + 2) / 3), '\0');
@@ -82,20 +105,59 @@ struct Directory::State {
   std::mutex stream_mutex;
   httplib::Client* stream = nullptr;
 
-  // POST `body` to etcd's gateway `path`; the JSON answer.
+  // POST `body` to etcd's gateway `path`; the JSON answer, within
+  // kCallTimeout and kMaxAnswerBytes.
   Result<json> post(const std::string& path, const json& body) const {
     httplib::Client client("http://" + endpoint);
     client.set_connection_timeout(2, 0);
     client.set_read_timeout(5, 0);
-    auto r = client.Post(path, body.dump(), "application/json");
-    if (!r) {
-      return std::unexpected(Status::unavailable("etcd {}{}: {}", endpoint, path, httplib::to_string(r.error())));
+    // A watchdog cuts the connection at the call's deadline, in whatever
+    // part of the exchange it is.
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    bool cut = false;
+    std::thread watchdog([&] {
+      std::unique_lock lock(m);
+      if (!cv.wait_for(lock, kCallTimeout, [&] { return done; })) {
+        cut = true;
+        client.stop();
+      }
+    });
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string answer_text;
+    bool too_long = false;
+    req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+      too_long = too_long || answer_text.size() + n > kMaxAnswerBytes;
+      if (!too_long) answer_text.append(data, n);
+      return !too_long;
+    };
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    const bool sent = client.send(req, res, error);
+    {
+      std::lock_guard lock(m);
+      done = true;
     }
-    json answer = json::parse(r->body, nullptr, false);
+    cv.notify_all();
+    watchdog.join();
+    if (too_long) {
+      return std::unexpected(Status::unavailable("etcd {}{}: an answer above {} bytes", endpoint, path, kMaxAnswerBytes));
+    }
+    if (cut) {
+      return std::unexpected(Status::unavailable("etcd {}{}: no whole answer within {} s", endpoint, path,
+                                                 kCallTimeout.count()));
+    }
+    if (!sent) return std::unexpected(Status::unavailable("etcd {}{}: {}", endpoint, path, httplib::to_string(error)));
+    json answer = parse_answer(answer_text);
     // Every gateway answer is an object; callers read its fields with value().
-    if (r->status != 200 || answer.is_discarded() || !answer.is_object()) {
+    if (res.status != 200 || answer.is_discarded() || !answer.is_object()) {
       return std::unexpected(
-          Status::unavailable("etcd {}{}: HTTP {}: {}", endpoint, path, r->status, r->body.substr(0, 200)));
+          Status::unavailable("etcd {}{}: HTTP {}: {}", endpoint, path, res.status, shown(answer_text, 200)));
     }
     return answer;
   }
@@ -149,7 +211,7 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
   const std::string lease = id.is_string() ? id.get<std::string>()
                             : id.is_number_integer() ? id.dump()
                                                      : std::string();
-  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", grant->dump().substr(0, 200));
+  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", shown(grant->dump(), 200));
   const std::string key = state_->prefix + record.name;
   auto put = state_->post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(to_json(record).dump())},
                                          {"lease", lease}});
@@ -202,7 +264,7 @@ Result<std::vector<StoreRecord>> Directory::stores() {
       return std::unexpected(Status::internal("etcd: a range answer with a malformed entry"));
     }
     auto value = unbase64(kv.value("value", ""));
-    json j = value ? json::parse(*value, nullptr, false) : json();
+    json j = value ? parse_answer(*value) : json();
     try {
       if (j.is_discarded() || !j.is_object()) throw json::other_error::create(501, "not an object", nullptr);
       out.push_back({j.at("name").get<std::string>(), j.at("address").get<std::string>(),
@@ -246,7 +308,7 @@ Status Directory::watch(std::function<void(std::vector<StoreRecord>)> on_change)
         // A line that long is no watch answer: cut the stream, read afresh.
         if (pending.size() > kMaxWatchLineBytes && pending.find('\n') == std::string::npos) return false;
         for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-          const json message = json::parse(pending.substr(0, nl), nullptr, false);
+          const json message = parse_answer(std::string_view(pending).substr(0, nl));
           pending.erase(0, nl + 1);
           // Anything but {"result": {"created": true} or {"events": [...]}}
           // changes nothing; a field of another type is not a reason to stop.

@@ -322,5 +322,63 @@ TEST(Directory, AnswersOfOtherJsonTypesGetAStatusNotATerminate) {
   EXPECT_GT(calls.load(), 0);
 }
 
+// Answers that are no etcd's: 100 000 levels deep (copying it overflowed
+// the stack), larger than any answer of etcd's, with raw control bytes to
+// echo: each a Status, and the next call works.
+TEST(Directory, AnAnswerTooDeepOrTooLargeIsRefusedAndShownEscaped) {
+  FakeGateway etcd;
+  auto d = Directory::connect(etcd.endpoint(), "/f/");
+  ASSERT_TRUE(d.has_value());
+  etcd.answer("/v3/lease/grant", R"({"ID":)" + std::string(100'000, '[') + std::string(100'000, ']') + "}");
+  const Status deep = (*d)->register_store(record("store-a"), 2 * kSecond);
+  EXPECT_EQ(deep.code(), StatusCode::kUnavailable) << deep.to_string();
+  etcd.answer("/v3/kv/range", R"({"kvs":[],"pad":")" + std::string(5 << 20, 'x') + "\"}");
+  auto large = (*d)->stores();
+  ASSERT_FALSE(large.has_value());
+  EXPECT_NE(large.error().message().find("an answer above"), std::string::npos) << large.error().to_string();
+  etcd.answer("/v3/kv/range", "\x1b[31m\x01 not json");
+  auto raw = (*d)->stores();
+  ASSERT_FALSE(raw.has_value());
+  EXPECT_EQ(raw.error().message().find('\x1b'), std::string::npos) << "a raw escape reaches the terminal";
+  etcd.answer("/v3/kv/range", R"({"kvs":[]})");
+  EXPECT_TRUE((*d)->stores().has_value());
+}
+
+// An endpoint that answers a byte a second: each read is within the read
+// timeout, so only the call's own deadline ends it (it held register_store,
+// and SIGTERM behind it, for as long as the bytes came).
+TEST(Directory, AnEndpointThatDripsIsCutAtTheCallsDeadline) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  std::atomic<bool> stop = false;
+  std::thread drip([&] {
+    const int c = ::accept(listener, nullptr, nullptr);
+    const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + std::string(100000, ' ');
+    for (std::size_t i = 0; c >= 0 && i < answer.size() && !stop; ++i) {
+      if (::send(c, &answer[i], 1, MSG_NOSIGNAL) != 1) break;
+      for (int t = 0; t < 10 && !stop; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (c >= 0) ::close(c);
+  });
+  auto d = Directory::connect("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "/f/");
+  ASSERT_TRUE(d.has_value());
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = (*d)->register_store(record("store-a"), 2 * kSecond);
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  ::shutdown(listener, SHUT_RDWR);
+  drip.join();
+  ::close(listener);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("no whole answer within 10 s"), std::string::npos) << s.to_string();
+  EXPECT_LT(took, std::chrono::seconds(20));
+}
+
 }  // namespace
 }  // namespace baton::store
