@@ -111,6 +111,10 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench mixed --json /nonexistent/dir/x.json", "\"/nonexistent/dir\" is not a writable directory"},
       {"bench mixed --json ''", "--json: an empty value"},
       {"bench mixed --json /tmp", "\"/tmp\": a directory, not a file"},
+      // CLI11 read integers with strtoll's base 0: 010 was 8, 0x10 16.
+      {"bench mixed --prefill-burst 017", "\"017\": write the number in decimal"},
+      {"bench plan --blocks 010", "\"010\": write the number in decimal"},
+      {"bench plan --blocks 0x10", "\"0x10\": write the number in decimal"},
   };
   for (const auto& [args, needle] : cases) {
     const CommandRun r = baton(args);

@@ -415,6 +415,27 @@ TEST(ServeCommand, ExportsItsBufferOnlyToTheNamedPeersAndOnlyToHoldersOfTheSecre
   EXPECT_TRUE(server.stop().is_ok());
 }
 
+// A hang-up (a closed terminal or ssh session) stops serve cleanly: UCX's
+// debug handler took SIGHUP, turned debug logging on, and serve ran on.
+TEST(ServeCommand, AHangUpStopsItCleanly) {
+  ServeChild child = serve({"--buffer-size", "1MiB"});
+  EXPECT_TRUE(child.stop(SIGHUP).is_ok());
+}
+
+// A write bench leaves serve's buffer as serve filled it, so a read bench
+// after it passes its check (it reported the write bench's bytes as
+// corruption), and the write bench still checks what it wrote.
+TEST(BenchThroughput, AWriteBenchLeavesServesPatternForTheNextReadBench) {
+  ServeChild child = serve({"--buffer-size", "16MiB"});
+  for (const char* op : {"read", "write", "read", "write", "read"}) {
+    const CommandRun r = run_baton(fmt::format("bench throughput --target {} --op {} --block-size 1MiB "
+                                               "--batch-size 4 --duration 100ms",
+                                               child.address(), op));
+    EXPECT_EQ(r.exit_code, 0) << op << ": " << r.err;
+  }
+  EXPECT_TRUE(child.stop().is_ok());
+}
+
 TEST(ServeCommand, RefusesBadInput) {
   EXPECT_EQ(run_baton("serve --buffer-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("serve --buffer-size lots").exit_code, 2);

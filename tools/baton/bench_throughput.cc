@@ -1,7 +1,8 @@
 // `baton bench throughput`: batches of block reads or writes against a
 // `baton serve` peer for a fixed time, like Mooncake's transfer_engine_bench.
 // Every thread keeps one batch in flight on its own blocks; the data is
-// checked against serve's pattern at the end, so a fast wrong answer fails.
+// checked against serve's pattern at the end, so a fast wrong answer fails
+// (a write bench reads back its own, then puts serve's pattern back).
 #include <algorithm>
 #include <map>
 #include <atomic>
@@ -198,6 +199,15 @@ int run_throughput(const ThroughputOptions& o) {
   if (auto bad = engine::pattern_mismatch(buffer, salt); bad) {
     fmt::print(stderr, "baton bench throughput: data check FAILED at byte {} of {}\n", *bad, buffer.size());
     return 1;
+  }
+  if (plan->op == engine::Op::kWrite) {
+    // serve's buffer left as serve filled it: a read bench after this one
+    // checks against serve's pattern, and reported our bytes as corruption.
+    engine::fill_pattern(buffer, kServeSalt);
+    if (Status s = bp.run({{bp.request(engine::Op::kWrite, 0, plan->span)}, {}}); !s.is_ok()) {
+      fmt::print(stderr, "baton bench throughput: restoring serve's pattern failed: {}\n", s.to_string());
+      return 1;
+    }
   }
   const std::string transport = bp.peer().transport;
   // What to run ucx_perftest with to compare like with like (scripts/bench-vs-perftest).

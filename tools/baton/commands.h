@@ -3,6 +3,9 @@
 // set up first) and returns the process exit code.
 #pragma once
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -86,6 +89,41 @@ inline const CLI::Validator kTopologyModel(
       return fmt::format("topology model \"{}\" does not exist (expected one of: {})", text, fmt::join(names, ", "));
     },
     "MODEL");
+
+// An integer flag's value in decimal: CLI11 reads integers with strtoll's
+// base 0, so "010" was 8 and "0x10" 16 (a size flag refused "0x10").
+inline const CLI::Validator kDecimalInteger(
+    [](std::string& text) -> std::string {
+      const std::size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+      if (text.size() > digits + 1 && text[digits] == '0') {
+        return "\"" + text + "\": write the number in decimal (a leading 0 reads as octal, 0x as hexadecimal)";
+      }
+      return {};
+    },
+    "");
+
+// Every integer flag of `app` and its subcommands checked with kDecimalInteger.
+inline void require_decimal_integers(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name().substr(0, o->get_type_name().find(':'));
+    if (type == "INT" || type == "UINT") o->check(kDecimalInteger);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) require_decimal_integers(*sub);
+}
+
+// The signals that stop `serve` and `store`, blocked in the calling thread
+// (call it before any thread starts, so each inherits the mask) for sigwait
+// to take. SIGHUP too: a closed terminal or ssh session ends them, where
+// UCX's debug handler (UCX_DEBUG_SIGNO) had turned debug logging on instead.
+inline sigset_t block_stop_signals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
+
+inline const char* stop_signal_name(int s) { return s == SIGINT ? "SIGINT" : s == SIGTERM ? "SIGTERM" : "SIGHUP"; }
 
 // A failed command's exit code: 2 for input the caller got wrong
 // (invalid_argument, out_of_range; CLI11's own code for a bad flag), 1 for

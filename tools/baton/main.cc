@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
   // is an error to report, not a silent exit 141. The children we start are
   // `baton` too: their writes to a parent gone fail the same way.
   std::signal(SIGPIPE, SIG_IGN);
+  // UCX takes SIGHUP as it loads, for its debug mode (UCX_DEBUG_SIGNO): a
+  // hang-up turned debug logging on and the command ran on. Unless that
+  // variable asks for it, a hang-up ends a command (serve and store stop
+  // cleanly on it).
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr) std::signal(SIGHUP, SIG_DFL);
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
   app.require_subcommand(1);
   // Every flag's help shows the value it starts with (subcommands inherit this).
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
                                             baton::cli::add_demo_command(app), baton::cli::add_store_command(app),
                                             baton::cli::add_handoff_worker_command(app)};
   for (auto& mode : baton::cli::add_bench_commands(app)) commands.push_back(std::move(mode));
+  baton::cli::require_decimal_integers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -122,9 +122,9 @@ void ServeChild::kill() {
   if (pid_ > 0) ::kill(pid_, SIGKILL);  // reaped by the destructor: a drill must not wait on it here
 }
 
-Status ServeChild::stop() {
+Status ServeChild::stop(int signal) {
   if (pid_ <= 0) return Status::ok();
-  ::kill(pid_, SIGTERM);
+  ::kill(pid_, signal);
   int status = 0;
   ::waitpid(std::exchange(pid_, -1), &status, 0);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();

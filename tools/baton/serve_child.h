@@ -3,6 +3,8 @@
 // SIGTERM, its exit status checked.
 #pragma once
 
+#include <signal.h>
+
 #include <sys/types.h>
 
 #include <cstdint>
@@ -35,8 +37,9 @@ class ServeChild {
 
   [[nodiscard]] const std::string& address() const { return address_; }
   [[nodiscard]] pid_t pid() const { return pid_; }
-  // SIGTERM, then waits; internal unless it exited 0.
-  [[nodiscard]] Status stop();
+  // `signal` (SIGTERM, or SIGINT or SIGHUP: each stops serve cleanly), then
+  // waits; internal unless it exited 0.
+  [[nodiscard]] Status stop(int signal = SIGTERM);
   // SIGKILL, without waiting (the destructor reaps it): a peer that dies
   // without a word, in a fault drill. Do not stop() it afterwards.
   void kill();

@@ -1,5 +1,5 @@
 // `baton serve`: an engine that registers one pattern-filled buffer and
-// serves it to peers until SIGINT or SIGTERM. Prints "address HOST:PORT" as
+// serves it to peers until SIGINT, SIGTERM or SIGHUP. Prints "address HOST:PORT" as
 // its first line (what `bench throughput --spawn` and the demo read).
 #include <csignal>
 #include <cstdio>
@@ -38,13 +38,8 @@ int run_serve(const ServeOptions& o) {
     fmt::print(stderr, "baton serve: --buffer-size: {}\n", bytes ? "must be > 0" : bytes.error().message());
     return 2;
   }
-  // Block the stop signals before any thread starts, so every thread
-  // inherits the mask and sigwait below is the one place they arrive.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Before any thread starts: sigwait below is the one place they arrive.
+  const sigset_t stop = block_stop_signals();
 
   engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
   config.metrics_address = o.metrics_address;
@@ -70,7 +65,7 @@ int run_serve(const ServeOptions& o) {
   for (std::size_t at = 0; at < buffer.size(); at += kSlice) {
     const timespec no_wait{};
     if (const int early = sigtimedwait(&stop, nullptr, &no_wait); early > 0) {
-      baton::logger().info("baton serve: {} received while filling the buffer", early == SIGINT ? "SIGINT" : "SIGTERM");
+      baton::logger().info("baton serve: {} received while filling the buffer", stop_signal_name(early));
       (*engine)->shutdown();  // before `own` goes
       return 0;
     }
@@ -84,7 +79,7 @@ int run_serve(const ServeOptions& o) {
 
   int signal = 0;
   sigwait(&stop, &signal);
-  baton::logger().info("baton serve: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  baton::logger().info("baton serve: {} received, shutting down", stop_signal_name(signal));
   (*engine)->shutdown();  // before `own` goes
   return 0;
 }
@@ -93,7 +88,7 @@ int run_serve(const ServeOptions& o) {
 
 Command add_serve_command(CLI::App& parent) {
   auto o = std::make_shared<ServeOptions>();
-  CLI::App* app = parent.add_subcommand("serve", "Register a pattern-filled buffer and serve it to peers until SIGINT/SIGTERM");
+  CLI::App* app = parent.add_subcommand("serve", "Register a pattern-filled buffer and serve it to peers until SIGINT, SIGTERM or SIGHUP");
   app->add_option("--buffer-size", o->buffer_size, "Bytes to register (size: 256MiB, 1GB …)");
   app->add_option("--listen", o->ucx.listen_address, "Handshake address host:port (port 0: any free port)")->check(kHostPort);
   add_ucx_options(*app, o->ucx);

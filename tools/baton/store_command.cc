@@ -1,6 +1,6 @@
 // `baton store`: the block holder as a process (docs/store.md). Holds KV
 // blocks of each --namespace in engine memory and serves the store's RPCs
-// on loopback until SIGINT or SIGTERM. Prints "address HOST:PORT" (the
+// on loopback until SIGINT, SIGTERM or SIGHUP. Prints "address HOST:PORT" (the
 // RPCs), "engine HOST:PORT" (where clients connect() their engine to read
 // and write blocks) and, with --metrics-address, where /metrics is. With
 // --directory it registers in etcd under a lease and leaves on exit.
@@ -128,11 +128,7 @@ int run_store(const StoreOptions& o) {
     return fail(2, fmt::format("--unsealed-timeout \"{}\": expected a positive duration", o.unsealed_timeout));
   }
   // The stop signals reach sigwait below only (every thread inherits the mask).
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = block_stop_signals();
 
   engine::EngineConfig config;
   config.ucx = o.ucx;
@@ -178,7 +174,7 @@ int run_store(const StoreOptions& o) {
 
   int signal = 0;
   sigwait(&stop, &signal);
-  baton::logger().info("baton store: {} received, shutting down", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  baton::logger().info("baton store: {} received, shutting down", stop_signal_name(signal));
   if (directory) (void)directory->deregister();  // leave at once, not at expiry
   server->reset();
   blocks->reset();
@@ -190,7 +186,7 @@ int run_store(const StoreOptions& o) {
 
 Command add_store_command(CLI::App& parent) {
   auto o = std::make_shared<StoreOptions>();
-  CLI::App* app = parent.add_subcommand("store", "Hold KV blocks and serve the store's RPCs until SIGINT/SIGTERM");
+  CLI::App* app = parent.add_subcommand("store", "Hold KV blocks and serve the store's RPCs until SIGINT, SIGTERM or SIGHUP");
   app->add_option("--listen", o->listen, "RPC address (loopback; port 0: any free port)")->check(kHostPort);
   app->add_option("--engine-listen", o->engine_listen, "The engine's handshake address (port 0: any free port)");
   add_ucx_options(*app, o->ucx);
