@@ -127,7 +127,10 @@ int run_store_bench(const StoreBenchOptions& o) {
   std::vector<std::vector<double>> per(o.requesters);
   std::vector<std::string> errors(o.requesters);
   std::string plan_wire;
-  std::vector<std::thread> threads;
+  // jthreads: a thread the system will not start (std::system_error, a
+  // one-line failure in main) leaves the started ones joined, not joinable
+  // (std::terminate).
+  std::vector<std::jthread> threads;
   for (std::uint32_t k = 0; k < o.requesters; ++k) {
     threads.emplace_back([&, k] {
       auto c = store::StoreClient::connect(child->address());

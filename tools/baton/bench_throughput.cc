@@ -131,7 +131,14 @@ int run_throughput(const ThroughputOptions& o) {
   std::vector<std::vector<double>> latencies(static_cast<std::size_t>(o.threads));
   std::vector<Status> errors(static_cast<std::size_t>(o.threads));
   const auto started = std::chrono::steady_clock::now();
-  std::vector<std::thread> workers;
+  // A thread the system will not start (std::system_error, a one-line
+  // failure in main) leaves the started ones stopped and joined (the guard
+  // goes first), not joinable (std::terminate).
+  std::vector<std::jthread> workers;
+  struct StopFirst {
+    std::atomic<bool>& stop;
+    ~StopFirst() { stop = true; }
+  } stop_first{stop};
   for (int t = 0; t < o.threads; ++t) {
     workers.emplace_back([&, t] {
       engine::Batch batch;
