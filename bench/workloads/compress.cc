@@ -50,7 +50,10 @@ Status CompressConfig::validate() const {
   // The codec frames blocks of at least a page; smaller ones measure the
   // per-request overhead, and 1-byte blocks take minutes.
   if (block_bytes < 4096) return Status::invalid_argument("compress: block size {} B is below 4 KiB", block_bytes);
-  if (!(slack > 0) || !std::isfinite(slack)) return Status::invalid_argument("compress: slack {} must be > 0", slack);
+  // Far above a million plain runs the deadline overflows the nanosecond clock.
+  if (!(slack > 0) || !(slack <= 1e6)) {
+    return Status::invalid_argument("compress: slack {} must be > 0 and at most 1e6", slack);
+  }
   if (!(theta_compress >= 0) || !(theta_compress <= 1.5)) {
     return Status::invalid_argument("compress: theta_compress {} must be in [0, 1.5]", theta_compress);
   }

@@ -223,8 +223,10 @@ Status DeadlinesWorkload::validate() const {
   for (std::uint64_t b : prefill_bytes) {
     if (b == 0) return Status::invalid_argument("deadlines: a prefill size is 0");
   }
-  if (!(prefill_slack > 0) || !std::isfinite(prefill_slack)) {
-    return Status::invalid_argument("deadlines: prefill_slack {} must be > 0", prefill_slack);
+  // Above a million transfer times a deadline is no deadline, and far above
+  // it overflows the nanosecond clock (1e15 missed every prefill).
+  if (!(prefill_slack > 0) || !(prefill_slack <= 1e6)) {
+    return Status::invalid_argument("deadlines: prefill_slack {} must be > 0 and at most 1e6", prefill_slack);
   }
   if (duration_ns <= 0) return Status::invalid_argument("deadlines: duration {} ns must be > 0", duration_ns);
   return within_request_bound(link_gbps);

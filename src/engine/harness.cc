@@ -34,6 +34,10 @@ Result<sched::RequestId> Harness::submit(const sched::TransferRequest& request) 
   return ids->front();
 }
 
+namespace {
+constexpr std::uint64_t kMaxSimulatedBytes = std::uint64_t{1} << 40;
+}  // namespace
+
 Result<std::vector<sched::RequestId>> Harness::submit(std::span<const sched::TransferRequest> batch) {
   Core& c = *state_->core;
   if (batch.empty()) return std::unexpected(Status::invalid_argument("submit: the batch is empty"));
@@ -42,6 +46,13 @@ Result<std::vector<sched::RequestId>> Harness::submit(std::span<const sched::Tra
     if (r.bytes == 0) {
       return std::unexpected(
           Status::invalid_argument("submit: request {} of the batch ({} -> {}) has 0 bytes", i, r.from, r.to));
+    }
+    // The simulator's clock is in nanoseconds: a PiB request's transfer time
+    // overflowed it into negative latencies and impossible rates (admission
+    // refuses above 2^48 bytes, later, where a bench saw a request vanish).
+    if (r.bytes > kMaxSimulatedBytes) {
+      return std::unexpected(Status::invalid_argument(
+          "submit: request {} of the batch has {} bytes (the simulator takes at most 1 TiB a request)", i, r.bytes));
     }
     if (r.timeout_ns < 0) {
       return std::unexpected(Status::invalid_argument(

@@ -388,6 +388,11 @@ TEST(Admission, RefusesBadRequestsAtSubmitAsTheSchedulerDoes) {
   refused(r, "timeout -5 ns");
   refused(req(TransferRequest::kMaxBytes + 1, 0), "expected 1 .. 2^48");  // two of 2^63 summed to 0 queued
   refused(req(0, 0), "has 0 bytes");
+  // The harness refuses a request above 1 TiB as it is submitted: its
+  // simulated transfer time overflowed the clock.
+  const auto huge = e->submit(req(std::uint64_t{1} << 41, 0));
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_NE(huge.error().message().find("at most 1 TiB"), std::string::npos) << huge.error().to_string();
   ASSERT_TRUE(e->run_until_idle().is_ok());
   EXPECT_EQ(e->admission().stats().admitted, 0u);
   EXPECT_EQ(e->sim_transport().bytes_delivered(), 0u);

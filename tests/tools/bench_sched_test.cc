@@ -115,6 +115,10 @@ TEST(BenchSched, BadInputFailsWithOneLine) {
       {"bench mixed --prefill-burst 017", "\"017\": write the number in decimal"},
       {"bench plan --blocks 010", "\"010\": write the number in decimal"},
       {"bench plan --blocks 0x10", "\"0x10\": write the number in decimal"},
+      // A PiB overflowed the simulator's nanosecond clock: negative latencies, exit 0.
+      {"bench mixed --duration-ms 1 --decode-size 1125899906842624", "the simulator takes at most 1 TiB a request"},
+      {"bench dualpath --requests 2 --handoff-size 1125899906842624", "at most 1 TiB a request"},
+      {"bench deadlines --duration-ms 5 --prefill-slack 1e15", "at most 1e6"},
   };
   for (const auto& [args, needle] : cases) {
     const CommandRun r = baton(args);
