@@ -10,7 +10,9 @@ docs/python.md has the walkthrough. Everything here is the compiled
 `baton._baton`; this file adds `await batch` for asyncio.
 """
 import asyncio
+import atexit
 import os
+import weakref
 
 from ._baton import (  # noqa: F401  (re-exported)
     AlreadyExists,
@@ -147,7 +149,26 @@ def _exit(self, *exc):
     return False
 
 
+_live = weakref.WeakSet()  # every engine not yet closed, for the exit
+_engine_init = Engine.__init__
+
+
+def _init(self, *args, **kwargs):
+    _engine_init(self, *args, **kwargs)
+    _live.add(self)
+
+
+@atexit.register
+def _close_at_exit():
+    """Closes the engines still open as the interpreter exits, before it
+    finalizes: a daemon thread inside a call holds its engine, which then
+    never closed, its loop and UCX still running while the process ended."""
+    for engine in list(_live):
+        engine.close()
+
+
 _close_engine = Engine.close
 Batch.__await__ = _await_batch
+Engine.__init__ = _init
 Engine.close = _close
 Engine.__exit__ = _exit

@@ -10,6 +10,7 @@
 //
 // Every call that can wait releases the GIL.
 #include <Python.h>
+#include <cxxabi.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -58,14 +59,27 @@ bool must_not_take_gil() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+// Takes the GIL back, or parks: finalizing may begin while this thread
+// waits for the GIL, after the check, and CPython then ends it from inside
+// the call (pthread_exit's forced unwind), which is caught here and never
+// returns, so it cannot leave a noexcept destructor.
+template <typename Take>
+void take_gil_or_park(Take take) {
+  if (must_not_take_gil()) park_forever();
+  try {
+    take();
+  } catch (abi::__forced_unwind&) {
+    park_forever();
+  }
+}
+
 // The GIL released for a call that may wait (every call that can, so a
 // daemon thread in any of them survives the exit).
 class GilReleased {
  public:
   GilReleased() : thread_(PyEval_SaveThread()) {}
   ~GilReleased() {
-    if (must_not_take_gil()) park_forever();
-    PyEval_RestoreThread(thread_);
+    take_gil_or_park([this] { PyEval_RestoreThread(thread_); });
   }
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
@@ -74,15 +88,16 @@ class GilReleased {
   PyThreadState* thread_;
 };
 
-// The GIL taken inside a GilReleased scope (a signal check between waits).
+// The GIL taken inside a GilReleased scope (a signal check between waits),
+// or from a thread that may or may not hold it (a destructor).
 class GilTaken {
  public:
   GilTaken() {
-    if (must_not_take_gil()) park_forever();
+    take_gil_or_park([this] { gil_.emplace(); });
   }
 
  private:
-  py::gil_scoped_acquire gil_;
+  std::optional<py::gil_scoped_acquire> gil_;
 };
 
 // --- exceptions ---------------------------------------------------------------

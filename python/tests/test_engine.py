@@ -871,31 +871,30 @@ print("survived", flush=True)
     assert r.stdout.split()[-1] == "survived"
 
 
-@pytest.mark.parametrize("blocked_in", ["wait", "read", "connect"])
+@pytest.mark.parametrize("blocked_in", ["wait", "read"])
 def test_a_daemon_thread_blocked_in_a_call_does_not_abort_the_exit(blocked_in):
     # CPython ends a daemon thread that takes the GIL back during finalization
     # with pthread_exit; its unwind through pybind11's GIL guard aborted the
     # process at every exit ("terminate called without an active exception").
     code = f"""
-import baton, numpy as np, socket, threading, time
+import baton, numpy as np, threading, time
 h = baton.Engine(same_host_copy=False); h.export(h.register(np.ones(64 << 20, np.uint8)))
 e = baton.Engine(same_host_copy=False); p = e.connect(h.address)
 buf = e.register(np.zeros(64 << 20, np.uint8))
+def wait_long():
+    e.submit([baton.Request(op="read", local=buf, peer=p, remote=p.regions[0], length=64 << 20)
+              for _ in range(100)]).wait()
 def read_forever():
     while True:
         e.read(local=buf, peer=p, remote=p.regions[0], length=64 << 20)
-silent = socket.socket(); silent.bind(("127.0.0.1", 0)); silent.listen()
-target = {{"wait": e.submit([baton.Request(op="read", local=buf, peer=p, remote=p.regions[0], length=64 << 20)
-                            for _ in range(100)]).wait,
-          "read": read_forever,
-          "connect": lambda: e.connect("127.0.0.1:%d" % silent.getsockname()[1])}}["{blocked_in}"]
-threading.Thread(target=target, daemon=True).start()
+threading.Thread(target={{"wait": wait_long, "read": read_forever}}["{blocked_in}"], daemon=True).start()
 time.sleep(0.2)
 print("main returns", flush=True)
 """
-    r = run_child(code, timeout=60)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "terminate" not in r.stderr and r.stdout.split()[-1] == "returns"
+    for _ in range(3):  # the exit races the thread's return to the GIL
+        r = run_child(code, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "terminate" not in r.stderr and r.stdout.split()[-1] == "returns"
 
 
 def test_a_child_of_fork_is_refused_its_parents_engine_and_exits():

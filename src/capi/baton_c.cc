@@ -500,8 +500,7 @@ void set_deadlines(engine::Batch& b, const std::vector<TimeNs>& deadlines, TimeN
 
 // The prepared batch `id` of `box`, held by `use` (one caller at a time:
 // its resolution is rewritten by the call that finds it stale), with its
-// relative deadlines made absolute as of now when it has any. (A template:
-// C++ linkage inside this extern "C" block.)
+// relative deadlines made absolute as of now when it has any.
 template <typename Use>
 int with_prepared(const char* call, EngineBox& box, std::uint64_t id, Use use) {
   std::shared_ptr<Prepared> p;

@@ -111,19 +111,6 @@ struct Directory::State {
     httplib::Client client("http://" + endpoint);
     client.set_connection_timeout(2, 0);
     client.set_read_timeout(5, 0);
-    // A watchdog cuts the connection at the call's deadline, in whatever
-    // part of the exchange it is.
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    bool cut = false;
-    std::thread watchdog([&] {
-      std::unique_lock lock(m);
-      if (!cv.wait_for(lock, kCallTimeout, [&] { return done; })) {
-        cut = true;
-        client.stop();
-      }
-    });
     httplib::Request req;
     req.method = "POST";
     req.path = path;
@@ -138,13 +125,35 @@ struct Directory::State {
     };
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
-    const bool sent = client.send(req, res, error);
+    bool sent = false;
+    bool cut = false;
     {
-      std::lock_guard lock(m);
-      done = true;
+      // A watchdog cuts the connection at the call's deadline, in whatever
+      // part of the exchange it is; told first, then joined, on every way out.
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      std::jthread watchdog([&] {
+        std::unique_lock lock(m);
+        if (!cv.wait_for(lock, kCallTimeout, [&] { return done; })) {
+          cut = true;
+          client.stop();
+        }
+      });
+      struct Finish {
+        std::mutex& m;
+        std::condition_variable& cv;
+        bool& done;
+        ~Finish() {
+          {
+            std::lock_guard lock(m);
+            done = true;
+          }
+          cv.notify_all();
+        }
+      } finish{m, cv, done};
+      sent = client.send(req, res, error);
     }
-    cv.notify_all();
-    watchdog.join();
     if (too_long) {
       return std::unexpected(Status::unavailable("etcd {}{}: an answer above {} bytes", endpoint, path, kMaxAnswerBytes));
     }

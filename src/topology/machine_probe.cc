@@ -5,7 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,11 +45,30 @@ std::string on_path(const std::string& program) {
 // The same bound as a file given with --nvidia-smi (load_nvidia_smi_topo).
 constexpr std::size_t kNvidiaSmiMaxBytes = 16 << 20;
 
+// Reaps `pid` without blocking past `patience`: a process killed while in a
+// driver's ioctl (state D) dies only once the ioctl returns, so a thread of
+// its own waits for it then.
+// Whether it was reaped within `patience` (else the thread reaps it later).
+bool reap(pid_t pid, int& status, std::chrono::milliseconds patience) {
+  const auto until = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) return true;
+    if (std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::thread([pid] {
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }).detach();
+  return false;
+}
+
 // Runs `program args…` with stdout and stderr into one pipe, bounded: a
 // wedged driver holds nvidia-smi in the kernel for minutes, and a broken one
 // may print without end. Past `timeout` or `max_bytes` the child's process
-// group is killed and reaped; it also dies with the thread that started it
-// (PR_SET_PDEATHSIG), so a killed caller leaves no nvidia-smi behind.
+// group is killed. posix_spawn, not fork: no copy of a large registered
+// address space, no fork handlers of other libraries.
 Result<std::string> run_bounded(const std::string& program, const std::vector<std::string>& args,
                                 std::chrono::milliseconds timeout, std::size_t max_bytes) {
   std::vector<char*> argv;
@@ -58,26 +77,30 @@ Result<std::string> run_bounded(const std::string& program, const std::vector<st
   argv.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return std::unexpected(Status::unavailable("{}: pipe: {}", program, strerror(errno)));
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return std::unexpected(Status::unavailable("{}: fork: {}", program, strerror(errno)));
-  }
-  if (pid == 0) {  // only async-signal-safe calls until exec
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // a caller's blocked SIGTERM is not the command's
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    execv(program.c_str(), argv.data());
-    _exit(127);
-  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);  // a caller's blocked SIGTERM is not the command's
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group: killed with its children
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, program.c_str(), &actions, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   close(fds[1]);
+  if (spawned != 0) {
+    close(fds[0]);
+    return std::unexpected(Status::unavailable("{}: could not start it: {}", program, strerror(spawned)));
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left_ms = [&] {
     return static_cast<int>(std::max<std::int64_t>(
@@ -105,21 +128,21 @@ Result<std::string> run_bounded(const std::string& program, const std::vector<st
   }
   close(fds[0]);
   int status = 0;
-  for (;;) {  // its output ended; it still has until the deadline to exit
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) break;
-    if (!failure.empty() || left_ms() == 0) {
-      if (failure.empty()) failure = fmt::format("no exit within {} ms (a wedged driver?)", timeout.count());
-      kill(-pid, SIGKILL);
-      kill(pid, SIGKILL);
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto kill_group = [pid] {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+  };
+  if (!failure.empty()) {
+    kill_group();
+    (void)reap(pid, status, std::chrono::seconds(1));
+    return std::unexpected(Status::unavailable("{}: {}", program, failure));
   }
-  if (!failure.empty()) return std::unexpected(Status::unavailable("{}: {}", program, failure));
+  // Its output ended; it still has until the deadline to exit.
+  if (!reap(pid, status, std::chrono::milliseconds(left_ms()))) {
+    kill_group();  // the waiter reap() left reaps it once it dies
+    return std::unexpected(
+        Status::unavailable("{}: no exit within {} ms (a wedged driver?)", program, timeout.count()));
+  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return std::unexpected(Status::unavailable("{} {}: failed (status {}): {}", program, fmt::join(args, " "), status,
                                                shown(out.substr(0, out.find('\n')))));

@@ -422,6 +422,21 @@ TEST(ServeCommand, AHangUpStopsItCleanly) {
   EXPECT_TRUE(child.stop(SIGHUP).is_ok());
 }
 
+// Under nohup (SIGHUP ignored as it starts) a hang-up changes nothing: UCX
+// replaced the ignored disposition as it loaded, and serve puts it back.
+TEST(ServeCommand, UnderNohupAHangUpIsIgnored) {
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGHUP, &ignore, &old), 0);
+  ServeChild child = serve({"--buffer-size", "1MiB"});  // inherits the ignored SIGHUP through exec
+  ::sigaction(SIGHUP, &old, nullptr);
+  ASSERT_EQ(::kill(child.pid(), SIGHUP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const char state = process_state(child.pid());
+  EXPECT_TRUE(state != 'Z' && state != '?') << "serve ended on a hang-up under nohup";
+  EXPECT_TRUE(child.stop().is_ok());
+}
+
 // A write bench leaves serve's buffer as serve filled it, so a read bench
 // after it passes its check (it reported the write bench's bytes as
 // corruption), and the write bench still checks what it wrote.

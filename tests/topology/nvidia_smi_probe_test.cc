@@ -74,12 +74,12 @@ TEST(NvidiaSmiProbe, AHungCommandIsKilledWithItsChildrenAtTheTimeout) {
   {
     FakeNvidiaSmi hung("sleep 3600 & echo $! > " + smi.marker().string() + "; wait");
     const auto start = std::chrono::steady_clock::now();
-    auto facts = probe_nvidia_smi(std::chrono::milliseconds(300));
+    auto facts = probe_nvidia_smi(std::chrono::seconds(3));  // room for sh to start its child on a busy machine
     const auto took = std::chrono::steady_clock::now() - start;
     ASSERT_FALSE(facts.has_value());
     EXPECT_EQ(facts.error().code(), StatusCode::kUnavailable);
-    EXPECT_NE(facts.error().message().find("no end within 300 ms"), std::string::npos) << facts.error().message();
-    EXPECT_LT(took, std::chrono::seconds(5));
+    EXPECT_NE(facts.error().message().find("no end within 3000 ms"), std::string::npos) << facts.error().message();
+    EXPECT_LT(took, std::chrono::seconds(10));
   }
   std::ifstream marker(smi.marker());
   pid_t child = 0;

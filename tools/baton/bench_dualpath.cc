@@ -221,9 +221,10 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   constexpr std::string_view kMode = "fault";
   auto w = workload(o);
   if (!w) return fail(kMode, w.error());
-  if (!(o.kill_at_ms >= 0) || !(o.restore_at_ms > o.kill_at_ms)) {
-    return fail(kMode, Status::invalid_argument("--kill-at-ms {} and --restore-at-ms {}: expected 0 <= kill < restore",
-                                                o.kill_at_ms, o.restore_at_ms));
+  if (!(o.kill_at_ms >= 0) || !(o.restore_at_ms > o.kill_at_ms) || !(o.restore_at_ms <= 3.6e6)) {
+    return fail(kMode, Status::invalid_argument(
+                           "--kill-at-ms {} and --restore-at-ms {}: expected 0 <= kill < restore <= 3.6e6 (an hour)",
+                           o.kill_at_ms, o.restore_at_ms));
   }
   if (o.peer.real()) return run_fault_ucx(o, *w);
   const auto kill_ns = static_cast<TimeNs>(o.kill_at_ms * 1e6);

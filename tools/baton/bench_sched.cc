@@ -317,14 +317,17 @@ void add_common(CLI::App* app, SchedBenchOptions& o) {
   auto* w = &o.workload;
   app->add_option_function<double>(
       "--prefill-interval-ms", [w](double ms) { w->prefill_interval_ns = static_cast<TimeNs>(ms * 1e6); },
-      "Mean gap between prefill bursts");
+      "Mean gap between prefill bursts")
+      ->check(positive_up_to_an_hour(3.6e6));
   app->add_option("--prefill-burst", w->prefill_burst, "32 MiB prefill requests per burst");
   app->add_option_function<double>(
       "--decode-interval-us", [w](double v) { w->decode_interval_ns = static_cast<TimeNs>(v * 1e3); },
-      "Mean gap between decode requests");
+      "Mean gap between decode requests")
+      ->check(positive_up_to_an_hour(3.6e9));
   app->add_option_function<double>(
       "--decode-deadline-ms", [w](double ms) { w->decode_deadline_ns = static_cast<TimeNs>(ms * 1e6); },
-      "Decode deadline after arrival");
+      "Decode deadline after arrival")
+      ->check(positive_up_to_an_hour(3.6e6));
 }
 
 }  // namespace

@@ -94,8 +94,11 @@ inline const CLI::Validator kTopologyModel(
 // base 0, so "010" was 8 and "0x10" 16 (a size flag refused "0x10").
 inline const CLI::Validator kDecimalInteger(
     [](std::string& text) -> std::string {
-      const std::size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
-      if (text.size() > digits + 1 && text[digits] == '0') {
+      std::size_t at = text.find_first_not_of(" \t");  // strtoll skips leading blanks
+      if (at == std::string::npos) return {};
+      if (text[at] == '-' || text[at] == '+') ++at;
+      const std::string_view base_prefix = "0123456789xXoObB";
+      if (at + 1 < text.size() && text[at] == '0' && base_prefix.find(text[at + 1]) != std::string_view::npos) {
         return "\"" + text + "\": write the number in decimal (a leading 0 reads as octal, 0x as hexadecimal)";
       }
       return {};
@@ -113,17 +116,42 @@ inline void require_decimal_integers(CLI::App& app) {
 
 // The signals that stop `serve` and `store`, blocked in the calling thread
 // (call it before any thread starts, so each inherits the mask) for sigwait
-// to take. SIGHUP too: a closed terminal or ssh session ends them, where
-// UCX's debug handler (UCX_DEBUG_SIGNO) had turned debug logging on instead.
+// to take. SIGHUP too (unless ignored, as under nohup): a closed terminal or
+// ssh session ends them, where UCX's debug handler (UCX_DEBUG_SIGNO) had
+// turned debug logging on instead.
 inline sigset_t block_stop_signals() {
   sigset_t stop;
   sigemptyset(&stop);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+  for (int s : {SIGINT, SIGTERM}) sigaddset(&stop, s);
+  // Not when ignored (nohup, kept by main): Linux queues a blocked signal
+  // even when ignored, and sigwait would take it.
+  struct sigaction hup {};
+  if (sigaction(SIGHUP, nullptr, &hup) != 0 || hup.sa_handler != SIG_IGN) sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   return stop;
 }
 
 inline const char* stop_signal_name(int s) { return s == SIGINT ? "SIGINT" : s == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
+// A time flag in its name's unit (ms, us): above zero and at most an hour,
+// checked before it becomes nanoseconds (1e13 ms overflowed them, and was
+// refused as "must be > 0"; NaN passes a range's comparisons).
+inline CLI::Validator positive_up_to_an_hour(double hour_in_unit) {
+  return CLI::Validator(
+      [hour_in_unit](std::string& text) -> std::string {
+        double v = 0;
+        try {
+          std::size_t end = 0;
+          v = std::stod(text, &end);
+          if (end != text.size()) return "\"" + text + "\" is not a number";
+        } catch (const std::exception&) {
+          return "\"" + text + "\" is not a number";
+        }
+        if (v > 0 && v <= hour_in_unit) return {};
+        return fmt::format("{} must be > 0 and at most {} (an hour)", text, hour_in_unit);
+      },
+      "");
+}
 
 // A failed command's exit code: 2 for input the caller got wrong
 // (invalid_argument, out_of_range; CLI11's own code for a bad flag), 1 for

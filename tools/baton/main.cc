@@ -95,6 +95,23 @@ int finish(const std::string& name, const baton::cli::Command& command) {
 
 }  // namespace
 
+namespace {
+
+// Whether SIGHUP was ignored as the process started (nohup), read before any
+// library's initializer runs: UCX's replaces the disposition as it loads.
+// An executable's .preinit_array runs before every shared library's init.
+bool sighup_ignored_at_start = false;
+
+void read_sighup_disposition(int, char**, char**) {
+  struct sigaction action {};
+  sighup_ignored_at_start = sigaction(SIGHUP, nullptr, &action) == 0 && action.sa_handler == SIG_IGN;
+}
+
+[[gnu::section(".preinit_array"), gnu::used]] void (*const read_sighup_at_start)(int, char**, char**) =
+    &read_sighup_disposition;
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // A write to a child that died (a handoff rank's stdin, a peer's socket)
   // is an error to report, not a silent exit 141. The children we start are
@@ -103,8 +120,8 @@ int main(int argc, char** argv) {
   // UCX takes SIGHUP as it loads, for its debug mode (UCX_DEBUG_SIGNO): a
   // hang-up turned debug logging on and the command ran on. Unless that
   // variable asks for it, a hang-up ends a command (serve and store stop
-  // cleanly on it).
-  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr) std::signal(SIGHUP, SIG_DFL);
+  // cleanly on it) — or is ignored, as it was when we started (nohup).
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr) std::signal(SIGHUP, sighup_ignored_at_start ? SIG_IGN : SIG_DFL);
   CLI::App app{"baton: a topology-aware, deadline-driven KV-cache transfer engine"};
   app.require_subcommand(1);
   // Every flag's help shows the value it starts with (subcommands inherit this).

@@ -164,7 +164,7 @@ int run_store(const StoreOptions& o) {
         if (std::ranges::find(record.numa_nodes, n) == record.numa_nodes.end()) record.numa_nodes.push_back(n);
       }
     }
-    if (auto s = (*d)->register_store(record, *lease); !s.is_ok()) return fail(1, s.to_string());
+    if (auto s = (*d)->register_store(record, *lease); !s.is_ok()) return fail(exit_code(s), s.to_string());
     directory = std::move(*d);
   }
   fmt::print("address {}\n", (*server)->address());
