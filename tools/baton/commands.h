@@ -133,12 +133,13 @@ inline sigset_t block_stop_signals() {
 
 inline const char* stop_signal_name(int s) { return s == SIGINT ? "SIGINT" : s == SIGTERM ? "SIGTERM" : "SIGHUP"; }
 
-// A time flag in its name's unit (ms, us): above zero and at most an hour,
-// checked before it becomes nanoseconds (1e13 ms overflowed them, and was
-// refused as "must be > 0"; NaN passes a range's comparisons).
-inline CLI::Validator positive_up_to_an_hour(double hour_in_unit) {
+// A time flag in its name's unit (ms, us): above zero and at most `most`
+// (`what` says how long that is), checked before it becomes nanoseconds
+// (1e13 ms overflowed them, and was refused as "must be > 0"; NaN passes a
+// range's comparisons).
+inline CLI::Validator positive_at_most(double most, std::string what) {
   return CLI::Validator(
-      [hour_in_unit](std::string& text) -> std::string {
+      [most, what](std::string& text) -> std::string {
         double v = 0;
         try {
           std::size_t end = 0;
@@ -147,8 +148,8 @@ inline CLI::Validator positive_up_to_an_hour(double hour_in_unit) {
         } catch (const std::exception&) {
           return "\"" + text + "\" is not a number";
         }
-        if (v > 0 && v <= hour_in_unit) return {};
-        return fmt::format("{} must be > 0 and at most {} (an hour)", text, hour_in_unit);
+        if (v > 0 && v <= most) return {};
+        return fmt::format("{} must be > 0 and at most {} ({})", text, most, what);
       },
       "");
 }
