@@ -79,6 +79,18 @@ json to_json(const StoreRecord& r) {
           {"capacity_bytes", r.capacity_bytes}, {"numa_nodes", r.numa_nodes}};
 }
 
+// A keepalive's answer for a lease etcd no longer has: its result carries
+// no TTL (or 0). An answer without a result (an error) says nothing.
+bool lease_expired(const json& beat) {
+  const json result = beat.value("result", json());
+  if (!result.is_object()) return false;
+  const json ttl = result.value("TTL", json());
+  if (ttl.is_null()) return true;
+  if (ttl.is_number_integer()) return ttl.get<std::int64_t>() <= 0;
+  return ttl.is_string() && (ttl.get<std::string>().empty() || ttl.get<std::string>().starts_with('-') ||
+                             ttl.get<std::string>() == "0");
+}
+
 // splitmix64: a well-mixed 64-bit function, enough for rendezvous scores.
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -95,7 +107,6 @@ struct Directory::State {
   std::mutex mutex;
   std::condition_variable cv;
   std::string lease;  // etcd's lease id (a decimal string), once registered
-  std::string key;
   bool stop = false;
   std::thread keepalive;
   // The watch: its thread, and the stream's client while one is open (so
@@ -171,6 +182,23 @@ struct Directory::State {
     return answer;
   }
 
+  // A lease of `ttl_s` and `value` put under `key` with it: the lease id.
+  Result<std::string> grant_and_put(std::int64_t ttl_s, const std::string& key, const std::string& value) const {
+    auto grant = post("/v3/lease/grant", {{"TTL", ttl_s}});
+    if (!grant) return std::unexpected(grant.error());
+    // The gateway writes int64 fields as strings; a number is taken too.
+    const json id = grant->value("ID", json());
+    std::string lease = id.is_string()           ? id.get<std::string>()
+                        : id.is_number_integer() ? id.dump()
+                                                 : std::string();
+    if (lease.empty()) {
+      return std::unexpected(Status::unavailable("etcd: a lease grant without an ID: {}", shown(grant->dump(), 200)));
+    }
+    auto put = post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(value)}, {"lease", lease}});
+    if (!put) return std::unexpected(put.error());
+    return lease;
+  }
+
   void stop_keepalive() {
     {
       std::lock_guard lock(mutex);
@@ -213,42 +241,46 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
     if (!state_->lease.empty()) return Status::invalid_argument("register_store: registered already");
   }
   const std::int64_t ttl_s = ttl_ns / 1'000'000'000;
-  auto grant = state_->post("/v3/lease/grant", {{"TTL", ttl_s}});
-  if (!grant) return grant.error();
-  // The gateway writes int64 fields as strings; a number is taken too.
-  const json id = grant->value("ID", json());
-  const std::string lease = id.is_string() ? id.get<std::string>()
-                            : id.is_number_integer() ? id.dump()
-                                                     : std::string();
-  if (lease.empty()) return Status::unavailable("etcd: a lease grant without an ID: {}", shown(grant->dump(), 200));
   const std::string key = state_->prefix + record.name;
-  auto put = state_->post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(to_json(record).dump())},
-                                         {"lease", lease}});
-  if (!put) return put.error();
+  const std::string value = to_json(record).dump();
+  auto lease = state_->grant_and_put(ttl_s, key, value);
+  if (!lease) return lease.error();
   std::lock_guard lock(state_->mutex);
-  state_->lease = lease;
-  state_->key = key;
+  state_->lease = *lease;
   state_->stop = false;
   State* s = state_.get();
-  state_->keepalive = std::thread([s, lease, every = std::chrono::nanoseconds(ttl_ns / 3)] {
+  state_->keepalive = std::thread([s, ttl_s, key, value, every = std::chrono::nanoseconds(ttl_ns / 3)] {
     std::unique_lock lock(s->mutex);
     while (!s->cv.wait_for(lock, every, [s] { return s->stop; })) {
+      const std::string lease = s->lease;
       lock.unlock();
-      (void)s->post("/v3/lease/keepalive", {{"ID", lease}});  // a miss is retried at the next beat
+      // A miss is retried at the next beat. A lease that expired meanwhile
+      // (etcd, the network or this process stood still past the TTL) is
+      // answered without a TTL: the record is gone, so it is put again under
+      // a new lease; beating the dead one would keep this store out for good.
+      auto beat = s->post("/v3/lease/keepalive", {{"ID", lease}});
+      std::optional<std::string> renewed;
+      if (beat && lease_expired(*beat)) {
+        if (auto again = s->grant_and_put(ttl_s, key, value)) renewed = std::move(*again);
+      }
       lock.lock();
+      if (renewed) s->lease = std::move(*renewed);
     }
   });
   return Status::ok();
 }
 
 Status Directory::deregister() {
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->lease.empty()) return Status::invalid_argument("deregister: not registered");
+  }
+  state_->stop_keepalive();  // first: it may put the record under a new lease
   std::string lease;
   {
     std::lock_guard lock(state_->mutex);
     lease = state_->lease;
   }
-  if (lease.empty()) return Status::invalid_argument("deregister: not registered");
-  state_->stop_keepalive();
   auto revoked = state_->post("/v3/lease/revoke", {{"ID", lease}});
   std::lock_guard lock(state_->mutex);
   state_->lease.clear();

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 namespace baton::store {
@@ -89,6 +91,14 @@ class Etcd : public ::testing::Environment {
 
 const auto* const kEtcd = ::testing::AddGlobalTestEnvironment(new Etcd);
 
+std::string base64_of(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  out.resize(static_cast<std::size_t>(EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                                      reinterpret_cast<const unsigned char*>(in.data()),
+                                                      static_cast<int>(in.size()))));
+  return out;
+}
+
 StoreRecord record(const std::string& name) {
   return {name, "127.0.0.1:5000" + name.substr(name.size() - 1), "127.0.0.1:6000", 1 << 30, {0}};
 }
@@ -121,6 +131,53 @@ TEST(Directory, StoresRegisterUnderALeaseAndADeadOneLeavesAtExpiry) {
 
   ASSERT_TRUE((*a)->deregister().is_ok());
   EXPECT_TRUE((*reader)->stores()->empty()) << "a revoked lease leaves at once";
+}
+
+// etcd's gateway, as a test's hand on it: the JSON answer of one call.
+nlohmann::json etcd_call(const std::string& path, const nlohmann::json& body) {
+  httplib::Client client("http://" + Etcd::endpoint);
+  auto res = client.Post(path, body.dump(), "application/json");
+  if (!res || res->status != 200) return nlohmann::json();
+  return nlohmann::json::parse(res->body, nullptr, false);
+}
+
+// The lease etcd holds `key` under ("" when the key is absent).
+std::string lease_of(const std::string& key) {
+  const nlohmann::json range = etcd_call("/v3/kv/range", {{"key", base64_of(key)}});
+  const nlohmann::json kvs = range.value("kvs", nlohmann::json::array());
+  return kvs.empty() ? std::string() : kvs[0].value("lease", std::string());
+}
+
+TEST(Directory, AStoreWhoseLeaseExpiredWhileItStoodStillIsPutBackUnderANewLease) {
+  // etcd, the network or the store paused past the TTL: the lease expired
+  // and took the record, while the store lives on. Revoking the lease by
+  // hand is that expiry, on time. The store's next beat finds it gone.
+  auto store = Directory::connect(Etcd::endpoint, "/t-expired/");
+  auto reader = Directory::connect(Etcd::endpoint, "/t-expired/");
+  ASSERT_TRUE(store && reader);
+  ASSERT_TRUE((*store)->register_store(record("store-a"), 3 * kSecond).is_ok());
+  const std::string first = lease_of("/t-expired/store-a");
+  ASSERT_FALSE(first.empty());
+  ASSERT_TRUE(etcd_call("/v3/lease/revoke", {{"ID", first}}).is_object());
+  ASSERT_TRUE((*reader)->stores()->empty()) << "the record went with its lease";
+
+  std::vector<StoreRecord> live;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    live = *(*reader)->stores();
+  } while (live.empty() && std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(live.size(), 1u) << "the store put its record back at its next beat (every second here)";
+  EXPECT_EQ(live[0], record("store-a"));
+  const std::string second = lease_of("/t-expired/store-a");
+  EXPECT_FALSE(second.empty());
+  EXPECT_NE(second, first);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  EXPECT_EQ((*reader)->stores()->size(), 1u) << "the new lease is kept alive past its TTL";
+  EXPECT_EQ(lease_of("/t-expired/store-a"), second) << "one new lease, not one a beat";
+  ASSERT_TRUE((*store)->deregister().is_ok());
+  EXPECT_TRUE((*reader)->stores()->empty()) << "deregister revokes the new lease";
 }
 
 TEST(Directory, RendezvousPlacementMovesOnlyTheBlocksOfAStoreThatLeft) {

@@ -2,6 +2,10 @@
 // RPC, its engine takes a producer's writes and a requester's reads, it
 // stops cleanly on SIGTERM, and bad flags exit 2 with one line.
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <thread>
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
@@ -100,6 +104,46 @@ TEST(StoreCommand, ASecondStoreOnTheSamePortIsRefused) {
       << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_TRUE(first->stop().is_ok());
+}
+
+// An etcd gateway that takes the registration and its beats but fails the
+// revocation, as an etcd gone away at shutdown: the store still stops, but
+// says the record stays until its lease expires, and exits 1.
+TEST(StoreCommand, AFailedDeregistrationIsSaidAndExitsOne) {
+  httplib::Server etcd;
+  std::atomic<int> revokes = 0;
+  std::atomic<bool> revoke_fails = true;
+  etcd.Post("/v3/lease/grant", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(R"({"ID":"7","TTL":"30"})", "application/json");
+  });
+  etcd.Post("/v3/kv/put", [](const httplib::Request&, httplib::Response& r) { r.set_content("{}", "application/json"); });
+  etcd.Post("/v3/lease/keepalive", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(R"({"result":{"ID":"7","TTL":"30"}})", "application/json");
+  });
+  etcd.Post("/v3/lease/revoke", [&](const httplib::Request&, httplib::Response& r) {
+    ++revokes;
+    if (revoke_fails) r.status = 503;
+    r.set_content("{}", "application/json");
+  });
+  const int port = etcd.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { etcd.listen_after_bind(); });
+  const std::vector<std::string> args{"--namespace", "a:1x1x4096:4", "--directory", "127.0.0.1:" + std::to_string(port),
+                                      "--lease", "30s"};
+
+  auto failing = baton::cli::ServeChild::start(args, BATON_BINARY, "", "store");
+  ASSERT_TRUE(failing.has_value()) << failing.error().to_string();
+  const baton::Status stopped = failing->stop();
+  EXPECT_FALSE(stopped.is_ok()) << "a record left behind is not a clean exit";
+  EXPECT_NE(stopped.message().find("exit code 1"), std::string::npos) << stopped.to_string();
+  EXPECT_EQ(revokes, 1);
+
+  revoke_fails = false;
+  auto leaving = baton::cli::ServeChild::start(args, BATON_BINARY, "", "store");
+  ASSERT_TRUE(leaving.has_value()) << leaving.error().to_string();
+  EXPECT_TRUE(leaving->stop().is_ok()) << "revoked: exit 0";
+  EXPECT_EQ(revokes, 2);
+  etcd.stop();
+  serving.join();
 }
 
 }  // namespace

@@ -175,10 +175,17 @@ int run_store(const StoreOptions& o) {
   int signal = 0;
   sigwait(&stop, &signal);
   baton::logger().info("baton store: {} received, shutting down", stop_signal_name(signal));
-  if (directory) (void)directory->deregister();  // leave at once, not at expiry
+  // Leave at once, not at expiry. Unreachable etcd: the record stays until
+  // its lease expires, and routers place blocks on this store until then —
+  // said, and the exit is 1.
+  Status left = directory ? directory->deregister() : Status::ok();
   server->reset();
   blocks->reset();
   (*engine)->shutdown();
+  if (!left.is_ok()) {
+    return fail(1, fmt::format("could not leave the directory ({}): the record stays until its lease expires (--lease {})",
+                               left.to_string(), o.lease));
+  }
   return 0;
 }
 
