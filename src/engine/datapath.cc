@@ -611,7 +611,9 @@ void Datapath::count_direct(const std::uint64_t (&completed)[2], const std::uint
 
 void Datapath::flush_direct_metrics() {
   const ThreadCounts::Totals now = direct_counts_.totals();
-  if (now[kDirectBatches] == direct_flushed_[kDirectBatches]) return;
+  // All of them: a batch's counts are separate stores, and a flush that saw
+  // its batch but not yet its requests must not skip them at the next one.
+  if (now == direct_flushed_) return;
   ThreadCounts::Totals added{};
   for (std::size_t i = 0; i < now.size(); ++i) added[i] = now[i] - direct_flushed_[i];
   direct_flushed_ = now;

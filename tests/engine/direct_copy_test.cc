@@ -2,7 +2,13 @@
 // submitting thread (Datapath::submit_direct over UcxTransport::copy_direct),
 // between pairs of wall-clock engines in one process.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -695,6 +701,112 @@ TEST(DirectCopy, RunsFromManyThreadsAreEachCounted) {
   EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), kThreads * kRuns);
   EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), kThreads * kRuns * 4096.0);
 }
+
+// What a holder in another process sees when its initiator shuts down while
+// one of its copies into the holder's memory still runs (held here by a
+// userfaultfd page of the initiator's source, a stand-in for any slow copy,
+// supplied 300 ms later). The holder takes the initiator's going as leave to
+// unmap and reuse the memory, so the initiator must not go before its
+// copies ended: the holder's unregister returned at once, and the copy then
+// wrote 4096 bytes into the memory it had reused. `direct`: the copy runs
+// on the submitting thread; else on the loop's CMA thread.
+void shutdown_under_a_held_copy(bool direct) {
+  constexpr std::size_t kPage = 4096, kBytes = 16 * kPage;
+  auto put = [](int fd, const std::string& s) {
+    const auto n = static_cast<std::uint32_t>(s.size());
+    return ::write(fd, &n, 4) == 4 && ::write(fd, s.data(), n) == static_cast<ssize_t>(n);
+  };
+  auto get = [](int fd) {
+    std::uint32_t n = 0;
+    if (::read(fd, &n, 4) != 4 || n > 4096) return std::string();
+    std::string s(n, '\0');
+    for (std::size_t got = 0; got < n;) {
+      const ssize_t k = ::read(fd, s.data() + got, n - got);
+      if (k <= 0) return std::string();
+      got += static_cast<std::size_t>(k);
+    }
+    return s;
+  };
+  const int uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC));
+  if (uffd < 0) GTEST_SKIP() << "no userfaultfd here: " << std::strerror(errno);
+  const struct CloseFd {
+    int fd;
+    ~CloseFd() { ::close(fd); }
+  } close_uffd{uffd};
+  uffdio_api api{UFFD_API, 0, {}};
+  ASSERT_EQ(::ioctl(uffd, UFFDIO_API, &api), 0);
+  int to_holder[2], from_holder[2];
+  ASSERT_EQ(::pipe(to_holder), 0);
+  ASSERT_EQ(::pipe(from_holder), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the holder
+    ::alarm(30);
+    auto holder = make_engine();
+    auto* held = static_cast<unsigned char*>(
+        ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    std::memset(held, 0, kBytes);
+    auto region = holder->register_memory(held, kBytes);
+    if (!region || !holder->export_region(region->handle).is_ok()) ::_exit(2);
+    if (!put(from_holder[1], holder->address() + " " + std::to_string(region->handle))) ::_exit(2);
+    if (get(to_holder[0]) != "unregister" || !holder->unregister(region->handle).is_ok()) ::_exit(2);
+    std::memset(held, 0x55, kBytes);  // reused: the caller may, once unregister returned
+    if (!put(from_holder[1], "reused") || get(to_holder[0]) != "check") ::_exit(2);
+    const auto late = std::count(held, held + kBytes, 0xAA);
+    std::fprintf(stderr, "holder: %td bytes written into its memory after unregister returned\n", late);
+    ::_exit(late == 0 ? 0 : 1);
+  }
+  const std::string hello = get(from_holder[0]);
+  ASSERT_NE(hello.find(' '), std::string::npos);
+  auto initiator = make_engine(direct ? 16 << 20 : 0);
+  auto* mine = static_cast<unsigned char*>(
+      ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  std::memset(mine, 0xAA, kBytes - kPage);  // the last page is supplied by the fault handler below
+  uffdio_register watch{{reinterpret_cast<unsigned long>(mine + kBytes - kPage), kPage}, UFFDIO_REGISTER_MODE_MISSING, 0};
+  ASSERT_EQ(::ioctl(uffd, UFFDIO_REGISTER, &watch), 0);
+  auto local = initiator->register_memory(mine, kBytes);
+  ASSERT_TRUE(local.has_value());
+  auto peer = initiator->connect(hello.substr(0, hello.find(' ')));
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  ASSERT_EQ(peer->transport, "shm");
+  Request write{.op = Op::kWrite, .local_region = local->handle, .peer = peer->address,
+                .remote_region = static_cast<RegionHandle>(std::stoul(hello.substr(hello.find(' ') + 1))),
+                .length = kBytes};
+  Status copied;
+  std::thread copier([&] { copied = initiator->run(Batch{{write}, {}}); });
+  pollfd fault{uffd, POLLIN, 0};
+  ASSERT_EQ(::poll(&fault, 1, 10'000), 1) << "the copy never reached the held page";
+  uffd_msg message{};
+  ASSERT_EQ(::read(uffd, &message, sizeof message), static_cast<ssize_t>(sizeof message));
+  std::thread supply([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    static unsigned char page[kPage];
+    std::memset(page, 0xAA, kPage);
+    uffdio_copy copy{reinterpret_cast<unsigned long>(mine + kBytes - kPage), reinterpret_cast<unsigned long>(page),
+                     kPage, 0, 0};
+    (void)::ioctl(uffd, UFFDIO_COPY, &copy);
+  });
+  initiator->shutdown();
+  EXPECT_TRUE(put(to_holder[1], "unregister"));
+  EXPECT_EQ(get(from_holder[0]), "reused");
+  supply.join();
+  copier.join();
+  EXPECT_TRUE(put(to_holder[1], "check"));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the holder hung (SIGALRM) or crashed";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the initiator's copy landed in memory the holder had reused (see stderr)";
+  for (int fd : {to_holder[0], to_holder[1], from_holder[0], from_holder[1]}) ::close(fd);
+  initiator.reset();
+  ::munmap(mine, kBytes);
+  (void)copied;  // ok or cancelled: either way its bytes left before the holder was told
+}
+
+TEST(DirectCopy, AnInitiatorThatShutsDownLeavesItsSameHostHolderOnlyOnceItsCopiesEnded) {
+  shutdown_under_a_held_copy(/*direct=*/true);
+}
+
+TEST(DirectCopy, TheLoopsCmaCopiesAreWaitedForToo) { shutdown_under_a_held_copy(/*direct=*/false); }
 
 }  // namespace
 }  // namespace baton::engine

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -81,6 +82,41 @@ TEST(Readers, SlotsAreHandedBackWhenThreadsExit) {
   // One thread at a time: each takes the slot the one before gave back
   // (at most one more, should this thread's be the one free).
   EXPECT_LE(Readers::slots(), before + 1);
+}
+
+// fork() while another thread is inside a section: in the child that
+// thread does not exist, so its section must not hold the child's tables
+// (an engine made there never finished a revocation). The forking thread's
+// own section still counts.
+TEST(Readers, AChildOfForkWaitsOnlyForItsOwnReaders) {
+  std::atomic<int> step{0};
+  std::thread reader([&] {
+    const Readers::Section inside;
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    Readers::Snapshot others = Readers::snapshot();
+    const bool others_left = others.left();
+    bool own_counts = false;
+    {
+      const Readers::Section mine;
+      own_counts = !Readers::snapshot().left();
+    }
+    ::_exit(others_left && own_counts ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  Readers::Snapshot parent = Readers::snapshot();
+  EXPECT_FALSE(parent.left()) << "the parent's reader is still inside";
+  step = 2;
+  reader.join();
+  EXPECT_TRUE(parent.left());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child waited for a reader it does not have, or not for its own";
 }
 
 // Two readers walk the published table and check its contents while the

@@ -22,7 +22,10 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
   peer.revokes.clear();
   if (peer.control) {
     poller->forget(peer.control->fd());
-    peer.control.reset();  // the listener sees us go
+    // The listener sees us go; a same-host one, once no copy of ours can
+    // still reach its memory (close_lingering).
+    if (peer.same_host_pid != 0) lingering.emplace_back(id, std::move(peer.control));
+    peer.control.reset();
   }
   for (auto& lane : peer.lanes) {
     drop_unflushed(*lane);

@@ -378,6 +378,7 @@ void UcxTransport::State::begin_shutdown() {
   }
   while (!sessions.empty()) close_session(sessions.begin()->first, "the transport shut down");
   publish_direct();
+  close_lingering();
 }
 
 void UcxTransport::State::teardown() {
@@ -399,6 +400,7 @@ void UcxTransport::State::teardown() {
     poller->forget(workers->fd());
     workers.reset();
   }
+  lingering.clear();  // their copies ended above (callers' threads are out by now)
   for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
     progress_once();
     reap_closing();

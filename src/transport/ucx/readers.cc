@@ -1,11 +1,13 @@
 #include "transport/ucx/readers.h"
 
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
 
 namespace baton::transport::ucx {
@@ -36,7 +38,24 @@ bool asymmetric() {
   return registered;
 }
 
+thread_local Readers::Slot* t_slot = nullptr;  // this thread's, once claimed
+
+// In a child of fork() only the forking thread lives on: a slot another
+// thread held inside a section would stay odd for good, and every table the
+// child's engines retire would wait on it (their revocations never ended).
+void after_fork_in_child() {
+  for (Readers::Slot* s = g_slots.load(std::memory_order_relaxed); s != nullptr; s = s->next) {
+    if (s == t_slot) continue;
+    const std::uint64_t count = s->count.load(std::memory_order_relaxed);
+    s->count.store(count + count % 2, std::memory_order_relaxed);
+    s->depth = 0;
+    s->owned.store(false, std::memory_order_relaxed);
+  }
+}
+
 Readers::Slot* claim() {
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { (void)::pthread_atfork(nullptr, nullptr, after_fork_in_child); });
   for (Readers::Slot* s = g_slots.load(std::memory_order_seq_cst); s != nullptr; s = s->next) {
     bool free = false;
     if (!s->owned.load(std::memory_order_relaxed) && s->owned.compare_exchange_strong(free, true)) return s;
@@ -56,8 +75,14 @@ Readers::Slot* claim() {
 // A thread's slot, handed back when the thread exits.
 struct Owner {
   Readers::Slot* slot = claim();
-  Owner() { (void)asymmetric(); }
-  ~Owner() { slot->owned.store(false, std::memory_order_release); }
+  Owner() {
+    t_slot = slot;
+    (void)asymmetric();
+  }
+  ~Owner() {
+    t_slot = nullptr;
+    slot->owned.store(false, std::memory_order_release);
+  }
   Owner(const Owner&) = delete;
   Owner& operator=(const Owner&) = delete;
 };

@@ -48,11 +48,23 @@ bool UcxTransport::State::retired_in_use() {
   return !retired.empty();
 }
 
-// A revocation (ours, or a peer's we have yet to acknowledge) that a copy
-// on a caller's thread may be holding back. Asked every loop turn: the
+// Closes the control connections of failed same-host paths once no copy can
+// still use the holder's memory: no table a copy may read names it, and no
+// slice of the path is in flight (CMA and worker copies end as slices).
+void UcxTransport::State::close_lingering() {
+  if (lingering.empty()) return;
+  if (direct_dirty) publish_direct();
+  if (retired_in_use()) return;
+  std::erase_if(lingering, [this](const auto& l) { return peers[l.first].inflight == 0; });
+}
+
+// A revocation (ours, or a peer's we have yet to acknowledge), or the close
+// of a failed same-host path, that a copy may be holding back: nothing wakes
+// the loop when a caller's copy ends. Asked every loop turn: the
 // retired tables (almost always none) go first; poll() prunes them. Staged
 // copies that serve a region are polled anyway (kStagedPollNs).
 bool UcxTransport::State::revocation_waits_on_copies() const {
+  if (!lingering.empty()) return true;
   if (retired.empty()) return false;
   return std::ranges::any_of(peers, [](const Peer& p) { return !p.revokes.empty(); }) ||
          std::ranges::any_of(regions, [](const auto& r) { return r.second.revoking; });

@@ -454,6 +454,11 @@ struct UcxTransport::State {
     ucx::Readers::Snapshot readers;
   };
   std::vector<Retired> retired;
+  // Control connections of failed same-host paths, held open while a copy
+  // may still touch the holder's memory (a caller's thread inside a retired
+  // direct table; a CMA or worker copy of a slice still in flight): the
+  // holder takes the close as leave to unmap and reuse that memory.
+  std::vector<std::pair<PathId, std::unique_ptr<ControlConnection>>> lingering;
   bool direct_dirty = true;
   std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
 
@@ -583,6 +588,7 @@ struct UcxTransport::State {
   // regions.cc
   void publish_direct();
   bool retired_in_use();
+  void close_lingering();
   [[nodiscard]] bool revocation_waits_on_copies() const;
   static bool visible(const LocalRegion& r, const Session& session);
   std::vector<RegionDescriptor> tell_regions(Session& session);

@@ -844,6 +844,7 @@ void UcxTransport::poll(TimeNs now_ns, std::vector<Completion>& out) {
   s.hand_out(now_ns, out);
   if (s.direct_dirty) s.publish_direct();
   if (!s.retired.empty()) (void)s.retired_in_use();  // frees what no copy reads any more
+  s.close_lingering();
 }
 
 Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, std::span<Status> results) const {
@@ -996,7 +997,7 @@ void UcxTransport::shutdown() {
 // Staged copies count: they may still use the caller's memory.
 bool UcxTransport::shutdown_complete() const {
   return state_->shut_down && state_->closing.empty() && state_->staged_copies.empty() &&
-         state_->staged_waiting.empty();
+         state_->staged_waiting.empty() && state_->lingering.empty();
 }
 
 }  // namespace baton::transport
