@@ -303,6 +303,54 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   served.client.reset();  // the engine must outlive the client's slabs
 }
 
+// The value of a series `name ` in Prometheus text; -1 when absent.
+double series_value(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
+}
+
+// Fetches cut short by their own timeout (over TCP, 20 us: most end while
+// their reads are on the wire). The cancel was waited for with the same
+// 20 us, so reads still cancelling could not be released: their batches
+// stayed held for good (0.38 a cut fetch), and their slabs went back for
+// the next fetch while late reads could still land in them.
+TEST(StoreService, AFetchCutShortByItsTimeoutLeavesNoBatchHeldAndLaterFetchesAreExact) {
+  Served served;
+  auto producer = make_engine();
+  constexpr std::uint32_t kBlocks = 32;
+  std::vector<std::byte> kv = kv_blocks(kBlocks, 500);
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  std::vector<std::uint64_t> hashes;
+  for (std::uint32_t b = 0; b < kBlocks; ++b) hashes.push_back(0xA000 + b);
+  ASSERT_TRUE(served.client->put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
+
+  engine::EngineConfig tcp;
+  tcp.ucx.same_host_copy = false;
+  tcp.ucx.tls = "tcp";
+  auto requester = engine::Engine::create(tcp);
+  ASSERT_TRUE(requester.has_value()) << requester.error().to_string();
+  FetchOptions cut;
+  cut.timeout_ns = 20'000;
+  int timed_out = 0;
+  for (int i = 0; i < 150; ++i) {
+    auto fetched = served.client->fetch(**requester, "llama", hashes, "d", cut);
+    if (!fetched) {
+      EXPECT_EQ(fetched.error().code(), StatusCode::kTimeout) << fetched.error().to_string();
+      ++timed_out;
+    }
+    if (i % 25 == 24) {  // a whole fetch between the cut ones, byte-exact in the slabs they used
+      auto whole = served.client->fetch(**requester, "llama", hashes, "d");
+      ASSERT_TRUE(whole.has_value()) << whole.error().to_string();
+      expect_blocks(*whole, kBlocks, 500);
+    }
+  }
+  EXPECT_GT(timed_out, 0) << "no fetch was cut short: the case under test did not happen";
+  EXPECT_EQ(series_value((*requester)->metrics_text(), "baton_engine_batches_held"), 0.0);
+  EXPECT_EQ(served.store->stats().sessions, 0u) << "every lock went back";
+  served.client.reset();  // the engine must outlive the client's slabs
+}
+
 TEST(StoreService, AStoreThatIsNotThereIsUnavailableAndOnlyLoopbackIsServed) {
   Served served;
   const std::string address = served.server->address();
