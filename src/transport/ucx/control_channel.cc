@@ -21,9 +21,20 @@ namespace {
 
 constexpr std::size_t kReadChunk = 64U << 10;
 
-void set_nodelay(int fd) {
-  int one = 1;
+// Frames go out at once (TCP_NODELAY), and a peer that vanished without a
+// word (its host down, a partition: no FIN, no RST) is found by the
+// kernel's keepalive: an idle connection is probed after 10 s, every 5 s,
+// and fails after 3 probes go unanswered (ETIMEDOUT on the next read), so
+// the path or the session closes. Without it a listener kept the session
+// of an initiator gone behind a partition for good — one of its
+// max_sessions — and an idle initiator never learned its holder was gone.
+void set_socket_options(int fd) {
+  const int one = 1, idle_s = kKeepaliveIdleS, interval_s = kKeepaliveIntervalS, probes = kKeepaliveProbes;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
 }  // namespace
@@ -59,7 +70,7 @@ void reset_eventfd(int fd) {
 Result<std::unique_ptr<ControlConnection>> ControlConnection::dial(const SocketAddress& to) {
   UniqueFd fd(::socket(to.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) return std::unexpected(Status::unavailable("control channel: socket: {}", std::strerror(errno)));
-  set_nodelay(fd.get());
+  set_socket_options(fd.get());
   const std::string remote = format_socket_address(to.get());
   bool connecting = false;
   if (::connect(fd.get(), to.get(), to.length) != 0) {
@@ -161,7 +172,7 @@ std::unique_ptr<ControlConnection> ControlListener::accept() {
   for (;;) {
     const int fd = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-      set_nodelay(fd);
+      set_socket_options(fd);
       return std::make_unique<ControlConnection>(UniqueFd(fd), format_socket_address(reinterpret_cast<sockaddr*>(&from)),
                                                  false);
     }

@@ -17,6 +17,12 @@
 
 namespace baton::transport::ucx {
 
+// The control connection's TCP keepalive: probes after this many idle
+// seconds, this far apart, this many unanswered before it fails.
+inline constexpr int kKeepaliveIdleS = 10;
+inline constexpr int kKeepaliveIntervalS = 5;
+inline constexpr int kKeepaliveProbes = 3;
+
 class UniqueFd {
  public:
   UniqueFd() = default;
