@@ -584,9 +584,14 @@ int Bench::run() {
   const double handoff_gbps = seconds(handoff_time) > 0 ? bytes_done_ / seconds(handoff_time) / 1e9 : 0;
   const double raw_gbps = seconds(raw_time) > 0 ? raw_bytes / seconds(raw_time) / 1e9 : 0;
   auto summary = summarize(ms);
-  const json ci = overhead_ci95(waves);
-  // Parity is only defined where both passes moved bytes.
-  const json overhead = raw_gbps > 0 && handoff_gbps > 0 ? json(1.0 - handoff_gbps / raw_gbps) : json(nullptr);
+  // Parity is defined only where every request completed and both passes
+  // moved bytes: in a fault run (a rank killed or stalled, timeouts,
+  // cancels) both passes wait on the fault, and a stalled rank's 60 s made
+  // the "overhead" -105.
+  const bool clean = completed == o_.requests;
+  const json ci = clean ? overhead_ci95(waves) : json(nullptr);
+  const json overhead =
+      clean && raw_gbps > 0 && handoff_gbps > 0 ? json(1.0 - handoff_gbps / raw_gbps) : json(nullptr);
   json statuses_json = json::object();
   for (const auto& [k, v] : statuses) statuses_json[k] = v;
   json j{{"requests", o_.requests},
