@@ -279,8 +279,8 @@ struct SlabCache {
     }
     free.push_back(slab);
     // Fetches of many sizes (prefixes of 1..n blocks) kept one slab per
-    // size: 11 GiB registered for prefixes of 1..100 of 2.25 MiB blocks.
-    // The oldest go beyond kMaxFreeSlabs.
+    // size for good (prefixes of 1..100 blocks of 2.25 MiB: 11 GiB). The
+    // oldest go beyond kMaxFreeSlabs.
     while (free.size() > kMaxFreeSlabs) {
       (void)free.front()->engine->unregister(free.front()->handle);
       free.erase(free.begin());

@@ -23,6 +23,7 @@
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
+#include "engine/metric_value.h"
 
 namespace baton::engine {
 namespace {
@@ -40,8 +41,7 @@ std::unique_ptr<Engine> make_engine(std::uint64_t direct_copy_max_bytes = 16 << 
 
 // The value of a counter line `name{labels} value` in Prometheus text; 0 when absent.
 double counter(const std::string& text, const std::string& series) {
-  const auto at = text.find("\n" + series + " ");
-  return at == std::string::npos ? 0.0 : std::stod(text.substr(at + series.size() + 2));
+  return testing::metric_value(text, series, 0.0);
 }
 
 // A holder with one registered buffer (reached with CMA) and one region it

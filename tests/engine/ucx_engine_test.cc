@@ -25,6 +25,7 @@
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
 #include "baton/transport/codec.h"
+#include "engine/metric_value.h"
 #include "engine/run_batch.h"
 
 namespace baton::engine {
@@ -253,12 +254,6 @@ TEST(UcxEngineBatch, ManyBatchesFromSeveralThreadsAllLand) {
   EXPECT_FALSE(pattern_mismatch(local.buffer, kTargetSalt).has_value());
 }
 
-// The value of `name value` in Prometheus text; -1 when absent.
-double metric(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
-  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
-}
-
 // Over TCP a batch of small requests crosses in bundles (several slices a
 // message), byte-exact both ways, and the engine's metrics count them.
 TEST(UcxEngineBatch, SmallTcpRequestsTravelInBundlesByteExact) {
@@ -278,12 +273,12 @@ TEST(UcxEngineBatch, SmallTcpRequestsTravelInBundlesByteExact) {
   EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(half), kTargetSalt).has_value());   // read
   EXPECT_FALSE(pattern_mismatch(std::span(target.buffer).subspan(half), kLocalSalt, half).has_value());  // written
   const std::string m = local.engine->metrics_text();
-  const double slices = metric(m, "baton_sched_slices_posted_total");
-  const double bundles = metric(m, "baton_ucx_bundles_sent_total");
+  const double slices = testing::metric_value(m, "baton_sched_slices_posted_total");
+  const double bundles = testing::metric_value(m, "baton_ucx_bundles_sent_total");
   EXPECT_EQ(slices, 2.0 * kBlocks);
   EXPECT_GE(bundles, 2.0);              // at least one per lane
   EXPECT_LE(bundles * 2, slices) << m;  // two slices or more per message, on average
-  EXPECT_EQ(metric(m, "baton_ucx_thread_copies_total"), 0.0);
+  EXPECT_EQ(testing::metric_value(m, "baton_ucx_thread_copies_total"), 0.0);
 }
 
 // A path is TCP until its handshake says what carries it, and the scheduler
@@ -313,7 +308,7 @@ TEST(UcxEngineBatch, APathIsSlicedAsWhatCarriesItNotAsTcp) {
     r.length = 1 << 20;
     ASSERT_TRUE(run(**engine, Batch{{r}, {}}).is_ok());
     EXPECT_FALSE(pattern_mismatch(mine, kTargetSalt).has_value());
-    const double slices = metric((*engine)->metrics_text(), "baton_sched_slices_posted_total");
+    const double slices = testing::metric_value((*engine)->metrics_text(), "baton_sched_slices_posted_total");
     EXPECT_EQ(slices, tls.empty() ? 8.0 : 4.0) << (tls.empty() ? "shm" : "tcp");  // 1 MiB / 128 KiB, / 256 KiB
   }
 }

@@ -8,6 +8,7 @@
 
 #include "baton/engine/pattern.h"
 #include "baton/plan/wire.h"
+#include "engine/metric_value.h"
 
 namespace baton::store {
 namespace {
@@ -303,12 +304,6 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   served.client.reset();  // the engine must outlive the client's slabs
 }
 
-// The value of a series `name ` in Prometheus text; -1 when absent.
-double series_value(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
-  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
-}
-
 // Fetches cut short by their own timeout (over TCP, 20 us: most end while
 // their reads are on the wire). The cancel was waited for with the same
 // 20 us, so reads still cancelling could not be released: their batches
@@ -346,7 +341,7 @@ TEST(StoreService, AFetchCutShortByItsTimeoutLeavesNoBatchHeldAndLaterFetchesAre
     }
   }
   EXPECT_GT(timed_out, 0) << "no fetch was cut short: the case under test did not happen";
-  EXPECT_EQ(series_value((*requester)->metrics_text(), "baton_engine_batches_held"), 0.0);
+  EXPECT_EQ(testing::metric_value((*requester)->metrics_text(), "baton_engine_batches_held"), 0.0);
   EXPECT_EQ(served.store->stats().sessions, 0u) << "every lock went back";
   served.client.reset();  // the engine must outlive the client's slabs
 }
