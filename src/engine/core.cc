@@ -37,6 +37,10 @@ void declare_metrics(MetricsRegistry& m, bool ucx) {
   (void)m.declare_counter("baton_ucx_flushes_posted_total", "Endpoint flushes for RMA writes (one per lane per burst)");
   (void)m.declare_counter("baton_ucx_bundles_sent_total", "Bundles of small TCP slices sent (one message each)");
   (void)m.declare_counter("baton_ucx_thread_copies_total", "Same-host copies done on datapath threads");
+  (void)m.declare_counter("baton_ucx_notifications_received_total", "Notifications peers sent us");
+  (void)m.declare_counter("baton_ucx_notifications_dropped_total",
+                          "Notifications dropped, the oldest, because 65536 waited untaken");
+  (void)m.declare_gauge("baton_ucx_notifications_untaken", "Notifications received and not yet taken");
 }
 
 }  // namespace
@@ -170,10 +174,17 @@ std::string Core::metrics_text() {
     m.add("baton_sched_starvation_promotions_total", {}, s.starvation_promotions - es.starvation_promotions);
     es = s;
     if (ucx) {
-      const UcxCounts now{ucx->flushes_posted(), ucx->bundles_sent(), ucx->thread_copies()};
+      const transport::NotificationCounts notes = ucx->notification_counts();
+      const UcxCounts now{ucx->flushes_posted(), ucx->bundles_sent(), ucx->thread_copies(), notes.received,
+                          notes.dropped};
       m.add("baton_ucx_flushes_posted_total", {}, static_cast<double>(now.flushes - exported_ucx.flushes));
       m.add("baton_ucx_bundles_sent_total", {}, static_cast<double>(now.bundles - exported_ucx.bundles));
       m.add("baton_ucx_thread_copies_total", {}, static_cast<double>(now.thread_copies - exported_ucx.thread_copies));
+      m.add("baton_ucx_notifications_received_total", {},
+            static_cast<double>(now.notifications_received - exported_ucx.notifications_received));
+      m.add("baton_ucx_notifications_dropped_total", {},
+            static_cast<double>(now.notifications_dropped - exported_ucx.notifications_dropped));
+      m.set("baton_ucx_notifications_untaken", {}, static_cast<double>(notes.untaken));
       exported_ucx = now;
     }
     return m.text();

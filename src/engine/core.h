@@ -125,6 +125,8 @@ struct Core {
     std::uint64_t flushes = 0;
     std::uint64_t bundles = 0;
     std::uint64_t thread_copies = 0;
+    std::uint64_t notifications_received = 0;
+    std::uint64_t notifications_dropped = 0;
   };
   UcxCounts exported_ucx;
 };

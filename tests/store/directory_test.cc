@@ -24,22 +24,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/free_port.h"
+
 namespace baton::store {
 namespace {
 
 constexpr TimeNs kSecond = 1'000'000'000;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 // One etcd for the suite; gone (process and data) when the suite ends.
 class Etcd : public ::testing::Environment {

@@ -18,8 +18,12 @@
 #include <random>
 #include <thread>
 
+#include <httplib.h>
+
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
+#include "common/free_port.h"
+#include "engine/metric_value.h"
 #include "serve_child.h"
 #include "tools/baton_cli.h"
 
@@ -412,6 +416,37 @@ TEST(ServeCommand, ExportsItsBufferOnlyToTheNamedPeersAndOnlyToHoldersOfTheSecre
   auto refused = (*stranger)->connect(server.address());
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code(), StatusCode::kPermissionDenied) << refused.error().to_string();
+  EXPECT_TRUE(server.stop().is_ok());
+}
+
+// serve takes its peers' batch notifications as they come: none waits in
+// its engine to be dropped once 65536 did.
+TEST(ServeCommand, TakesThePeersNotifications) {
+  const std::string metrics = "127.0.0.1:" + std::to_string(testing::free_port());
+  ServeChild server = serve({"--buffer-size", "1MiB", "--metrics-address", metrics});
+  Initiator me(1 << 20);
+  auto peer = me.engine->connect(server.address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  constexpr int kBatches = 3;
+  for (int i = 0; i < kBatches; ++i) {
+    engine::Batch b;
+    b.requests.push_back(me.request(engine::Op::kRead, *peer, 0, 0, 4096));
+    b.notification = "layer " + std::to_string(i);
+    ASSERT_TRUE(me.run(b).is_ok());
+  }
+  httplib::Client client("http://" + metrics);
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    if (auto got = client.Get("/metrics"); got && got->status == 200) text = got->body;
+    if (testing::metric_value(text, "baton_ucx_notifications_received_total") == kBatches &&
+        testing::metric_value(text, "baton_ucx_notifications_untaken") == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(testing::metric_value(text, "baton_ucx_notifications_received_total"), kBatches) << text;
+  EXPECT_EQ(testing::metric_value(text, "baton_ucx_notifications_untaken"), 0) << text;
+  EXPECT_EQ(testing::metric_value(text, "baton_ucx_notifications_dropped_total"), 0) << text;
   EXPECT_TRUE(server.stop().is_ok());
 }
 

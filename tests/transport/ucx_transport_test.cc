@@ -24,6 +24,7 @@
 #include <ostream>
 
 #include "baton/transport/codec.h"
+#include "transport/ucx/wire.h"
 
 namespace baton::transport {
 namespace {
@@ -1093,6 +1094,34 @@ TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
   }));
   EXPECT_EQ(got, (std::vector<Notification>{{a_->address(), "first"}, {a_->address(), "second"}}));
   EXPECT_TRUE(b_->unregister(allocated->handle).is_ok());
+}
+
+// A receiver that never takes its notifications keeps the newest 65536,
+// counts the rest as dropped, and says how many wait: an owner who forgot
+// take_notifications() sees it in the metrics, not in its memory.
+TEST_P(UcxTransportTest, UntakenNotificationsAreBoundedAndCounted) {
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  constexpr std::size_t kExtra = 10;
+  constexpr std::size_t kSent = ucx::kMaxPendingNotifications + kExtra;
+  for (std::size_t i = 0; i < kSent; ++i) {
+    ASSERT_TRUE(a_->notify(path, fmt::format("#{}", i)).is_ok()) << i;
+    if (i % 1024 == 0) poll_both();  // the sender's queue drains as the receiver reads
+  }
+  ASSERT_TRUE(wait_until([&] { return b_->notification_counts().received == kSent; }, 30s))
+      << b_->notification_counts().received;
+  NotificationCounts counts = b_->notification_counts();
+  EXPECT_EQ(counts.dropped, kExtra);
+  EXPECT_EQ(counts.untaken, ucx::kMaxPendingNotifications);
+  const std::vector<Notification> got = b_->take_notifications();
+  ASSERT_EQ(got.size(), ucx::kMaxPendingNotifications);
+  EXPECT_EQ(got.front().message, fmt::format("#{}", kExtra));  // the oldest went
+  EXPECT_EQ(got.back().message, fmt::format("#{}", kSent - 1));
+  counts = b_->notification_counts();
+  EXPECT_EQ(counts.untaken, 0u);
+  EXPECT_EQ(counts.received, kSent);
+  EXPECT_EQ(counts.dropped, kExtra);
+  EXPECT_EQ(a_->notification_counts().received, 0u);
 }
 
 TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {

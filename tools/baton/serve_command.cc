@@ -77,8 +77,15 @@ int run_serve(const ServeOptions& o) {
   if (!(*engine)->metrics_address().empty()) fmt::print("metrics http://{}/metrics\n", (*engine)->metrics_address());
   std::fflush(stdout);
 
+  // Peers' batch notifications are taken as they come (and logged at debug):
+  // left untaken they would wait in the engine until the oldest drop.
   int signal = 0;
-  sigwait(&stop, &signal);
+  constexpr timespec kTakeEvery{.tv_sec = 0, .tv_nsec = 100'000'000};
+  while ((signal = sigtimedwait(&stop, nullptr, &kTakeEvery)) <= 0) {
+    for (const transport::Notification& n : (*engine)->take_notifications()) {
+      baton::logger().debug("baton serve: a notification of {} bytes from {}", n.message.size(), n.from);
+    }
+  }
   baton::logger().info("baton serve: {} received, shutting down", stop_signal_name(signal));
   (*engine)->shutdown();  // before `own` goes
   return 0;

@@ -177,6 +177,15 @@ struct Notification {
   friend bool operator==(const Notification&, const Notification&) = default;
 };
 
+// Notifications since creation, and how many wait untaken now: an engine
+// whose owner never takes them shows it here (and in its metrics) before
+// they are dropped.
+struct NotificationCounts {
+  std::uint64_t received = 0;
+  std::uint64_t dropped = 0;  // the oldest, given up when 65536 waited untaken
+  std::uint64_t untaken = 0;
+};
+
 enum class PathState : std::uint8_t {
   kConnecting,  // endpoints created, handshake under way
   kReady,       // slices may be submitted
@@ -330,8 +339,10 @@ class UcxTransport final : public Transport {
   // unknown path or a message over 4 KiB; unavailable unless ready.
   Status notify(PathId path, std::string_view message);
   // Notifications received since the last call, in arrival order. At most
-  // 65536 wait here; beyond that the oldest are dropped (and logged).
+  // 65536 wait here; beyond that the oldest are dropped (logged once a run
+  // of drops starts, and counted).
   [[nodiscard]] std::vector<Notification> take_notifications();
+  [[nodiscard]] NotificationCounts notification_counts() const;
 
   // --- Copies without the loop (same-host peers) ----------------------------
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 #include "baton/common/host_port.h"
 #include "baton/common/log.h"
@@ -326,8 +327,14 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
     case ControlKind::kNotify: {
       auto text = ucx::decode_text(frame.body, kMaxNotificationBytes);
       if (!text) return text.error();
+      ++notification_counts.received;
       if (notifications.size() == ucx::kMaxPendingNotifications) {
-        baton::logger().warn("ucx: {} notifications not taken; dropping the oldest", notifications.size());
+        // Once per run of drops (a take ends it), not once per notification.
+        ++notification_counts.dropped;
+        if (!std::exchange(dropping_notifications, true)) {
+          baton::logger().warn("ucx: {} notifications not taken; dropping the oldest until some are taken",
+                               notifications.size());
+        }
         notifications.pop_front();
       }
       notifications.push_back({session.name, std::move(*text)});

@@ -419,6 +419,8 @@ struct UcxTransport::State {
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
+  NotificationCounts notification_counts;   // its untaken: unused (notifications.size())
+  bool dropping_notifications = false;       // since the last take: warned once
 
   // What copy_direct reads on other threads: the local DRAM regions and the
   // ready same-host paths this side connected, with their peers' regions.

@@ -535,7 +535,14 @@ std::vector<Notification> UcxTransport::take_notifications() {
   std::vector<Notification> out(std::make_move_iterator(state_->notifications.begin()),
                                 std::make_move_iterator(state_->notifications.end()));
   state_->notifications.clear();
+  state_->dropping_notifications = false;
   return out;
+}
+
+NotificationCounts UcxTransport::notification_counts() const {
+  NotificationCounts counts = state_->notification_counts;
+  counts.untaken = state_->notifications.size();
+  return counts;
 }
 
 int UcxTransport::event_fd() const { return state_->poller->fd(); }
