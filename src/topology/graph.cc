@@ -247,7 +247,7 @@ Result<TopologyGraph> TopologyGraph::build(const TopologyFacts& facts, const Cos
     }
   }
   auto host_proximity = [&](int device_numa, int numa_id) {
-    if (device_numa == numa_id || (device_numa == kUnknownNuma && numa.size() == 1)) {
+    if (device_numa == numa_id || (device_numa == kUnknownNuma && numa.size() == 1 && facts.numa_nodes_complete)) {
       return Proximity::kLocal;
     }
     return Proximity::kRemote;

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -78,6 +79,47 @@ std::vector<std::string> tokens_of(std::string_view s) {
   for (std::string t; in >> t;) out.push_back(t);
   return out;
 }
+
+// The values after a row's first `skip` tokens (its name and matrix
+// cells). Where they are tab-separated, an empty field is a value of its
+// own: nvidia-smi leaves CPU Affinity empty for a GPU whose CPUs a
+// container or a job's CPU set hides, and read as tokens the values after
+// it slid one column left (NUMA node 1 taken for the CPU list "1"). It
+// writes two tabs before an N/A, so an empty field just before one is
+// padding. A field holding spaces between values is not tab-separated
+// text: read as tokens.
+std::vector<std::string> values_after(std::string_view line, std::size_t skip) {
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < skip; ++k) {
+    while (at < line.size() && space(line[at])) ++at;
+    while (at < line.size() && !space(line[at])) ++at;
+  }
+  const std::string_view rest = line.substr(at);
+  const std::size_t first_tab = rest.find('\t');
+  if (first_tab == std::string_view::npos) return tokens_of(rest);
+  std::vector<std::string> fields;
+  for (std::size_t from = first_tab + 1;;) {  // before the first tab: the separator's own spaces
+    const std::size_t end = std::min(rest.find('\t', from), rest.size());
+    std::string_view field = rest.substr(from, end - from);
+    while (!field.empty() && space(field.front())) field.remove_prefix(1);
+    while (!field.empty() && space(field.back())) field.remove_suffix(1);
+    if (std::ranges::any_of(field, space)) return tokens_of(rest);
+    fields.emplace_back(field);
+    if (end == rest.size()) break;
+    from = end + 1;
+  }
+  while (!fields.empty() && fields.back().empty()) fields.pop_back();
+  std::vector<std::string> values;
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if (fields[i].empty() && i + 1 < fields.size() && fields[i + 1] == "N/A") continue;
+    values.push_back(std::move(fields[i]));
+  }
+  return values;
+}
+
+// An affinity value that says nothing: N/A, or an empty tab-separated field.
+bool unknown_value(std::string_view v) { return v.empty() || v == "N/A"; }
 
 bool is_blank(std::string_view s) {
   return std::ranges::all_of(s, [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
@@ -288,17 +330,17 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       }
       cells[r].push_back(*cell);
     }
-    const std::size_t extra_count = t.size() - 1 - n;
-    if (gpu_of[r] < 0 && extra_count > 0) {  // nvidia-smi gives affinities for GPUs only
+    std::vector<std::string> values = values_after(line.text, static_cast<std::size_t>(n) + 1);
+    if (gpu_of[r] < 0 && !values.empty()) {  // nvidia-smi gives affinities for GPUs only
       return error(line.number, fmt::format("row \"{}\" is a NIC's but has {} values after the matrix (\"{}\"): "
                                             "a NIC row ends with its matrix cells",
-                                            columns[r], extra_count, shown(t[1 + n])));
+                                            columns[r], values.size(), shown(values.front())));
     }
-    if (extra_count > trailing.size()) {
+    if (values.size() > trailing.size()) {
       return error(line.number, fmt::format("row \"{}\" has {} values after the matrix, the header names {}",
-                                            columns[r], extra_count, trailing.size()));
+                                            columns[r], values.size(), trailing.size()));
     }
-    for (std::size_t k = 0; k < extra_count; ++k) extras[r][trailing[k].second] = t[1 + n + k];
+    for (std::size_t k = 0; k < values.size(); ++k) extras[r][trailing[k].second] = std::move(values[k]);
   }
   for (int r = 0; r < n; ++r) {
     for (int c = r + 1; c < n; ++c) {
@@ -359,7 +401,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       GpuInfo& gpu = facts.gpus[gpu_of[c]];
       gpu.name = columns[c];
       const auto& ex = extras[c];
-      if (auto it = ex.find("CPU Affinity"); it != ex.end() && it->second != "N/A") {
+      if (auto it = ex.find("CPU Affinity"); it != ex.end() && !unknown_value(it->second)) {
         if (!cpu_list_count(it->second)) {
           return error(row_line[c], fmt::format("{}: CPU Affinity \"{}\" is not a CPU list (0-31,64-95) of CPUs "
                                                 "0..{}", columns[c], shown(it->second), kMaxCpu));
@@ -370,7 +412,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       // was dropped or taken as node -5.
       auto numa_value = [&](const char* column, auto& into) -> Status {
         const auto it = ex.find(column);
-        if (it == ex.end() || it->second == "N/A") return Status::ok();
+        if (it == ex.end() || unknown_value(it->second)) return Status::ok();
         const auto v = parse_int(it->second);
         if (!v || *v < 0 || *v > kMaxNumaNode) {
           return Status::invalid_argument("nvidia-smi topo: line {}: {}: {} \"{}\" (expected 0..{}, a list of "
@@ -388,7 +430,7 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
                                                 "N/A when unknown)", columns[c]));
         }
         const bool node_list = it->second.find_first_of(",-") != std::string_view::npos && cpu_list_count(it->second);
-        if (it->second == "N/A" || node_list) {
+        if (unknown_value(it->second) || node_list) {
           numa_unknown.push_back(fmt::format("{} \"{}\"", columns[c], shown(it->second)));
         } else if (Status st = numa_value("NUMA Affinity", gpu.numa); !st.is_ok()) {
           return std::unexpected(st);
@@ -412,18 +454,50 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   // socket, numbered in order of appearance. Where some GPUs name theirs,
   // a guessed id could collide with a given one: the others stay unknown.
   const bool none_given = std::ranges::none_of(facts.gpus, [](const GpuInfo& g) { return g.numa != kUnknownNuma; });
-  bool numa_inferred = false;
+  std::map<std::string, int> numa_by_cpus;
   if (none_given) {
-    std::map<std::string, int> numa_by_cpus;
     for (GpuInfo& gpu : facts.gpus) {
       if (gpu.cpu_affinity.empty()) continue;
       gpu.numa = numa_by_cpus.try_emplace(gpu.cpu_affinity, static_cast<int>(numa_by_cpus.size())).first->second;
-      numa_inferred = true;
     }
   }
+  // A CPU set is no socket where the matrix puts two GPUs that share it on
+  // different sockets (a job's or container's CPU set spanning both): SYS
+  // between them, or a NIC near one and SYS to the other. Those GPUs' node
+  // stays unknown, and their CPU set a node of host memory that they reach
+  // as remote (numa_nodes_complete is false for this source).
+  std::set<int> crossed;
+  std::string crossing;  // the first, for the note
+  for (int r = 0; r < n && !numa_by_cpus.empty(); ++r) {
+    for (int c = r + 1; c < n && gpu_of[r] >= 0; ++c) {
+      const int node = facts.gpus[gpu_of[r]].numa;
+      if (gpu_of[c] < 0 || node == kUnknownNuma || facts.gpus[gpu_of[c]].numa != node) continue;
+      auto sys = [&](int a, int b) { return cells[a][b].pci == PciLocality::kSys; };
+      auto near = [&](int a, int b) { return !sys(a, b) && cells[a][b].pci != PciLocality::kUnknown; };
+      std::string how = sys(r, c) ? "SYS between them" : "";
+      for (int k = 0; k < n && how.empty(); ++k) {
+        if (gpu_of[k] < 0 && ((near(k, r) && sys(k, c)) || (sys(k, r) && near(k, c)))) {
+          how = fmt::format("{} is SYS to one of them only", columns[k]);
+        }
+      }
+      if (how.empty()) continue;
+      crossed.insert(node);
+      if (crossing.empty()) {
+        crossing = fmt::format("{} and {} share CPU Affinity \"{}\" but the matrix puts them on different sockets "
+                               "({})", columns[r], columns[c], shown(facts.gpus[gpu_of[r]].cpu_affinity), how);
+      }
+    }
+  }
+  for (GpuInfo& gpu : facts.gpus) {
+    if (crossed.contains(gpu.numa)) gpu.numa = kUnknownNuma;
+  }
+  const bool numa_inferred = crossed.size() < numa_by_cpus.size();
   const std::string why = !numa_column ? std::string("no NUMA Affinity column")
                                        : fmt::format("NUMA Affinity of {}", fmt::join(numa_unknown, ", "));
-  if (numa_inferred) {
+  if (!crossing.empty()) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {}; {}: the node of the GPUs with that CPU set is unknown{}",
+                                      why, crossing, numa_inferred ? ", the others' inferred from CPU Affinity" : ""));
+  } else if (numa_inferred) {
     facts.notes.push_back(fmt::format("nvidia-smi: {}; NUMA nodes inferred from CPU Affinity", why));
   } else if (none_given && gpus > 0) {
     facts.notes.push_back(
@@ -485,13 +559,19 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     nic.numa = numa;
   }
 
-  // NUMA nodes named by the GPUs, with the CPU set the matrix gives for them.
+  // NUMA nodes named by the GPUs, with the CPU set the matrix gives for
+  // them, and the CPU sets no GPU could be placed on. Only those: the
+  // machine may have more.
   std::map<int, NumaInfo> numa;
   for (const GpuInfo& gpu : facts.gpus) {
     if (gpu.numa == kUnknownNuma || numa.contains(gpu.numa)) continue;
     numa[gpu.numa] = {gpu.numa, gpu.cpu_affinity, cpu_list_count(gpu.cpu_affinity).value_or(0), 0};
   }
+  for (const auto& [cpus, id] : numa_by_cpus) {
+    if (crossed.contains(id)) numa[id] = {id, cpus, cpu_list_count(cpus).value_or(0), 0};
+  }
   for (auto& [id, info] : numa) facts.numa_nodes.push_back(info);
+  facts.numa_nodes_complete = false;
   return facts;
 }
 

@@ -296,19 +296,28 @@ TEST(NvidiaSmiParser, NumaAffinityNaOrAListInfersTheNodesFromTheCpus) {
   ASSERT_EQ(vm.notes.size(), 1u);
   EXPECT_NE(vm.notes[0].find("GPU0 \"N/A\"; NUMA nodes inferred from CPU Affinity"), std::string::npos) << vm.notes[0];
 
+  // Every GPU shows the CPUs 0-31, but GPU0 is SYS to the others: the CPU
+  // set spans both sockets (a job's CPU set), so it places no GPU. It was
+  // one node for all three, GPU0 local to memory across the socket link.
   const auto board = load("fixture-dual-socket-numa-list.txt");
   ASSERT_EQ(board.gpus.size(), 3u);
-  for (const GpuInfo& g : board.gpus) EXPECT_EQ(g.numa, 0) << g.name;
+  for (const GpuInfo& g : board.gpus) EXPECT_EQ(g.numa, kUnknownNuma) << g.name;
   ASSERT_EQ(board.numa_nodes.size(), 1u);
+  EXPECT_EQ(board.numa_nodes[0].cpus, "0-31");
+  EXPECT_FALSE(board.numa_nodes_complete);
   ASSERT_EQ(board.notes.size(), 1u);
   EXPECT_NE(board.notes[0].find("GPU2 \"0-1\""), std::string::npos) << board.notes[0];
-  // The graph has host memory to stage through, into every GPU.
+  EXPECT_NE(board.notes[0].find("GPU0 and GPU1 share CPU Affinity \"0-31\" but the matrix puts them on different "
+                                "sockets (SYS between them)"), std::string::npos) << board.notes[0];
+  // The graph still has host memory to stage through, into every GPU, as
+  // remote: no GPU is known to be on its node.
   auto graph = TopologyGraph::build(board);
   ASSERT_TRUE(graph.has_value()) << graph.error().to_string();
   for (const char* gpu : {"gpu0", "gpu1", "gpu2"}) {
     auto route = graph->rank("numa0", gpu);
     ASSERT_TRUE(route.has_value()) << gpu << ": " << route.error().to_string();
     EXPECT_EQ(route->best().path, PathType::kHostStaging) << gpu;
+    EXPECT_EQ(route->best().proximity, Proximity::kRemote) << gpu;
   }
 }
 
@@ -492,6 +501,103 @@ TEST(NvidiaSmiParser, ANicBetweenTwoNodesIsUnknownInAnyOrder) {
   const auto agreed = parse_nvidia_smi_topo(matrix(1, 1, 1));
   ASSERT_TRUE(agreed.has_value()) << agreed.error().to_string();
   EXPECT_EQ(agreed->nics[0].numa, 1);
+}
+
+// A GB200 tray in a container: GPU2 and GPU3 print an empty CPU Affinity
+// (`\t\t1\t\tN/A`). Read as tokens, their NUMA node 1 became the CPU list
+// "1", their node unknown and NUMA node 1 missing.
+TEST(NvidiaSmiParser, Gb200InAContainerWithAnEmptyCpuAffinity) {
+  const auto f = load("gb200-4gpu-6nic-container-empty-cpu-affinity.txt");
+  ASSERT_EQ(f.gpus.size(), 4u);
+  ASSERT_EQ(f.nics.size(), 6u);
+  EXPECT_EQ(f.nics[5].name, "mlx5_5");
+  for (int g = 0; g < 4; ++g) {
+    EXPECT_EQ(f.gpus[g].numa, g < 2 ? 0 : 1) << g;
+    EXPECT_EQ(f.gpus[g].cpu_affinity, g < 2 ? "0-35" : "") << g;
+    EXPECT_FALSE(f.gpus[g].gpu_numa_id.has_value()) << g;
+  }
+  EXPECT_EQ(cell(f, "GPU0", "GPU3"), "NV18");
+  EXPECT_EQ(cell(f, "GPU2", "NIC4"), "NODE");
+  ASSERT_EQ(f.numa_nodes.size(), 2u);
+  EXPECT_EQ(f.numa_nodes[1].os_index, 1);
+  EXPECT_TRUE(f.notes.empty()) << f.notes.front();
+}
+
+// Tab-separated values after the matrix: an empty field is a value (an
+// unknown one), except just before an N/A, where nvidia-smi pads with a
+// second tab; trailing tabs are nothing. Space-aligned text has no empty
+// values to find.
+TEST(NvidiaSmiParser, AnEmptyAffinityFieldKeepsTheColumnsAfterIt) {
+  auto numa_of = [](std::string_view values) {
+    const auto f = parse_nvidia_smi_topo(fmt::format(
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \tSYS\t0-7\t0\t\tN/A\n"
+        "GPU1\tSYS\t X \t{}\n", values));
+    EXPECT_TRUE(f.has_value()) << values << ": " << f.error().to_string();
+    return f ? std::pair{f->gpus[1].numa, f->gpus[1].cpu_affinity} : std::pair{-2, std::string("?")};
+  };
+  EXPECT_EQ(numa_of("8-15\t1\t\tN/A"), (std::pair{1, std::string("8-15")}));
+  EXPECT_EQ(numa_of("\t1\t\tN/A"), (std::pair{1, std::string()}));         // empty CPU Affinity
+  EXPECT_EQ(numa_of("\t1\t\tN/A\t\t"), (std::pair{1, std::string()}));     // trailing tabs
+  EXPECT_EQ(numa_of("8-15\t\t\tN/A"), (std::pair{kUnknownNuma, std::string("8-15")}));  // empty NUMA
+  EXPECT_EQ(numa_of("8-15\t\tN/A\t\tN/A"), (std::pair{kUnknownNuma, std::string("8-15")}));  // N/A, padded
+  const auto spaced = parse_nvidia_smi_topo(
+      "        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\nGPU0     X      0-7             1               N/A\n");
+  ASSERT_TRUE(spaced.has_value()) << spaced.error().to_string();
+  EXPECT_EQ(spaced->gpus[0].numa, 1);
+}
+
+// The node a NIC is on when it is SYS to every GPU of the one node the text
+// names: not that one. It was taken as local to it, priced at RDMA's local
+// 24 GB/s (a real output: 4 of 8 A100s, all on node 1, and a RoCE NIC
+// across the socket link).
+TEST(NvidiaSmiParser, ANicAcrossTheSocketLinkFromTheOnlyNamedNodeIsRemoteToIt) {
+  const auto f = parse_nvidia_smi_topo(
+      "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+      "GPU0\t X \tNV12\tSYS\t32-63\t1\nGPU1\tNV12\t X \tSYS\t32-63\t1\nNIC0\tSYS\tSYS\t X \n");
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_EQ(f->nics[0].numa, kUnknownNuma);
+  EXPECT_FALSE(f->numa_nodes_complete);
+  auto graph = TopologyGraph::build(*f);
+  ASSERT_TRUE(graph.has_value()) << graph.error().to_string();
+  auto nic = graph->rank("numa1", "nic0");
+  ASSERT_TRUE(nic.has_value()) << nic.error().to_string();
+  EXPECT_EQ(nic->best().proximity, Proximity::kRemote);
+  auto gpu = graph->rank("numa1", "gpu0");
+  ASSERT_TRUE(gpu.has_value()) << gpu.error().to_string();
+  EXPECT_EQ(gpu->best().proximity, Proximity::kLocal);
+}
+
+// A CPU set that a job or container gives every GPU is no socket where the
+// matrix says two of them are on different ones, by SYS between them or
+// through a NIC near one and SYS to the other: their node stays unknown
+// (it was one node for all). Another CPU set is still a node of its own.
+TEST(NvidiaSmiParser, ACpuSetSharedAcrossTheSocketLinkPlacesNoGpu) {
+  const auto through_nic = parse_nvidia_smi_topo(
+      "\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+      "GPU0\t X \tNV4\tNV4\tSYS\t0,64\t0-3\nGPU1\tNV4\t X \tNV4\tSYS\t0,64\t0-3\n"
+      "GPU2\tNV4\tNV4\t X \tPHB\t0,64\t0-3\nNIC0\tSYS\tSYS\tPHB\t X \n");
+  ASSERT_TRUE(through_nic.has_value()) << through_nic.error().to_string();
+  for (const GpuInfo& g : through_nic->gpus) EXPECT_EQ(g.numa, kUnknownNuma) << g.name;
+  EXPECT_EQ(through_nic->nics[0].numa, kUnknownNuma);
+  ASSERT_EQ(through_nic->numa_nodes.size(), 1u);
+  EXPECT_EQ(through_nic->numa_nodes[0].cpus, "0,64");
+  ASSERT_EQ(through_nic->notes.size(), 1u);
+  EXPECT_NE(through_nic->notes[0].find("(NIC0 is SYS to one of them only)"), std::string::npos)
+      << through_nic->notes[0];
+
+  const auto two_sets = parse_nvidia_smi_topo(
+      "\tGPU0\tGPU1\tGPU2\tCPU Affinity\nGPU0\t X \tSYS\tSYS\t0-3\nGPU1\tSYS\t X \tSYS\t0-3\n"
+      "GPU2\tSYS\tSYS\t X \t4-7\n");
+  ASSERT_TRUE(two_sets.has_value()) << two_sets.error().to_string();
+  EXPECT_EQ(two_sets->gpus[0].numa, kUnknownNuma);
+  EXPECT_EQ(two_sets->gpus[1].numa, kUnknownNuma);
+  EXPECT_EQ(two_sets->gpus[2].numa, 1);
+  EXPECT_EQ(two_sets->numa_nodes.size(), 2u);
+  ASSERT_EQ(two_sets->notes.size(), 1u);
+  EXPECT_NE(two_sets->notes[0].find("GPU0 and GPU1 share CPU Affinity \"0-3\""), std::string::npos)
+      << two_sets->notes[0];
+  EXPECT_NE(two_sets->notes[0].find("the others' inferred from CPU Affinity"), std::string::npos)
+      << two_sets->notes[0];
 }
 
 // A NUMA node's CPU count counts each CPU once, and cannot wrap.

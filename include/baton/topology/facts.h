@@ -87,6 +87,12 @@ struct TopologyFacts {
   std::vector<GpuInfo> gpus;
   std::vector<NicInfo> nics;
   std::vector<NumaInfo> numa_nodes;
+  // Whether numa_nodes is every node of the machine (a probe, a model) or
+  // only those its devices name (nvidia-smi). With one node listed, a
+  // device of unknown node is taken as on it only when the list is whole:
+  // a NIC that nvidia-smi puts across the socket link from every GPU is on
+  // a node the text never names.
+  bool numa_nodes_complete = true;
   std::vector<Relation> relations;
   // Why better sources were skipped ("nvml: libnvidia-ml.so.1 not found").
   std::vector<std::string> notes;
