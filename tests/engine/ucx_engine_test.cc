@@ -496,6 +496,9 @@ TEST(UcxEngineFork, AChildRefusesTheParentsEngineAndDropsItWithoutWaiting) {
     refused("register_memory", e.register_memory(local.buffer.data(), 4096));
     refused("unregister", e.unregister(local.region.handle));
     if (!e.take_notifications().empty() || !e.metrics_text().empty()) ++wrong;
+    // An engine of its own too, while the parent's were open: UCX's event
+    // thread is not in the child, and its listener missed connections.
+    refused("create", Engine::create(EngineConfig{}));
     local.engine.reset();
     target.engine.reset();
     _exit(wrong);
@@ -508,6 +511,36 @@ TEST(UcxEngineFork, AChildRefusesTheParentsEngineAndDropsItWithoutWaiting) {
   EXPECT_TRUE(local.engine->release(*ended).is_ok());
   EXPECT_TRUE(run(*local.engine, mib_reads(local, *peer, target)).is_ok());
   EXPECT_EQ(pattern_mismatch(local.buffer, kTargetSalt), std::nullopt);
+}
+
+// A child forked while no engine is open (before the parent opened one)
+// has UCX to itself: its own engines connect and move bytes.
+TEST(UcxEngineFork, AChildForkedBeforeAnyEngineWasOpenMakesItsOwn) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);
+    Side target(1 << 20, kTargetSalt);
+    Side local(1 << 20, kLocalSalt);
+    auto peer = local.engine->connect(target.engine->address());
+    if (!peer) {
+      std::fprintf(stderr, "connect: %s\n", peer.error().to_string().c_str());
+      _exit(1);
+    }
+    const Status s = run(*local.engine, Batch{.requests = {request(Op::kRead, local, 0, *peer, target, 0, 1 << 20)},
+                                              .notification = {}});
+    if (!s.is_ok()) std::fprintf(stderr, "read: %s\n", s.to_string().c_str());
+    _exit(s.is_ok() && !pattern_mismatch(local.buffer, kTargetSalt) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung (SIGALRM) or crashed: signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see stderr";
+  // And the parent's own, after the fork.
+  Side target(1 << 20, kTargetSalt);
+  Side local(1 << 20, kLocalSalt);
+  auto peer = local.engine->connect(target.engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
 }
 
 TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt) {

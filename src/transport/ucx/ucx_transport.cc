@@ -5,9 +5,12 @@
 #include "baton/transport/ucx_transport.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <ranges>
 #include <tuple>
 
@@ -71,10 +74,31 @@ Status check_nics(const UcxConfig& config) {
   return Status::ok();
 }
 
+// UCX handles every worker's async events (a TCP listener's accepts among
+// them) on one thread per process, started with the first worker and
+// stopped with the last. A child of fork() inherits that thread's state and
+// its epoll instance, which it shares with the parent, but not the thread:
+// a worker made there while the parent had one missed its lanes'
+// connections (6 of 8 such children failed their handshake), and its
+// descriptors joined the parent's epoll set. Counted, to refuse that child.
+std::atomic<int> live_transports{0};
+std::atomic<bool> forked_with_live_transports{false};
+
+void watch_forks() {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    (void)::pthread_atfork(nullptr, nullptr, [] {
+      if (live_transports.load(std::memory_order_relaxed) > 0) forked_with_live_transports = true;
+    });
+  });
+}
+
 }  // namespace
 
-UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {}
-UcxTransport::~UcxTransport() = default;
+UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {
+  live_transports.fetch_add(1, std::memory_order_relaxed);
+}
+UcxTransport::~UcxTransport() { live_transports.fetch_sub(1, std::memory_order_relaxed); }
 
 bool runs_progress_threads(const UcxConfig& config) {
   if (config.progress_threads >= 0) return config.progress_threads > 0;
@@ -82,6 +106,14 @@ bool runs_progress_threads(const UcxConfig& config) {
 }
 
 Result<std::unique_ptr<UcxTransport>> UcxTransport::create(UcxConfig config) {
+  watch_forks();
+  if (forked_with_live_transports) {
+    return std::unexpected(Status::failed_precondition(
+        "UcxTransport::create: this process is a child of fork() made while an engine (a UCX worker) was open in "
+        "its parent; UCX's event thread does not survive fork, so an engine here would miss its peers' "
+        "connections. Start the process fresh (multiprocessing's 'spawn' or 'forkserver', posix_spawn, exec), or "
+        "fork before the parent opens its engine"));
+  }
   if (config.lanes_per_peer < 1 || config.lanes_per_peer > ucx::kMaxLanes) {
     // A peer's handshake refuses more (control_wire.h).
     return std::unexpected(Status::invalid_argument("UcxTransport::create: lanes_per_peer is {} (expected 1..{})",
