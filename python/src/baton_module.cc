@@ -421,13 +421,36 @@ PyRequest make_request(const std::string& op, const PyRegion& local, const py::o
   return r;
 }
 
+// A tensor's address and byte count from data_ptr(), numel() and
+// element_size(): whole numbers of 64 bits, a count that does not wrap (an
+// object claiming 2^62 elements of 4 bytes registered 4 bytes).
+std::pair<std::uintptr_t, std::size_t> tensor_extent(const py::object& tensor) {
+  auto whole = [&](const char* method) {
+    const py::object v = tensor.attr(method)();
+    PyObject* index = PyNumber_Index(v.ptr());  // an int, or what says it is one (numpy's); not a float
+    if (index == nullptr) PyErr_Clear();
+    const auto whole_number = py::reinterpret_steal<py::int_>(index);
+    if (!whole_number || whole_number < py::int_(0) || whole_number > py::int_(UINT64_MAX)) {
+      raise(StatusCode::kInvalidArgument,
+            fmt::format("register: the tensor's {}() is {}, not a whole number of 0..2^64-1", method,
+                        std::string(py::repr(v))));
+    }
+    return whole_number.cast<std::uint64_t>();
+  };
+  const std::uint64_t ptr = whole("data_ptr");
+  std::uint64_t length = 0;
+  if (__builtin_mul_overflow(whole("numel"), whole("element_size"), &length)) {
+    raise(StatusCode::kInvalidArgument, "register: the tensor's numel() * element_size() is more than 2^64 bytes");
+  }
+  return {static_cast<std::uintptr_t>(ptr), static_cast<std::size_t>(length)};
+}
+
 // A tensor registered through data_ptr() holds no buffer export: resize_()
 // or set_() can move its storage and free the registered memory. Caught at
 // submit (a move during a transfer cannot be, docs/python.md says so).
 void check_unmoved(const RegionState& state) {
   if (!state.tensor) return;
-  const auto ptr = state.owner.attr("data_ptr")().cast<std::uintptr_t>();
-  const auto length = state.owner.attr("numel")().cast<std::size_t>() * state.owner.attr("element_size")().cast<std::size_t>();
+  const auto [ptr, length] = tensor_extent(state.owner);
   if (ptr != state.region.base || length != state.region.length) {
     raise(StatusCode::kFailedPrecondition,
           fmt::format("submit: the tensor of region {} moved or changed size since register ({} bytes at {:#x}, now {} "
@@ -690,8 +713,9 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
     if (py::hasattr(obj, "is_contiguous") && !obj.attr("is_contiguous")().cast<bool>()) {
       raise(StatusCode::kInvalidArgument, "register: the tensor is not contiguous (.contiguous() it first)");
     }
-    ptr = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<std::uintptr_t>());
-    length = obj.attr("numel")().cast<std::size_t>() * obj.attr("element_size")().cast<std::size_t>();
+    const auto [address, bytes] = tensor_extent(obj);
+    ptr = reinterpret_cast<void*>(address);
+    length = bytes;
     state->tensor = true;
     return state;
   }
@@ -736,6 +760,24 @@ auto one_request(std::string op) {
 }
 
 std::string state_name(baton::sched::RequestState s) { return std::string(baton::sched::to_string(s)); }
+
+// `Region.__new__(Region)` made an object whose C++ part was never built,
+// and pybind11 gives a method such an object's memory uninitialized (a
+// hang on a garbage mutex, a segfault). Classes only the engine makes
+// answer `__new__` with a TypeError instead. Set in the class's dict, not
+// through setattr, which would also replace the type's creation slot;
+// Engine and Request, which callers make and may subclass, keep theirs.
+void refuse_bare_new(const py::handle& cls) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  const std::string name = py::str(cls.attr("__name__"));
+  const py::cpp_function refuse([name](const py::args&, const py::kwargs&) -> py::object {
+    throw py::type_error("baton." + name + " objects are made by the engine, not by " + name + ".__new__()");
+  });
+  if (PyDict_SetItemString(type->tp_dict, "__new__", py::staticmethod(refuse).ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  PyType_Modified(type);
+}
 
 }  // namespace
 
@@ -1173,4 +1215,8 @@ PYBIND11_MODULE(_baton, m) {
         GilReleased release;
         return e->metrics_text();
       });
+
+  for (const char* made_by_the_engine : {"RemoteRegion", "_AllocatedView", "Region", "Peer", "Batch", "PreparedBatch"}) {
+    refuse_bare_new(m.attr(made_by_the_engine));
+  }
 }

@@ -756,6 +756,47 @@ def test_a_tensor_whose_storage_moved_is_refused_at_submit(holder, engine):
     assert np.array_equal(t.array[:SIZE], pattern(SIZE, 7))
 
 
+def test_a_tensor_that_claims_an_impossible_size_or_address_is_invalid_argument(engine):
+    # numel * element_size wrapped: 2^62 + 1 elements of 4 bytes registered 4 bytes.
+    class Claims(FakeTensor):
+        def __init__(self, **claims):
+            super().__init__(16)
+            self.claims = claims
+
+        def __getattribute__(self, name):
+            claims = object.__getattribute__(self, "claims")
+            return (lambda: claims[name]) if name in claims else object.__getattribute__(self, name)
+
+    for claims, said in (
+        (dict(numel=2 ** 62 + 1, element_size=4), "more than 2\\^64 bytes"),
+        (dict(numel=-1), r"numel\(\) is -1"),
+        (dict(data_ptr=-4096), r"data_ptr\(\) is -4096"),
+        (dict(numel=2 ** 64), r"numel\(\) is 18446744073709551616"),
+        (dict(element_size=1.5), r"element_size\(\) is 1.5"),
+    ):
+        with pytest.raises(baton.InvalidArgument, match=said):
+            engine.register(Claims(**claims))
+    region = engine.register(Claims(numel=np.int64(16)))  # what says it is an int is one
+    assert region.length == 16
+
+
+@pytest.mark.parametrize("name", ["Region", "RemoteRegion", "Peer", "Batch", "PreparedBatch"])
+def test_objects_only_the_engine_makes_cannot_be_made_bare_with_new(name):
+    # X.__new__(X) skipped the C++ constructor: .regions segfaulted, .wait()
+    # aborted, .length read garbage. Run in a child: the old way crashes.
+    code = f"""
+import baton
+try:
+    baton.{name}.__new__(baton.{name})
+    print("made")
+except TypeError as err:
+    print("refused:", err)
+"""
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == f"refused: baton.{name} objects are made by the engine, not by {name}.__new__()"
+
+
 def test_a_peers_region_goes_with_that_peer_and_handles_are_integers(holder, engine):
     other = Holder(size=SIZE)
     try:
