@@ -263,7 +263,9 @@ BATON_C_API int baton_batch_event_fd(baton_engine* engine, int* fd);
  * (*message_length). *taken is 0 when none waits. `from` NULL with
  * from_capacity 0 only reports the oldest one's sizes (nothing is taken:
  * *taken is 0 and a waiting one shows as *from_needed > 0);
- * buffers too small: BATON_OUT_OF_RANGE with the sizes, nothing taken. */
+ * buffers too small: BATON_OUT_OF_RANGE with the sizes, nothing taken.
+ * Unlike the other size pointers, from_needed, message_length and taken may
+ * not be NULL (BATON_MISUSE): they are how the caller learns what it took. */
 BATON_C_API int baton_take_notification(baton_engine* engine, char* from, size_t from_capacity,
                                         size_t* from_needed, void* message, size_t message_capacity,
                                         size_t* message_length, int* taken);
