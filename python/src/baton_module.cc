@@ -11,10 +11,13 @@
 // Every call that can wait releases the GIL.
 #include <Python.h>
 #include <cxxabi.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <map>
@@ -203,7 +206,20 @@ struct RegionState {
 
 // Nothing may need the GIL while `mutex` is held: a thread holding the GIL
 // may be waiting for the mutex (a RegionState is destroyed outside it).
+// Forks seen in this process (counted in the child, as the engine counts
+// them): an engine made before one belongs to the parent. metrics_text()
+// and take_notifications() answered "" and [] there, where every other
+// call raises; now they raise too.
+std::atomic<std::uint64_t> forks{0};
+
 struct EngineState {
+  EngineState() {
+    static std::once_flag registered;
+    std::call_once(registered, [] { (void)::pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1); }); });
+    forks_at_creation = forks.load();
+  }
+  std::uint64_t forks_at_creation = 0;
+  pid_t creator = ::getpid();
   std::shared_ptr<engine::Engine> engine;  // null once closed
   std::mutex mutex;                        // guards `engine`, `regions` and `orphans`
   std::map<baton::transport::RegionHandle, std::shared_ptr<RegionState>> regions;
@@ -217,6 +233,11 @@ struct EngineState {
   ~EngineState();
 
   std::shared_ptr<engine::Engine> get(const char* call) {
+    if (forks.load(std::memory_order_relaxed) != forks_at_creation) {
+      raise(StatusCode::kFailedPrecondition,
+            fmt::format("{}: the engine belongs to process {}, which created it before fork(); a child process "
+                        "creates its own engine", call, creator));
+    }
     std::lock_guard lock(mutex);
     if (!engine) raise(StatusCode::kUnavailable, std::string(call) + ": the engine is closed");
     return engine;
