@@ -97,9 +97,13 @@ std::vector<std::string> values_after(std::string_view line, std::size_t skip) {
   }
   const std::string_view rest = line.substr(at);
   const std::size_t first_tab = rest.find('\t');
-  if (first_tab == std::string_view::npos) return tokens_of(rest);
+  // Before the first tab only the separator's spaces: else the values are
+  // space-separated (a row that merely ends in a tab).
+  if (first_tab == std::string_view::npos || !std::ranges::all_of(rest.substr(0, first_tab), space)) {
+    return tokens_of(rest);
+  }
   std::vector<std::string> fields;
-  for (std::size_t from = first_tab + 1;;) {  // before the first tab: the separator's own spaces
+  for (std::size_t from = first_tab + 1;;) {
     const std::size_t end = std::min(rest.find('\t', from), rest.size());
     std::string_view field = rest.substr(from, end - from);
     while (!field.empty() && space(field.front())) field.remove_prefix(1);

@@ -540,6 +540,7 @@ TEST(NvidiaSmiParser, AnEmptyAffinityFieldKeepsTheColumnsAfterIt) {
   EXPECT_EQ(numa_of("\t1\t\tN/A\t\t"), (std::pair{1, std::string()}));     // trailing tabs
   EXPECT_EQ(numa_of("8-15\t\t\tN/A"), (std::pair{kUnknownNuma, std::string("8-15")}));  // empty NUMA
   EXPECT_EQ(numa_of("8-15\t\tN/A\t\tN/A"), (std::pair{kUnknownNuma, std::string("8-15")}));  // N/A, padded
+  EXPECT_EQ(numa_of("8-15   1   N/A\t"), (std::pair{1, std::string("8-15")}));  // spaces, then a tab at the end
   const auto spaced = parse_nvidia_smi_topo(
       "        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\nGPU0     X      0-7             1               N/A\n");
   ASSERT_TRUE(spaced.has_value()) << spaced.error().to_string();
