@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <random>
 #include <set>
 
 namespace baton::handoff {
@@ -158,7 +159,12 @@ struct Orchestrator::State {
   std::map<TicketId, Entry> tickets;
   std::map<TicketState, std::uint64_t> by_state;
   std::uint64_t loading = 0;  // tickets with loads pending: progress() polls only then
-  TicketId next = 1;
+  // Ticket ids start at a random multiple of 2^32 (below 2^52, exact in any
+  // JSON): a completion that a predecessor's load reports after a restart
+  // over the same ranks names no ticket of ours, and stops the replica as
+  // any unaccounted load does. From 1, it was taken for our ticket 1, which
+  // then read ok before its own bytes had landed.
+  TicketId next = ((std::random_device{}() & 0xFFFFF) | 1) * (TicketId{1} << 32) + 1;
   PlanCache plans;
 
   TimeNs now() const { return clock->now_ns(); }
@@ -212,8 +218,21 @@ struct Orchestrator::State {
     wakeup->wake();
   }
 
+  // Stops a consumer replica. Its tickets that never started loading have
+  // no destination pages and no write in flight: they fail now and return
+  // their producers' source pages (they stayed held, and every later call
+  // on them was refused, so a healthy producer ran out of pages).
   void stop(ConsumerReplica& c, Status why) {
     if (c.stopped.is_ok()) c.stopped = std::move(why);
+    for (auto& [id, e] : tickets) {
+      if (&consumers.at(e.t.consumer) != &c) continue;
+      const TicketState s = e.t.state;
+      if (s == TicketState::kCreated || s == TicketState::kBound || s == TicketState::kGenerated) {
+        end(e, TicketState::kFailed,
+            Status::unavailable("ticket {}: consumer {} stopped before the load: {}", id, e.t.consumer,
+                                c.stopped.to_string()));
+      }
+    }
     wakeup->wake();
   }
 

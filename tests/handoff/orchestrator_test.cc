@@ -1056,7 +1056,11 @@ TEST_P(BadPages, StopTheReplicaAndFreeNothing) {
   EXPECT_EQ(f.orders(), 0u);
   EXPECT_EQ(f.consumer_frees(), 0) << "no page is freed on a replica we cannot account for";
   EXPECT_EQ(f.rank(0).free_pages(), kConsumerPool - 2) << "rank 0's pages are left as they are";
-  EXPECT_EQ(state(o, id), TicketState::kGenerated);
+  // Nothing was dispatched: the tickets fail and their producer's pages
+  // come back (the producer is not the one that answered wrongly).
+  EXPECT_EQ(state(o, id), TicketState::kReleased);
+  EXPECT_EQ(state(o, other), TicketState::kReleased);
+  EXPECT_EQ(f.producer_free(), f.full_producers());
   expect_stopped(o, other, "rank 1 answered");
   expect_stopped(o, id, "rank 1 answered");
   o.progress();
@@ -1100,6 +1104,72 @@ TEST(HandoffFailure, AFailedConsumerRankStopsItsReplicaOnly) {
   ASSERT_TRUE(o.finish(fine).is_ok());
   EXPECT_EQ(g.consumer_free(), g.full_consumers());
   EXPECT_TRUE(o.consumer_status("other").is_ok());
+}
+
+// A consumer that stops with tickets not yet started (no destination
+// page, no write in flight) fails them and returns their producers' source
+// pages: they stayed held, every call on them was refused, and a healthy
+// producer ran out of pages for the replicas that went on.
+TEST(HandoffFailure, AStoppedConsumersTicketsNotYetStartedReturnTheirSourcePages) {
+  Fakes f(tiny()), g(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  ASSERT_TRUE(o.add_consumer("other", g.layout, g.consumer_ranks()).is_ok());
+  const TicketId bound = *o.create_ticket({"bound", "decode", kTokens});
+  ASSERT_TRUE(o.bind(bound, "prefill").is_ok());
+  const TicketId ready = generated_ticket(o, "ready");
+  const TicketId created = *o.create_ticket({"created", "decode", kTokens});
+  const TicketId loading = generated_ticket(o, "loading");
+  ASSERT_TRUE(o.start(loading).is_ok());
+  ASSERT_NE(f.producer_free(), f.full_producers());
+
+  ASSERT_TRUE(o.consumer_rank_failed("decode", 0, Status::unavailable("worker 0 died")).is_ok());
+  for (TicketId id : {bound, ready, created}) {
+    auto t = o.ticket(id);
+    ASSERT_TRUE(t.has_value());
+    EXPECT_EQ(t->state, TicketState::kReleased) << id;
+    EXPECT_EQ(t->status.code(), StatusCode::kUnavailable) << id;
+    EXPECT_NE(t->status.message().find("stopped before the load"), std::string::npos) << t->status.to_string();
+  }
+  // The loading ticket keeps what a remote may still touch, sources too.
+  EXPECT_EQ(state(o, loading), TicketState::kLoading);
+  EXPECT_EQ(o.pages("decode")->reserved, 4u);
+  const auto held = f.producer_free();
+  EXPECT_EQ(o.cancel(bound).code(), StatusCode::kFailedPrecondition);  // a stopped replica's ticket, as before
+
+  // The producer serves the replica that goes on with what came back.
+  const TicketId fine = generated_ticket(o, "fine", "other");
+  ASSERT_TRUE(o.start(fine).is_ok());
+  g.complete_all(fine);
+  ASSERT_TRUE(o.receive(fine, kSecond).is_ok());
+  ASSERT_TRUE(o.finish(fine).is_ok());
+  EXPECT_EQ(f.producer_free(), held);
+  EXPECT_EQ(o.tickets_in(TicketState::kReleased), 4u);
+}
+
+// Ticket ids start at a random point per orchestrator: a completion that a
+// predecessor's load reports after a restart over the same ranks names no
+// ticket of the new one (it stops the replica, as any unaccounted load
+// does). From 1, the new ticket 1 took it and read ok before its own bytes.
+TEST(HandoffFailure, ARestartedOrchestratorDoesNotTakeItsPredecessorsCompletions) {
+  Fakes f(tiny());
+  TicketId first = 0;
+  {
+    Orchestrator before;
+    ASSERT_TRUE(f.add_to(before).is_ok());
+    first = generated_ticket(before, "r");
+    ASSERT_TRUE(before.start(first).is_ok());
+  }
+  Orchestrator after;
+  ASSERT_TRUE(f.add_to(after).is_ok());
+  const TicketId id = generated_ticket(after, "r");
+  ASSERT_NE(id, first);
+  EXPECT_GT(id, TicketId{1} << 32);
+  EXPECT_LT(id, TicketId{1} << 52);  // exact as a JSON number anywhere
+  ASSERT_TRUE(after.start(id).is_ok());
+  f.complete_all(first);  // the predecessor's load lands now
+  EXPECT_NE(after.receive(id, kSecond / 10).code(), StatusCode::kOk);
+  EXPECT_NE(state(after, id), TicketState::kCompleted);
 }
 
 struct BogusCompletion {
