@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -227,9 +228,18 @@ Result<std::unique_ptr<Directory>> Directory::connect(const std::string& endpoin
 }
 
 Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
-  if (record.name.empty() || record.address.empty()) {
-    return Status::invalid_argument("register_store: name \"{}\", address \"{}\" (expected both)", record.name,
-                                    record.address);
+  // Printable ASCII, as a key and a host:port are: other bytes made the
+  // JSON writer throw (a name of "\xff" ended `baton store` with a raw
+  // exception), and a '/' would nest the key.
+  auto plain = [](std::string_view text, bool slash_ok) {
+    return !text.empty() && text.size() <= 255 && std::ranges::all_of(text, [&](char c) {
+      return c > ' ' && c < '\x7f' && (slash_ok || c != '/');
+    });
+  };
+  if (!plain(record.name, false) || !plain(record.address, true)) {
+    return Status::invalid_argument("register_store: name \"{}\", address \"{}\" (expected both, printable ASCII "
+                                    "without spaces, at most 255 bytes, and no '/' in the name)",
+                                    shown(record.name), shown(record.address));
   }
   // etcd refuses a lease above 9e9 s, in an answer its gateway cuts short.
   constexpr TimeNs kMaxTtlNs = TimeNs{9'000'000'000} * 1'000'000'000;

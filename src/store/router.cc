@@ -17,8 +17,12 @@ StoreRouter::~StoreRouter() {
 void StoreRouter::set(std::vector<StoreRecord> live) {
   std::lock_guard lock(mutex_);
   stores_ = std::move(live);
+  // A store that left, or came back under its name at another address (a
+  // restart): the old client called the dead address for good.
   std::erase_if(clients_, [&](const auto& kv) {
-    return std::ranges::none_of(stores_, [&](const StoreRecord& r) { return r.name == kv.first; });
+    return std::ranges::none_of(stores_, [&](const StoreRecord& r) {
+      return r.name == kv.first && r.address == kv.second.address;
+    });
   });
 }
 
@@ -57,13 +61,13 @@ Result<std::shared_ptr<StoreClient>> StoreRouter::client(const std::string& stor
   std::lock_guard lock(mutex_);
   auto it = std::ranges::find(stores_, store, &StoreRecord::name);
   if (it == stores_.end()) return std::unexpected(Status::not_found("router: no live store \"{}\"", store));
-  auto& c = clients_[store];
-  if (!c) {
+  Connected& c = clients_[store];
+  if (!c.client || c.address != it->address) {
     auto made = StoreClient::connect(it->address);
     if (!made) return std::unexpected(made.error());
-    c = std::move(*made);
+    c = {it->address, std::move(*made)};
   }
-  return c;
+  return c.client;
 }
 
 }  // namespace baton::store

@@ -13,6 +13,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include "baton/common/log.h"
@@ -84,10 +86,42 @@ Status from_grpc(const grpc::Status& s, const char* call) {
   if (auto c = status_code_from_string(s.error_details()); c && *c != StatusCode::kOk) {
     return Status(*c, s.error_message());
   }
-  // Not our server's answer: the channel's own (no server, a deadline).
-  const StatusCode code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? StatusCode::kTimeout
-                                                                                  : StatusCode::kUnavailable;
+  // Not our server's answer: the channel's own (no server, a deadline, a
+  // message over gRPC's size limit, which is no sign of a dead store).
+  const StatusCode code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED    ? StatusCode::kTimeout
+                          : s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? StatusCode::kResourceExhausted
+                                                                                   : StatusCode::kUnavailable;
   return Status(code, fmt::format("{}: {} (gRPC code {})", call, s.error_message(), static_cast<int>(s.error_code())));
+}
+
+// Blocks one call names, at most: its messages stay under gRPC's 4 MiB
+// (65536 pages answered by AllocateBlocks are about 3 MiB). A put of 300 000
+// blocks had the store allocate them all, then failed to read the answer
+// (unavailable), leaving every page unsealed for a minute.
+constexpr std::size_t kMaxBlocksPerCall = std::size_t{1} << 16;
+
+// What a proto string field may carry: UTF-8. Other bytes failed in
+// protobuf's serializer as an empty INTERNAL error, reported as a dead
+// store (unavailable), which a caller would fail over from.
+Status check_text(const char* call, const char* what, std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (!ok) {
+      return Status::invalid_argument("{}: the {} is not UTF-8 (byte {:#04x} at {})", call, what, c, i);
+    }
+    i += n;
+  }
+  return Status::ok();
+}
+
+Status check_count(const char* call, std::size_t blocks) {
+  if (blocks <= kMaxBlocksPerCall) return Status::ok();
+  return Status::invalid_argument("{}: {} blocks in one call (at most {}: split the list)", call, blocks,
+                                  kMaxBlocksPerCall);
 }
 
 std::span<const std::uint64_t> span(const google::protobuf::RepeatedField<std::uint64_t>& f) {
@@ -298,8 +332,11 @@ struct StoreClient::State {
   std::unique_ptr<wire::Store::Stub> stub;
   std::shared_ptr<SlabCache> slabs = std::make_shared<SlabCache>();
   TimeNs timeout_ns = 0;
-  std::string engine_address;  // the store's, once hello() told us
-  std::map<std::string, BlockLayout> layouts;  // its namespaces', as hello() last told them
+  // What hello() last said, shared by the threads using this client (a
+  // router hands one client to all of them).
+  std::mutex said_mutex;
+  std::string engine_address;  // the store's
+  std::map<std::string, BlockLayout> layouts;  // its namespaces'
 
   void deadline(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs)));
@@ -333,6 +370,9 @@ Result<std::pair<std::string, std::vector<NamespaceInfo>>> StoreClient::hello() 
 
 Result<std::vector<BlockPage>> StoreClient::allocate_blocks(const std::string& ns, std::uint32_t count,
                                                             const std::string& producer) {
+  if (Status s = check_text("AllocateBlocks", "namespace", ns); !s.is_ok()) return std::unexpected(s);
+  if (Status s = check_text("AllocateBlocks", "producer", producer); !s.is_ok()) return std::unexpected(s);
+  if (Status s = check_count("AllocateBlocks", count); !s.is_ok()) return std::unexpected(s);
   grpc::ClientContext context;
   state_->deadline(context);
   wire::AllocateBlocksRequest request;
@@ -350,6 +390,10 @@ Result<std::vector<BlockPage>> StoreClient::allocate_blocks(const std::string& n
 
 Status StoreClient::seal(const std::string& ns, const std::string& producer, std::span<const std::uint64_t> pages,
                          std::span<const std::uint64_t> hashes, const BlockLayout& layout) {
+  for (auto [what, text] : {std::pair{"namespace", std::string_view(ns)}, std::pair{"producer", std::string_view(producer)}}) {
+    if (Status s = check_text("Seal", what, text); !s.is_ok()) return s;
+  }
+  if (Status s = check_count("Seal", std::max(pages.size(), hashes.size())); !s.is_ok()) return s;
   grpc::ClientContext context;
   state_->deadline(context);
   wire::SealRequest request;
@@ -364,6 +408,10 @@ Status StoreClient::seal(const std::string& ns, const std::string& producer, std
 
 Result<QueryAnswer> StoreClient::query(const std::string& ns, std::span<const std::uint64_t> hashes,
                                        const std::string& requester) {
+  for (auto [what, text] : {std::pair{"namespace", std::string_view(ns)}, std::pair{"requester", std::string_view(requester)}}) {
+    if (Status s = check_text("QueryBlocksForTransfer", what, text); !s.is_ok()) return std::unexpected(s);
+  }
+  if (Status s = check_count("QueryBlocksForTransfer", hashes.size()); !s.is_ok()) return std::unexpected(s);
   grpc::ClientContext context;
   state_->deadline(context);
   wire::QueryBlocksForTransferRequest request;
@@ -414,12 +462,27 @@ Result<RemoteRange> locate(std::span<const transport::RemoteRegion> regions, std
 }
 
 Result<engine::Peer> StoreClient::store_peer(engine::Engine& engine) {
-  if (state_->engine_address.empty()) {
-    auto h = hello();
-    if (!h) return std::unexpected(h.error());
-    state_->engine_address = h->first;
+  std::string known;
+  {
+    std::lock_guard lock(state_->said_mutex);
+    known = state_->engine_address;
   }
-  return engine.connect(state_->engine_address);
+  if (!known.empty()) {
+    auto peer = engine.connect(known);
+    if (peer) return peer;
+  }
+  // First use, or the store's engine is no longer where it was: a store
+  // restarted on the same RPC address has a new engine port, and every
+  // put and fetch failed for good against the old one. Asked again.
+  auto h = hello();
+  if (!h) return std::unexpected(h.error());
+  {
+    std::lock_guard lock(state_->said_mutex);
+    state_->engine_address = h->first;
+    state_->layouts.clear();
+    for (const NamespaceInfo& n : h->second) state_->layouts[n.name] = n.layout;
+  }
+  return engine.connect(h->first);
 }
 
 Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std::string& producer,
@@ -430,21 +493,37 @@ Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std
                                     hashes.size(), timeout_ns);
   }
   if (Status s = layout.validate(); !s.is_ok()) return s;
+  if (Status s = check_count("put", hashes.size()); !s.is_ok()) return s;
+  for (auto [what, text] : {std::pair{"namespace", std::string_view(ns)}, std::pair{"producer", std::string_view(producer)}}) {
+    if (Status s = check_text("put", what, text); !s.is_ok()) return s;
+  }
+  // A hash named twice fails at seal, after the store allocated a page for
+  // each (evicting good blocks to make room): refused first.
+  std::vector<std::uint64_t> sorted(hashes.begin(), hashes.end());
+  std::ranges::sort(sorted);
+  if (auto twice = std::ranges::adjacent_find(sorted); twice != sorted.end()) {
+    return Status::invalid_argument("put {}: hash {:#x} is named twice (nothing allocated or written)", ns, *twice);
+  }
   // Checked before anything is written: seal() checks it too, but only after
   // the writes, and a block larger than the namespace's spills into the
   // pages after it — another producer's sealed blocks.
-  if (!state_->layouts.contains(ns)) {  // a namespace added since the last hello()
+  std::optional<BlockLayout> want;
+  {
+    std::lock_guard lock(state_->said_mutex);
+    if (auto it = state_->layouts.find(ns); it != state_->layouts.end()) want = it->second;
+  }
+  if (!want) {  // a namespace added since the last hello()
     auto h = hello();
     if (!h) return h.error();
+    std::lock_guard lock(state_->said_mutex);
     for (const NamespaceInfo& n : h->second) state_->layouts[n.name] = n.layout;
+    if (auto it = state_->layouts.find(ns); it != state_->layouts.end()) want = it->second;
   }
-  const auto known = state_->layouts.find(ns);
-  if (known == state_->layouts.end()) return Status::not_found("put: the store has no namespace \"{}\"", ns);
-  if (known->second != layout) {
-    const BlockLayout& want = known->second;
+  if (!want) return Status::not_found("put: the store has no namespace \"{}\"", ns);
+  if (*want != layout) {
     return Status::invalid_argument(
         "put {}: layout {} slots × {} segments × {} bytes, the namespace's is {} × {} × {} (nothing written)", ns,
-        layout.slots, layout.segments, layout.segment_bytes, want.slots, want.segments, want.segment_bytes);
+        layout.slots, layout.segments, layout.segment_bytes, want->slots, want->segments, want->segment_bytes);
   }
   auto peer = store_peer(engine);
   if (!peer) return peer.error();

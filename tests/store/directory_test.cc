@@ -235,6 +235,19 @@ TEST(StoreRouter, RoutesOverTheLiveStoresAndDropsADeadOne) {
   EXPECT_EQ((*one)[0].store.name, "store-a");
   EXPECT_EQ((*one)[0].hashes, hashes) << "every hash now goes to a, in the order asked";
   EXPECT_EQ(router.client("store-b").error().code(), StatusCode::kNotFound) << "b's client was dropped";
+
+  // a comes back under its name at another address (a restart): the router
+  // hands out a client of the new address, where it kept calling the old.
+  auto old_client = router.client("store-a");
+  ASSERT_TRUE(old_client.has_value());
+  ASSERT_TRUE((*a)->deregister().is_ok());
+  auto moved = record("store-a");
+  moved.address = "127.0.0.1:49999";
+  ASSERT_TRUE((*a)->register_store(moved, 2 * kSecond).is_ok());
+  ASSERT_TRUE(router.refresh().is_ok());
+  auto new_client = router.client("store-a");
+  ASSERT_TRUE(new_client.has_value());
+  EXPECT_NE(new_client->get(), old_client->get());
   ASSERT_TRUE((*a)->deregister().is_ok());
 }
 
@@ -290,6 +303,12 @@ TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {
   auto d = Directory::connect(Etcd::endpoint, "/t3/");
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ((*d)->register_store({"", "a", "", 0, {}}).code(), StatusCode::kInvalidArgument);
+  // Bytes a key or JSON cannot carry: "\xff" made the JSON writer throw.
+  for (const auto& [name, address] : {std::pair{"\xff", "a"}, std::pair{"s", "\xfe"}, std::pair{"a/b", "a"},
+                                      std::pair{"a b", "a"}}) {
+    const Status s = (*d)->register_store({name, address, "", 0, {}});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  }
   EXPECT_EQ((*d)->register_store(record("store-a"), kSecond / 2).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*d)->deregister().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*d)->register_store(record("store-a"), 2 * kSecond).is_ok());

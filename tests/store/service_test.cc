@@ -304,6 +304,90 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   served.client.reset();  // the engine must outlive the client's slabs
 }
 
+// Refused before the store allocates a page: a hash named twice (it failed
+// at seal, after the store had evicted good blocks to make room for each),
+// bytes a proto string cannot carry (they came back as an empty INTERNAL,
+// "unavailable", as if the store were dead), and more blocks than one call's
+// messages hold (the store allocated 300 000 pages whose answer the client
+// could not read).
+TEST(StoreService, CallsItsMessagesCannotCarryAreRefusedBeforeTheStoreAllocates) {
+  Served served;
+  auto producer = make_engine();
+  std::vector<std::byte> kv = kv_blocks(3, 400);
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  StoreClient& c = *served.client;
+  const auto before = c.stats();
+  ASSERT_TRUE(before.has_value());
+  const std::vector<std::uint64_t> twice{0xa000, 0xa001, 0xa000};
+  const Status dup = c.put(*producer, "llama", "p", twice, kLayout, mine->handle);
+  EXPECT_EQ(dup.code(), StatusCode::kInvalidArgument) << dup.to_string();
+  EXPECT_NE(dup.message().find("named twice"), std::string::npos) << dup.message();
+  const std::vector<std::uint64_t> hashes{0xa000, 0xa001, 0xa002};
+  const Status bad_producer = c.put(*producer, "llama", "\xc3\x28", hashes, kLayout, mine->handle);
+  EXPECT_EQ(bad_producer.code(), StatusCode::kInvalidArgument) << bad_producer.to_string();
+  EXPECT_NE(bad_producer.message().find("not UTF-8"), std::string::npos) << bad_producer.message();
+  std::vector<std::uint64_t> many(70'000);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = 0xb0000 + i;
+  const Status too_many = c.put(*producer, "llama", "p", many, kLayout, mine->handle);
+  EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument) << too_many.to_string();
+  EXPECT_EQ(c.allocate_blocks("llama", 70'000, "p").error().code(), StatusCode::kInvalidArgument);
+  const auto after = c.stats();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->unsealed, before->unsealed);
+  EXPECT_EQ(after->free_pages, before->free_pages);
+  EXPECT_EQ(after->evictions, before->evictions);
+
+  ASSERT_TRUE(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
+  auto requester = make_engine();
+  EXPECT_EQ(c.query("llama", hashes, "\xff\xfe").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.fetch(*requester, "llama", hashes, "\xff").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.fetch(*requester, "llama", many, "d").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.query("llama\x80", hashes, "d").error().code(), StatusCode::kInvalidArgument);
+  auto fetched = c.fetch(*requester, "llama", hashes, "d\u00e9");  // UTF-8 is fine
+  ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
+  EXPECT_EQ(fetched->found, 3u);
+  fetched = std::unexpected(Status::cancelled("dropped"));
+  served.client.reset();
+}
+
+// A store restarted on the same RPC address comes back with its engine on
+// another port: the client asks it again, where every put and fetch failed
+// for good against the engine address its first hello() gave.
+TEST(StoreService, AClientFollowsAStoreRestartedOnItsAddressWithANewEngine) {
+  auto producer = make_engine();
+  std::vector<std::byte> kv = kv_blocks(2, 500);
+  auto mine = producer->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(mine.has_value());
+  const std::vector<std::uint64_t> hashes{0xc000, 0xc001};
+  std::string address;
+  std::string first_engine;
+  std::unique_ptr<StoreClient> client;
+  {
+    Served first;
+    address = first.server->address();
+    first_engine = first.engine->address();
+    client = std::move(first.client);
+    ASSERT_TRUE(client->put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());  // it said hello
+  }
+  // The same RPC address, a new engine (and so a new engine port).
+  auto engine = make_engine();
+  auto store = std::move(*BlockStore::create(*engine));
+  ASSERT_TRUE(store->add_namespace({"llama", kLayout, 32, {0}}).is_ok());
+  auto server = StoreServer::start(*store, *engine, ServerConfig{.listen = address});
+  ASSERT_TRUE(server.has_value()) << server.error().to_string();
+  ASSERT_NE(engine->address(), first_engine);
+  const Status again = client->put(*producer, "llama", "p", hashes, kLayout, mine->handle);
+  ASSERT_TRUE(again.is_ok()) << again.to_string();
+  auto requester = make_engine();
+  auto fetched = client->fetch(*requester, "llama", hashes, "d");
+  ASSERT_TRUE(fetched.has_value()) << fetched.error().to_string();
+  ASSERT_EQ(fetched->found, 2u);
+  expect_blocks(*fetched, 2, 500);
+  fetched = std::unexpected(Status::cancelled("dropped"));
+  client.reset();
+}
+
 // Fetches cut short by their own timeout (over TCP, 20 us: most end while
 // their reads are on the wire). The cancel was waited for with the same
 // 20 us, so reads still cancelling could not be released: their batches

@@ -50,7 +50,11 @@ class StoreRouter {
   bool following_ = false;
   mutable std::mutex mutex_;
   std::vector<StoreRecord> stores_;
-  std::map<std::string, std::shared_ptr<StoreClient>> clients_;
+  struct Connected {
+    std::string address;  // the RPC address the client was made for
+    std::shared_ptr<StoreClient> client;
+  };
+  std::map<std::string, Connected> clients_;
 };
 
 }  // namespace baton::store
