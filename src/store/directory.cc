@@ -183,21 +183,68 @@ struct Directory::State {
     return answer;
   }
 
-  // A lease of `ttl_s` and `value` put under `key` with it: the lease id.
-  Result<std::string> grant_and_put(std::int64_t ttl_s, const std::string& key, const std::string& value) const {
+  // The gateway writes int64 fields as strings; a number is taken too.
+  static std::string int64_field(const json& object, const char* name) {
+    const json v = object.value(name, json());
+    return v.is_string() ? v.get<std::string>() : v.is_number_integer() ? v.dump() : std::string();
+  }
+
+  // A lease of `ttl_s` and `value` put under `key` with it, unless another
+  // record holds the key: the lease id, or already_exists naming the
+  // holder. A second store started under a live one's name overwrote its
+  // record, and the first, renewing a lease that held no key any more,
+  // was out of the directory for good. The same record (this store's own,
+  // from before a restart on the same addresses) is taken over. Another
+  // one is waited for until `wait_ns` passed: a predecessor that died
+  // leaves at its lease's expiry, a live store renews it.
+  Result<std::string> grant_and_put(std::int64_t ttl_s, const std::string& key, const std::string& value,
+                                    TimeNs wait_ns = 0) const {
     auto grant = post("/v3/lease/grant", {{"TTL", ttl_s}});
     if (!grant) return std::unexpected(grant.error());
-    // The gateway writes int64 fields as strings; a number is taken too.
-    const json id = grant->value("ID", json());
-    std::string lease = id.is_string()           ? id.get<std::string>()
-                        : id.is_number_integer() ? id.dump()
-                                                 : std::string();
+    const std::string lease = int64_field(*grant, "ID");
     if (lease.empty()) {
       return std::unexpected(Status::unavailable("etcd: a lease grant without an ID: {}", shown(grant->dump(), 200)));
     }
-    auto put = post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(value)}, {"lease", lease}});
-    if (!put) return std::unexpected(put.error());
-    return lease;
+    const json put = {{"key", base64(key)}, {"value", base64(value)}, {"lease", lease}};
+    const json create_only = {
+        {"compare", json::array({{{"key", base64(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
+                                  {"create_revision", "0"}}})},
+        {"success", json::array({{{"request_put", put}}})},
+        {"failure", json::array({{{"request_range", {{"key", base64(key)}}}}})}};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns);
+    for (;;) {
+      auto txn = post("/v3/kv/txn", create_only);
+      if (!txn) return revoked(lease, txn.error());
+      // Fields of another type are read as absent (value() with a default
+      // of another type throws).
+      if (const json ok = txn->value("succeeded", json()); ok.is_boolean() && ok.get<bool>()) return lease;
+      // Who holds it: the range the failure branch read.
+      std::string holder;
+      const json responses = txn->value("responses", json());
+      if (responses.is_array() && !responses.empty() && responses[0].is_object()) {
+        const json range = responses[0].value("response_range", json());
+        const json kvs = range.is_object() ? range.value("kvs", json()) : json();
+        const json held = kvs.is_array() && !kvs.empty() && kvs[0].is_object() ? kvs[0].value("value", json()) : json();
+        if (held.is_string()) holder = unbase64(held.get<std::string>()).value_or("");
+      }
+      if (holder == value) {
+        auto again = post("/v3/kv/put", put);
+        if (!again) return revoked(lease, again.error());
+        return lease;
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        return revoked(lease, Status::already_exists("etcd: {} is held by another store's record ({}); a live store "
+                                                     "renews it, a dead one leaves when its lease expires",
+                                                     key, shown(holder, 200)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+
+  // `why`, once the lease granted for a put that did not happen is revoked.
+  std::unexpected<Status> revoked(const std::string& lease, Status why) const {
+    (void)post("/v3/lease/revoke", {{"ID", lease}});
+    return std::unexpected(std::move(why));
   }
 
   void stop_keepalive() {
@@ -253,7 +300,9 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
   const std::int64_t ttl_s = ttl_ns / 1'000'000'000;
   const std::string key = state_->prefix + record.name;
   const std::string value = to_json(record).dump();
-  auto lease = state_->grant_and_put(ttl_s, key, value);
+  // A predecessor under this name that died leaves within its lease (which
+  // was ours to choose too): waited for that long, and a second more.
+  auto lease = state_->grant_and_put(ttl_s, key, value, ttl_ns + 1'000'000'000);
   if (!lease) return lease.error();
   std::lock_guard lock(state_->mutex);
   state_->lease = *lease;

@@ -172,6 +172,49 @@ TEST(Directory, AStoreWhoseLeaseExpiredWhileItStoodStillIsPutBackUnderANewLease)
   EXPECT_TRUE((*reader)->stores()->empty()) << "deregister revokes the new lease";
 }
 
+// A name held by another live store is refused once the registering one
+// waited a lease for it: a second store started under a live one's name
+// overwrote its record, and the first, renewing a lease that held no key,
+// was out of the directory for good. A store restarted on the same
+// addresses takes its own record over at once; a dead one's is waited for.
+TEST(Directory, ANameHeldByAnotherLiveStoreIsRefusedAndItsRecordStays) {
+  auto first = Directory::connect(Etcd::endpoint, "/t6/");
+  auto second = Directory::connect(Etcd::endpoint, "/t6/");
+  auto reader = Directory::connect(Etcd::endpoint, "/t6/");
+  ASSERT_TRUE(first && second && reader);
+  ASSERT_TRUE((*first)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  auto impostor = record("store-a");
+  impostor.address = "127.0.0.1:49998";
+  const auto asked = std::chrono::steady_clock::now();
+  const Status refused = (*second)->register_store(impostor, kSecond);
+  EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists) << refused.to_string();
+  EXPECT_NE(refused.message().find("127.0.0.1:5000a"), std::string::npos) << refused.message();
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, std::chrono::seconds(2)) << "it waited its lease and a second";
+  auto listed = (*reader)->stores();
+  ASSERT_TRUE(listed.has_value());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0], record("store-a")) << "the live store's record stays";
+
+  // Its own record, from before a restart on the same addresses: taken over.
+  (*first)->abandon();
+  auto restarted = Directory::connect(Etcd::endpoint, "/t6/");
+  ASSERT_TRUE(restarted.has_value());
+  const auto again = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*restarted)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(1));
+  // A dead store's other record is waited for: the impostor gets the name
+  // once the restarted one stopped renewing and its lease ran out.
+  (*restarted)->abandon();
+  auto late = Directory::connect(Etcd::endpoint, "/t6/");
+  ASSERT_TRUE(late.has_value());
+  ASSERT_TRUE((*late)->register_store(impostor, 3 * kSecond).is_ok());
+  listed = (*reader)->stores();
+  ASSERT_TRUE(listed.has_value());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].address, "127.0.0.1:49998");
+  ASSERT_TRUE((*late)->deregister().is_ok());
+}
+
 TEST(Directory, RendezvousPlacementMovesOnlyTheBlocksOfAStoreThatLeft) {
   const std::vector<StoreRecord> three{record("store-a"), record("store-b"), record("store-c")};
   const std::vector<StoreRecord> two{record("store-a"), record("store-c")};
@@ -326,7 +369,8 @@ TEST(Directory, BadInputAndAnAbsentEtcdGetAClearStatus) {
 class FakeGateway {
  public:
   FakeGateway() {
-    for (const char* path : {"/v3/kv/range", "/v3/lease/grant", "/v3/kv/put", "/v3/lease/revoke", "/v3/watch"}) {
+    for (const char* path : {"/v3/kv/range", "/v3/lease/grant", "/v3/kv/put", "/v3/kv/txn", "/v3/lease/revoke",
+                             "/v3/watch"}) {
       server_.Post(path, [this, path](const httplib::Request&, httplib::Response& response) {
         std::lock_guard lock(mutex_);
         response.set_content(answers_.contains(path) ? answers_[path] : "{}", "application/json");
@@ -371,6 +415,11 @@ TEST(Directory, AnswersOfOtherJsonTypesGetAStatusNotATerminate) {
   etcd.answer("/v3/lease/grant", R"({"ID":[1]})");
   EXPECT_EQ((*d)->register_store(record("store-a"), 2 * kSecond).code(), StatusCode::kUnavailable);
   etcd.answer("/v3/lease/grant", R"({"ID":123456})");  // a number, not the gateway's string: taken
+  // A put-if-absent answered with fields of other types: the name reads as
+  // held (by nothing known), refused once the wait is over.
+  etcd.answer("/v3/kv/txn", R"({"succeeded":"yes","responses":[{"response_range":{"kvs":[{"value":5}]}}]})");
+  EXPECT_EQ((*d)->register_store(record("store-a"), kSecond).code(), StatusCode::kAlreadyExists);
+  etcd.answer("/v3/kv/txn", R"({"succeeded":true})");
   ASSERT_TRUE((*d)->register_store(record("store-a"), 2 * kSecond).is_ok());
   ASSERT_TRUE((*d)->deregister().is_ok());
   EXPECT_EQ((*d)->register_store(record("store-a"), INT64_MAX).code(), StatusCode::kInvalidArgument)

@@ -117,6 +117,9 @@ TEST(StoreCommand, AFailedDeregistrationIsSaidAndExitsOne) {
     r.set_content(R"({"ID":"7","TTL":"30"})", "application/json");
   });
   etcd.Post("/v3/kv/put", [](const httplib::Request&, httplib::Response& r) { r.set_content("{}", "application/json"); });
+  etcd.Post("/v3/kv/txn", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(R"({"succeeded":true})", "application/json");
+  });
   etcd.Post("/v3/lease/keepalive", [](const httplib::Request&, httplib::Response& r) {
     r.set_content(R"({"result":{"ID":"7","TTL":"30"}})", "application/json");
   });
