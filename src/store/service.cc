@@ -488,6 +488,26 @@ Result<engine::Peer> StoreClient::store_peer(engine::Engine& engine) {
 Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std::string& producer,
                         std::span<const std::uint64_t> hashes, const BlockLayout& layout, engine::RegionHandle local,
                         std::uint64_t local_offset, TimeNs timeout_ns) {
+  const std::uint64_t block_bytes = layout.block_bytes();
+  return put_blocks(engine, ns, producer, hashes, layout, local,
+                    [&](std::size_t b) { return local_offset + b * block_bytes; }, timeout_ns);
+}
+
+Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                        std::span<const std::uint64_t> hashes, const BlockLayout& layout, engine::RegionHandle local,
+                        std::span<const std::uint64_t> local_offsets, TimeNs timeout_ns) {
+  if (local_offsets.size() != hashes.size()) {
+    return Status::invalid_argument("put: {} local offsets for {} hashes (expected one per hash)",
+                                    local_offsets.size(), hashes.size());
+  }
+  return put_blocks(engine, ns, producer, hashes, layout, local, [&](std::size_t b) { return local_offsets[b]; },
+                    timeout_ns);
+}
+
+Status StoreClient::put_blocks(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                               std::span<const std::uint64_t> hashes, const BlockLayout& layout,
+                               engine::RegionHandle local, const std::function<std::uint64_t(std::size_t)>& offset_of,
+                               TimeNs timeout_ns) {
   if (hashes.empty() || hashes.size() > std::numeric_limits<std::uint32_t>::max() || timeout_ns <= 0) {
     return Status::invalid_argument("put: {} blocks, timeout {} ns (expected at least one block and a timeout above 0)",
                                     hashes.size(), timeout_ns);
@@ -541,7 +561,7 @@ Status StoreClient::put(engine::Engine& engine, const std::string& ns, const std
   for (std::size_t b = 0; b < pages->size(); ++b) {
     const BlockPage& page = (*pages)[b];
     writes.requests.push_back({.op = engine::Op::kWrite, .local_region = local,
-                               .local_offset = local_offset + b * block_bytes, .peer = peer->address,
+                               .local_offset = offset_of(b), .peer = peer->address,
                                .remote_region = page.region, .remote_offset = page.offset, .length = block_bytes,
                                .timeout_ns = timeout_ns});
     ids.push_back(page.page);

@@ -4,6 +4,7 @@
 // moves only a dead store's blocks, and bad input.
 #include "baton/store/directory.h"
 #include "baton/store/router.h"
+#include "baton/store/service.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "baton/engine/pattern.h"
 #include "common/free_port.h"
 
 namespace baton::store {
@@ -292,6 +294,115 @@ TEST(StoreRouter, RoutesOverTheLiveStoresAndDropsADeadOne) {
   ASSERT_TRUE(new_client.has_value());
   EXPECT_NE(new_client->get(), old_client->get());
   ASSERT_TRUE((*a)->deregister().is_ok());
+}
+
+// A store in this process, in the directory under `name`.
+struct LiveStore {
+  static constexpr BlockLayout kLayout{.slots = 4, .segments = 2, .segment_bytes = 2048};
+  std::unique_ptr<engine::Engine> engine = std::move(*engine::Engine::create({}));
+  std::unique_ptr<BlockStore> store = std::move(*BlockStore::create(*engine));
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<Directory> directory = std::move(*Directory::connect(Etcd::endpoint, "/t7/"));
+
+  explicit LiveStore(const std::string& name) {
+    EXPECT_TRUE(store->add_namespace({"llama", kLayout, 256, {0}}).is_ok());
+    server = std::move(*StoreServer::start(*store, *engine));
+    EXPECT_TRUE(directory->register_store({name, server->address(), engine->address(), 1 << 20, {0}}, 2 * kSecond)
+                    .is_ok());
+  }
+};
+
+// One put and one fetch over every live store: each store's share in
+// parallel, block i of the caller's list at block i of its buffer, the
+// found prefix across the stores; a store that fails ends the prefix at
+// its first block and says why in its share.
+TEST(StoreRouter, PutsAndFetchesAListAcrossTheStoresByteExact) {
+  constexpr BlockLayout kLayout = LiveStore::kLayout;
+  std::vector<std::unique_ptr<LiveStore>> stores;
+  for (const char* name : {"s1", "s2", "s3"}) stores.push_back(std::make_unique<LiveStore>(name));
+  auto reader = Directory::connect(Etcd::endpoint, "/t7/");
+  ASSERT_TRUE(reader.has_value());
+  auto router = StoreRouter::create(**reader);
+  ASSERT_TRUE(router.has_value()) << router.error().to_string();
+  ASSERT_EQ((*router)->stores().size(), 3u);
+
+  auto mine = engine::Engine::create({});
+  ASSERT_TRUE(mine.has_value());
+  constexpr std::uint32_t kBlocks = 240;
+  std::vector<std::byte> kv(kBlocks * kLayout.block_bytes());
+  std::vector<std::uint64_t> hashes;
+  for (std::uint32_t b = 0; b < kBlocks; ++b) {
+    hashes.push_back(0x5eed0000 + b * 7919);
+    engine::fill_pattern(std::span(kv).subspan(b * kLayout.block_bytes(), kLayout.block_bytes()), 900 + b);
+  }
+  auto local = (*mine)->register_memory(kv.data(), kv.size());
+  ASSERT_TRUE(local.has_value());
+  auto routes = (*router)->route(hashes);
+  ASSERT_TRUE(routes.has_value());
+  ASSERT_EQ(routes->size(), 3u) << "spread over every store";
+  for (const Route& r : *routes) {
+    for (std::size_t i = 0; i < r.hashes.size(); ++i) EXPECT_EQ(hashes[r.positions[i]], r.hashes[i]);
+  }
+  const Status put = (*router)->put(**mine, "llama", "p", hashes, kLayout, local->handle);
+  ASSERT_TRUE(put.is_ok()) << put.to_string();
+
+  auto check = [&](const RoutedBlocks& got, std::uint32_t count) {
+    for (std::uint32_t b = 0; b < count; ++b) {
+      for (std::uint32_t s = 0; s < kLayout.slots; ++s) {
+        for (std::uint32_t g = 0; g < kLayout.segments; ++g) {
+          const std::uint64_t at = (std::uint64_t{s} * kLayout.segments + g) * kLayout.segment_bytes;
+          const std::span<const std::byte> view(got.view(b, s, g), kLayout.segment_bytes);
+          ASSERT_FALSE(engine::pattern_mismatch(view, 900 + b, at).has_value()) << b << " " << s << " " << g;
+        }
+      }
+    }
+  };
+  auto requester = engine::Engine::create({});
+  ASSERT_TRUE(requester.has_value());
+  {
+    auto got = (*router)->fetch(**requester, "llama", hashes, "d");
+    ASSERT_TRUE(got.has_value()) << got.error().to_string();
+    EXPECT_EQ(got->found, kBlocks);
+    for (const auto& share : got->shares) EXPECT_TRUE(share.status.is_ok()) << share.status.to_string();
+    check(*got, kBlocks);
+  }
+  // A list with a block no store holds ends the prefix there.
+  std::vector<std::uint64_t> gap = hashes;
+  gap[100] = 0xdead;
+  {
+    auto got = (*router)->fetch(**requester, "llama", gap, "d");
+    ASSERT_TRUE(got.has_value()) << got.error().to_string();
+    EXPECT_EQ(got->found, 100u);
+    check(*got, 100);
+  }
+  // A store gone (its server down, still listed): its share fails, the
+  // prefix ends at its first block, the others' shares are whole.
+  const std::string gone = (*routes)[1].store.name;
+  const std::uint32_t first_gone = (*routes)[1].positions.front();
+  for (auto& s : stores) {
+    if (s->server->address() == (*routes)[1].store.address) s->server.reset();
+  }
+  {
+    auto got = (*router)->fetch(**requester, "llama", hashes, "d");
+    ASSERT_TRUE(got.has_value()) << got.error().to_string();
+    EXPECT_EQ(got->found, first_gone);
+    check(*got, first_gone);
+    for (const auto& share : got->shares) {
+      if (share.store.name == gone) {
+        EXPECT_EQ(share.status.code(), StatusCode::kUnavailable) << share.status.to_string();
+        EXPECT_NE(share.status.message().find(gone), std::string::npos) << share.status.message();
+      } else {
+        EXPECT_TRUE(share.status.is_ok()) << share.status.to_string();
+        EXPECT_EQ(share.blocks.found, share.positions.size());
+      }
+    }
+  }
+  const Status refused = (*router)->put(**mine, "llama", "p", hashes, kLayout, local->handle);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.to_string();
+  EXPECT_NE(refused.message().find("store " + gone), std::string::npos) << refused.message();
+  EXPECT_EQ((*router)->fetch(**requester, "llama", {}, "d").error().code(), StatusCode::kInvalidArgument);
+  router->reset();  // its clients' slabs are registered with `requester`, which goes after
+  for (auto& s : stores) ASSERT_TRUE(s->directory->deregister().is_ok());
 }
 
 // Membership pushed by etcd: the router follows stores that come and go

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -105,6 +106,12 @@ class StoreClient {
                            std::span<const std::uint64_t> hashes, const BlockLayout& layout,
                            engine::RegionHandle local, std::uint64_t local_offset = 0,
                            TimeNs timeout_ns = 60'000'000'000);
+  // The same, block i read from local_offsets[i] of `local` (one per hash):
+  // blocks that lie apart, as a router's share of a caller's list does.
+  [[nodiscard]] Status put(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                           std::span<const std::uint64_t> hashes, const BlockLayout& layout,
+                           engine::RegionHandle local, std::span<const std::uint64_t> local_offsets,
+                           TimeNs timeout_ns = 60'000'000'000);
 
   // The requester path in one call: query the hashes, materialize the plan
   // (ops split and striped over this host's NICs), read them with `engine`
@@ -123,6 +130,10 @@ class StoreClient {
   explicit StoreClient(std::unique_ptr<State> state);
   // The store's engine, connected with `engine` (hello() first, once).
   [[nodiscard]] Result<engine::Peer> store_peer(engine::Engine& engine);
+  [[nodiscard]] Status put_blocks(engine::Engine& engine, const std::string& ns, const std::string& producer,
+                                  std::span<const std::uint64_t> hashes, const BlockLayout& layout,
+                                  engine::RegionHandle local, const std::function<std::uint64_t(std::size_t)>& offset_of,
+                                  TimeNs timeout_ns);
   std::unique_ptr<State> state_;
 };
 
