@@ -211,7 +211,10 @@ struct Orchestrator::State {
     --by_state[from];
     ++by_state[s];
     e.t.state = s;
-    if (config.metrics != nullptr && (s == TicketState::kCompleted || ended_for_caller(s))) {
+    // Once per ticket: one cancelled during the receive that saw it complete
+    // was counted completed, then cancelled too.
+    if (config.metrics != nullptr && (s == TicketState::kCompleted || ended_for_caller(s)) &&
+        from != TicketState::kCompleted) {
       config.metrics->add("baton_handoff_tickets_ended_total", {{"state", std::string(to_string(s))}});
     }
     publish(e.t.consumer, {from, s});

@@ -270,7 +270,8 @@ Result<std::unique_ptr<Directory>> Directory::connect(const std::string& endpoin
   }
   auto state = std::make_unique<State>();
   state->endpoint = endpoint;
-  state->prefix = prefix;
+  // A folder of records: "/baton/stores" listed "/baton/storesx/…" too.
+  state->prefix = prefix.ends_with('/') ? prefix : prefix + "/";
   return std::unique_ptr<Directory>(new Directory(std::move(state)));
 }
 

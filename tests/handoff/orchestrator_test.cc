@@ -1258,7 +1258,8 @@ struct ReceiveInFlight {
 
 TEST(HandoffCancelDuringReceive, WhenTheLoadCompletesReceiveAnswersCancelledAndThePagesGoBack) {
   Fakes f(tiny());
-  Orchestrator o;
+  engine::MetricsRegistry metrics;
+  Orchestrator o(HandoffConfig{.metrics = &metrics});
   ASSERT_TRUE(f.add_to(o).is_ok());
   const TicketId id = generated_ticket(o, "r");
   ASSERT_TRUE(o.start(id).is_ok());
@@ -1284,6 +1285,10 @@ TEST(HandoffCancelDuringReceive, WhenTheLoadCompletesReceiveAnswersCancelledAndT
   EXPECT_EQ(o.tickets_in(TicketState::kReleased), 1u);
   EXPECT_EQ(o.tickets_in(TicketState::kCancelled), 0u);
   EXPECT_EQ(o.tickets_in(TicketState::kCompleted), 0u);
+  // One ticket, counted once: as it ended for the loads, completed (it was
+  // counted cancelled as well).
+  EXPECT_EQ(metrics.counter("baton_handoff_tickets_ended_total", {{"state", "completed"}}), 1u);
+  EXPECT_EQ(metrics.counter("baton_handoff_tickets_ended_total", {{"state", "cancelled"}}), 0u);
 }
 
 TEST(HandoffCancelDuringReceive, WhenTheReceiveTimesOutTheTicketStaysTimedOut) {

@@ -217,6 +217,21 @@ TEST(Directory, ANameHeldByAnotherLiveStoreIsRefusedAndItsRecordStays) {
   ASSERT_TRUE((*late)->deregister().is_ok());
 }
 
+// A prefix is a folder: "/t8" lists what is under "/t8/", not "/t8x/".
+TEST(Directory, APrefixWithoutItsSlashListsOnlyItsOwnRecords) {
+  auto mine = Directory::connect(Etcd::endpoint, "/t8");
+  auto sibling = Directory::connect(Etcd::endpoint, "/t8x/");
+  ASSERT_TRUE(mine && sibling);
+  ASSERT_TRUE((*mine)->register_store(record("store-a"), 2 * kSecond).is_ok());
+  ASSERT_TRUE((*sibling)->register_store(record("store-b"), 2 * kSecond).is_ok());
+  auto listed = (*mine)->stores();
+  ASSERT_TRUE(listed.has_value()) << listed.error().to_string();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].name, "store-a");
+  ASSERT_TRUE((*mine)->deregister().is_ok());
+  ASSERT_TRUE((*sibling)->deregister().is_ok());
+}
+
 TEST(Directory, RendezvousPlacementMovesOnlyTheBlocksOfAStoreThatLeft) {
   const std::vector<StoreRecord> three{record("store-a"), record("store-b"), record("store-c")};
   const std::vector<StoreRecord> two{record("store-a"), record("store-c")};

@@ -31,7 +31,9 @@ struct StoreRecord {
 class Directory {
  public:
   // `endpoint` is etcd's client URL host:port ("127.0.0.1:2379"); records
-  // live under `prefix`. invalid_argument for an empty endpoint or prefix.
+  // live under `prefix` (a '/' is added where it does not end in one, so
+  // "/baton/stores" does not list "/baton/storesx/…"). invalid_argument for
+  // an empty endpoint or prefix.
   // Nothing is contacted until a call.
   [[nodiscard]] static Result<std::unique_ptr<Directory>> connect(const std::string& endpoint,
                                                                   const std::string& prefix = "/baton/stores/");
