@@ -239,6 +239,7 @@ Result<TopologyFacts> probe_machine() {
     // nvidia-smi already lists the NICs; hwloc adds the full NUMA picture.
     merged = std::move(*gpus);
     merged.numa_nodes = host->numa_nodes;
+    merged.numa_nodes_complete = host->numa_nodes_complete;  // hwloc's list is the machine's
     merged.source += "+" + host->source;
   } else {
     merged = merge_driver_into_host(*gpus, std::move(*host));
