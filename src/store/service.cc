@@ -328,6 +328,9 @@ struct SlabCache {
   }
 };
 
+// The end of the fetch() this thread is in, if any (see State::deadline).
+thread_local std::optional<std::chrono::steady_clock::time_point> t_fetch_until;
+
 struct StoreClient::State {
   std::unique_ptr<wire::Store::Stub> stub;
   std::shared_ptr<SlabCache> slabs = std::make_shared<SlabCache>();
@@ -338,8 +341,16 @@ struct StoreClient::State {
   std::string engine_address;  // the store's
   std::map<std::string, BlockLayout> layouts;  // its namespaces'
 
-  void deadline(grpc::ClientContext& context) const {
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs)));
+  // A call's deadline: the client's call timeout, cut to what is left of
+  // the fetch this thread is in (a fetch of 2 s against a stopped store
+  // took the 10 s call timeout). A lock's release is never cut short.
+  void deadline(grpc::ClientContext& context, bool within_fetch = true) const {
+    TimeNs bound = std::min(timeout_ns, kForeverNs);
+    if (within_fetch && t_fetch_until.has_value()) {
+      const auto left = *t_fetch_until - std::chrono::steady_clock::now();
+      bound = std::clamp<TimeNs>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count(), 1, bound);
+    }
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::nanoseconds(bound));
   }
 };
 
@@ -438,7 +449,7 @@ Result<StoreStats> StoreClient::stats() {
 
 Status StoreClient::release(std::uint64_t session) {
   grpc::ClientContext context;
-  state_->deadline(context);
+  state_->deadline(context, /*within_fetch=*/false);
   wire::ReleaseTransferLockRequest request;
   request.set_session(session);
   wire::ReleaseTransferLockReply reply;
@@ -592,6 +603,13 @@ Result<FetchedBlocks> StoreClient::fetch(engine::Engine& engine, const std::stri
                                                     options.timeout_ns, options.deadline_ns));
   }
   const TimeNs deadline = options.deadline_ns > 0 ? engine.now_ns() + options.deadline_ns : 0;
+  // The RPCs below end within the fetch's timeout too (State::deadline).
+  struct Bound {
+    explicit Bound(TimeNs timeout_ns) {
+      t_fetch_until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs));
+    }
+    ~Bound() { t_fetch_until.reset(); }
+  } bound{options.timeout_ns};
   auto peer = store_peer(engine);
   if (!peer) return std::unexpected(peer.error());
   auto answer = query(ns, hashes, requester);

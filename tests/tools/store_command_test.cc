@@ -3,8 +3,10 @@
 // stops cleanly on SIGTERM, and bad flags exit 2 with one line.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "baton/engine/engine.h"
@@ -62,6 +64,33 @@ TEST(StoreCommand, ServesItsNamespacesAndBlocksAcrossProcesses) {
   ASSERT_TRUE(run(engine::Op::kRead, in->handle, (*pages)[0].region, (*pages)[0].offset).is_ok());
   EXPECT_FALSE(engine::pattern_mismatch(back, 7).has_value());
   EXPECT_TRUE((*client)->release(answer->session).is_ok());
+  (*e)->shutdown();
+  EXPECT_TRUE(child->stop().is_ok());
+}
+
+// A fetch ends within its own timeout against a store that stopped (SIGSTOP):
+// its RPCs took the client's whole call timeout (10 s for a fetch of 2 s).
+TEST(StoreCommand, AFetchFromAStoppedStoreEndsWithinItsOwnTimeout) {
+  auto child = baton::cli::ServeChild::start({"--namespace", "llama:4x2x1024:8"}, BATON_BINARY, "", "store");
+  ASSERT_TRUE(child.has_value()) << child.error().to_string();
+  constexpr baton::TimeNs kCallTimeout = 20'000'000'000;
+  auto client = store::StoreClient::connect(child->address(), kCallTimeout);
+  ASSERT_TRUE(client.has_value());
+  auto e = engine::Engine::create({});
+  ASSERT_TRUE(e.has_value());
+  const std::vector<std::uint64_t> hash{0x77};
+  ASSERT_TRUE((*client)->fetch(**e, "llama", hash, "d").has_value());  // connected, nothing found
+  ASSERT_EQ(::kill(child->pid(), SIGSTOP), 0);
+  const auto asked = std::chrono::steady_clock::now();
+  store::FetchOptions short_one;
+  short_one.timeout_ns = 300'000'000;
+  auto cut = (*client)->fetch(**e, "llama", hash, "d", short_one);
+  const auto took = std::chrono::steady_clock::now() - asked;
+  ::kill(child->pid(), SIGCONT);
+  ASSERT_FALSE(cut.has_value());
+  EXPECT_EQ(cut.error().code(), StatusCode::kTimeout) << cut.error().to_string();
+  EXPECT_LT(took, std::chrono::nanoseconds(kCallTimeout / 4)) << "it waited for the client's call timeout";
+  (*client).reset();
   (*e)->shutdown();
   EXPECT_TRUE(child->stop().is_ok());
 }
