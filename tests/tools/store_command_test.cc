@@ -68,8 +68,9 @@ TEST(StoreCommand, ServesItsNamespacesAndBlocksAcrossProcesses) {
   EXPECT_TRUE(child->stop().is_ok());
 }
 
-// A fetch ends within its own timeout against a store that stopped (SIGSTOP):
-// its RPCs took the client's whole call timeout (10 s for a fetch of 2 s).
+// A fetch ends within its own timeout (its RPCs within at least 1 s)
+// against a store that stopped (SIGSTOP): its RPCs took the client's whole
+// call timeout (10 s for a fetch of 2 s).
 TEST(StoreCommand, AFetchFromAStoppedStoreEndsWithinItsOwnTimeout) {
   auto child = baton::cli::ServeChild::start({"--namespace", "llama:4x2x1024:8"}, BATON_BINARY, "", "store");
   ASSERT_TRUE(child.has_value()) << child.error().to_string();

@@ -69,8 +69,8 @@ struct RemoteRange {
 struct FetchOptions {
   plan::MaterializeOptions materialize;  // op split and NIC striping
   // The reads' (Request::timeout_ns) and the wait's, and it cuts short the
-  // RPCs fetch() makes (the client's call timeout otherwise; not the
-  // engine's handshake with the store, bounded by its own 5 s).
+  // RPCs fetch() makes to at least 1 s (the client's call timeout otherwise;
+  // not the engine's handshake with the store, bounded by its own 5 s).
   TimeNs timeout_ns = 60'000'000'000;
   // Relative to the call; the reads' Request::deadline_ns (admission and
   // the scheduler act on it). 0: none.
