@@ -26,6 +26,7 @@
 
 #include "baton/common/file_path.h"
 #include "baton/common/units.h"
+#include "baton/common/utf8.h"
 
 namespace baton::sched {
 namespace {
@@ -724,22 +725,9 @@ std::optional<NonText> find_non_text(std::string_view text) {
       ++i;
       continue;
     }
-    // A lead byte and its continuation bytes; overlong forms and surrogates refused.
-    const int extra = u >= 0xf0 && u <= 0xf4 ? 3 : u >= 0xe0 ? 2 : u >= 0xc2 && u <= 0xdf ? 1 : -1;
-    bool ok = extra > 0 && i + static_cast<std::size_t>(extra) < text.size();
-    if (ok) {
-      for (int k = 1; k <= extra; ++k) ok = ok && (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
-    }
-    if (ok && extra == 2) {
-      const auto b1 = static_cast<unsigned char>(text[i + 1]);
-      ok = !(u == 0xe0 && b1 < 0xa0) && !(u == 0xed && b1 >= 0xa0);
-    }
-    if (ok && extra == 3) {
-      const auto b1 = static_cast<unsigned char>(text[i + 1]);
-      ok = !(u == 0xf0 && b1 < 0x90) && !(u == 0xf4 && b1 >= 0x90);
-    }
-    if (!ok) return NonText{line, fmt::format("byte {:#04x} is not UTF-8", u)};
-    i += static_cast<std::size_t>(extra) + 1;
+    const std::size_t n = utf8_sequence_length(text, i);
+    if (n == 0) return NonText{line, fmt::format("byte {:#04x} is not UTF-8", u)};
+    i += n;
   }
   return std::nullopt;
 }

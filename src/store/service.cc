@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "baton/common/log.h"
+#include "baton/common/utf8.h"
 #include "baton/common/socket_address.h"
 #include "baton/plan/wire.h"
 #include "baton/store.grpc.pb.h"  // generated (proto/baton/store.proto)
@@ -104,18 +105,10 @@ constexpr std::size_t kMaxBlocksPerCall = std::size_t{1} << 16;
 // protobuf's serializer as an empty INTERNAL error, reported as a dead
 // store (unavailable), which a caller would fail over from.
 Status check_text(const char* call, const char* what, std::string_view text) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    if (!ok) {
-      return Status::invalid_argument("{}: the {} is not UTF-8 (byte {:#04x} at {})", call, what, c, i);
-    }
-    i += n;
-  }
-  return Status::ok();
+  const auto bad = first_non_utf8(text);
+  if (!bad) return Status::ok();
+  return Status::invalid_argument("{}: the {} is not UTF-8 (byte {:#04x} at {})", call, what,
+                                  static_cast<unsigned char>(text[*bad]), *bad);
 }
 
 Status check_count(const char* call, std::size_t blocks) {
