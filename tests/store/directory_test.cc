@@ -417,6 +417,7 @@ TEST(StoreRouter, PutsAndFetchesAListAcrossTheStoresByteExact) {
   EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.to_string();
   EXPECT_NE(refused.message().find("store " + gone), std::string::npos) << refused.message();
   EXPECT_EQ((*router)->fetch(**requester, "llama", {}, "d").error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*router)->put(**mine, "llama", "p", {}, kLayout, local->handle).code(), StatusCode::kInvalidArgument);
   router->reset();  // its clients' slabs are registered with `requester`, which goes after
   for (auto& s : stores) ASSERT_TRUE(s->directory->deregister().is_ok());
 }

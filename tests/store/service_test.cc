@@ -277,6 +277,14 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
             StatusCode::kOutOfRange)
       << "three blocks from the second one run past the buffer";
   EXPECT_EQ(c.put(*producer, "llama", "p", hashes, other, mine->handle).code(), StatusCode::kInvalidArgument);
+  // One offset per hash, or nothing is written.
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle, std::vector<std::uint64_t>{0, 0}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle,
+                  std::vector<std::uint64_t>{0, kLayout.block_bytes(), 3 * kLayout.block_bytes()})
+                .code(),
+            StatusCode::kOutOfRange)
+      << "the third block's offset is past the buffer";
   EXPECT_EQ(c.query("llama", hashes, "d")->found, 0u) << "nothing refused was sealed";
 
   ASSERT_TRUE(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
