@@ -11,6 +11,7 @@ docs/python.md has the walkthrough. Everything here is the compiled
 """
 import asyncio
 import atexit
+import functools
 import os
 import weakref
 
@@ -153,6 +154,7 @@ _live = weakref.WeakSet()  # every engine not yet closed, for the exit
 _engine_init = Engine.__init__
 
 
+@functools.wraps(_engine_init)  # help(baton.Engine) shows the keywords
 def _init(self, *args, **kwargs):
     _engine_init(self, *args, **kwargs)
     _live.add(self)

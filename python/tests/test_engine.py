@@ -1253,3 +1253,9 @@ def test_an_await_given_up_lets_a_dropped_engine_close(holder):
     with baton.Engine() as probe:
         with pytest.raises(baton.Unavailable):
             probe.connect(address)
+
+
+def test_help_shows_the_engines_keywords_and_defaults():
+    doc = baton.Engine.__init__.__doc__ or ""
+    for keyword in ("listen: str = '127.0.0.1:0'", "secret_file", "same_host_copy: bool = True", "lanes: int = 2"):
+        assert keyword in doc, doc

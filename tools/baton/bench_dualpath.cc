@@ -354,14 +354,14 @@ void add_common(CLI::App* app, DualPathBenchOptions& o, std::string_view default
   o.peer.ucx_options.insert(o.peer.ucx_options.end(), {block, memory});
 }
 
-// With --transport ucx the run takes real time: longer defaults, unless given.
-void real_time_defaults(CLI::App* app, DualPathBenchOptions& o) {
-  if (!o.peer.real()) return;
+// With --transport ucx the run takes real time: a longer default. The fault
+// falls a third into the run and ends two thirds in, unless given.
+void fill_defaults(CLI::App* app, DualPathBenchOptions& o) {
   auto given = [app](const char* name) {
     const CLI::Option* opt = app->get_option_no_throw(name);
     return opt != nullptr && opt->count() > 0;
   };
-  if (!given("--duration-ms")) o.duration_ms = 1000;
+  if (o.peer.real() && !given("--duration-ms")) o.duration_ms = 1000;
   if (!given("--kill-at-ms")) o.kill_at_ms = o.duration_ms / 3;
   if (!given("--restore-at-ms")) o.restore_at_ms = o.duration_ms * 2 / 3;
 }
@@ -373,7 +373,7 @@ Command add_bench_dualpath(CLI::App& bench) {
   CLI::App* app = bench.add_subcommand("dualpath", "PD handoffs raced over direct and store vs either leg alone");
   add_common(app, *o, "hedge");
   return {app, [app, o] {
-            real_time_defaults(app, *o);
+            fill_defaults(app, *o);
             return run_dualpath_bench(*o);
           }};
 }
@@ -382,11 +382,14 @@ Command add_bench_fault(CLI::App& bench) {
   auto o = std::make_shared<DualPathBenchOptions>();
   CLI::App* app = bench.add_subcommand("fault", "Kill the direct leg mid-run and restore it: failover and return");
   add_common(app, *o, "failover_only");
-  app->add_option("--kill-at-ms", o->kill_at_ms, "When every direct path goes down");
+  app->add_option("--kill-at-ms", o->kill_at_ms, "When every direct path goes down (default a third of the duration)")
+      ->default_str("duration/3");
   app->add_option("--restore-at-ms", o->restore_at_ms,
-                  "When they come back (ucx: a restarted prefill peer takes the handoffs from then on)");
+                  "When they come back (ucx: a restarted prefill peer takes the handoffs from then on; default two "
+                  "thirds of the duration)")
+      ->default_str("2*duration/3");
   return {app, [app, o] {
-            real_time_defaults(app, *o);
+            fill_defaults(app, *o);
             return run_fault_bench(*o);
           }};
 }

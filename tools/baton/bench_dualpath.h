@@ -23,8 +23,8 @@ struct DualPathBenchOptions {
   double duration_ms = 40;
   std::string handoff_size = "1MiB";
   std::uint64_t seed = 1;
-  double kill_at_ms = 13.3;
-  double restore_at_ms = 26.7;
+  double kill_at_ms = 0;     // unless given: a third of duration_ms
+  double restore_at_ms = 0;  // unless given: two thirds
   std::string json_path;
   // --transport ucx --spawn: real processes.
   PeerOptions peer;
