@@ -30,6 +30,7 @@
 #include "baton/transport/ucx_transport.h"
 #include "transport/ucx/auth.h"
 #include "transport/ucx/control_wire.h"
+#include "transport/ucx/wire.h"
 #include "baton/common/socket_address.h"
 
 namespace baton::transport {
@@ -735,6 +736,101 @@ TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
   zero.max_unauthenticated_per_address = -1;
   EXPECT_EQ(UcxTransport::create(zero).error().message(),
             "UcxTransport::create: max_unauthenticated_per_address is -1 (expected >= 1)");
+}
+
+// A peer with the secret that names, for its answers, a worker it never
+// progresses, and asks for reads the listener refuses: refusals were
+// queued for the wire without bound (an audit: 947 MB held after 30 000
+// bundles). Its session is closed once the answers queued for it pass the
+// bound, and another peer is served after it.
+TEST_F(UcxSecurityTest, APeerWhoseAnswersNeverDrainIsClosedNotQueuedForWithoutBound) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  RawWorker lane_side, deaf;
+  ASSERT_FALSE(lane_side.address.empty() || deaf.address.empty());
+  auto step = [&] {
+    poll_all();
+    ucp_worker_progress(lane_side.worker);
+  };
+  auto wait = [&](const std::function<bool()>& f) {
+    const TimeNs deadline = now() + 3'000'000'000;
+    while (!f()) {
+      if (now() > deadline) return false;
+      step();
+    }
+    return true;
+  };
+  const int fd = dial(b_->address());
+  ASSERT_GE(fd, 0);
+  std::vector<std::uint8_t> got;
+  auto challenge = read_frame(fd, got, wait);
+  ASSERT_TRUE(challenge.has_value());
+  send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello,
+                                 ucx::encode(proven_hello(*challenge, kSecret, {deaf.address}))));
+  auto welcomed = read_frame(fd, got, wait);
+  ASSERT_TRUE(welcomed.has_value() && welcomed->kind == ucx::ControlKind::kWelcome);
+  auto welcome = ucx::decode_welcome(welcomed->body);
+  ASSERT_TRUE(welcome.has_value()) << welcome.error().to_string();
+
+  // Its one lane, from a worker it does progress, bound with the token.
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.address = reinterpret_cast<const ucp_address_t*>(welcome->worker_addresses.at(0).data());
+  ucp_ep_h ep = nullptr;
+  ASSERT_EQ(ucp_ep_create(lane_side.worker, &params, &ep), UCS_OK);
+  auto send = [&](ucx::MessageKind kind, std::span<const std::uint8_t> payload) {
+    const std::vector<std::uint8_t> header = ucx::encode_header({});
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;  // the listener knows a lane by the endpoint it answers on
+    void* request = ucp_am_send_nbx(ep, static_cast<unsigned>(kind), header.data(), header.size(), payload.data(),
+                                    payload.size(), &p);
+    if (UCS_PTR_IS_ERR(request)) return false;
+    if (request == nullptr) return true;
+    const bool sent = wait([&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
+    if (sent) ucp_request_free(request);  // else left to the worker's teardown
+    return sent;
+  };
+  std::vector<std::uint8_t> token(sizeof welcome->session);
+  std::memcpy(token.data(), &welcome->session, token.size());
+  ASSERT_TRUE(send(ucx::MessageKind::kQuery, token));
+  std::optional<ucx::Frame> frame;
+  do {
+    frame = read_frame(fd, got, wait);
+  } while (frame.has_value() && frame->kind != ucx::ControlKind::kReady);
+  ASSERT_TRUE(frame.has_value()) << "the lane is bound";
+
+  // Bundles of reads of a region that does not exist: each is refused, and
+  // a bundle of refusals holds one reply buffer (64 KiB) until sent, which
+  // is never. The bound (288 MiB) is reached after about 4 600 of them.
+  std::vector<std::uint8_t> bundle = ucx::begin_bundle();
+  for (std::uint64_t seq = 0; seq < ucx::kMaxBundleEntries; ++seq) {
+    ucx::add_to_bundle(bundle, ucx::MessageKind::kReadAsk, seq, {12345, ucx::WireCodec::kRaw, 0, 4096, 64}, {});
+  }
+  auto closed = [&] {
+    std::uint8_t byte = 0;
+    return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  };
+  int sent = 0;
+  for (; sent < 12'000 && !closed(); ++sent) {
+    if (!send(ucx::MessageKind::kSliceBundle, bundle)) break;
+    step();
+  }
+  (void)wait(closed);
+  EXPECT_TRUE(closed()) << "after " << sent << " bundles";
+  EXPECT_GT(sent, 2'000) << "not closed before its answers reached the bound";
+  ::close(fd);
+  ucp_request_param_t close_params{};
+  close_params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close_params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  if (void* r = ucp_ep_close_nbx(ep, &close_params); UCS_PTR_IS_PTR(r)) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(lane_side.worker);
+    ucp_request_free(r);
+  }
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 16);
 }
 
 }  // namespace

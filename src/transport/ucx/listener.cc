@@ -103,6 +103,9 @@ void UcxTransport::State::close_session(std::uint64_t id, std::string_view why) 
   }
   session_by_token.erase(session.token);
   for (auto& [base, r] : regions) r.awaiting.erase(id);
+  // Its answers still queued are UCX's to complete (cancelled by the close);
+  // they no longer count against the peers left.
+  session_queued_bytes -= session.queued_bytes;
   sessions.erase(it);
 }
 

@@ -173,7 +173,11 @@ void UcxTransport::State::on_message_sent(void* request, ucs_status_t status, vo
   if (status != UCS_OK && status != UCS_ERR_CANCELED) {
     baton::logger().debug("ucx: handshake message not delivered: {}", ucs_status_string(status));
   }
-  msg->state->outgoing_bytes -= msg->payload.size();
+  msg->state->outgoing_bytes -= msg->held;
+  if (auto it = msg->state->sessions.find(msg->session); it != msg->state->sessions.end()) {
+    it->second.queued_bytes -= msg->held;
+    msg->state->session_queued_bytes -= msg->held;
+  }
   msg->state->buffers.give(std::move(msg->payload));
   msg->state->outgoing.erase(msg);
 }
@@ -284,7 +288,7 @@ void UcxTransport::State::reap_closing() {
 }
 
 Status UcxTransport::State::send_message(ucp_ep_h ep, MessageKind kind, const MessageHeader& header,
-                                         std::vector<std::uint8_t> payload) {
+                                         std::vector<std::uint8_t> payload, std::uint64_t session) {
   auto msg = std::make_unique<Outgoing>();
   msg->state = this;
   msg->header = ucx::encode_header(header);
@@ -305,7 +309,15 @@ Status UcxTransport::State::send_message(ucp_ep_h ep, MessageKind kind, const Me
     return Status::ok();
   }
   msg->request = request;
-  outgoing_bytes += msg->payload.size();
+  // What it holds until sent: a bundle's buffer is 64 KiB however few
+  // refusals it carries.
+  msg->held = msg->payload.capacity() + msg->header.capacity() + kOutgoingOverheadBytes;
+  outgoing_bytes += msg->held;
+  if (auto it = sessions.find(session); it != sessions.end()) {
+    msg->session = session;
+    it->second.queued_bytes += msg->held;
+    session_queued_bytes += msg->held;
+  }
   Outgoing* key = msg.get();
   outgoing.emplace(key, std::move(msg));
   return Status::ok();

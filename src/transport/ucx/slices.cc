@@ -276,7 +276,7 @@ void UcxTransport::State::end_staged_copy(const StagedCopy& copy, const Result<s
   } else if (copy.answer == MessageKind::kReadData) {
     reply_with(a, done->data());
   }
-  if (Status s = send_answer(back, copy.answer, copy.header, a); !s.is_ok()) {
+  if (Status s = send_answer(back, copy.session, copy.answer, copy.header, a); !s.is_ok()) {
     baton::logger().warn("ucx: answer to staged slice {} not sent: {}", copy.header.seq, s.message());
   }
 }
@@ -350,10 +350,26 @@ void UcxTransport::State::reply_with(Answer& a, const std::byte* bytes) {
 }
 
 // Sends one answer alone; its packed bytes go back to the pool.
-Status UcxTransport::State::send_answer(ucp_ep_h back, MessageKind kind, const MessageHeader& header, Answer& a) {
+Status UcxTransport::State::send_answer(ucp_ep_h back, std::uint64_t session, MessageKind kind,
+                                        const MessageHeader& header, Answer& a) {
   auto payload = ucx::encode_slice(a.reply, a.data, buffers.take(ucx::kSliceDescriptorBytes + a.data.size()));
   buffers.give(std::move(a.packed));
-  return send_message(back, kind, header, std::move(payload));
+  return send_message(back, kind, header, std::move(payload), session);
+}
+
+// Before answering `session`: when the answers queued for peers hold more
+// than kMaxSessionQueuedBytes, the peer holding the most does not drain its
+// back lanes, and answering it more (refusals are never refused) would hold
+// memory without bound, so its session is closed. False when that is
+// `session`.
+bool UcxTransport::State::answers_drain(std::uint64_t session) {
+  if (session_queued_bytes <= kMaxSessionQueuedBytes) return true;
+  auto most = std::ranges::max_element(sessions, {}, [](const auto& kv) { return kv.second.queued_bytes; });
+  const std::uint64_t closed = most->first;
+  close_session(closed, fmt::format("its answers do not drain: {} bytes wait for its lanes ({} for every peer, at "
+                                    "most {})",
+                                    most->second.queued_bytes, session_queued_bytes, kMaxSessionQueuedBytes));
+  return closed != session;
 }
 
 // The answer says the slice was refused, and why.
@@ -382,6 +398,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
                         "ucx: a slice message from an endpoint no authenticated peer bound; dropped");
     return;
   }
+  const std::uint64_t id = session_by_ep.at(in.reply_ep);
+  if (!answers_drain(id)) return;
   std::size_t at = 0;
   auto d = ucx::decode_slice(in.payload, at);
   Answer a = answer_slice(*session, in.reply_ep, in.kind, d, in.payload.subspan(d ? at : 0), 0, header);
@@ -391,7 +409,7 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
     baton::logger().warn("ucx: reply to compressed slice {} not sent: no endpoint to {} left", header.seq, session->name);
     return;
   }
-  if (Status s = send_answer(back, a.kind, header, a); !s.is_ok()) {
+  if (Status s = send_answer(back, id, a.kind, header, a); !s.is_ok()) {
     baton::logger().warn("ucx: reply to compressed slice {} not sent: {}", header.seq, s.message());
   }
 }
@@ -405,6 +423,8 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
                         "ucx: a bundle from an endpoint no authenticated peer bound; dropped");
     return;
   }
+  const std::uint64_t id = session_by_ep.at(in.reply_ep);
+  if (!answers_drain(id)) return;
   auto entries = ucx::decode_bundle(in.payload);
   if (!entries) {
     // Its slices stall and fail on the initiator's stall timeout: only a
@@ -419,7 +439,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
   }
   std::vector<std::uint8_t> reply;
   auto send = [&] {
-    if (Status s = send_message(back, MessageKind::kReplyBundle, header, std::move(reply)); !s.is_ok()) {
+    if (Status s = send_message(back, MessageKind::kReplyBundle, header, std::move(reply), id); !s.is_ok()) {
       baton::logger().warn("ucx: replies to a bundle not sent: {}", s.message());
     }
     reply = {};
@@ -437,7 +457,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
     if (a.data.size() > kMaxBundledSliceBytes) {
       // A large read's bytes go at once, alone (from a bundle they would
       // wait for the rest and be copied once more).
-      if (Status s = send_answer(back, a.kind, entry, a); !s.is_ok()) {
+      if (Status s = send_answer(back, id, a.kind, entry, a); !s.is_ok()) {
         baton::logger().warn("ucx: reply to slice {} not sent: {}", e.seq, s.message());
       }
       continue;

@@ -80,6 +80,16 @@ inline constexpr int kTeardownRounds = 20'000;
 // Compressed-read replies a holder keeps queued for the wire, at most: a
 // legitimate initiator has a few MiB in flight per path.
 inline constexpr std::uint64_t kMaxQueuedReplyBytes = 256ULL << 20;
+// What the answers to peers may hold while they wait for the peers' back
+// lanes (refusals and write acknowledgements included, which the bound
+// above does not refuse), one peer's or all together: past it the peer
+// holding the most is not draining, as one that gave a worker it never
+// progresses, and its session is closed. Above the bound on reads, so that
+// a peer only refused for that is never closed.
+inline constexpr std::uint64_t kMaxSessionQueuedBytes = kMaxQueuedReplyBytes + (32ULL << 20);
+// What a message waiting for the wire holds besides its buffers (ours and
+// UCX's request), counted with them.
+inline constexpr std::uint64_t kOutgoingOverheadBytes = 256;
 // Copies into or out of staged regions running at once, at most (peers'
 // writes and reads; more wait their turn): each holds host memory of the
 // access's (a bounce buffer), counted with the bytes above.
@@ -185,6 +195,8 @@ using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;
 using ucx::kMaxCopyThreads;
 using ucx::kMaxQueuedReplyBytes;
+using ucx::kMaxSessionQueuedBytes;
+using ucx::kOutgoingOverheadBytes;
 using ucx::kMaxStagedCopies;
 using ucx::kMaxStagedWaiting;
 using ucx::kMinThreadCopyBytes;
@@ -298,6 +310,7 @@ struct UcxTransport::State {
     // used to send or closed by us.
     std::set<ucp_ep_h> bound;
     bool ready_sent = false;
+    std::uint64_t queued_bytes = 0;  // held by our answers not yet on the wire (Outgoing::held)
     std::string from;  // the connecting host, for the per-address handshake limit
     // Since when a frame has been half-received (0: none): a peer that
     // parks a partial frame is closed after handshake_timeout_ms.
@@ -338,6 +351,8 @@ struct UcxTransport::State {
     std::vector<std::uint8_t> header;
     std::vector<std::uint8_t> payload;
     void* request = nullptr;
+    std::uint64_t held = 0;     // memory it holds: buffers' capacity and kOutgoingOverheadBytes
+    std::uint64_t session = 0;  // the session an answer goes to; 0: none (ours to a holder)
   };
 
   struct Inbound {
@@ -395,7 +410,8 @@ struct UcxTransport::State {
   std::unique_ptr<Codec> lz4;   // what a peer's compressed slices name, made on first use
   std::unique_ptr<Codec> zstd;
   std::unordered_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing;
-  std::uint64_t outgoing_bytes = 0;  // payloads of messages UCX has not sent yet
+  std::uint64_t outgoing_bytes = 0;  // held by messages UCX has not sent yet (Outgoing::held)
+  std::uint64_t session_queued_bytes = 0;  // the sessions' queued_bytes, summed
   // Peers' writes and reads of staged regions whose copy runs: answered
   // when it ended.
   struct StagedCopy {
@@ -538,8 +554,9 @@ struct UcxTransport::State {
   static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns);
   void close_endpoint(ucp_ep_h ep);
   void reap_closing();
+  // `session`: the peer an answer goes to, whose Session::queued_bytes it counts in.
   Status send_message(ucp_ep_h ep, MessageKind kind, const MessageHeader& header,
-                      std::vector<std::uint8_t> payload);
+                      std::vector<std::uint8_t> payload, std::uint64_t session = 0);
   std::string rail_name(std::size_t rail) const;
   void fail_rail(PathId id, std::size_t rail, Status reason);
   void fail_stalled(TimeNs now_ns);
@@ -562,7 +579,9 @@ struct UcxTransport::State {
   Result<LocalRegion*> local_range(std::uint32_t key, std::uint64_t addr, std::uint64_t length);
   static void refuse(Answer& a, const Status& why);
   void reply_with(Answer& a, const std::byte* bytes);
-  Status send_answer(ucp_ep_h back, MessageKind kind, const MessageHeader& header, Answer& a);
+  Status send_answer(ucp_ep_h back, std::uint64_t session, MessageKind kind, const MessageHeader& header,
+                     Answer& a);
+  bool answers_drain(std::uint64_t session);
   Status unpack(const SliceDescriptor& d, std::span<const std::uint8_t> data, std::byte* out);
   Status start_staged_copy(LocalRegion& r, MessageKind kind, std::uint64_t session, const MessageHeader& header,
                            const SliceDescriptor& d, std::span<const std::uint8_t> data);
