@@ -136,5 +136,25 @@ TEST(ControlAuth, ProofsBindTheSecretBothNoncesAndTheName) {
   EXPECT_FALSE(same_proof(listener_proof("secret-of-sixteen+", a, b), initiator_proof("secret-of-sixteen+", a, b, "")));
 }
 
+// What the proof covers names every field of a hello, each by its length:
+// bytes moved from one field to another (a rail's address into the name)
+// or a lane count changed on the way describe another hello.
+TEST(ControlAuth, TheDescriptionAProofCoversTellsEveryHelloApart) {
+  Hello two;
+  two.name = "127.0.0.1:7000";
+  two.lanes = 2;
+  two.worker_addresses = {{'x', 'y', 'z'}, {'u', 'v'}};
+  Hello moved = two;  // the last rail's address carried in the name
+  moved.name = "127.0.0.1:7000|3:xyz";
+  moved.worker_addresses = {{'u', 'v'}};
+  Hello fewer_lanes = two;
+  fewer_lanes.lanes = 1;
+  Hello split = two;  // the same bytes cut elsewhere
+  split.worker_addresses = {{'x', 'y'}, {'z', 'u', 'v'}};
+  const std::string described = hello_description(two);
+  EXPECT_EQ(described, hello_description(two));
+  for (const Hello* other : {&moved, &fewer_lanes, &split}) EXPECT_NE(described, hello_description(*other));
+}
+
 }  // namespace
 }  // namespace baton::transport::ucx

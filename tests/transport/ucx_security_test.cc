@@ -141,13 +141,8 @@ ucx::Hello proven_hello(const ucx::Frame& challenge, std::string_view secret,
   hello.lanes = 1;
   hello.worker_addresses = std::move(addresses);
   hello.nonce = ucx::random_nonce().value();
-  std::string described = hello.name;  // what the listener's proof covers (listener.cc)
-  for (const auto& a : hello.worker_addresses) {
-    described += "|" + std::to_string(a.size()) + ":";
-    described.append(a.begin(), a.end());
-  }
   hello.proof = ucx::initiator_proof(secret, ucx::decode_challenge(challenge.body).value().nonce, hello.nonce,
-                                     described);
+                                     ucx::hello_description(hello));
   return hello;
 }
 

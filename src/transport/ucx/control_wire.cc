@@ -245,4 +245,13 @@ Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t 
   return std::string(body.begin(), body.end());
 }
 
+std::string hello_description(const Hello& hello) {
+  std::string out = fmt::format("{}:{}|lanes {}", hello.name.size(), hello.name, hello.lanes);
+  for (const auto& a : hello.worker_addresses) {
+    out += fmt::format("|{}:", a.size());
+    out.append(a.begin(), a.end());
+  }
+  return out;
+}
+
 }  // namespace baton::transport::ucx

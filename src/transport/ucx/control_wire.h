@@ -34,7 +34,8 @@
 namespace baton::transport::ucx {
 
 // 4: a region may come without rkeys (staged: reached by messages only).
-inline constexpr std::uint16_t kControlVersion = 4;
+// 5: the proof covers the lane count, and the name by its length.
+inline constexpr std::uint16_t kControlVersion = 5;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
@@ -125,6 +126,10 @@ struct Revoke {
 
 [[nodiscard]] Result<Challenge> decode_challenge(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<Hello> decode_hello(std::span<const std::uint8_t> body);
+// What an initiator's proof covers beside the nonces: every field of its
+// hello, each length-prefixed so that no bytes can move from one to another
+// on the way (a name holding "|5:" could take a rail's address).
+[[nodiscard]] std::string hello_description(const Hello& hello);
 [[nodiscard]] Result<Welcome> decode_welcome(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<Regions> decode_regions_update(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<Revoke> decode_revoke(std::span<const std::uint8_t> body);

@@ -169,7 +169,7 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
       peer.challenge = challenge->nonce;
       ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), {}};
       for (const Rail& rail : rails) hello.worker_addresses.push_back(rail.worker_address);
-      hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, self_description(hello));
+      hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, ucx::hello_description(hello));
       peer.stage = Stage::kAwaitWelcome;
       return peer.control->send(ControlKind::kHello, ucx::encode(hello));
     }

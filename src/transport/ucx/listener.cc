@@ -217,17 +217,6 @@ void UcxTransport::State::accept_connections(TimeNs now_ns) {
   }
 }
 
-// What an initiator's proof covers beside the nonces: its name and its
-// worker addresses, so none can be swapped on the way.
-std::string UcxTransport::State::self_description(const ucx::Hello& hello) {
-  std::string out = hello.name;
-  for (const auto& a : hello.worker_addresses) {
-    out += fmt::format("|{}:", a.size());
-    out.append(a.begin(), a.end());
-  }
-  return out;
-}
-
 // Our endpoints to an authenticated initiator's workers, carrying our
 // answers to its slices: one per lane, lane i's from the rail it arrives
 // on here to the rail it leaves from there.
@@ -263,7 +252,7 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   auto hello = ucx::decode_hello(frame.body);
   if (!hello) return hello.error();
   if (!ucx::same_proof(hello->proof,
-                       ucx::initiator_proof(secret, session.nonce, hello->nonce, self_description(*hello)))) {
+                       ucx::initiator_proof(secret, session.nonce, hello->nonce, ucx::hello_description(*hello)))) {
     // Sent to the connecting engine, which shows it as "<us> refused us: …":
     // worded for either side to read.
     const std::string why = secret.empty()

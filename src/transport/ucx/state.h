@@ -632,7 +632,6 @@ struct UcxTransport::State {
   void close_session(std::uint64_t id, std::string_view why);
   bool tell(std::uint64_t id, ControlKind kind, std::span<const std::uint8_t> body);
   void accept_connections(TimeNs now_ns);
-  static std::string self_description(const ucx::Hello& hello);
   Status open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses);
   [[nodiscard]] static Status refusal(const Peer& peer, const Frame& frame);
   // invalid_argument unless each address is a UCP worker address of this
