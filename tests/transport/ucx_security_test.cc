@@ -22,10 +22,14 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
 
+#include "baton/common/log.h"
 #include "baton/transport/secret.h"
 #include "baton/transport/ucx_transport.h"
 #include "transport/ucx/auth.h"
@@ -733,48 +737,71 @@ TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
             "UcxTransport::create: max_unauthenticated_per_address is -1 (expected >= 1)");
 }
 
-// A peer with the secret that names, for its answers, a worker it never
-// progresses, and asks for reads the listener refuses: refusals were
-// queued for the wire without bound (an audit: 947 MB held after 30 000
-// bundles). Its session is closed once the answers queued for it pass the
-// bound, and another peer is served after it.
-TEST_F(UcxSecurityTest, APeerWhoseAnswersNeverDrainIsClosedNotQueuedForWithoutBound) {
-  b_ = make(config());
-  ASSERT_TRUE(b_);
-  RawWorker lane_side, deaf;
-  ASSERT_FALSE(lane_side.address.empty() || deaf.address.empty());
-  auto step = [&] {
-    poll_all();
-    ucp_worker_progress(lane_side.worker);
-  };
-  auto wait = [&](const std::function<bool()>& f) {
-    const TimeNs deadline = now() + 3'000'000'000;
+// A peer of the test's own that proves the secret but names, for the
+// listener's answers, `answers` (a worker it may never progress), and sends
+// hand-made messages on one lane from `lanes`. The test drives `step`.
+struct RawPeer {
+  RawWorker lanes, answers;
+  int fd = -1;
+  ucp_ep_h ep = nullptr;
+  std::uint64_t token = 0;
+  std::vector<std::uint8_t> got;
+  std::function<void()> step;
+  ~RawPeer() {
+    if (fd >= 0) ::close(fd);
+    if (ep == nullptr) return;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    if (void* r = ucp_ep_close_nbx(ep, &p); UCS_PTR_IS_PTR(r)) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(lanes.worker);
+      ucp_request_free(r);
+    }
+  }
+  bool wait(const std::function<bool()>& f) {
+    const auto deadline = std::chrono::steady_clock::now() + 3s;
     while (!f()) {
-      if (now() > deadline) return false;
+      if (std::chrono::steady_clock::now() > deadline) return false;
       step();
+      ucp_worker_progress(lanes.worker);
     }
     return true;
-  };
-  const int fd = dial(b_->address());
-  ASSERT_GE(fd, 0);
-  std::vector<std::uint8_t> got;
-  auto challenge = read_frame(fd, got, wait);
-  ASSERT_TRUE(challenge.has_value());
-  send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello,
-                                 ucx::encode(proven_hello(*challenge, kSecret, {deaf.address}))));
-  auto welcomed = read_frame(fd, got, wait);
-  ASSERT_TRUE(welcomed.has_value() && welcomed->kind == ucx::ControlKind::kWelcome);
-  auto welcome = ucx::decode_welcome(welcomed->body);
-  ASSERT_TRUE(welcome.has_value()) << welcome.error().to_string();
-
-  // Its one lane, from a worker it does progress, bound with the token.
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.address = reinterpret_cast<const ucp_address_t*>(welcome->worker_addresses.at(0).data());
-  ucp_ep_h ep = nullptr;
-  ASSERT_EQ(ucp_ep_create(lane_side.worker, &params, &ep), UCS_OK);
-  auto send = [&](ucx::MessageKind kind, std::span<const std::uint8_t> payload) {
+  }
+  std::optional<ucx::Frame> frame() {
+    return read_frame(fd, got, [this](const std::function<bool()>& f) { return wait(f); });
+  }
+  // Hello, welcome, and an endpoint to the listener's worker: testing::AssertionSuccess when all came.
+  ::testing::AssertionResult join(const std::string& address) {
+    if (lanes.address.empty() || answers.address.empty()) return ::testing::AssertionFailure() << "no UCP worker";
+    fd = dial(address);
+    auto challenge = frame();
+    if (!challenge) return ::testing::AssertionFailure() << "no challenge";
+    send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello,
+                                   ucx::encode(proven_hello(*challenge, kSecret, {answers.address}))));
+    auto welcomed = frame();
+    if (!welcomed || welcomed->kind != ucx::ControlKind::kWelcome) return ::testing::AssertionFailure() << "no welcome";
+    auto welcome = ucx::decode_welcome(welcomed->body);
+    if (!welcome) return ::testing::AssertionFailure() << welcome.error().to_string();
+    token = welcome->session;
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.address = reinterpret_cast<const ucp_address_t*>(welcome->worker_addresses.at(0).data());
+    if (ucp_ep_create(lanes.worker, &params, &ep) != UCS_OK) return ::testing::AssertionFailure() << "ucp_ep_create";
+    return ::testing::AssertionSuccess();
+  }
+  // Binds the lane with the session's token: true once the listener says ready.
+  bool bind() {
+    std::vector<std::uint8_t> payload(sizeof token);
+    std::memcpy(payload.data(), &token, payload.size());
+    if (!send(ucx::MessageKind::kQuery, payload)) return false;
+    std::optional<ucx::Frame> f;
+    do {
+      f = frame();
+    } while (f.has_value() && f->kind != ucx::ControlKind::kReady);
+    return f.has_value();
+  }
+  bool send(ucx::MessageKind kind, std::span<const std::uint8_t> payload) {
     const std::vector<std::uint8_t> header = ucx::encode_header({});
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -786,46 +813,90 @@ TEST_F(UcxSecurityTest, APeerWhoseAnswersNeverDrainIsClosedNotQueuedForWithoutBo
     const bool sent = wait([&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
     if (sent) ucp_request_free(request);  // else left to the worker's teardown
     return sent;
-  };
-  std::vector<std::uint8_t> token(sizeof welcome->session);
-  std::memcpy(token.data(), &welcome->session, token.size());
-  ASSERT_TRUE(send(ucx::MessageKind::kQuery, token));
-  std::optional<ucx::Frame> frame;
-  do {
-    frame = read_frame(fd, got, wait);
-  } while (frame.has_value() && frame->kind != ucx::ControlKind::kReady);
-  ASSERT_TRUE(frame.has_value()) << "the lane is bound";
+  }
+  bool closed() const {
+    std::uint8_t byte = 0;
+    return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+};
 
-  // Bundles of reads of a region that does not exist: each is refused, and
-  // a bundle of refusals holds one reply buffer (64 KiB) until sent, which
-  // is never. The bound (288 MiB) is reached after about 4 600 of them.
+// A bundle of kMaxBundleEntries reads of a region that does not exist.
+std::vector<std::uint8_t> bundle_of_bad_reads() {
   std::vector<std::uint8_t> bundle = ucx::begin_bundle();
   for (std::uint64_t seq = 0; seq < ucx::kMaxBundleEntries; ++seq) {
     ucx::add_to_bundle(bundle, ucx::MessageKind::kReadAsk, seq, {12345, ucx::WireCodec::kRaw, 0, 4096, 64}, {});
   }
-  auto closed = [&] {
-    std::uint8_t byte = 0;
-    return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-  };
-  int sent = 0;
-  for (; sent < 12'000 && !closed(); ++sent) {
-    if (!send(ucx::MessageKind::kSliceBundle, bundle)) break;
-    step();
-  }
-  (void)wait(closed);
-  EXPECT_TRUE(closed()) << "after " << sent << " bundles";
-  EXPECT_GT(sent, 2'000) << "not closed before its answers reached the bound";
-  ::close(fd);
-  ucp_request_param_t close_params{};
-  close_params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  close_params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  if (void* r = ucp_ep_close_nbx(ep, &close_params); UCS_PTR_IS_PTR(r)) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(lane_side.worker);
-    ucp_request_free(r);
+  return bundle;
+}
+
+// A peer with the secret that names, for its answers, a worker it never
+// progresses, and asks for reads the listener refuses: refusals were
+// queued for the wire without bound (an audit: 947 MB held after 30 000
+// bundles). Its session is closed once the answers queued for it pass the
+// bound, and another peer is served after it.
+TEST_F(UcxSecurityTest, APeerWhoseAnswersNeverDrainIsClosedNotQueuedForWithoutBound) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  {
+    RawPeer raw;
+    raw.step = [&] { poll_all(); };
+    ASSERT_TRUE(raw.join(b_->address()));
+    ASSERT_TRUE(raw.bind());
+    // Each bundle's refusals hold one reply buffer (64 KiB) until sent, which
+    // is never: the bound (288 MiB) is reached after about 4 600 of them.
+    const std::vector<std::uint8_t> bundle = bundle_of_bad_reads();
+    int sent = 0;
+    for (; sent < 12'000 && !raw.closed(); ++sent) {
+      if (!raw.send(ucx::MessageKind::kSliceBundle, bundle)) break;
+      poll_all();
+    }
+    (void)raw.wait([&] { return raw.closed(); });
+    EXPECT_TRUE(raw.closed()) << "after " << sent << " bundles";
+    EXPECT_GT(sent, 2'000) << "not closed before its answers reached the bound";
   }
   a_ = make(config());
   ASSERT_TRUE(a_);
   expect_round_trip(1 << 16);
+}
+
+// Every message from an endpoint no session bound was a warning line:
+// whoever reaches UCX's ports could fill a disk. At most 20 a second now,
+// and a line says how many were left out.
+TEST_F(UcxSecurityTest, WarningsAboutPeersMessagesAreBoundedPerSecond) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  std::ostringstream out;
+  spdlog::logger& log = baton::logger();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  log.sinks().push_back(sink);
+  const auto level = log.level();
+  log.set_level(spdlog::level::warn);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    RawPeer raw;
+    raw.step = [&] { poll_all(); };
+    ASSERT_TRUE(raw.join(b_->address()));  // not bound: every bundle is dropped with a warning
+    const std::vector<std::uint8_t> bundle = bundle_of_bad_reads();
+    for (int i = 0; i < 3'000; ++i) {
+      ASSERT_TRUE(raw.send(ucx::MessageKind::kSliceBundle, bundle));
+      poll_all();
+    }
+    (void)wait_until([] { return false; }, 1100ms);  // the next second's first line
+    ASSERT_TRUE(raw.send(ucx::MessageKind::kSliceBundle, bundle));
+    (void)wait_until([] { return false; }, 100ms);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log.sinks().pop_back();
+  log.set_level(level);
+  const std::string text = out.str();
+  std::size_t dropped = 0, left_out = 0;
+  for (std::size_t at = 0; (at = text.find("no authenticated peer bound", at)) != std::string::npos; ++at) ++dropped;
+  for (std::size_t at = 0; (at = text.find("left out (at most 20 a second)", at)) != std::string::npos; ++at) {
+    ++left_out;
+  }
+  EXPECT_GE(dropped, 20u) << text.substr(0, 2000);
+  EXPECT_LE(static_cast<double>(dropped), 20 * (seconds + 1)) << "in " << seconds << " s";
+  EXPECT_GE(left_out, 1u) << "the next second says how many were left out";
 }
 
 }  // namespace

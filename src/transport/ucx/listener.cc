@@ -25,14 +25,14 @@ auto UcxTransport::State::session_of(ucp_ep_h ep) -> Session* {
 // bound, the control connection says the path is ready.
 void UcxTransport::State::handle_bind(const Inbound& in) {
   if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
-    baton::logger().warn("ucx: a lane binding without a reply endpoint or a token; dropped");
+    warn_about_peer("ucx: a lane binding without a reply endpoint or a token; dropped");
     return;
   }
   std::uint64_t token = 0;
   std::memcpy(&token, in.payload.data(), sizeof token);
   const auto it = session_by_token.find(token);
   if (it == session_by_token.end()) {
-    baton::logger().warn("ucx: a lane binding with an unknown session token; dropped");
+    warn_about_peer("ucx: a lane binding with an unknown session token; dropped");
     return;
   }
   const std::uint64_t id = it->second;
@@ -42,7 +42,8 @@ void UcxTransport::State::handle_bind(const Inbound& in) {
     sessions.at(old->second).bound.erase(in.reply_ep);
   }
   if (!session.bound.contains(in.reply_ep) && session.bound.size() >= session.lanes) {
-    baton::logger().warn("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes);
+    warn_about_peer(
+        fmt::format("ucx: {} bound more than the {} lanes it announced; dropped", session.name, session.lanes));
     return;
   }
   session.bound.insert(in.reply_ep);

@@ -189,7 +189,7 @@ ucs_status_t UcxTransport::State::on_message(void* arg, const void* header, std:
   State* state = handler.state;
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
     // We send every handshake message eager; a rendezvous one is not ours.
-    baton::logger().warn("ucx: dropped a rendezvous handshake message of {} bytes", length);
+    state->warn_about_peer(fmt::format("ucx: dropped a rendezvous handshake message of {} bytes", length));
     return UCS_OK;
   }
   Inbound in;
@@ -277,6 +277,32 @@ void UcxTransport::State::close_endpoint(ucp_ep_h ep) {
   param.flags = config.peer_failure_detection ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* request = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+}
+
+// A warning about what a peer sent, or a stranger that reached UCX's ports:
+// at most kPeerWarningsPerSecond a second, so that no one fills a disk with
+// them; the first of the next second says how many were left out.
+void UcxTransport::State::warn_about_peer(const std::string& text) {
+  const TimeNs now = SteadyClock().now_ns();
+  std::uint64_t left_out = 0;
+  {
+    std::lock_guard lock(peer_warnings_mutex);
+    if (now - peer_warnings_since_ns >= 1'000'000'000) {
+      peer_warnings_since_ns = now;
+      peer_warnings = 0;
+      left_out = std::exchange(peer_warnings_left_out, 0);
+    }
+    if (peer_warnings == kPeerWarningsPerSecond) {
+      ++peer_warnings_left_out;
+      return;
+    }
+    ++peer_warnings;
+  }
+  if (left_out > 0) {
+    baton::logger().warn("ucx: {} more warnings about peers' messages left out (at most {} a second)", left_out,
+                         kPeerWarningsPerSecond);
+  }
+  baton::logger().warn("{}", text);
 }
 
 void UcxTransport::State::reap_closing() {

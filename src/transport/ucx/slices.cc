@@ -394,8 +394,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
   Session* session = session_of(in.reply_ep);
   if (session == nullptr) {
     // After we shut down (its session closed) this is a slice already on the wire.
-    baton::logger().log(shut_down ? spdlog::level::debug : spdlog::level::warn,
-                        "ucx: a slice message from an endpoint no authenticated peer bound; dropped");
+    if (shut_down) baton::logger().debug("ucx: a slice message after shutdown; dropped");
+    else warn_about_peer("ucx: a slice message from an endpoint no authenticated peer bound; dropped");
     return;
   }
   const std::uint64_t id = session_by_ep.at(in.reply_ep);
@@ -419,8 +419,8 @@ void UcxTransport::State::handle_slice_request(const Inbound& in, const MessageH
 void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& header) {
   Session* session = session_of(in.reply_ep);
   if (session == nullptr) {
-    baton::logger().log(shut_down ? spdlog::level::debug : spdlog::level::warn,
-                        "ucx: a bundle from an endpoint no authenticated peer bound; dropped");
+    if (shut_down) baton::logger().debug("ucx: a bundle after shutdown; dropped");
+    else warn_about_peer("ucx: a bundle from an endpoint no authenticated peer bound; dropped");
     return;
   }
   const std::uint64_t id = session_by_ep.at(in.reply_ep);
@@ -429,7 +429,7 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
   if (!entries) {
     // Its slices stall and fail on the initiator's stall timeout: only a
     // corrupt or hostile peer sends one.
-    baton::logger().warn("ucx: dropped a bundle from {}: {}", session->name, entries.error().message());
+    warn_about_peer(fmt::format("ucx: dropped a bundle from {}: {}", session->name, entries.error().message()));
     return;
   }
   ucp_ep_h back = back_endpoint(*session, header.lane);
@@ -446,8 +446,8 @@ void UcxTransport::State::handle_bundle(const Inbound& in, const MessageHeader& 
   };
   for (const ucx::BundleEntry& e : *entries) {
     if (e.kind != MessageKind::kWriteData && e.kind != MessageKind::kReadAsk) {
-      baton::logger().warn("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
-                           static_cast<unsigned>(e.kind));
+      warn_about_peer(fmt::format("ucx: a bundle from {} holds a reply (kind {}); skipped", session->name,
+                                  static_cast<unsigned>(e.kind)));
       continue;
     }
     MessageHeader entry = header;
@@ -479,8 +479,8 @@ void UcxTransport::State::take_answer(Lane* lane, std::uint64_t seq, MessageKind
     // Expected once the slice's path failed or we shut down: its slices
     // ended then, and replies already on the wire still come in.
     const bool late = shut_down || lane == nullptr || peers[lane->path].state != PathState::kReady;
-    baton::logger().log(late ? spdlog::level::debug : spdlog::level::warn,
-                        "ucx: a reply for slice {} that is not waiting for one; dropped", seq);
+    if (late) baton::logger().debug("ucx: a late reply for slice {}; dropped", seq);
+    else warn_about_peer(fmt::format("ucx: a reply for slice {} that is not waiting for one; dropped", seq));
     return;
   }
   SliceOp& op = *it->second;
@@ -517,12 +517,12 @@ void UcxTransport::State::handle_bundle_reply(const Inbound& in, const MessageHe
   Lane* lane = lane_of(header);
   auto entries = ucx::decode_bundle(in.payload);
   if (!entries) {
-    baton::logger().warn("ucx: dropped a reply bundle: {}", entries.error().message());
+    warn_about_peer(fmt::format("ucx: dropped a reply bundle: {}", entries.error().message()));
     return;
   }
   for (const ucx::BundleEntry& e : *entries) {
     if (e.kind != MessageKind::kWriteDone && e.kind != MessageKind::kReadData) {
-      baton::logger().warn("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind));
+      warn_about_peer(fmt::format("ucx: a reply bundle holds a request (kind {}); skipped", static_cast<unsigned>(e.kind)));
       continue;
     }
     take_answer(lane, e.seq, e.kind, e.descriptor, e.data, ucx::kBundleEntryBytes + e.data.size());
@@ -552,7 +552,7 @@ void UcxTransport::State::handle_recorded() {
     for (Inbound& in : std::exchange(inbox, {})) {
       auto header = ucx::decode_header(in.header);
       if (!header) {
-        baton::logger().warn("ucx: dropped a message: {}", header.error().message());
+        warn_about_peer(fmt::format("ucx: dropped a message: {}", header.error().message()));
         continue;
       }
       switch (in.kind) {

@@ -111,6 +111,9 @@ inline constexpr std::size_t kBundleBytes = 64 << 10;
 inline constexpr std::uint64_t kMinThreadCopyBytes = 32 << 10;
 
 inline constexpr int kMaxCopyThreads = 64;
+// Warnings about what peers sent (or strangers that reached UCX's ports),
+// at most, a second: one a message would let anyone fill a disk.
+inline constexpr int kPeerWarningsPerSecond = 20;
 
 // UcxConfig::copy_threads resolved: -1 is one per 8 cores, at most 4.
 inline int copy_threads_for(const UcxConfig& c) {
@@ -194,6 +197,7 @@ using ucx::HeldAmData;
 using ucx::kBundleBytes;
 using ucx::kMaxBundledSliceBytes;
 using ucx::kMaxCopyThreads;
+using ucx::kPeerWarningsPerSecond;
 using ucx::kMaxQueuedReplyBytes;
 using ucx::kMaxSessionQueuedBytes;
 using ucx::kOutgoingOverheadBytes;
@@ -502,6 +506,11 @@ struct UcxTransport::State {
     ucs_status_t status = UCS_OK;
   };
   std::vector<BackError> back_errors;
+  // warn_about_peer's budget: any thread may warn (callbacks included).
+  std::mutex peer_warnings_mutex;
+  TimeNs peer_warnings_since_ns = 0;
+  int peer_warnings = 0;
+  std::uint64_t peer_warnings_left_out = 0;
 
   ~State() { teardown(); }
 
@@ -554,6 +563,7 @@ struct UcxTransport::State {
   static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns);
   void close_endpoint(ucp_ep_h ep);
   void reap_closing();
+  void warn_about_peer(const std::string& text);
   // `session`: the peer an answer goes to, whose Session::queued_bytes it counts in.
   Status send_message(ucp_ep_h ep, MessageKind kind, const MessageHeader& header,
                       std::vector<std::uint8_t> payload, std::uint64_t session = 0);
