@@ -1099,29 +1099,54 @@ TEST_P(UcxTransportTest, AllocationNotificationsAndLookupsRefuseBadInput) {
 // A receiver that never takes its notifications keeps the newest 65536,
 // counts the rest as dropped, and says how many wait: an owner who forgot
 // take_notifications() sees it in the metrics, not in its memory.
+// A peer that floods loses its own oldest, not another peer's: c's ten,
+// sent before a_'s flood, are all still there after it.
 TEST_P(UcxTransportTest, UntakenNotificationsAreBoundedAndCounted) {
   const PathId path = connect_ready();
   ASSERT_FALSE(HasFailure());
+  auto c = make();
+  ASSERT_TRUE(c);
+  std::vector<Completion> done_c;
+  auto poll_c = [&] { c->poll(now(), done_c); };
+  auto c_path = c->connect(b_->address(), now());
+  ASSERT_TRUE(c_path.has_value());
+  ASSERT_TRUE(wait_until([&] {
+    poll_c();
+    return c->path_state(*c_path) != PathState::kConnecting;
+  }));
+  constexpr std::size_t kOthers = 10;
+  for (std::size_t i = 0; i < kOthers; ++i) ASSERT_TRUE(c->notify(*c_path, fmt::format("c#{}", i)).is_ok());
+  ASSERT_TRUE(wait_until([&] {
+    poll_c();
+    return b_->notification_counts().received == kOthers;
+  }));
+
   constexpr std::size_t kExtra = 10;
   constexpr std::size_t kSent = ucx::kMaxPendingNotifications + kExtra;
   for (std::size_t i = 0; i < kSent; ++i) {
     ASSERT_TRUE(a_->notify(path, fmt::format("#{}", i)).is_ok()) << i;
     if (i % 1024 == 0) poll_both();  // the sender's queue drains as the receiver reads
   }
-  ASSERT_TRUE(wait_until([&] { return b_->notification_counts().received == kSent; }, 30s))
+  ASSERT_TRUE(wait_until([&] { return b_->notification_counts().received == kSent + kOthers; }, 30s))
       << b_->notification_counts().received;
   NotificationCounts counts = b_->notification_counts();
-  EXPECT_EQ(counts.dropped, kExtra);
+  EXPECT_EQ(counts.dropped, kExtra + kOthers);
   EXPECT_EQ(counts.untaken, ucx::kMaxPendingNotifications);
   const std::vector<Notification> got = b_->take_notifications();
   ASSERT_EQ(got.size(), ucx::kMaxPendingNotifications);
-  EXPECT_EQ(got.front().message, fmt::format("#{}", kExtra));  // the oldest went
+  for (std::size_t i = 0; i < kOthers; ++i) EXPECT_EQ(got[i].message, fmt::format("c#{}", i));
+  EXPECT_EQ(got[kOthers].message, fmt::format("#{}", kExtra + kOthers));  // a_'s oldest went
   EXPECT_EQ(got.back().message, fmt::format("#{}", kSent - 1));
   counts = b_->notification_counts();
   EXPECT_EQ(counts.untaken, 0u);
-  EXPECT_EQ(counts.received, kSent);
-  EXPECT_EQ(counts.dropped, kExtra);
+  EXPECT_EQ(counts.received, kSent + kOthers);
+  EXPECT_EQ(counts.dropped, kExtra + kOthers);
   EXPECT_EQ(a_->notification_counts().received, 0u);
+  c->shutdown();
+  (void)wait_until([&] {
+    poll_c();
+    return c->shutdown_complete();
+  }, 2s);
 }
 
 TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {

@@ -325,17 +325,31 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
         // Once per run of drops (a take ends it), not once per notification.
         ++notification_counts.dropped;
         if (!std::exchange(dropping_notifications, true)) {
-          baton::logger().warn("ucx: {} notifications not taken; dropping the oldest until some are taken",
+          baton::logger().warn("ucx: {} notifications not taken; dropping the oldest of the peer holding the most "
+                               "until some are taken",
                                notifications.size());
         }
-        notifications.pop_front();
+        drop_a_notification();
       }
       notifications.push_back({session.name, std::move(*text)});
+      notified_by.push_back(id);
+      ++notifications_of[id];
       return Status::ok();
     }
     default:
       return Status::invalid_argument("frame kind {} is not for a listener", static_cast<int>(frame.kind));
   }
+}
+
+// The oldest notification of the peer holding the most: one peer that
+// floods pushes out its own, not everyone's. Its oldest is near the front
+// when it floods.
+void UcxTransport::State::drop_a_notification() {
+  const auto most = std::ranges::max_element(notifications_of, {}, [](const auto& kv) { return kv.second; });
+  const auto at = std::ranges::find(notified_by, most->first) - notified_by.begin();
+  notifications.erase(notifications.begin() + at);
+  notified_by.erase(notified_by.begin() + at);
+  if (--most->second == 0) notifications_of.erase(most);
 }
 
 // Session ids now: handling a frame may close a session (telling a peer

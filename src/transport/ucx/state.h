@@ -439,6 +439,8 @@ struct UcxTransport::State {
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
   std::vector<void*> closing;  // ucp_ep_close_nbx requests
   std::deque<Notification> notifications;  // received, not yet taken
+  std::deque<std::uint64_t> notified_by;     // the session that sent each of them
+  std::unordered_map<std::uint64_t, std::size_t> notifications_of;  // per session, in `notifications`
   NotificationCounts notification_counts;   // its untaken: unused (notifications.size())
   bool dropping_notifications = false;       // since the last take: warned once
 
@@ -640,6 +642,7 @@ struct UcxTransport::State {
   void fail_back_rail(const BackError& e);
   void watch(ControlConnection& conn, bool& write_watched);
   void close_session(std::uint64_t id, std::string_view why);
+  void drop_a_notification();
   bool tell(std::uint64_t id, ControlKind kind, std::span<const std::uint8_t> body);
   void accept_connections(TimeNs now_ns);
   Status open_back_lanes(std::uint64_t id, const std::vector<std::vector<std::uint8_t>>& addresses);

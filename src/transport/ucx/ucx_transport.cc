@@ -567,6 +567,8 @@ std::vector<Notification> UcxTransport::take_notifications() {
   std::vector<Notification> out(std::make_move_iterator(state_->notifications.begin()),
                                 std::make_move_iterator(state_->notifications.end()));
   state_->notifications.clear();
+  state_->notified_by.clear();
+  state_->notifications_of.clear();
   state_->dropping_notifications = false;
   return out;
 }
