@@ -370,6 +370,7 @@ TEST(ServeProcessFailure, APeerRestartedOnTheSameAddressIsReachedAfresh) {
   auto peer = me.engine->connect(address);
   ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
   ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *peer, 0, 0, 1 << 20)}, {}}).is_ok());
+  const engine::Request kept = me.request(engine::Op::kRead, *peer, 0, 0, 4096);  // names the first's region
   ::kill(first->pid(), SIGKILL);
   first.reset();
   // Requests to the dead incarnation end unavailable, never hang.
@@ -397,6 +398,12 @@ TEST(ServeProcessFailure, APeerRestartedOnTheSameAddressIsReachedAfresh) {
   ASSERT_TRUE(again.has_value()) << again.error().to_string();
   ASSERT_TRUE(me.run({{me.request(engine::Op::kRead, *again, 0, 4096, 1 << 19)}, {}}).is_ok());
   EXPECT_FALSE(engine::pattern_mismatch(std::span(me.buffer).first(1 << 19), kServeSalt, 4096).has_value());
+  // A request kept from before names the dead process's region, which the
+  // new one does not have: refused, not served from the new one's (both
+  // processes numbered their first region 1, and it read the new bytes).
+  EXPECT_NE(me.remote(*again).key, kept.remote_region);
+  const Status stale = me.run({{kept}, {}});
+  EXPECT_EQ(stale.code(), StatusCode::kNotFound) << stale.to_string();
   EXPECT_TRUE(second->stop().is_ok());
 }
 

@@ -3,6 +3,8 @@
 // table, and revocation.
 #include "transport/ucx/state.h"
 
+#include <random>
+
 #include "baton/common/log.h"
 
 namespace baton::transport {
@@ -140,8 +142,14 @@ RegionHandle UcxTransport::State::add_region(void* addr, std::size_t length, Mem
                                              std::shared_ptr<UcxTransport::StagedAccess> staged) {
   // Unique in the process, not per engine: another engine's handle named
   // here is not_found, where a per-engine count named a region of this one
-  // and moved bytes into the wrong buffer. Never 0 or ~0 (no target).
-  static std::atomic<RegionHandle> next{1};
+  // and moved bytes into the wrong buffer. Never 0 or ~0 (no target). From
+  // a random start, so that a process restarted on the same address does
+  // not hand out its predecessor's handles: a peer's remote region kept from
+  // before the restart named the new process's region and read its bytes.
+  static std::atomic<RegionHandle> next{[] {
+    std::random_device device;
+    return std::uniform_int_distribution<RegionHandle>(1, 1U << 31)(device);
+  }()};
   do {
     region.handle = next.fetch_add(1, std::memory_order_relaxed);
   } while (region.handle == 0 || region.handle == ~RegionHandle{0} || region_base.contains(region.handle));
