@@ -1149,6 +1149,30 @@ TEST_P(UcxTransportTest, UntakenNotificationsAreBoundedAndCounted) {
   }, 2s);
 }
 
+// Counted, 65 536 notifications of 4 KiB held 270 MiB in an engine that
+// never took them: at most 16 MiB wait, the oldest dropped, the newest kept.
+TEST_P(UcxTransportTest, UntakenNotificationsAreBoundedInBytes) {
+  const PathId path = connect_ready();
+  ASSERT_FALSE(HasFailure());
+  constexpr std::size_t kSent = 6000;  // 24 MiB of text
+  const std::string text(kMaxNotificationBytes - 8, 'n');
+  for (std::size_t i = 0; i < kSent; ++i) {
+    ASSERT_TRUE(a_->notify(path, fmt::format("{:08}", i) + text).is_ok()) << i;
+    if (i % 256 == 0) poll_both();
+  }
+  ASSERT_TRUE(wait_until([&] { return b_->notification_counts().received == kSent; }, 30s))
+      << b_->notification_counts().received;
+  const NotificationCounts counts = b_->notification_counts();
+  const std::vector<Notification> got = b_->take_notifications();
+  ASSERT_FALSE(got.empty());
+  const std::size_t each = got.front().message.size() + got.front().from.size();
+  EXPECT_EQ(got.size(), ucx::kMaxPendingNotificationBytes / each);
+  EXPECT_EQ(counts.untaken, got.size());
+  EXPECT_EQ(counts.dropped, kSent - got.size());
+  EXPECT_EQ(got.front().message.substr(0, 8), fmt::format("{:08}", kSent - got.size()));  // the oldest went
+  EXPECT_EQ(got.back().message.substr(0, 8), fmt::format("{:08}", kSent - 1));
+}
+
 TEST_P(UcxTransportTest, UnregisterIsRefusedWhileSlicesAreInFlight) {
   auto& remote = buffer(1 << 20);
   auto rr = expose(remote.data(), remote.size());

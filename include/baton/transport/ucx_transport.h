@@ -182,7 +182,7 @@ struct Notification {
 // they are dropped.
 struct NotificationCounts {
   std::uint64_t received = 0;
-  std::uint64_t dropped = 0;  // given up when 65536 waited untaken (take_notifications)
+  std::uint64_t dropped = 0;  // given up when 65536, or 16 MiB, waited untaken (take_notifications)
   std::uint64_t untaken = 0;
 };
 
@@ -339,8 +339,8 @@ class UcxTransport final : public Transport {
   // unknown path or a message over 4 KiB; unavailable unless ready.
   Status notify(PathId path, std::string_view message);
   // Notifications received since the last call, in arrival order. At most
-  // 65536 wait here; beyond that the oldest of the peer holding the most is
-  // dropped (logged once a run of drops starts, and counted): a peer that
+  // 65536 wait here, and 16 MiB of them (text and senders' names); beyond
+  // that the oldest of the peer holding the most is dropped (logged once a run of drops starts, and counted): a peer that
   // floods loses its own, not the others'.
   [[nodiscard]] std::vector<Notification> take_notifications();
   [[nodiscard]] NotificationCounts notification_counts() const;

@@ -321,16 +321,19 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       auto text = ucx::decode_text(frame.body, kMaxNotificationBytes);
       if (!text) return text.error();
       ++notification_counts.received;
-      if (notifications.size() == ucx::kMaxPendingNotifications) {
+      const std::size_t bytes = text->size() + session.name.size();
+      while (!notifications.empty() && (notifications.size() == ucx::kMaxPendingNotifications ||
+                                        notification_bytes + bytes > ucx::kMaxPendingNotificationBytes)) {
         // Once per run of drops (a take ends it), not once per notification.
         ++notification_counts.dropped;
         if (!std::exchange(dropping_notifications, true)) {
-          baton::logger().warn("ucx: {} notifications not taken; dropping the oldest of the peer holding the most "
-                               "until some are taken",
-                               notifications.size());
+          baton::logger().warn("ucx: {} notifications ({} bytes) not taken; dropping the oldest of the peer holding "
+                               "the most until some are taken",
+                               notifications.size(), notification_bytes);
         }
         drop_a_notification();
       }
+      notification_bytes += bytes;
       notifications.push_back({session.name, std::move(*text)});
       notified_by.push_back(id);
       ++notifications_of[id];
@@ -347,6 +350,7 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
 void UcxTransport::State::drop_a_notification() {
   const auto most = std::ranges::max_element(notifications_of, {}, [](const auto& kv) { return kv.second; });
   const auto at = std::ranges::find(notified_by, most->first) - notified_by.begin();
+  notification_bytes -= notifications[at].message.size() + notifications[at].from.size();
   notifications.erase(notifications.begin() + at);
   notified_by.erase(notified_by.begin() + at);
   if (--most->second == 0) notifications_of.erase(most);

@@ -441,6 +441,7 @@ struct UcxTransport::State {
   std::deque<Notification> notifications;  // received, not yet taken
   std::deque<std::uint64_t> notified_by;     // the session that sent each of them
   std::unordered_map<std::uint64_t, std::size_t> notifications_of;  // per session, in `notifications`
+  std::size_t notification_bytes = 0;  // their text and senders' names
   NotificationCounts notification_counts;   // its untaken: unused (notifications.size())
   bool dropping_notifications = false;       // since the last take: warned once
 

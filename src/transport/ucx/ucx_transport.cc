@@ -569,6 +569,7 @@ std::vector<Notification> UcxTransport::take_notifications() {
   state_->notifications.clear();
   state_->notified_by.clear();
   state_->notifications_of.clear();
+  state_->notification_bytes = 0;
   state_->dropping_notifications = false;
   return out;
 }
