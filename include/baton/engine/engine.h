@@ -287,7 +287,9 @@ class Engine {
   // without a thread: on readable, poll() the batches it waits for. The fd
   // belongs to the engine; -1 if the kernel refused one.
   [[nodiscard]] int batch_event_fd() const;
-  // Notifications peers sent us since the last call, in arrival order.
+  // Notifications peers sent us since the last call, in arrival order. At
+  // most 65 536 (and 16 MiB) wait untaken; beyond that the oldest of the
+  // peer holding the most are dropped (docs/engine.md, "Notifications").
   [[nodiscard]] std::vector<transport::Notification> take_notifications();
 
   // Prometheus text of the engine's metrics: admission (MLU histogram per
