@@ -2,9 +2,11 @@
 // Each run gets files of its own: ctest runs tests in parallel.
 #pragma once
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -59,6 +61,23 @@ inline CommandRun run_baton(const std::string& args, const std::string& prefix =
   std::remove((stem + ".out").c_str());  // read: nothing left in /tmp
   std::remove((stem + ".err").c_str());
   return run;
+}
+
+// A process's state letter in /proc ('T' stopped, 'Z' exited and not yet
+// reaped), or '?' when there is no such process.
+inline char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() ? text[close + 2] : '?';
+}
+
+// SIGSTOPs `pid` and waits (up to 1 s) until it has stopped: kill() returns
+// before, and a call answered in between is not one the stop stalled.
+inline bool stop_process(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  for (int i = 0; i < 1000 && process_state(pid) != 'T'; ++i) ::usleep(1000);
+  return process_state(pid) == 'T';
 }
 
 // A deployment secret in a private file, for peers that listen beyond

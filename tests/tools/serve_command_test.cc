@@ -31,8 +31,10 @@ namespace baton::cli {
 namespace {
 
 using baton::testing::CommandRun;
+using baton::testing::process_state;
 using baton::testing::run_baton;
 using baton::testing::secret_file;
+using baton::testing::stop_process;
 constexpr TimeNs kSecond = 1'000'000'000;
 
 // The JSON a command printed after its human-readable lines (`--json -`).
@@ -115,15 +117,6 @@ TEST_P(ServeProcess, ServesItsPatternReadAndWrittenByteExactAndExitsCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(Tls, ServeProcess, ::testing::Values(std::string(""), std::string("tcp")),
                          [](const auto& info) { return info.param.empty() ? std::string("Default") : info.param; });
-
-// A process's state letter in /proc ('T' stopped, 'Z' exited and not yet
-// reaped), or '?' when there is no such process.
-char process_state(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() ? text[close + 2] : '?';
-}
 
 // Over TCP, requests in flight when the peer dies fail. A same-host copy
 // needs no CPU of the peer, so what it copied before the death was seen
@@ -229,14 +222,9 @@ struct StalledPeer {
     EXPECT_TRUE(p.has_value()) << p.error().to_string();
     if (p) peer = *p;
     (void)me.remote(peer);  // the region is known before the peer stops
-    ::kill(child.pid(), SIGSTOP);
-    // kill() returns before the child has stopped; a slice served in between
-    // would not be stalled.
-    for (int i = 0; i < 1000 && !stopped(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_TRUE(stopped());
+    EXPECT_TRUE(stop_process(child.pid()));
   }
 
-  [[nodiscard]] bool stopped() const { return process_state(child.pid()) == 'T'; }
   ~StalledPeer() { ::kill(child.pid(), SIGCONT); }
 
   engine::BatchHandle submit(TimeNs timeout_ns = 0) {

@@ -81,7 +81,7 @@ TEST(StoreCommand, AFetchFromAStoppedStoreEndsWithinItsOwnTimeout) {
   ASSERT_TRUE(e.has_value());
   const std::vector<std::uint64_t> hash{0x77};
   ASSERT_TRUE((*client)->fetch(**e, "llama", hash, "d").has_value());  // connected, nothing found
-  ASSERT_EQ(::kill(child->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(baton::testing::stop_process(child->pid()));  // stopped before it is asked
   const auto asked = std::chrono::steady_clock::now();
   store::FetchOptions short_one;
   short_one.timeout_ns = 300'000'000;
