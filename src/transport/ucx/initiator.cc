@@ -30,7 +30,7 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
   for (auto& lane : peer.lanes) {
     drop_unflushed(*lane);
     if (lane->ep != nullptr) {
-      close_endpoint(lane->ep);
+      close_endpoint(lane->ep, id);
       lane->ep = nullptr;
     }
   }
@@ -40,6 +40,19 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
   for (auto& [sid, op] : slices) {
     if (op->awaiting_reply && op->submit.path == id) finish_compressed(*op, UCS_ERR_CONNECTION_RESET, {});
   }
+}
+
+// Whether a failed path holds nothing any more, so that a connect may take
+// its slot: no slice of it in flight, no close of its lanes running (a lane
+// is its endpoint's error-handler argument), no error of one waiting to be
+// handled, no same-host holder kept waiting on its connection.
+bool UcxTransport::State::reusable(PathId id) const {
+  const Peer& p = peers[id];
+  if (p.state != PathState::kFailed || p.inflight != 0) return false;
+  const auto of_it = [id](const auto& path) { return path == id; };
+  return std::ranges::none_of(closing, of_it, &Closing::path) &&
+         std::ranges::none_of(lingering, of_it, [](const auto& l) { return std::optional(l.first); }) &&
+         std::ranges::none_of(lane_errors, [id](const auto& e) { return e.first->path == id; });
 }
 
 // What UCX chose for the path's RMA, from ucp_ep_print_info (UCX 1.13 has

@@ -268,7 +268,7 @@ void UcxTransport::State::note_posted(Peer& peer, std::size_t rail, TimeNs now_n
   if (peer.rails[rail].inflight++ == 0) peer.rails[rail].last_progress_ns = now_ns;
 }
 
-void UcxTransport::State::close_endpoint(ucp_ep_h ep) {
+void UcxTransport::State::close_endpoint(ucp_ep_h ep, std::optional<PathId> path) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // A forced close needs no answer from the peer and completes everything
@@ -276,7 +276,7 @@ void UcxTransport::State::close_endpoint(ucp_ep_h ep) {
   // peer-failure handling.
   param.flags = config.peer_failure_detection ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* request = ucp_ep_close_nbx(ep, &param);
-  if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+  if (UCS_PTR_IS_PTR(request)) closing.push_back({request, path});
 }
 
 // A warning about what a peer sent, or a stranger that reached UCX's ports:
@@ -306,9 +306,9 @@ void UcxTransport::State::warn_about_peer(const std::string& text) {
 }
 
 void UcxTransport::State::reap_closing() {
-  std::erase_if(closing, [](void* request) {
-    if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
-    ucp_request_free(request);
+  std::erase_if(closing, [](const Closing& c) {
+    if (ucp_request_check_status(c.request) == UCS_INPROGRESS) return false;
+    ucp_request_free(c.request);
     return true;
   });
 }
@@ -373,7 +373,7 @@ void UcxTransport::State::fail_rail(PathId id, std::size_t rail, Status reason) 
   for (auto& lane : peer.lanes) {
     if (lane->rail != rail || lane->ep == nullptr) continue;
     drop_unflushed(*lane);
-    close_endpoint(lane->ep);
+    close_endpoint(lane->ep, id);
     lane->ep = nullptr;
   }
   for (auto& [sid, op] : slices) {
@@ -449,7 +449,7 @@ void UcxTransport::State::teardown() {
   staged_waiting.clear();  // not started: nothing to hand back
   if (!closing.empty()) {
     baton::logger().warn("ucx: {} endpoint closes did not finish at shutdown", closing.size());
-    for (void* r : std::exchange(closing, {})) ucp_request_free(r);
+    for (const Closing& c : std::exchange(closing, {})) ucp_request_free(c.request);
   }
   // Whatever UCX still holds must not call back into freed records.
   for (auto& [id, op] : slices) {

@@ -48,6 +48,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -437,7 +438,14 @@ struct UcxTransport::State {
   std::uint64_t staged_bytes = 0;
   TimeNs last_poll_ns = 0;
   ucx::BufferPool buffers{kPooledBufferBytes};  // payloads' memory, reused
-  std::vector<void*> closing;  // ucp_ep_close_nbx requests
+  // ucp_ep_close_nbx requests, with the path whose lane each closes (none:
+  // a session's back lane): a failed path's slot is taken again only once
+  // UCX is done with its lanes, whose records are its error handlers' args.
+  struct Closing {
+    void* request = nullptr;
+    std::optional<PathId> path;
+  };
+  std::vector<Closing> closing;
   std::deque<Notification> notifications;  // received, not yet taken
   std::deque<std::uint64_t> notified_by;     // the session that sent each of them
   std::unordered_map<std::uint64_t, std::size_t> notifications_of;  // per session, in `notifications`
@@ -564,7 +572,7 @@ struct UcxTransport::State {
   void stop_progress_threads();
   void unmap(LocalRegion& r);
   static void note_posted(Peer& peer, std::size_t rail, TimeNs now_ns);
-  void close_endpoint(ucp_ep_h ep);
+  void close_endpoint(ucp_ep_h ep, std::optional<PathId> path = std::nullopt);
   void reap_closing();
   void warn_about_peer(const std::string& text);
   // `session`: the peer an answer goes to, whose Session::queued_bytes it counts in.
@@ -623,6 +631,7 @@ struct UcxTransport::State {
   void publish_direct();
   bool retired_in_use();
   void close_lingering();
+  [[nodiscard]] bool reusable(PathId id) const;
   [[nodiscard]] bool revocation_waits_on_copies() const;
   static bool visible(const LocalRegion& r, const Session& session);
   std::vector<RegionDescriptor> tell_regions(Session& session);

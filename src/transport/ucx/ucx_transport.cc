@@ -430,16 +430,17 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
         Status::invalid_argument("UcxTransport::connect: address \"{}\" has port 0", shown(peer_address)));
   }
   const std::string address = format_socket_address(target->get());
-  // A failed path to this address whose handshake never reached its
-  // endpoints (refused, timed out, wrong secret) holds nothing: it is taken
-  // again. A caller retrying a dead peer added a path a try (1.4 KB each,
-  // walked by every connect and every loop turn).
+  // A failed path to this address that holds nothing any more (a refused
+  // or timed-out handshake; a peer that died and is back on its address,
+  // once its lanes closed) is taken again. A caller retrying a dead peer
+  // added a path a try (1.4 KB each, walked by every connect and every loop
+  // turn), and each restart of a peer about 2 KB.
   std::optional<PathId> reuse;
   for (PathId id = 0; id < s.peers.size(); ++id) {
     const State::Peer& p = s.peers[id];
     if (p.address != address) continue;
     if (p.state != PathState::kFailed) return id;
-    if (!reuse && p.stage < State::Stage::kBinding && p.inflight == 0) reuse = id;
+    if (!reuse && s.reusable(id)) reuse = id;
   }
 
   const auto id = reuse.value_or(static_cast<PathId>(s.peers.size()));
