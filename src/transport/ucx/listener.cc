@@ -334,8 +334,7 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
         drop_a_notification();
       }
       notification_bytes += bytes;
-      notifications.push_back({session.name, std::move(*text)});
-      notified_by.push_back(id);
+      notifications.push_back({{session.name, std::move(*text)}, id});
       ++notifications_of[id];
       return Status::ok();
     }
@@ -349,10 +348,9 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
 // when it floods.
 void UcxTransport::State::drop_a_notification() {
   const auto most = std::ranges::max_element(notifications_of, {}, [](const auto& kv) { return kv.second; });
-  const auto at = std::ranges::find(notified_by, most->first) - notified_by.begin();
-  notification_bytes -= notifications[at].message.size() + notifications[at].from.size();
-  notifications.erase(notifications.begin() + at);
-  notified_by.erase(notified_by.begin() + at);
+  const auto at = std::ranges::find(notifications, most->first, &Untaken::session);
+  notification_bytes -= at->notification.message.size() + at->notification.from.size();
+  notifications.erase(at);
   if (--most->second == 0) notifications_of.erase(most);
 }
 

@@ -446,8 +446,11 @@ struct UcxTransport::State {
     std::optional<PathId> path;
   };
   std::vector<Closing> closing;
-  std::deque<Notification> notifications;  // received, not yet taken
-  std::deque<std::uint64_t> notified_by;     // the session that sent each of them
+  struct Untaken {
+    Notification notification;
+    std::uint64_t session = 0;  // that sent it
+  };
+  std::deque<Untaken> notifications;  // received, not yet taken
   std::unordered_map<std::uint64_t, std::size_t> notifications_of;  // per session, in `notifications`
   std::size_t notification_bytes = 0;  // their text and senders' names
   NotificationCounts notification_counts;   // its untaken: unused (notifications.size())

@@ -565,10 +565,10 @@ Status UcxTransport::notify(PathId path, std::string_view message) {
 }
 
 std::vector<Notification> UcxTransport::take_notifications() {
-  std::vector<Notification> out(std::make_move_iterator(state_->notifications.begin()),
-                                std::make_move_iterator(state_->notifications.end()));
+  std::vector<Notification> out;
+  out.reserve(state_->notifications.size());
+  for (State::Untaken& u : state_->notifications) out.push_back(std::move(u.notification));
   state_->notifications.clear();
-  state_->notified_by.clear();
   state_->notifications_of.clear();
   state_->notification_bytes = 0;
   state_->dropping_notifications = false;
