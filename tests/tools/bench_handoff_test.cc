@@ -116,10 +116,29 @@ TEST(BenchHandoff, AKilledProducerRankStillEndsEveryRequest) {
   EXPECT_EQ(j["pages_leaked"], 0);
 }
 
+// A consumer rank that dies stops its replica at once: the receive waiting
+// on its ticket ends then (it waited out its 60 s timeout, and each of the
+// replica's tickets of the wave after it), and the other replica goes on.
+TEST(BenchHandoff, AKilledConsumerRankStopsItsReplicaAtOnceAndTheRunGoesOn) {
+  const auto j = run("--producers 2 --consumers 2 --requests 16 --kill-consumer-at 5");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(statuses(j), 16u);
+  EXPECT_FALSE(j["statuses"].contains("timeout")) << j["statuses"];
+  EXPECT_GT(j["statuses"].value("failed_precondition", 0), 0) << j["statuses"];
+  EXPECT_EQ(j["verified"], j["completed"]);
+  EXPECT_GE(j["completed"].get<int>(), 8) << "c0's requests";
+  EXPECT_EQ(j["pages_leaked"], 0);
+  EXPECT_GT(j["pages_of_failed_consumers"].get<int>(), 0);
+  EXPECT_NE(j["replica_stopped"].get<std::string>().find("consumer c1 stopped"), std::string::npos)
+      << j["replica_stopped"];
+  EXPECT_TRUE(j["overhead_ratio"].is_null()) << "no parity figure from a fault run";
+}
+
 TEST(BenchHandoff, BadInputFailsWithOneLine) {
   for (const std::string args :
        {"bench handoff --requests 4", "bench handoff --spawn --kv-heads 6 --producer-tp 4",
         "bench handoff --spawn --stall-consumer-rank 2 --consumer-tp 2", "bench handoff --spawn --requests 4 --kill-producer-at 4",
+        "bench handoff --spawn --requests 4 --kill-consumer-at 4",
         "bench handoff --spawn --order xyz",
         "bench handoff --spawn --tokens 100000 --window 1024"}) {
     const CommandRun r = baton::testing::run_baton(args);
@@ -152,7 +171,7 @@ TEST(BenchHandoff, DurationFlagsSayWhyTheyAreRefused) {
 // inside (-1, 0) is refused instead of silently ignored; a stall needs a
 // timeout named.
 TEST(BenchHandoff, FaultFlagsOutOfRangeAreRefused) {
-  for (const std::string args : {"--kill-producer-at -1", "--stall-consumer-rank -1", "--cancel-every 0"}) {
+  for (const std::string args : {"--kill-producer-at -1", "--kill-consumer-at -1", "--stall-consumer-rank -1", "--cancel-every 0"}) {
     const CommandRun r = baton::testing::run_baton("bench handoff --spawn " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("not in range"), std::string::npos) << args << ": " << r.err;

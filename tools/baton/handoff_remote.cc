@@ -128,9 +128,19 @@ void WorkerProcess::read_lines() {
     lock.unlock();
     if (wake) wake();
   }
-  std::lock_guard lock(mutex_);
-  gone_ = true;
-  cv_.notify_all();
+  bool asked = false;
+  {
+    std::lock_guard lock(write_mutex_);
+    asked = in_ < 0;
+  }
+  std::function<void()> gone;
+  {
+    std::lock_guard lock(mutex_);
+    gone_ = true;
+    cv_.notify_all();
+    if (!asked) gone = std::move(gone_hook_);
+  }
+  if (gone) gone();
 }
 
 bool WorkerProcess::alive() const {
@@ -198,6 +208,11 @@ Status WorkerProcess::call(json request, json* answer, int timeout_ms) {
 void WorkerProcess::on_completion(std::function<void()> wake) {
   std::lock_guard lock(mutex_);
   wake_ = std::move(wake);
+}
+
+void WorkerProcess::on_exit(std::function<void()> gone) {
+  std::lock_guard lock(mutex_);
+  gone_hook_ = std::move(gone);
 }
 
 std::vector<handoff::LoadCompletion> WorkerProcess::take_completions() {

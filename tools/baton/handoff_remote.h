@@ -41,6 +41,10 @@ class WorkerProcess {
   [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions();
   // Called (outside our locks) whenever completions arrived.
   void on_completion(std::function<void()> wake);
+  // Called once (on the reader's thread, outside our locks) when the
+  // process's output ends before close_input() asked it to: it died. A
+  // caller blocked elsewhere (a receive) learns of it then, not at its next look.
+  void on_exit(std::function<void()> gone);
 
   [[nodiscard]] const std::string& address() const { return address_; }
   [[nodiscard]] engine::RegionHandle region() const { return region_; }
@@ -65,6 +69,7 @@ class WorkerProcess {
   std::map<std::uint64_t, nlohmann::json> answers_;
   std::vector<handoff::LoadCompletion> completions_;
   std::function<void()> wake_;
+  std::function<void()> gone_hook_;
   std::uint64_t next_id_ = 1;
   bool gone_ = false;
   std::thread reader_;
