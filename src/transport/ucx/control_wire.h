@@ -35,7 +35,8 @@ namespace baton::transport::ucx {
 
 // 4: a region may come without rkeys (staged: reached by messages only).
 // 5: the proof covers the lane count, and the name by its length.
-inline constexpr std::uint16_t kControlVersion = 5;
+// 6: over TCP a lane's bind is padded (wire.h, kBindPaddingBytes).
+inline constexpr std::uint16_t kControlVersion = 6;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;

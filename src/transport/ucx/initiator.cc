@@ -190,9 +190,10 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
       std::uint64_t token = 0;
       if (Status s = welcome(id, frame, token); !s.is_ok()) return s;
       peer.stage = Stage::kBinding;
-      std::vector<std::uint8_t> payload(sizeof token);
-      std::memcpy(payload.data(), &token, sizeof token);
+      const bool tcp = peer.same_host_pid == 0 && detect_path_type(peer.lanes[0]->ep) == topology::PathType::kTcp;
       for (auto& lane : peer.lanes) {
+        std::vector<std::uint8_t> payload(ucx::kBindTokenBytes + (tcp ? ucx::kBindPaddingBytes : 0));
+        std::memcpy(payload.data(), &token, sizeof token);
         MessageHeader bind;
         bind.path = id;
         bind.lane = static_cast<std::uint32_t>(lane->index);

@@ -24,7 +24,8 @@ auto UcxTransport::State::session_of(ucp_ep_h ep) -> Session* {
 // the endpoint it arrives on here as that session's; once every lane is
 // bound, the control connection says the path is ready.
 void UcxTransport::State::handle_bind(const Inbound& in) {
-  if (in.reply_ep == nullptr || in.payload.size() != sizeof(std::uint64_t)) {
+  if (in.reply_ep == nullptr || (in.payload.size() != ucx::kBindTokenBytes &&
+                                 in.payload.size() != ucx::kBindTokenBytes + ucx::kBindPaddingBytes)) {
     warn_about_peer("ucx: a lane binding without a reply endpoint or a token; dropped");
     return;
   }

@@ -44,6 +44,16 @@ enum class MessageKind : unsigned {
 // them), else the codec that compressed them.
 enum class WireCodec : std::uint8_t { kRaw = 0, kLz4 = 1, kZstd = 2 };
 
+// Over TCP a lane's bind is padded to this size: a path whose lanes had
+// carried no message this large, cut by a partition and failed by the
+// stall timeout (its endpoints force-closed), crashed the initiator when
+// the link healed, in UCX 1.13's TCP transport (SIGSEGV under
+// uct_tcp_iface_progress: 6 of 6 runs; after a 256 KiB slice on each lane,
+// or binds padded so, none of 14). The listener reads the token and skips
+// the rest.
+inline constexpr std::size_t kBindTokenBytes = sizeof(std::uint64_t);
+inline constexpr std::size_t kBindPaddingBytes = 256 * 1024;
+
 struct SliceDescriptor {
   std::uint32_t key = 0;     // the holder's region
   WireCodec codec = WireCodec::kRaw;
