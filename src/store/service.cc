@@ -554,6 +554,20 @@ Status StoreClient::put_blocks(engine::Engine& engine, const std::string& ns, co
         "put {}: layout {} slots × {} segments × {} bytes, the namespace's is {} × {} × {} (nothing written)", ns,
         layout.slots, layout.segments, layout.segment_bytes, want->slots, want->segments, want->segment_bytes);
   }
+  // Our own ranges too: the store evicts good blocks to allocate pages for
+  // a put, so a put that can only fail on this side must fail first.
+  auto region = engine.region(local);
+  if (!region) return Status(region.error().code(), fmt::format("put {}: {} (nothing allocated)", ns,
+                                                                 region.error().message()));
+  const std::uint64_t block_bytes = layout.block_bytes();
+  for (std::size_t b = 0; b < hashes.size(); ++b) {
+    const std::uint64_t at = offset_of(b);
+    if (at > region->length || block_bytes > region->length - at) {
+      return Status::out_of_range("put {}: block {} at local offset {} + {} bytes is outside region {} ({} bytes; "
+                                  "nothing allocated)",
+                                  ns, b, at, block_bytes, local, region->length);
+    }
+  }
   auto peer = store_peer(engine);
   if (!peer) return peer.error();
   auto pages = allocate_blocks(ns, static_cast<std::uint32_t>(hashes.size()), producer);
@@ -564,7 +578,6 @@ Status StoreClient::put_blocks(engine::Engine& engine, const std::string& ns, co
     return Status::unavailable("put {}: the store answered {} pages for {} blocks (nothing written)", ns,
                                pages->size(), hashes.size());
   }
-  const std::uint64_t block_bytes = layout.block_bytes();
   engine::Batch writes;
   std::vector<std::uint64_t> ids;
   for (std::size_t b = 0; b < pages->size(); ++b) {

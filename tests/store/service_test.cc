@@ -267,6 +267,8 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
   const std::vector<std::uint64_t> hashes{0x9000, 0x9001, 0x9002};
   BlockLayout other = kLayout;
   other.slots = 4;
+  const auto fresh = c.stats();
+  ASSERT_TRUE(fresh.has_value());
   EXPECT_EQ(c.put(*producer, "llama", "p", {}, kLayout, mine->handle).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.put(*producer, "llama", "p", hashes, BlockLayout{}, mine->handle).code(),
             StatusCode::kInvalidArgument);
@@ -286,6 +288,10 @@ TEST(StoreService, PutWritesAndSealsInOneCallAndRefusesBadInput) {
             StatusCode::kOutOfRange)
       << "the third block's offset is past the buffer";
   EXPECT_EQ(c.query("llama", hashes, "d")->found, 0u) << "nothing refused was sealed";
+  // Nor allocated: a put that fails on our side (a local range, a region we
+  // do not have) had the store evict good blocks to make room for it.
+  EXPECT_EQ(c.stats()->unsealed, fresh->unsealed);
+  EXPECT_EQ(c.stats()->free_pages, fresh->free_pages);
 
   ASSERT_TRUE(c.put(*producer, "llama", "p", hashes, kLayout, mine->handle).is_ok());
   // A block larger than the namespace's would spill into the next pages
