@@ -155,11 +155,13 @@ Result<std::unique_ptr<BlockStore>> BlockStore::create(engine::Engine& engine, S
     for (const char* name : {"baton_store_blocks", "baton_store_bytes", "baton_store_unsealed_pages",
                              "baton_store_free_pages", "baton_store_sessions", "baton_store_locked_blocks"}) {
       (void)m->declare_gauge(name, "The block store's current state (docs/store.md).");
+      m->set(name, {}, 0);  // a series from the start: a scrape before the first change sees 0, not nothing
     }
     for (const char* name : {"baton_store_evictions_total", "baton_store_expired_locks_total",
                              "baton_store_reclaimed_pages_total", "baton_store_hashes_asked_total",
                              "baton_store_hashes_found_total"}) {
       (void)m->declare_counter(name, "The block store's totals (hit ratio: found / asked).");
+      m->add(name, {}, 0);
     }
   }
   return std::unique_ptr<BlockStore>(new BlockStore(std::make_unique<State>(engine, config)));

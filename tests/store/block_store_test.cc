@@ -106,6 +106,19 @@ TEST(BlockStore, AQueryAnswersTheFoundPrefixAsAPlanUnderALock) {
   EXPECT_TRUE(miss->plan.empty());
 }
 
+// Every metric has a sample from the start: a counter still at 0 had its
+// HELP and TYPE lines and no value, which a scrape reads as "absent".
+TEST(BlockStore, EveryMetricHasASampleBeforeItFirstMoves) {
+  Rig rig;
+  const std::string text = rig.metrics.text();
+  for (const char* name : {"baton_store_evictions_total", "baton_store_expired_locks_total",
+                           "baton_store_reclaimed_pages_total", "baton_store_hashes_asked_total",
+                           "baton_store_hashes_found_total", "baton_store_blocks", "baton_store_sessions",
+                           "baton_store_locked_blocks", "baton_store_unsealed_pages"}) {
+    EXPECT_NE(text.find(std::string("\n") + name + " 0\n"), std::string::npos) << name << "\n" << text;
+  }
+}
+
 TEST(BlockStore, SealingAHashTwiceKeepsOneCopy) {
   Rig rig;
   rig.put({7});
