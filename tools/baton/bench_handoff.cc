@@ -383,6 +383,7 @@ Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
       r.final = s.is_ok() ? Status::cancelled("cancelled by the bench") : s;
     }
   }
+  retained();  // cancels retain pages here, with no receive after them
   for (std::uint32_t i : wave) {
     Request& r = requests_[i];
     if (!r.started || r.final) continue;
@@ -553,6 +554,7 @@ int Bench::run() {
   const auto settle_by = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < settle_by && settling()) {
     orch_->progress();
+    retained();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const std::uint64_t retained_at_end = retained();
