@@ -115,7 +115,10 @@ TEST(StoreCommand, BadFlagsExitTwoWithOneLine) {
                                  // The engine's flags are the other commands' (its refusal named --token-file,
                                  // which store did not take); an empty value is no value.
                                  "store --namespace a:1x1x4096:4 --lanes 0",
-                                 "store --namespace a:1x1x4096:4 --token-file ''"}) {
+                                 "store --namespace a:1x1x4096:4 --token-file ''",
+                                 // Two pools of 60 GiB: each within the bound of one, together more memory
+                                 // than the machine has (they started, to die as the store filled).
+                                 "store --namespace a:512x2x16384:3840 --namespace b:512x2x16384:3840"}) {
     const auto r = baton::testing::run_baton(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
