@@ -118,6 +118,19 @@ TEST(BenchDualpath, AKillAfterTheLastArrivalStillHappensAtItsTime) {
   EXPECT_EQ(j["affected"], 0);
 }
 
+// A restore asked for within the burst's 1 ms delay came before the kill it
+// undoes (the JSON said restored at 1000 us, killed at 1697): it now takes
+// effect once the kill was sent, and says when.
+TEST(BenchDualpath, ARestoreNeverComesBeforeItsKill) {
+  const CommandRun r = baton(
+      "bench fault --transport ucx --spawn --requests 40 --duration-ms 200 --kill-at-ms 0 --restore-at-ms 0.5 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["lost_bytes"], 0);
+  EXPECT_GE(j["restore_at_us"].get<double>(), j["kill_at_us"].get<double>());
+}
+
 // Gone or a zombie: it runs no more.
 bool ended(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

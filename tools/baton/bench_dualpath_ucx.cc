@@ -404,7 +404,9 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
     const TimeNs at = t0 + w.at_ns[i];
     const bool kill_now = !killer.joinable() && at >= kill_ns;
     if (Status s = (*dual)->run_until(kill_now ? kill_ns : at); !s.is_ok()) return fail_bench(kMode, s);
-    if (killer.joinable() && rig.engine->now_ns() >= restore_ns) direct = &*rig.restarted;
+    // Restored once asked for and once the kill was sent: a restore asked
+    // for within the burst's delay came before the kill it undoes.
+    if (killer.joinable() && killed_ns.load() != 0 && rig.engine->now_ns() >= restore_ns) direct = &*rig.restarted;
     if (kill_now) {
       killer = std::thread([&rig, &killed_ns] {
         std::this_thread::sleep_for(std::chrono::nanoseconds(kKillDelayNs));
@@ -432,6 +434,7 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
   if (!out) return fail_bench(kMode, out.error());
 
   const TimeNs kill = killed_ns.load();  // when it was sent, not when it was asked for
+  const TimeNs restored = std::max(restore_ns, kill);  // likewise: never before the kill
   ordered_json timeline = ordered_json::array();
   std::optional<TimeNs> recovery_ns, returned_ns, first_affected_submit_ns, detected_ns;
   int affected = 0;
@@ -439,7 +442,7 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const dualpath::HandoffStatus& st = out->status[i];
     const bool ok = st.state == dualpath::HandoffState::kCompleted;
-    const bool hit = st.failovers > 0 || (st.submitted_ns >= kill && st.submitted_ns < restore_ns);
+    const bool hit = st.failovers > 0 || (st.submitted_ns >= kill && st.submitted_ns < restored);
     affected += hit;
     in_flight_at_fault += st.submitted_ns <= kill && (!st.ended() || st.completed_ns > kill);
     // Recovery: from the kill to the first byte the store leg delivered for
@@ -451,7 +454,7 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
     if (st.first_failover_ns >= kill) {
       detected_ns = std::min(detected_ns.value_or(st.first_failover_ns - kill), st.first_failover_ns - kill);
     }
-    if (ok && st.winner == dualpath::Leg::kDirect && st.submitted_ns >= restore_ns) {
+    if (ok && st.winner == dualpath::Leg::kDirect && st.submitted_ns >= restored) {
       returned_ns = std::min(returned_ns.value_or(st.completed_ns - t0), st.completed_ns - t0);
     }
     timeline.push_back({{"id", ids[i]},
@@ -471,7 +474,7 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
   j["recovery_us"] = us_or_null(recovery_ns);
   j["returned_to_direct_at_us"] = us_or_null(returned_ns);
   j["kill_at_us"] = static_cast<double>(kill - t0) / 1e3;
-  j["restore_at_us"] = static_cast<double>(restore_ns - t0) / 1e3;
+  j["restore_at_us"] = static_cast<double>(restored - t0) / 1e3;
   j["strategy"] = std::string(dualpath::to_string(*strategy));
   j["affected"] = affected;
   j["in_flight_at_fault"] = in_flight_at_fault;
