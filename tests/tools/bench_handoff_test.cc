@@ -143,6 +143,7 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
        {"bench handoff --requests 4", "bench handoff --spawn --kv-heads 6 --producer-tp 4",
         "bench handoff --spawn --stall-consumer-rank 2 --consumer-tp 2", "bench handoff --spawn --requests 4 --kill-producer-at 4",
         "bench handoff --spawn --requests 4 --kill-consumer-at 4",
+        "bench handoff --spawn --producers 16 --producer-tp 16 --producer-sp 16 --kv-heads 16",  // 4100 processes
         "bench handoff --spawn --order xyz",
         "bench handoff --spawn --tokens 100000 --window 1024"}) {
     const CommandRun r = baton::testing::run_baton(args);

@@ -151,6 +151,7 @@ class Bench {
   [[nodiscard]] bool settling();
   static constexpr int kCallTimeoutMs = 60'000;
   static constexpr std::uint32_t kWarmupWaves = 2;
+  static constexpr std::uint64_t kMaxWorkers = 128;
   std::uint64_t retained();
   std::uint64_t row_bytes() const { return std::uint64_t{pl_.pages_for(o_.tokens)} * pl_.page_bytes() * pl_.tp; }
 
@@ -485,6 +486,13 @@ int Bench::run() {
   cl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.consumer_tp, o_.consumer_sp,
          o_.cfg};
   if (auto plan = handoff::ReshapePlan::compute(pl_, cl_); !plan) return fail(2, plan.error().message());
+  // One process per rank, each with an engine (tens of MB): the flags'
+  // ranges allowed 16 replicas of 16 × 16 ranks a side, 8192 processes.
+  const std::uint64_t processes = std::uint64_t{o_.producers} * pl_.ranks() + std::uint64_t{o_.consumers} * cl_.ranks();
+  if (processes > kMaxWorkers) {
+    return fail(2, fmt::format("{} rank processes ({} producers × {} ranks + {} consumers × {} ranks; at most {})",
+                               processes, o_.producers, pl_.ranks(), o_.consumers, cl_.ranks(), kMaxWorkers));
+  }
   if (o_.stall_consumer_rank >= static_cast<std::int64_t>(cl_.ranks())) {
     return fail(2, fmt::format("--stall-consumer-rank {}: a consumer replica has ranks 0..{}", o_.stall_consumer_rank,
                                cl_.ranks() - 1));
