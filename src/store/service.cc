@@ -362,7 +362,15 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& add
   }
   route_grpc_log();
   auto state = std::make_unique<State>();
-  state->stub = wire::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // The store is on loopback: trying it again costs nothing, while gRPC's
+  // default backoff (1 s, growing to 120 s) kept a client failing for
+  // seconds after a store restarted on its address was back (5.9 s after 4 s
+  // away).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  state->stub = wire::Store::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   state->timeout_ns = call_timeout_ns;
   return std::unique_ptr<StoreClient>(new StoreClient(std::move(state)));
 }

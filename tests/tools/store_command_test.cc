@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "baton/engine/engine.h"
@@ -66,6 +67,44 @@ TEST(StoreCommand, ServesItsNamespacesAndBlocksAcrossProcesses) {
   EXPECT_TRUE((*client)->release(answer->session).is_ok());
   (*e)->shutdown();
   EXPECT_TRUE(child->stop().is_ok());
+}
+
+// A store killed and restarted on its address is reached again within
+// the client's reconnect backoff (0.5 s at most), however long it was gone
+// and however hard the client tried meanwhile: gRPC's default backoff (1 s
+// growing to 120 s) had a client failing for 5.9 s after the store was back.
+TEST(StoreCommand, AClientReachesAStoreRestartedOnItsAddressAtOnce) {
+  auto started = baton::cli::ServeChild::start({"--namespace", "llama:4x2x1024:8"}, BATON_BINARY, "", "store");
+  ASSERT_TRUE(started.has_value()) << started.error().to_string();
+  std::optional<baton::cli::ServeChild> first(std::move(*started));
+  const std::string address = first->address();
+  auto client = store::StoreClient::connect(address);
+  ASSERT_TRUE(client.has_value());
+  ASSERT_TRUE((*client)->stats().has_value());
+  ::kill(first->pid(), SIGKILL);
+  first.reset();
+  for (const auto gone = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - gone < std::chrono::seconds(4);) {
+    EXPECT_FALSE((*client)->stats().has_value());
+  }
+  std::optional<baton::cli::ServeChild> second;
+  for (int i = 0; i < 100 && !second; ++i) {
+    auto again = baton::cli::ServeChild::start({"--namespace", "llama:4x2x1024:8", "--listen", address},
+                                               BATON_BINARY, "", "store");
+    if (again) {
+      second.emplace(std::move(*again));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ASSERT_TRUE(second.has_value());
+  const auto back = std::chrono::steady_clock::now();
+  while (!(*client)->stats().has_value() && std::chrono::steady_clock::now() - back < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // 0.86-0.89 s here (the backoff, its jitter, the store's start), 5.9 s
+  // before; room for a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - back, std::chrono::milliseconds(2500));
+  EXPECT_TRUE(second->stop().is_ok());
 }
 
 // A fetch ends within its own timeout (its RPCs within at least 1 s)
