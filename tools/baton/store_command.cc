@@ -169,10 +169,10 @@ int run_store(const StoreOptions& o) {
     if (!lease || *lease < 1'000'000'000) return fail(2, fmt::format("--lease \"{}\": expected at least 1s", o.lease));
     auto d = store::Directory::connect(o.directory);
     if (!d) return fail(2, d.error().to_string());
+    // Capacity: every pool's bytes, summed above (at most the machine's memory).
     store::StoreRecord record{o.name.empty() ? (*server)->address() : o.name, (*server)->address(),
-                              (*engine)->address(), 0, {}};
+                              (*engine)->address(), static_cast<std::uint64_t>(total), {}};
     for (const auto& ns : namespaces) {
-      record.capacity_bytes += ns.layout.block_bytes() * ns.blocks_per_numa * ns.numa_nodes.size();
       for (int n : ns.numa_nodes) {
         if (std::ranges::find(record.numa_nodes, n) == record.numa_nodes.end()) record.numa_nodes.push_back(n);
       }

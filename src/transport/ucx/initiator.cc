@@ -49,9 +49,8 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
 bool UcxTransport::State::reusable(PathId id) const {
   const Peer& p = peers[id];
   if (p.state != PathState::kFailed || p.inflight != 0) return false;
-  const auto of_it = [id](const auto& path) { return path == id; };
-  return std::ranges::none_of(closing, of_it, &Closing::path) &&
-         std::ranges::none_of(lingering, of_it, [](const auto& l) { return std::optional(l.first); }) &&
+  return std::ranges::none_of(closing, [id](const Closing& c) { return c.path == id; }) &&
+         std::ranges::none_of(lingering, [id](const auto& l) { return l.first == id; }) &&
          std::ranges::none_of(lane_errors, [id](const auto& e) { return e.first->path == id; });
 }
 
