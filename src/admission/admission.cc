@@ -448,7 +448,8 @@ Result<RequestStatus> AdmissionController::status(RequestId id) const {
 void AdmissionController::on_completion(const transport::Completion& c, RequestId request, TimeNs now_ns) {
   State& st = *state_;
   if (c.status.is_ok()) {
-    if (!st.estimator.measured(c.path)) st.estimator.sync(st.transport.paths());  // a new peer, or UCX chose its transport
+    // A new peer, UCX chose its transport, or the path's id went to another peer.
+    if (const auto& paths = st.transport.paths(); !st.estimator.current(paths, c.path)) st.estimator.sync(paths);
     st.estimator.on_completion(c.path, c.wire_bytes != 0 ? c.wire_bytes : c.bytes, c.at_ns, st.scheduler.load(c.path).inflight_slices > 0);
   }
   const auto it = st.owners.find(request);

@@ -13,9 +13,12 @@ Result<BandwidthEstimator> BandwidthEstimator::create(const std::vector<transpor
 void BandwidthEstimator::sync(const std::vector<transport::PathInfo>& paths) {
   for (std::size_t i = 0; i < paths.size(); ++i) {
     const double seed = paths[i].bandwidth_gbps;
-    if (i < paths_.size() && (paths_[i].measured || paths_[i].seed_gbps == seed)) continue;
+    if (i < paths_.size() && paths_[i].incarnation == paths[i].incarnation &&
+        (paths_[i].measured || paths_[i].seed_gbps == seed)) {
+      continue;
+    }
     // alpha was checked in create(), so this cannot fail.
-    PathEstimate fresh{*Ewma::create(alpha_, seed), seed, false, -1, 0};
+    PathEstimate fresh{*Ewma::create(alpha_, seed), seed, false, -1, 0, paths[i].incarnation};
     if (i < paths_.size()) {
       paths_[i] = fresh;
     } else {
@@ -26,6 +29,11 @@ void BandwidthEstimator::sync(const std::vector<transport::PathInfo>& paths) {
 
 bool BandwidthEstimator::measured(transport::PathId path) const {
   return path < paths_.size() && paths_[path].measured;
+}
+
+bool BandwidthEstimator::current(const std::vector<transport::PathInfo>& paths, transport::PathId path) const {
+  return path < paths_.size() && path < paths.size() && paths_[path].measured &&
+         paths_[path].incarnation == paths[path].incarnation;
 }
 
 void BandwidthEstimator::on_completion(transport::PathId path, std::uint64_t bytes, TimeNs now_ns,

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 
 #include "baton/common/log.h"
 #include "baton/topology/probe.h"
@@ -41,6 +42,7 @@ void declare_metrics(MetricsRegistry& m, bool ucx) {
   (void)m.declare_counter("baton_ucx_notifications_dropped_total",
                           "Notifications dropped, the oldest, because 65536 waited untaken");
   (void)m.declare_gauge("baton_ucx_notifications_untaken", "Notifications received and not yet taken");
+  (void)m.declare_gauge("baton_ucx_paths", "Paths to peers, by state (a failed one's slot goes to a later connect)");
 }
 
 }  // namespace
@@ -185,6 +187,14 @@ std::string Core::metrics_text() {
       m.add("baton_ucx_notifications_dropped_total", {},
             static_cast<double>(now.notifications_dropped - exported_ucx.notifications_dropped));
       m.set("baton_ucx_notifications_untaken", {}, static_cast<double>(notes.untaken));
+      constexpr std::array<const char*, 3> kStates{"connecting", "ready", "failed"};  // by PathState
+      std::array<std::size_t, kStates.size()> paths{};
+      for (transport::PathId id = 0; id < ucx->paths().size(); ++id) {
+        ++paths.at(static_cast<std::size_t>(ucx->path_state(id)));
+      }
+      for (std::size_t i = 0; i < kStates.size(); ++i) {
+        m.set("baton_ucx_paths", {{"state", kStates[i]}}, static_cast<double>(paths[i]));
+      }
       exported_ucx = now;
     }
     return m.text();

@@ -131,11 +131,17 @@ Status Datapath::export_region(RegionHandle handle, const std::vector<std::strin
 }
 
 void Datapath::connect(std::string_view address, TimeNs now_ns, std::function<void(Result<Peer>)> done) {
+  // The transport may hand a failed path's id to this connect: what waits
+  // on that path's failure hears it first, and the address it had no
+  // longer names it.
+  settle_pending();
   auto path = ucx_.connect(address, now_ns);
   if (!path) {
     done(std::unexpected(path.error()));
     return;
   }
+  const std::string& to = ucx_.paths()[*path].to;
+  std::erase_if(peers_, [&](const auto& entry) { return entry.second == *path && entry.first != to; });
   connects_.push_back({*path, std::move(done)});
 }
 
@@ -774,6 +780,15 @@ Datapath::~Datapath() {
 void Datapath::on_turn(TimeNs /*now_ns*/) {
   flush_direct_metrics();
   for (std::uint64_t id : std::exchange(finished_batches_, {})) end_batch(id, batches_.at(id));
+  settle_pending();
+  std::erase_if(unregisters_, [this](PendingUnregister& u) {
+    if (ucx_.unregister_pending(u.region)) return false;
+    u.done(Status::ok());
+    return true;
+  });
+}
+
+void Datapath::settle_pending() {
   if (!connects_.empty()) {
     std::erase_if(connects_, [this](PendingConnect& c) {
       switch (ucx_.path_state(c.path)) {
@@ -789,11 +804,6 @@ void Datapath::on_turn(TimeNs /*now_ns*/) {
       return false;
     });
   }
-  std::erase_if(unregisters_, [this](PendingUnregister& u) {
-    if (ucx_.unregister_pending(u.region)) return false;
-    u.done(Status::ok());
-    return true;
-  });
   if (!refreshes_.empty()) {
     std::erase_if(refreshes_, [this](PendingRefresh& r) {
       if (ucx_.path_state(r.path) == transport::PathState::kFailed) {

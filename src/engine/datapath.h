@@ -178,6 +178,8 @@ class Datapath {
   // Cancels the requests of `batch` that are still running.
   void cancel_running(const BatchRecord& batch, TimeNs now_ns);
   [[nodiscard]] Result<transport::PathId> live_path(const std::string& peer) const;
+  // Ends the connects and refreshes whose path is ready or failed.
+  void settle_pending();
   void end_batch(std::uint64_t id, BatchRecord& batch);
   // On the loop: a direct batch's notification.
   void notify_direct(const std::string& peer, const std::string& notification);

@@ -382,14 +382,19 @@ void VramStaging::set_local(std::unique_ptr<transport::CudaTransport> local) {
 const std::vector<transport::PathInfo>& VramStaging::paths() const {
   if (!local_) return ucx_->paths();
   // The scheduler asks every loop turn. UCX's paths grow as peers connect
-  // (appended here) and change in place only in what UCX chose to carry
-  // them (type and figures: updated, without copying the names again).
+  // (appended here) and change in place in what UCX chose to carry them
+  // (type and figures: updated, without copying the names again) or, when
+  // a failed path's id went to a new peer, whole.
   const auto& mine = local_->paths();
   if (all_paths_.empty()) all_paths_.assign(mine.begin(), mine.end());
   const auto& theirs = ucx_->paths();
   const std::size_t known = all_paths_.size() - mine.size();
   for (std::size_t i = 0; i < known; ++i) {
     transport::PathInfo& p = all_paths_[mine.size() + i];
+    if (p.incarnation != theirs[i].incarnation) {
+      p = theirs[i];
+      continue;
+    }
     p.type = theirs[i].type;
     p.lanes = theirs[i].lanes;
     p.bandwidth_gbps = theirs[i].bandwidth_gbps;

@@ -275,8 +275,8 @@ struct Scheduler::State {
   // topology does not know (peers named host:port) route on the transport's
   // own paths between them, fastest first; those chains grow as the
   // transport connects more paths (sync_paths).
-  Result<const std::vector<PathId>*> chain_for(const std::string& from, const std::string& to) {
-    sync_paths();
+  Result<const std::vector<PathId>*> chain_for(const std::string& from, const std::string& to, TimeNs now_ns) {
+    sync_paths(now_ns);
     std::string key = from;
     key += '|';
     key += to;
@@ -359,30 +359,56 @@ struct Scheduler::State {
     }
   }
 
-  // A transport may offer more paths as it runs (a UCX peer connects): take
-  // them on, and extend the peer chains they belong to. Chains are extended
-  // in place, since queued requests point at them.
-  void sync_paths() {
+  // A transport may offer more paths as it runs (a UCX peer connects), or
+  // give a failed path's id to a new one: take them on, and extend the peer
+  // chains they belong to. Chains change in place, since queued requests
+  // point at them.
+  void sync_paths(TimeNs now_ns) {
     const auto& infos = transport.paths();
+    std::vector<PathId> joining;  // paths to put on the peer chains
     if (const std::uint64_t version = transport.paths_version(); version != paths_version) {
       paths_version = version;
       for (PathId id = 0; id < paths.size(); ++id) {
-        if (paths[id].info != infos[id]) retype(id, infos[id]);
+        if (paths[id].info == infos[id]) continue;
+        if (paths[id].info.incarnation != infos[id].incarnation) {
+          reincarnate(id, infos[id], now_ns);
+          joining.push_back(id);
+        } else {
+          retype(id, infos[id]);
+        }
       }
     }
-    if (infos.size() == paths.size()) return;
-    const auto first_new = static_cast<PathId>(paths.size());
-    for (PathId id = first_new; id < infos.size(); ++id) add_path(id, infos[id]);
+    for (auto id = static_cast<PathId>(paths.size()); id < infos.size(); ++id) {
+      add_path(id, infos[id]);
+      joining.push_back(id);
+    }
+    if (joining.empty()) return;
     for (const std::string& key : peer_chains) {
       std::vector<PathId>& chain = chains.at(key);
       const auto bar = key.find('|');
       const std::string_view from = std::string_view(key).substr(0, bar);
       const std::string_view to = std::string_view(key).substr(bar + 1);
-      for (PathId id = first_new; id < paths.size(); ++id) {
+      for (PathId id : joining) {
         if (paths[id].info.from == from && paths[id].info.to == to) chain.push_back(id);
       }
       sort_by_bandwidth(chain);
     }
+  }
+
+  // The transport gave a failed path's id to a new path (another peer, or
+  // the same one back): nothing of the old path is in flight. It leaves
+  // the chains it was on first, so that what was queued on it (a request
+  // the old peer's failure has not reached yet) moves to the rest of its
+  // chain or fails, and never goes to the new peer. A peer chain left empty
+  // goes (no request can still use it: its paths are all gone); without
+  // that, every address ever connected kept one.
+  void reincarnate(PathId id, const transport::PathInfo& info, TimeNs now_ns) {
+    for (auto& [key, chain] : chains) std::erase(chain, id);
+    rehome_queue(id, now_ns);  // the requests moved still point at their chains
+    std::erase_if(chains, [this](const auto& entry) {
+      return entry.second.empty() && peer_chains.erase(entry.first) != 0;
+    });
+    retype(id, info);
   }
 
   // Baselines order by one static key; only deadline_aware weighs urgency.
@@ -768,7 +794,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const topology::TopologyGra
                                                      transport::Transport& transport) {
   if (Status s = policy.validate(); !s.is_ok()) return std::unexpected(s);
   auto st = std::make_unique<State>(graph, policy, transport);
-  st->sync_paths();
+  st->sync_paths(0);
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(st)));
 }
 
@@ -796,7 +822,7 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
   State& st = *state_;
   if (Status s = check_request(id, request); !s.is_ok()) return s;
   if (st.requests.contains(id)) return Status::already_exists("submit: request {} exists already", id);
-  auto chain = st.chain_for(request.from, request.to);
+  auto chain = st.chain_for(request.from, request.to, now_ns);
   if (!chain) return chain.error();
   Request& r = st.requests[id];
   r.id = id;
@@ -900,7 +926,7 @@ Status Scheduler::set_wire_ratio(RequestId id, double ratio) {
 }
 
 Result<transport::PathId> Scheduler::route(const std::string& from, const std::string& to, TimeNs now_ns) {
-  auto chain = state_->chain_for(from, to);
+  auto chain = state_->chain_for(from, to, now_ns);
   if (!chain) return std::unexpected(chain.error());
   for (PathId p : **chain) {
     if (state_->transport.path_healthy(p, now_ns)) return p;
@@ -910,7 +936,7 @@ Result<transport::PathId> Scheduler::route(const std::string& from, const std::s
 
 void Scheduler::dispatch(TimeNs now_ns) {
   State& st = *state_;
-  st.sync_paths();
+  st.sync_paths(now_ns);
   // Pass 1: every path serves its own queue. Pass 2: what is still blocked
   // may spill to a fallback with credits left over, or preempt.
   for (int pass = 0; pass < 2; ++pass) {

@@ -429,5 +429,25 @@ TEST(Admission, TimesAtTheEndsOfTheClockSaturate) {
   EXPECT_EQ(e->sim_transport().bytes_delivered(), 5 * kMiB);
 }
 
+// A path's id taken by a new path (another peer): what was measured on the
+// old one no longer holds, so the estimate starts again from the seed.
+TEST(BandwidthEstimator, APathsNewIncarnationStartsFromItsSeed) {
+  std::vector<transport::PathInfo> paths{{"a", "b", topology::PathType::kTcp, 2, 3.0, 30.0}};
+  auto e = BandwidthEstimator::create(paths, 0.5).value();
+  constexpr TimeNs kWindow = BandwidthEstimator::kMinWindowNs;
+  e.on_completion(0, 1000, 0, true);              // opens the window
+  e.on_completion(0, 10 * kWindow, kWindow, true);  // 10 bytes per ns
+  ASSERT_TRUE(e.measured(0));
+  EXPECT_DOUBLE_EQ(e.estimate_gbps(0), 10.0);
+  e.sync(paths);  // the same path: it keeps what it measured
+  EXPECT_DOUBLE_EQ(e.estimate_gbps(0), 10.0);
+  EXPECT_TRUE(e.current(paths, 0));
+  paths[0] = {"a", "c", topology::PathType::kTcp, 2, 3.0, 30.0, 1};
+  EXPECT_FALSE(e.current(paths, 0));
+  e.sync(paths);
+  EXPECT_FALSE(e.measured(0));
+  EXPECT_DOUBLE_EQ(e.estimate_gbps(0), 3.0);
+}
+
 }  // namespace
 }  // namespace baton::admission

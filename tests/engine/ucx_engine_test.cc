@@ -830,6 +830,55 @@ TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
   EXPECT_FALSE(pattern_mismatch(std::span(local.buffer).first(1 << 20), kTargetSalt).has_value());
 }
 
+// Peers that go for good and come back on new addresses (a rescheduled
+// pod) reuse one path: a failed path's slot goes to the next connect once
+// nothing of it is left. Each round's bytes come from that round's holder,
+// and an address gone names nothing any more: a request to it is refused,
+// never carried to the peer that took its slot.
+void peers_coming_back_keep_one_path(const std::string& tls) {
+  constexpr std::size_t kBytes = 1 << 20;
+  Side local(kBytes, kLocalSalt, tls);
+  auto paths = [&](const char* state) {
+    return testing::metric_value(local.engine->metrics_text(), fmt::format("baton_ucx_paths{{state=\"{}\"}}", state));
+  };
+  std::optional<Peer> gone;
+  Region gone_region;
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    auto holder = std::make_unique<Side>(kBytes, kTargetSalt + round, tls);
+    auto peer = local.engine->connect(holder->engine->address());
+    ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+    ASSERT_NE(peer->address, gone ? gone->address : "");
+    EXPECT_EQ(paths("ready"), 1) << "round " << round;
+    EXPECT_EQ(paths("failed") + paths("connecting"), 0) << "round " << round;
+    ASSERT_TRUE(run(*local.engine, Batch{{request(Op::kRead, local, 0, *peer, *holder, 0, kBytes)}, {}}).is_ok());
+    EXPECT_FALSE(pattern_mismatch(local.buffer, kTargetSalt + round).has_value()) << "round " << round;
+    if (gone) {
+      Request stale;
+      stale.local_region = local.region.handle;
+      stale.peer = gone->address;
+      stale.remote_region = gone_region.handle;
+      stale.length = 4096;
+      const Status refused = local.engine->submit(Batch{{stale}, {}}).error();
+      EXPECT_EQ(refused.code(), StatusCode::kNotFound);
+      EXPECT_NE(refused.message().find("no peer"), std::string::npos) << refused.message();
+    }
+    gone = *peer;
+    gone_region = holder->region;
+    holder.reset();
+    for (int i = 0; i < 500 && paths("failed") != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(paths("failed"), 1) << "round " << round;
+    Request late = request(Op::kRead, local, 0, *gone, local, 0, 4096);
+    late.remote_region = gone_region.handle;
+    EXPECT_EQ(local.engine->submit(Batch{{late}, {}}).error().code(), StatusCode::kUnavailable);
+    // Its endpoints' closes end on the loop's next turns; the slot is free after.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+TEST(UcxEnginePeers, PeersComingBackOnNewAddressesKeepOnePath) { peers_coming_back_keep_one_path(""); }
+
+TEST(UcxEnginePeers, PeersComingBackOnNewAddressesKeepOnePathOverTcp) { peers_coming_back_keep_one_path("tcp"); }
+
 TEST(UcxEngineIdle, AConnectedIdleEngineSleeps) {
   Side target(1 << 20, kTargetSalt);
   Side local(1 << 20, kLocalSalt);

@@ -3,6 +3,7 @@
 #include "baton/sched/scheduler.h"
 
 #include <algorithm>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -604,7 +605,23 @@ namespace {
 class GrowingTransport final : public transport::Transport {
  public:
   void add(transport::PathInfo info) { paths_.push_back(std::move(info)); }
+  // The path's id goes to a new path (UcxTransport: a failed path's slot
+  // taken by a connect to another peer).
+  void reincarnate(transport::PathId id, transport::PathInfo info) {
+    info.incarnation = paths_[id].incarnation + 1;
+    paths_[id] = std::move(info);
+    ++version_;
+  }
+  void set_healthy(transport::PathId id, bool healthy) {
+    if (healthy) {
+      down_.erase(id);
+    } else {
+      down_.insert(id);
+    }
+  }
   const std::vector<transport::PathInfo>& paths() const override { return paths_; }
+  std::uint64_t paths_version() const override { return version_; }
+
   Status submit(const transport::SliceSubmit& s, TimeNs now_ns) override {
     landed_.push_back({s.id, s.path, s.lane, s.bytes, now_ns, Status::ok()});
     return Status::ok();
@@ -615,11 +632,15 @@ class GrowingTransport final : public transport::Transport {
     landed_.clear();
   }
   std::optional<TimeNs> next_event_ns() const override { return std::nullopt; }
-  bool path_healthy(transport::PathId path, TimeNs) const override { return path < paths_.size(); }
+  bool path_healthy(transport::PathId path, TimeNs) const override {
+    return path < paths_.size() && !down_.contains(path);
+  }
 
  private:
   std::vector<transport::PathInfo> paths_;
   std::vector<transport::Completion> landed_;
+  std::set<transport::PathId> down_;
+  std::uint64_t version_ = 0;
 };
 
 void drain(Scheduler& s, GrowingTransport& t, TimeNs now) {
@@ -655,6 +676,32 @@ TEST(Scheduler, RoutesPeersOnTransportPathsThatAppearWhileRunning) {
   EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).value(), 1u);
   // Topology endpoints are not confused with peers.
   EXPECT_EQ(s->submit(4, {"gpu0", "nic9", 1, QosClass::kHotKv, 0, true}, 0).code(), StatusCode::kNotFound);
+}
+
+// A failed path's id given to a path to another peer: what was still
+// queued on it for the old peer fails (it would have gone to the newcomer),
+// the old peer's chain is gone, and the newcomer's requests take the path.
+TEST(Scheduler, APathIdTakenByAnotherPeerCarriesNothingQueuedForTheOldOne) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  const TransferRequest to_old{"127.0.0.1:5000", "127.0.0.1:6000", 1 * kMiB, QosClass::kHotKv, 0, true};
+  const TransferRequest to_new{"127.0.0.1:5000", "127.0.0.1:7000", 1 * kMiB, QosClass::kHotKv, 0, true};
+  ASSERT_TRUE(s->submit(1, to_old, 0).is_ok());  // queued: no dispatch yet
+  EXPECT_EQ(s->submit(2, to_new, 0).code(), StatusCode::kNotFound);
+  transport.set_healthy(0, false);
+  transport.reincarnate(0, {"127.0.0.1:5000", "127.0.0.1:7000", PathType::kTcp, 2, 3.0, 30.0});
+  transport.set_healthy(0, true);  // the newcomer is up before the scheduler looked again
+  ASSERT_TRUE(s->submit(3, to_new, 0).is_ok());
+  EXPECT_EQ(s->status(1)->state, RequestState::kFailed);
+  EXPECT_EQ(s->status(1)->status.code(), StatusCode::kUnavailable);
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(3)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->load(0).bytes_completed, 1 * kMiB);  // request 3's alone
+  EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:7000", 0).value(), 0u);
+  EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(s->submit(4, to_old, 0).code(), StatusCode::kNotFound);
 }
 
 // The bare scheduler's own entry points: it took a qos class past its table

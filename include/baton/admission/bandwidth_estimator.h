@@ -27,13 +27,17 @@ class BandwidthEstimator {
   // Takes on the paths a transport added since (a UCX peer connects after
   // the engine was made), each seeded with its cost-model figure, and
   // re-seeds a path not yet measured when its figure changed (UCX said which
-  // transport it chose). A measured path keeps what it measured.
+  // transport it chose). A measured path keeps what it measured, unless
+  // its id went to a new path (PathInfo::incarnation): that starts afresh.
   void sync(const std::vector<transport::PathInfo>& paths);
 
   // Bytes per ns (= GB/s).
   [[nodiscard]] double estimate_gbps(transport::PathId path) const;
   // Whether a sample has been taken on `path` (else the estimate is the seed).
   [[nodiscard]] bool measured(transport::PathId path) const;
+  // Measured, and on the incarnation of `path` that `paths` has: else a
+  // sync() is due before the next sample.
+  [[nodiscard]] bool current(const std::vector<transport::PathInfo>& paths, transport::PathId path) const;
 
   static constexpr TimeNs kMinWindowNs = 20'000;
 
@@ -44,6 +48,7 @@ class BandwidthEstimator {
     bool measured = false;
     TimeNs window_start_ns = -1;  // -1: no busy stretch open
     std::uint64_t window_bytes = 0;
+    std::uint32_t incarnation = 0;  // the path's PathInfo::incarnation
   };
   BandwidthEstimator(std::vector<PathEstimate> paths, double alpha) : paths_(std::move(paths)), alpha_(alpha) {}
   std::vector<PathEstimate> paths_;

@@ -19,7 +19,11 @@
 namespace baton::transport {
 
 using SliceId = std::uint64_t;
-using PathId = std::uint32_t;  // index into Transport::paths()
+// An index into Transport::paths(). A transport may give a failed path's
+// index to a later connect once nothing of the old path is left (UCX: a
+// peer gone for good, another connected); its PathInfo::incarnation then
+// moves, and so does paths_version().
+using PathId = std::uint32_t;
 
 // One directed physical route between two endpoints, as the transport offers it.
 struct PathInfo {
@@ -29,6 +33,9 @@ struct PathInfo {
   int lanes = 1;
   double bandwidth_gbps = 0;  // the whole path; lanes share it
   double latency_us = 0;
+  // How many times the index was given to a new path: what a scheduler or
+  // estimator learned of the path before does not hold for this one.
+  std::uint32_t incarnation = 0;
   [[nodiscard]] std::string name() const;  // "gpu0->gpu1/nvswitch"
   friend bool operator==(const PathInfo&, const PathInfo&) = default;
 };
@@ -94,8 +101,9 @@ class Transport {
 
   [[nodiscard]] virtual const std::vector<PathInfo>& paths() const = 0;
   // Moves whenever a path already in paths() changes (UCX: its type, once
-  // the handshake says what carries it), so a scheduler that took the path
-  // on early re-reads it. Paths that are only added leave it alone.
+  // the handshake says what carries it; a failed path's index taken by a new
+  // peer), so a scheduler that took the path on early re-reads it. Paths
+  // that are only added leave it alone.
   [[nodiscard]] virtual std::uint64_t paths_version() const { return 0; }
 
   // Queues a slice on a lane (FIFO per lane). invalid_argument for an unknown

@@ -299,11 +299,14 @@ class UcxTransport final : public Transport {
   // challenge–response, then lanes_per_peer endpoints from the peer's worker
   // address, each bound to the session; the path is kConnecting until every
   // lane is bound (learned through poll()), then kReady. Returns the path at
-  // once (paths() grows by one); a live path to the same address is returned
-  // again instead of a second one, and a failed one whose handshake never
-  // bound a lane is taken again (kConnecting anew; paths() does not grow),
-  // so retrying a dead peer does not add a path a try. invalid_argument for a malformed or
-  // unresolvable address or port 0; unavailable when no socket can be made.
+  // once; a live path to the same address is returned again instead of a
+  // second one. A failed path that holds nothing any more (no slice in
+  // flight, its endpoints closed) is taken again, one to the same address
+  // first, whatever address it had: kConnecting anew, its PathInfo's
+  // incarnation moved, paths() not grown. So neither retrying a dead peer
+  // nor peers that come and go on new addresses grow paths() without
+  // bound. invalid_argument for a malformed or unresolvable address or
+  // port 0; unavailable when no socket can be made.
   // A refused connection or a silent peer shows up later as kFailed with an
   // unavailable path_status(); secrets that differ as permission_denied.
   [[nodiscard]] Result<PathId> connect(std::string_view peer_address, TimeNs now_ns);

@@ -430,17 +430,22 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
         Status::invalid_argument("UcxTransport::connect: address \"{}\" has port 0", shown(peer_address)));
   }
   const std::string address = format_socket_address(target->get());
-  // A failed path to this address that holds nothing any more (a refused
-  // or timed-out handshake; a peer that died and is back on its address,
-  // once its lanes closed) is taken again. A caller retrying a dead peer
-  // added a path a try (1.4 KB each, walked by every connect and every loop
-  // turn), and each restart of a peer about 2 KB.
+  // A failed path that holds nothing any more (a refused or timed-out
+  // handshake; a peer that died, once its lanes closed) is taken again,
+  // one to this address first: else a caller retrying a dead peer added a
+  // path a try (1.4 KB each, walked by every connect and every loop turn),
+  // each restart of a peer about 2 KB, and each peer that came back on
+  // another address (a rescheduled pod) as much. Its incarnation moves.
   std::optional<PathId> reuse;
+  bool same_address = false;
   for (PathId id = 0; id < s.peers.size(); ++id) {
     const State::Peer& p = s.peers[id];
-    if (p.address != address) continue;
-    if (p.state != PathState::kFailed) return id;
-    if (!reuse && s.reusable(id)) reuse = id;
+    const bool here = p.address == address;
+    if (here && p.state != PathState::kFailed) return id;
+    if ((!reuse || (here && !same_address)) && s.reusable(id)) {
+      reuse = id;
+      same_address = here;
+    }
   }
 
   const auto id = reuse.value_or(static_cast<PathId>(s.peers.size()));
@@ -464,6 +469,7 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   peer.write_watched = peer.control->wants_write();
   PathInfo info{s.address, address, topology::PathType::kTcp, s.config.lanes_per_peer, 0, 0};
   if (reuse) {
+    info.incarnation = s.infos[id].incarnation + 1;
     s.peers[id] = std::move(peer);
     s.infos[id] = std::move(info);
   } else {
