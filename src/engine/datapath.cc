@@ -135,13 +135,23 @@ void Datapath::connect(std::string_view address, TimeNs now_ns, std::function<vo
   // on that path's failure hears it first, and the address it had no
   // longer names it.
   settle_pending();
+  std::vector<std::pair<std::string, Status>> failed;  // what each failed peer's address answers now
+  for (const auto& [name, id] : peers_) {
+    if (ucx_.path_state(id) == transport::PathState::kFailed) failed.emplace_back(name, ucx_.path_status(id));
+  }
   auto path = ucx_.connect(address, now_ns);
   if (!path) {
     done(std::unexpected(path.error()));
     return;
   }
   const std::string& to = ucx_.paths()[*path].to;
-  std::erase_if(peers_, [&](const auto& entry) { return entry.second == *path && entry.first != to; });
+  departed_.forget(to);
+  for (auto& [name, status] : failed) {
+    const auto it = peers_.find(name);
+    if (it->second != *path || name == to) continue;
+    departed_.remember(name, std::move(status));
+    peers_.erase(it);
+  }
   connects_.push_back({*path, std::move(done)});
 }
 
@@ -173,6 +183,7 @@ Result<std::vector<transport::RemoteRegion>> Datapath::remote_regions(const Peer
 Result<transport::PathId> Datapath::live_path(const std::string& peer) const {
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
+    if (const Status* gone = departed_.find(peer)) return std::unexpected(*gone);
     return std::unexpected(Status::not_found(
         "no peer \"{}\" (connect() to it first; a peer is named by the address connect() returned: "
         "\"localhost:7000\" is \"127.0.0.1:7000\")",

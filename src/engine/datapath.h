@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -197,6 +198,38 @@ class Datapath {
   std::unordered_map<RegionHandle, RegionRecord> regions_;
   std::unordered_map<RegionHandle, transport::RegionHandle> local_keys_;  // with staging_.local()
   std::unordered_map<std::string, transport::PathId> peers_;  // address → latest path
+  // Peers whose failed path a later connect took: their address answers
+  // what ended them (unavailable), as before, not "no peer", for the last
+  // kMax of them (about 200 B each).
+  class Departed {
+   public:
+    static constexpr std::size_t kMax = 1024;
+    void remember(const std::string& address, Status why) {
+      const std::uint64_t seq = next_++;
+      by_address_.insert_or_assign(address, Entry{std::move(why), seq});
+      order_.emplace_back(address, seq);
+      if (order_.size() > kMax) {
+        const auto& [oldest, at] = order_.front();
+        if (auto it = by_address_.find(oldest); it != by_address_.end() && it->second.seq == at) by_address_.erase(it);
+        order_.pop_front();
+      }
+    }
+    void forget(const std::string& address) { by_address_.erase(address); }  // connected again
+    [[nodiscard]] const Status* find(const std::string& address) const {
+      const auto it = by_address_.find(address);
+      return it == by_address_.end() ? nullptr : &it->second.why;
+    }
+
+   private:
+    struct Entry {
+      Status why;
+      std::uint64_t seq;
+    };
+    std::unordered_map<std::string, Entry> by_address_;
+    std::deque<std::pair<std::string, std::uint64_t>> order_;  // oldest first; a forgotten one is skipped
+    std::uint64_t next_ = 0;
+  };
+  Departed departed_;
   std::unordered_map<std::uint64_t, BatchRecord> batches_;
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
   std::atomic<std::uint64_t> loop_requests_{0};  // submitted through the loop, not yet ended

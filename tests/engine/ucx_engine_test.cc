@@ -833,8 +833,8 @@ TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
 // Peers that go for good and come back on new addresses (a rescheduled
 // pod) reuse one path: a failed path's slot goes to the next connect once
 // nothing of it is left. Each round's bytes come from that round's holder,
-// and an address gone names nothing any more: a request to it is refused,
-// never carried to the peer that took its slot.
+// and a request to an address gone is refused as before (unavailable, with
+// what ended it), never carried to the peer that took its slot.
 void peers_coming_back_keep_one_path(const std::string& tls) {
   constexpr std::size_t kBytes = 1 << 20;
   Side local(kBytes, kLocalSalt, tls);
@@ -859,8 +859,9 @@ void peers_coming_back_keep_one_path(const std::string& tls) {
       stale.remote_region = gone_region.handle;
       stale.length = 4096;
       const Status refused = local.engine->submit(Batch{{stale}, {}}).error();
-      EXPECT_EQ(refused.code(), StatusCode::kNotFound);
-      EXPECT_NE(refused.message().find("no peer"), std::string::npos) << refused.message();
+      EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.to_string();
+      EXPECT_NE(refused.message().find(gone->address), std::string::npos) << refused.message();
+      EXPECT_EQ(refused.message().find(peer->address), std::string::npos) << refused.message();
     }
     gone = *peer;
     gone_region = holder->region;
