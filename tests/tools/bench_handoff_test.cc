@@ -150,6 +150,13 @@ TEST(BenchHandoff, BadInputFailsWithOneLine) {
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+  // A layout cut into more engine requests than a load takes: refused up
+  // front, not by every load at run time (exit 1 after starting 3 ranks).
+  const CommandRun pieces = baton::testing::run_baton(
+      "bench handoff --spawn --producers 1 --consumers 1 --producer-tp 2 --consumer-tp 1 --kv-heads 2 --head-dim 1 "
+      "--dtype-bytes 1 --tokens 1000000 --page-tokens 1 --window 1 --requests 1");
+  EXPECT_EQ(pieces.exit_code, 2) << pieces.err;
+  EXPECT_NE(pieces.err.find("128000000 engine requests (at most 4194304)"), std::string::npos) << pieces.err;
 }
 
 // A duration flag is checked as it is parsed, by the same rule in every

@@ -485,7 +485,21 @@ int Bench::run() {
          o_.cfg};
   cl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.consumer_tp, o_.consumer_sp,
          o_.cfg};
-  if (auto plan = handoff::ReshapePlan::compute(pl_, cl_); !plan) return fail(2, plan.error().message());
+  auto plan = handoff::ReshapePlan::compute(pl_, cl_);
+  if (!plan) return fail(2, plan.error().message());
+  // Each consumer rank loads its pages as one engine batch: a layout that
+  // cuts them into more requests than a load takes would fail every
+  // request at run time.
+  const std::uint32_t pages = cl_.pages_for(o_.tokens);
+  for (std::uint32_t r = 0; r < cl_.ranks(); ++r) {
+    const std::uint64_t pieces = plan->runs(r % cl_.tp).size();
+    if (const std::uint64_t most = std::uint64_t{cl_.rank_pages(r, pages)} * pieces;
+        most > handoff::ConsumerWorker::kMaxLoadRequests) {
+      return fail(2, fmt::format("consumer rank {} would load {} pages of {} pieces each, {} engine requests (at most "
+                                 "{}): fewer --tokens, larger heads (--head-dim, --dtype-bytes), or one --order",
+                                 r, cl_.rank_pages(r, pages), pieces, most, handoff::ConsumerWorker::kMaxLoadRequests));
+    }
+  }
   // One process per rank, each with an engine (tens of MB): the flags'
   // ranges allowed 16 replicas of 16 × 16 ranks a side, 8192 processes.
   const std::uint64_t processes = std::uint64_t{o_.producers} * pl_.ranks() + std::uint64_t{o_.consumers} * cl_.ranks();
