@@ -362,7 +362,10 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
   // every request is in, so the batch cannot end half submitted.
   BatchRecord& record = batches_[id];
   record.notification = batch.notification;
-  record.notify_path = checked[0].path;
+  if (!batch.notification.empty()) {  // so every request names one peer
+    record.notify_path = checked[0].path;
+    record.notify_incarnation = ucx_.paths()[checked[0].path].incarnation;
+  }
   record.open = 1;
   {
     std::lock_guard lock(ended_mutex_);
@@ -765,7 +768,12 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     if (ok) metrics_.add("baton_engine_bytes_total", {{"op", op}}, static_cast<double>(s->bytes));
   }
   if (all_ok && !b.notification.empty()) {
-    if (Status s = ucx_.notify(b.notify_path, b.notification); s.is_ok()) {
+    // Only on the path the bytes went: it may have failed since, and its id
+    // gone to another peer (or to the same address's next process).
+    const Status s = ucx_.paths()[b.notify_path].incarnation == b.notify_incarnation
+                         ? ucx_.notify(b.notify_path, b.notification)
+                         : Status::unavailable("path {} went to another peer", b.notify_path);
+    if (s.is_ok()) {
       metrics_.add("baton_engine_notifications_sent_total", {}, 1);
     } else {
       baton::logger().warn("batch {}: notification not sent: {}", id, s.message());

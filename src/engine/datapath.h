@@ -140,6 +140,7 @@ class Datapath {
     std::vector<Op> ops;                      // per request
     std::size_t open = 0;                     // requests not yet ended
     transport::PathId notify_path = 0;
+    std::uint32_t notify_incarnation = 0;  // notify_path's when the batch was submitted
     std::string notification;
     bool ended = false;
   };

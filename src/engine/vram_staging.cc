@@ -268,6 +268,7 @@ Status VramStaging::submit_remote(const SliceSubmit& slice, TimeNs now_ns) {
   }
   ++region->live_slices;
   slices_.emplace(slice.id, s);
+  ucx_->hold_path(slice.path);  // its id must not go to another peer before the slice ends
   return Status::ok();
 }
 
@@ -291,6 +292,7 @@ CancelResult VramStaging::cancel_remote(SliceId id, TimeNs now_ns) {
 void VramStaging::finish(SliceId id, Staged& s, Status status, TimeNs now_ns, std::vector<Completion>& out) {
   if (s.event != 0) free_events_[s.region->device].push_back(s.event);
   --s.region->live_slices;
+  ucx_->release_path(s.slice.path);
   give_back(s.bounce);
   if (!s.cancelled) {
     out.push_back({id, s.slice.path, s.slice.lane, s.slice.bytes, now_ns, std::move(status),

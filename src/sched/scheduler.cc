@@ -19,6 +19,7 @@
 #include "sched/indexed_heap.h"
 
 #include <algorithm>
+#include <deque>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -44,11 +45,18 @@ struct Range {
   std::uint64_t length = 0;
 };
 
+// The paths between a pair of endpoints, best first, and how many open
+// requests route on them (an emptied peer chain goes only once none does).
+struct Chain {
+  std::vector<PathId> paths;
+  std::size_t requests = 0;
+};
+
 struct Request {
   RequestId id = 0;
   TransferRequest spec;
   std::uint64_t seq = 0;
-  const std::vector<PathId>* chain = nullptr;  // shared by every request of the pair
+  Chain* chain = nullptr;  // shared by every request of the pair
   RequestStatus status;
   std::uint64_t next_offset = 0;  // bytes before it have been sliced
   std::vector<Range> retry;       // sliced, failed or preempted: send again
@@ -254,8 +262,13 @@ struct Scheduler::State {
   transport::Transport& transport;
   std::vector<PathRuntime> paths;
   std::map<std::tuple<std::string, std::string, topology::PathType>, PathId> path_index;
-  std::unordered_map<std::string, std::vector<PathId>> chains;  // "from|to" → chain
+  std::unordered_map<std::string, Chain> chains;  // "from|to" → chain
   std::set<std::string> peer_chains;  // keys of chains made of transport paths alone
+  // Peer chains emptied by reincarnate, oldest first: kept (a request to
+  // the peer still fails unavailable, not not_found) until kMaxEmptied
+  // newer ones were, and no open request routes on them.
+  std::deque<std::string> emptied;
+  static constexpr std::size_t kMaxEmptied = 1024;
   std::uint64_t paths_version = 0;     // the transport's, when paths were last read
   std::unordered_map<RequestId, Request> requests;
   SliceTable posted;
@@ -275,7 +288,7 @@ struct Scheduler::State {
   // topology does not know (peers named host:port) route on the transport's
   // own paths between them, fastest first; those chains grow as the
   // transport connects more paths (sync_paths).
-  Result<const std::vector<PathId>*> chain_for(const std::string& from, const std::string& to, TimeNs now_ns) {
+  Result<Chain*> chain_for(const std::string& from, const std::string& to, TimeNs now_ns) {
     sync_paths(now_ns);
     std::string key = from;
     key += '|';
@@ -302,9 +315,9 @@ struct Scheduler::State {
       } else {
         return std::unexpected(Status(ranked.error().code(), "submit: " + ranked.error().message()));
       }
-      it = chains.emplace(std::move(key), std::move(chain)).first;
+      it = chains.emplace(std::move(key), Chain{std::move(chain), 0}).first;
     }
-    if (it->second.empty()) {
+    if (it->second.paths.empty()) {
       return std::unexpected(Status::unavailable("submit: the transport has no path from {} to {}", from, to));
     }
     return &it->second;
@@ -355,7 +368,7 @@ struct Scheduler::State {
     if (p.lane_load.size() < static_cast<std::size_t>(info.lanes)) p.lane_load.resize(info.lanes, 0);
     path_index[{info.from, info.to, info.type}] = id;
     for (auto& [key, chain] : chains) {
-      if (std::ranges::find(chain, id) != chain.end()) sort_by_bandwidth(chain);
+      if (std::ranges::find(chain.paths, id) != chain.paths.end()) sort_by_bandwidth(chain.paths);
     }
   }
 
@@ -384,7 +397,7 @@ struct Scheduler::State {
     }
     if (joining.empty()) return;
     for (const std::string& key : peer_chains) {
-      std::vector<PathId>& chain = chains.at(key);
+      std::vector<PathId>& chain = chains.at(key).paths;
       const auto bar = key.find('|');
       const std::string_view from = std::string_view(key).substr(0, bar);
       const std::string_view to = std::string_view(key).substr(bar + 1);
@@ -396,19 +409,35 @@ struct Scheduler::State {
   }
 
   // The transport gave a failed path's id to a new path (another peer, or
-  // the same one back): nothing of the old path is in flight. It leaves
-  // the chains it was on first, so that what was queued on it (a request
-  // the old peer's failure has not reached yet) moves to the rest of its
-  // chain or fails, and never goes to the new peer. A peer chain left empty
-  // goes (no request can still use it: its paths are all gone); without
-  // that, every address ever connected kept one.
+  // the same one back): nothing of the old path is at the transport. It
+  // leaves the chains it was on first, so that what was queued on it (a
+  // request the old peer's failure has not reached yet) moves to the rest
+  // of its chain or fails, and never goes to the new peer.
   void reincarnate(PathId id, const transport::PathInfo& info, TimeNs now_ns) {
-    for (auto& [key, chain] : chains) std::erase(chain, id);
+    for (auto& [key, chain] : chains) {
+      if (std::erase(chain.paths, id) != 0 && chain.paths.empty() && peer_chains.contains(key)) emptied.push_back(key);
+    }
     rehome_queue(id, now_ns);  // the requests moved still point at their chains
-    std::erase_if(chains, [this](const auto& entry) {
-      return entry.second.empty() && peer_chains.erase(entry.first) != 0;
-    });
     retype(id, info);
+    forget_emptied();
+  }
+
+  // Without this every address ever connected kept its chain. An emptied
+  // chain an open request still points at, or one that got paths again,
+  // is passed over.
+  void forget_emptied() {
+    for (std::size_t look = emptied.size(); look > 0 && emptied.size() > kMaxEmptied; --look) {
+      std::string key = std::move(emptied.front());
+      emptied.pop_front();
+      const auto it = chains.find(key);
+      if (it == chains.end() || !it->second.paths.empty()) continue;
+      if (it->second.requests != 0) {
+        emptied.push_back(std::move(key));
+        continue;
+      }
+      peer_chains.erase(key);
+      chains.erase(it);
+    }
   }
 
   // Baselines order by one static key; only deadline_aware weighs urgency.
@@ -582,7 +611,7 @@ struct Scheduler::State {
   }
 
   [[nodiscard]] PathId first_healthy(const Request& r, TimeNs now_ns) const {
-    for (PathId p : *r.chain) {
+    for (PathId p : r.chain->paths) {
       if (transport.path_healthy(p, now_ns)) return p;
     }
     return kNoPath;
@@ -606,6 +635,7 @@ struct Scheduler::State {
     r.status.status = std::move(status);
     r.status.completed_ns = now_ns;
     --open;
+    --r.chain->requests;
     if (finish_hook) finish_hook(r.id);
   }
 
@@ -733,7 +763,7 @@ struct Scheduler::State {
     const double deadline = static_cast<double>(r.spec.deadline_ns);
     const double wait_ns = static_cast<double>(p.load.inflight_bytes + r.unsent) / p.bytes_per_ns;
     if (now + wait_ns + static_cast<double>(p.latency_ns) <= deadline) return false;
-    for (PathId f : *r.chain) {
+    for (PathId f : r.chain->paths) {
       if (f == path || !transport.path_healthy(f, now_ns)) continue;
       const PathRuntime& fp = paths[f];
       const double finish = now + static_cast<double>(r.unsent) / fp.bytes_per_ns + static_cast<double>(fp.latency_ns);
@@ -829,6 +859,7 @@ Status Scheduler::submit(RequestId id, const TransferRequest& request, TimeNs no
   r.spec = request;
   r.seq = st.next_seq++;
   r.chain = *chain;
+  ++r.chain->requests;
   r.unsent = request.bytes;
   r.status.qos = request.qos;
   r.status.bytes = request.bytes;
@@ -928,7 +959,7 @@ Status Scheduler::set_wire_ratio(RequestId id, double ratio) {
 Result<transport::PathId> Scheduler::route(const std::string& from, const std::string& to, TimeNs now_ns) {
   auto chain = state_->chain_for(from, to, now_ns);
   if (!chain) return std::unexpected(chain.error());
-  for (PathId p : **chain) {
+  for (PathId p : (*chain)->paths) {
     if (state_->transport.path_healthy(p, now_ns)) return p;
   }
   return std::unexpected(Status::unavailable("route: no healthy path from {} to {}", from, to));

@@ -623,8 +623,16 @@ class GrowingTransport final : public transport::Transport {
   std::uint64_t paths_version() const override { return version_; }
 
   Status submit(const transport::SliceSubmit& s, TimeNs now_ns) override {
-    landed_.push_back({s.id, s.path, s.lane, s.bytes, now_ns, Status::ok()});
+    (holding_ ? held_ : landed_).push_back({s.id, s.path, s.lane, s.bytes, now_ns, Status::ok()});
     return Status::ok();
+  }
+  // While holding, slices stay in flight until fail_held() ends them.
+  void hold(bool holding) { holding_ = holding; }
+  [[nodiscard]] std::size_t held() const { return held_.size(); }
+  void fail_held() {
+    for (transport::Completion& c : held_) c.status = Status::unavailable("the path failed");
+    landed_.insert(landed_.end(), held_.begin(), held_.end());
+    held_.clear();
   }
   transport::CancelResult cancel(transport::SliceId, TimeNs) override { return {}; }
   void poll(TimeNs, std::vector<transport::Completion>& out) override {
@@ -640,6 +648,8 @@ class GrowingTransport final : public transport::Transport {
   std::vector<transport::PathInfo> paths_;
   std::vector<transport::Completion> landed_;
   std::set<transport::PathId> down_;
+  std::vector<transport::Completion> held_;
+  bool holding_ = false;
   std::uint64_t version_ = 0;
 };
 
@@ -700,8 +710,59 @@ TEST(Scheduler, APathIdTakenByAnotherPeerCarriesNothingQueuedForTheOldOne) {
   EXPECT_EQ(s->status(3)->state, RequestState::kCompleted);
   EXPECT_EQ(s->load(0).bytes_completed, 1 * kMiB);  // request 3's alone
   EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:7000", 0).value(), 0u);
-  EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).error().code(), StatusCode::kNotFound);
-  EXPECT_EQ(s->submit(4, to_old, 0).code(), StatusCode::kNotFound);
+  // The old peer's chain is empty now: unavailable, as for any gone peer.
+  EXPECT_EQ(s->route("127.0.0.1:5000", "127.0.0.1:6000", 0).error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s->submit(4, to_old, 0).code(), StatusCode::kUnavailable);
+}
+
+// One path id taken by peer after peer: the chains of the peers gone stay
+// (they answer unavailable) for the last 1024 of them, then go.
+TEST(Scheduler, ChainsOfPeersGoneAreForgottenBeyondTheLast1024) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  auto peer = [](int i) { return fmt::format("127.0.0.1:{}", 10000 + i); };
+  transport.add({"127.0.0.1:5000", peer(0), PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  constexpr int kPeers = 1100;
+  for (int i = 0; i < kPeers; ++i) {
+    if (i > 0) transport.reincarnate(0, {"127.0.0.1:5000", peer(i), PathType::kTcp, 2, 3.0, 30.0});
+    ASSERT_EQ(s->route("127.0.0.1:5000", peer(i), 0).value(), 0u) << i;
+  }
+  EXPECT_EQ(s->route("127.0.0.1:5000", peer(0), 0).error().code(), StatusCode::kNotFound);
+  // Peers 0 .. kPeers-2 went (the last one holds the path): the oldest of them forgotten.
+  EXPECT_EQ(s->route("127.0.0.1:5000", peer(kPeers - 2 - 1024), 0).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(s->route("127.0.0.1:5000", peer(kPeers - 1 - 1024), 0).error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s->route("127.0.0.1:5000", peer(kPeers - 2), 0).error().code(), StatusCode::kUnavailable);
+}
+
+// The same with a request of the old peer still on the wire when its path's
+// id goes to the newcomer (a slice a GPU copy held back): it keeps its
+// chain, and when its slices fail it fails too, never re-sent on the id.
+TEST(Scheduler, ARequestInFlightWhenItsPathIdIsTakenFailsAndIsNotResent) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  const TransferRequest to_old{"127.0.0.1:5000", "127.0.0.1:6000", 4 * kMiB, QosClass::kHotKv, 0, true};
+  const TransferRequest to_new{"127.0.0.1:5000", "127.0.0.1:7000", 1 * kMiB, QosClass::kHotKv, 0, true};
+  transport.hold(true);
+  ASSERT_TRUE(s->submit(1, to_old, 0).is_ok());
+  s->dispatch(0);
+  const std::size_t posted = transport.held();
+  ASSERT_GT(posted, 0u);
+  transport.set_healthy(0, false);
+  transport.reincarnate(0, {"127.0.0.1:5000", "127.0.0.1:7000", PathType::kTcp, 2, 3.0, 30.0});
+  transport.set_healthy(0, true);
+  transport.hold(false);
+  ASSERT_TRUE(s->submit(2, to_new, 0).is_ok());
+  transport.fail_held();
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(1)->state, RequestState::kFailed);
+  EXPECT_EQ(s->status(1)->status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s->status(1)->bytes_done, 0u);
+  EXPECT_EQ(s->status(2)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->load(0).bytes_completed, 1 * kMiB);  // request 2's alone: nothing of 1 was sent again
+  EXPECT_EQ(s->load(0).inflight_slices, 0);
 }
 
 // The bare scheduler's own entry points: it took a qos class past its table

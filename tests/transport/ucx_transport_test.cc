@@ -1447,7 +1447,8 @@ TEST_P(UcxTransportTest, APeerBackOnItsAddressTakesItsFailedPathAgain) { reach_h
 TEST_P(UcxTransportTest, APeerOnAnotherAddressTakesAFailedPathsSlot) { reach_holders_through_one_slot(false); }
 
 // A live path keeps its slot: a connect to another address takes the
-// failed one, and a connect to its own address returns it.
+// failed one (once no slice of it is held outside UCX), and a connect to
+// its own address returns it.
 TEST_P(UcxTransportTest, AConnectTakesAFailedSlotNeverALiveOne) {
   const PathId live = connect_ready();
   ASSERT_FALSE(HasFailure());
@@ -1466,12 +1467,20 @@ TEST_P(UcxTransportTest, AConnectTakesAFailedSlotNeverALiveOne) {
   ASSERT_TRUE(wait_until([&] { return a_->path_state(*dead) == PathState::kFailed; }));
   // Its endpoints' closes finish on later polls; until then it is not free.
   (void)wait_until([] { return false; }, 200ms);
+  // Nor while its caller holds a slice of it (a GPU copy before UCX).
+  a_->hold_path(*dead);
+  auto held = UcxTransport::create(config());
+  ASSERT_TRUE(held.has_value()) << held.error().to_string();
+  auto beside = a_->connect((*held)->address(), now());
+  ASSERT_TRUE(beside.has_value()) << beside.error().to_string();
+  EXPECT_EQ(*beside, 2u);
+  a_->release_path(*dead);
   auto third = UcxTransport::create(config());
   ASSERT_TRUE(third.has_value()) << third.error().to_string();
   auto taken = a_->connect((*third)->address(), now());
   ASSERT_TRUE(taken.has_value()) << taken.error().to_string();
   EXPECT_EQ(*taken, *dead);
-  EXPECT_EQ(a_->paths().size(), 2u);
+  EXPECT_EQ(a_->paths().size(), 3u);
   EXPECT_EQ(a_->paths()[*taken].incarnation, 1u);
   EXPECT_EQ(a_->paths()[*taken].to, (*third)->address());
   ASSERT_TRUE(wait_until([&] {

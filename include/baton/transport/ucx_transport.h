@@ -445,6 +445,12 @@ class UcxTransport final : public Transport {
 
   // Slices posted and not yet handed out by poll().
   [[nodiscard]] std::size_t slices_in_flight() const;
+  // A slice of `path` its caller holds outside this transport (a GPU copy
+  // before or after UCX carries it): until the hold is released, connect()
+  // does not give the path's id to another path, whose peer the slice would
+  // then reach. Unknown paths are ignored.
+  void hold_path(PathId path);
+  void release_path(PathId path);
 
   // Connections refused: on arrival over max_unauthenticated (in all or
   // from one address), handshakes that gave way to another address's, and

@@ -43,12 +43,13 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
 }
 
 // Whether a failed path holds nothing any more, so that a connect may take
-// its slot: no slice of it in flight, no close of its lanes running (a lane
-// is its endpoint's error-handler argument), no error of one waiting to be
-// handled, no same-host holder kept waiting on its connection.
+// its slot: no slice of it in flight here or held by the caller, no close of
+// its lanes running (a lane is its endpoint's error-handler argument), no
+// error of one waiting to be handled, no same-host holder kept waiting on
+// its connection.
 bool UcxTransport::State::reusable(PathId id) const {
   const Peer& p = peers[id];
-  if (p.state != PathState::kFailed || p.inflight != 0) return false;
+  if (p.state != PathState::kFailed || p.inflight != 0 || p.held != 0) return false;
   return std::ranges::none_of(closing, [id](const Closing& c) { return c.path == id; }) &&
          std::ranges::none_of(lingering, [id](const auto& l) { return l.first == id; }) &&
          std::ranges::none_of(lane_errors, [id](const auto& e) { return e.first->path == id; });

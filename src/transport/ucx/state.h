@@ -278,6 +278,7 @@ struct UcxTransport::State {
     std::uint64_t refresh_seq = 0;  // 0: no refresh pending
     TimeNs deadline_ns = 0;         // handshake
     int inflight = 0;               // slices posted and not handed out
+    std::uint64_t held = 0;         // hold_path(): slices its caller keeps outside UCX
     std::vector<RailLoad> rails;    // per rail of ours
     // A peer of this host (its cookie read back): slices are copied here
     // (same_host.h), not posted to UCX. 0: another host, or not proved.

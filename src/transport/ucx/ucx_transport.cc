@@ -480,6 +480,14 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
   return id;
 }
 
+void UcxTransport::hold_path(PathId path) {
+  if (path < state_->peers.size()) ++state_->peers[path].held;
+}
+
+void UcxTransport::release_path(PathId path) {
+  if (path < state_->peers.size() && state_->peers[path].held > 0) --state_->peers[path].held;
+}
+
 PathState UcxTransport::path_state(PathId path) const {
   return path < state_->peers.size() ? state_->peers[path].state : PathState::kFailed;
 }
