@@ -84,6 +84,7 @@ struct AdmissionController::State {
   std::uint64_t next_seq = 0;
   TimeNs next_drop_scan_ns = 0;
   AdmissionStats stats;
+  std::uint64_t estimator_version = 0;  // the transport's paths_version at the estimator's last sync
 
   [[nodiscard]] WaitKey wait_key(const Owner& o) const {
     if (a.order == sched::AdmissionOrder::kEdf) {
@@ -448,8 +449,13 @@ Result<RequestStatus> AdmissionController::status(RequestId id) const {
 void AdmissionController::on_completion(const transport::Completion& c, RequestId request, TimeNs now_ns) {
   State& st = *state_;
   if (c.status.is_ok()) {
-    // A new peer, UCX chose its transport, or the path's id went to another peer.
-    if (const auto& paths = st.transport.paths(); !st.estimator.current(paths, c.path)) st.estimator.sync(paths);
+    // A new peer, UCX chose its transport, or the path's id went to another
+    // peer (the last two move paths_version). paths() is not free: not per slice.
+    if (const std::uint64_t version = st.transport.paths_version();
+        !st.estimator.measured(c.path) || version != st.estimator_version) {
+      st.estimator.sync(st.transport.paths());
+      st.estimator_version = version;
+    }
     st.estimator.on_completion(c.path, c.wire_bytes != 0 ? c.wire_bytes : c.bytes, c.at_ns, st.scheduler.load(c.path).inflight_slices > 0);
   }
   const auto it = st.owners.find(request);

@@ -31,10 +31,6 @@ bool BandwidthEstimator::measured(transport::PathId path) const {
   return path < paths_.size() && paths_[path].measured;
 }
 
-bool BandwidthEstimator::current(const std::vector<transport::PathInfo>& paths, transport::PathId path) const {
-  return path < paths_.size() && path < paths.size() && paths_[path].measured &&
-         paths_[path].incarnation == paths[path].incarnation;
-}
 
 void BandwidthEstimator::on_completion(transport::PathId path, std::uint64_t bytes, TimeNs now_ns,
                                        bool path_still_busy) {

@@ -35,9 +35,6 @@ class BandwidthEstimator {
   [[nodiscard]] double estimate_gbps(transport::PathId path) const;
   // Whether a sample has been taken on `path` (else the estimate is the seed).
   [[nodiscard]] bool measured(transport::PathId path) const;
-  // Measured, and on the incarnation of `path` that `paths` has: else a
-  // sync() is due before the next sample.
-  [[nodiscard]] bool current(const std::vector<transport::PathInfo>& paths, transport::PathId path) const;
 
   static constexpr TimeNs kMinWindowNs = 20'000;
 
