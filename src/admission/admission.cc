@@ -85,6 +85,8 @@ struct AdmissionController::State {
   TimeNs next_drop_scan_ns = 0;
   AdmissionStats stats;
   std::uint64_t estimator_version = 0;  // the transport's paths_version at the estimator's last sync
+  std::uint64_t routes_version = 0;     // the same, when the waiting owners were last routed
+  std::vector<std::uint32_t> routed_incarnations;  // PathInfo::incarnation by path, then
 
   [[nodiscard]] WaitKey wait_key(const Owner& o) const {
     if (a.order == sched::AdmissionOrder::kEdf) {
@@ -95,19 +97,56 @@ struct AdmissionController::State {
 
   void wait(const Owner& o) {
     waiting[wait_key(o)] = o.id;
+    add_sums(o);
+  }
+
+  void unwait(const Owner& o) {
+    if (waiting.erase(wait_key(o)) != 0) remove_sums(o);
+  }
+
+  void add_sums(const Owner& o) {
     if (!o.path) return;
     WaitingSums& sums = waiting_sums[*o.path];
     sums.by_seq.set(o.seq, o.request.bytes);
     if (o.request.deadline_ns != 0) sums.by_deadline.set({o.request.deadline_ns, o.seq}, o.request.bytes);
   }
 
-  void unwait(const Owner& o) {
-    if (waiting.erase(wait_key(o)) == 0 || !o.path) return;
+  void remove_sums(const Owner& o) {
+    if (!o.path) return;
     const auto it = waiting_sums.find(*o.path);
     if (it == waiting_sums.end()) return;
     it->second.by_seq.erase(o.seq);
     if (o.request.deadline_ns != 0) it->second.by_deadline.erase({o.request.deadline_ns, o.seq});
     if (it->second.by_seq.size() == 0) waiting_sums.erase(it);
+  }
+
+  // A path id that went to another peer since the waiting owners were
+  // routed: those routed on it were the old peer's, and must not count ahead
+  // of the newcomer's requests. Route them again (the old peer's chain is
+  // gone: none). O(paths + waiting), once per change of the transport's
+  // paths, never per request.
+  void reroute_waiting(TimeNs now_ns) {
+    const std::uint64_t version = transport.paths_version();
+    if (version == routes_version) return;
+    routes_version = version;
+    const auto& infos = transport.paths();
+    std::vector<bool> taken(infos.size());
+    bool any = false;
+    routed_incarnations.resize(infos.size());  // a path seen first is at 0 unless taken since
+    for (std::size_t i = 0; i < infos.size(); ++i) {
+      if (routed_incarnations[i] == infos[i].incarnation) continue;
+      routed_incarnations[i] = infos[i].incarnation;
+      taken[i] = any = true;
+    }
+    if (!any) return;
+    for (const auto& [key, id] : waiting) {
+      Owner& o = owners.at(id);
+      if (!o.path || *o.path >= taken.size() || !taken[*o.path]) continue;
+      auto routed = scheduler.route(o.request.from, o.request.to, now_ns);
+      remove_sums(o);
+      o.path = routed ? std::optional(*routed) : std::nullopt;
+      add_sums(o);
+    }
   }
 
   [[nodiscard]] Band band_of(double mlu) const {
@@ -165,6 +204,7 @@ struct AdmissionController::State {
     const TimeNs left = time_until(now_ns, request.deadline_ns);
     auto path = scheduler.route(request.from, request.to, now_ns);
     if (left <= 0 || !path) return kMluUnbounded;
+    reroute_waiting(now_ns);
     estimator.sync(transport.paths());  // a peer may have connected since
     const double capacity = static_cast<double>(left) * estimator.estimate_gbps(*path) -
                             static_cast<double>(bytes_ahead(request, *path, self));

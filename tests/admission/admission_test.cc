@@ -13,6 +13,7 @@
 #include "baton/engine/engine.h"
 #include "baton/engine/harness.h"
 #include "engine/completion_order.h"
+#include "sched/growing_transport.h"
 #include "baton/topology/probe.h"
 #include "baton/transport/sim_transport.h"
 
@@ -445,6 +446,50 @@ TEST(BandwidthEstimator, APathsNewIncarnationStartsFromItsSeed) {
   e.sync(paths);
   EXPECT_FALSE(e.measured(0));
   EXPECT_DOUBLE_EQ(e.estimate_gbps(0), 3.0);
+}
+
+// A path's id taken by another peer: owners of the old peer still waiting
+// for capacity no longer count ahead of the newcomer's deadline requests
+// (they fail unavailable once admitted); the newcomer's own waiting owners do.
+TEST(Admission, OwnersOfAPeerWhosePathIdWasTakenDoNotCountAheadOfTheNewcomer) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  sched::GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", topology::PathType::kTcp, 2, 3.0, 30.0});
+  SchedPolicy p = SchedPolicy::defaults();
+  p.admission.max_owners = 1;
+  auto s = sched::Scheduler::create(graph, p, transport).value();
+  auto a = AdmissionController::create(p, *s, transport).value();
+  s->set_finish_hook([&](RequestId id) { a->on_finish(id); });
+  const TransferRequest to_old{"127.0.0.1:5000", "127.0.0.1:6000", kMiB, QosClass::kHotKv, 0, true};
+  TransferRequest old_waiting = to_old;
+  old_waiting.bytes = 8 * kMiB;
+  old_waiting.deadline_ns = 10'000'000;
+  ASSERT_TRUE(a->submit(1, to_old, 0).is_ok());        // admitted: takes the one owner slot
+  ASSERT_TRUE(a->submit(2, old_waiting, 0).is_ok());  // waits
+  ASSERT_EQ(a->waiting(), 1u);
+  constexpr double kLeftBytes = 20'000'000 * 3.0;  // 20 ms at the path's 3 GB/s
+  TransferRequest probe = to_old;
+  probe.deadline_ns = 20'000'000;
+  EXPECT_DOUBLE_EQ(a->mlu(probe, kMiB, 0), kMiB / (kLeftBytes - 8 * kMiB));  // request 2 goes first
+
+  transport.set_healthy(0, false);
+  transport.reincarnate(0, {"127.0.0.1:5000", "127.0.0.1:7000", topology::PathType::kTcp, 2, 3.0, 30.0});
+  transport.set_healthy(0, true);
+  probe.to = "127.0.0.1:7000";
+  EXPECT_DOUBLE_EQ(a->mlu(probe, kMiB, 0), kMiB / kLeftBytes);
+  TransferRequest new_waiting = old_waiting;
+  new_waiting.to = probe.to;
+  new_waiting.bytes = 2 * kMiB;
+  ASSERT_TRUE(a->submit(3, new_waiting, 0).is_ok());
+  ASSERT_EQ(a->waiting(), 2u);
+  EXPECT_DOUBLE_EQ(a->mlu(probe, kMiB, 0), kMiB / (kLeftBytes - 2 * kMiB));
+
+  a->tick(0);  // request 1 failed with its path: 2 is admitted and fails, then 3
+  EXPECT_EQ(a->status(1)->status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(a->status(2)->state, RequestState::kFailed);
+  EXPECT_EQ(a->status(2)->status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(a->waiting(), 0u);
+  EXPECT_EQ(a->status(3)->state, RequestState::kQueued);
 }
 
 }  // namespace
