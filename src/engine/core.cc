@@ -43,6 +43,8 @@ void declare_metrics(MetricsRegistry& m, bool ucx) {
                           "Notifications dropped, the oldest, because 65536 waited untaken");
   (void)m.declare_gauge("baton_ucx_notifications_untaken", "Notifications received and not yet taken");
   (void)m.declare_gauge("baton_ucx_paths", "Paths to peers, by state (a failed one's slot goes to a later connect)");
+  (void)m.declare_gauge("baton_ucx_paths_reusable",
+                        "Failed paths a connect can take now (the rest still close endpoints or hold a GPU copy)");
 }
 
 }  // namespace
@@ -189,12 +191,15 @@ std::string Core::metrics_text() {
       m.set("baton_ucx_notifications_untaken", {}, static_cast<double>(notes.untaken));
       constexpr std::array<const char*, 3> kStates{"connecting", "ready", "failed"};  // by PathState
       std::array<std::size_t, kStates.size()> paths{};
+      std::size_t reusable = 0;
       for (transport::PathId id = 0; id < ucx->paths().size(); ++id) {
         ++paths.at(static_cast<std::size_t>(ucx->path_state(id)));
+        reusable += ucx->path_reusable(id) ? 1 : 0;
       }
       for (std::size_t i = 0; i < kStates.size(); ++i) {
         m.set("baton_ucx_paths", {{"state", kStates[i]}}, static_cast<double>(paths[i]));
       }
+      m.set("baton_ucx_paths_reusable", {}, static_cast<double>(reusable));
       exported_ucx = now;
     }
     return m.text();

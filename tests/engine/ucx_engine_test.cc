@@ -838,8 +838,10 @@ TEST(UcxEnginePeers, APeerThatGoesAwayFailsItsRequestsAndOthersGoOn) {
 void peers_coming_back_keep_one_path(const std::string& tls) {
   constexpr std::size_t kBytes = 1 << 20;
   Side local(kBytes, kLocalSalt, tls);
-  auto paths = [&](const char* state) {
-    return testing::metric_value(local.engine->metrics_text(), fmt::format("baton_ucx_paths{{state=\"{}\"}}", state));
+  auto paths = [&](std::string_view state) {
+    const std::string name = state == "reusable" ? "baton_ucx_paths_reusable"
+                                                 : fmt::format("baton_ucx_paths{{state=\"{}\"}}", state);
+    return testing::metric_value(local.engine->metrics_text(), name);
   };
   std::optional<Peer> gone;
   Region gone_region;
@@ -872,7 +874,8 @@ void peers_coming_back_keep_one_path(const std::string& tls) {
     late.remote_region = gone_region.handle;
     EXPECT_EQ(local.engine->submit(Batch{{late}, {}}).error().code(), StatusCode::kUnavailable);
     // Its endpoints' closes end on the loop's next turns; the slot is free after.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (int i = 0; i < 500 && paths("reusable") != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(paths("reusable"), 1) << "round " << round;
   }
 }
 

@@ -1428,6 +1428,8 @@ void UcxTransportTest::reach_holders_through_one_slot(bool same_address) {
     b_.reset();
     ASSERT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }))
         << "incarnation " << incarnation;
+    // Its endpoints' closes finish on later polls; then its slot is free.
+    ASSERT_TRUE(wait_until([&] { return a_->path_reusable(path); })) << "incarnation " << incarnation;
     UcxConfig again = config();
     if (same_address) again.listen_address = address;
     for (int i = 0; i < 50 && !b_; ++i) {
@@ -1465,16 +1467,20 @@ TEST_P(UcxTransportTest, AConnectTakesAFailedSlotNeverALiveOne) {
   ASSERT_EQ(a_->path_state(*dead), PathState::kReady) << a_->path_status(*dead).to_string();
   gone->reset();
   ASSERT_TRUE(wait_until([&] { return a_->path_state(*dead) == PathState::kFailed; }));
+  EXPECT_FALSE(a_->path_reusable(live));
   // Its endpoints' closes finish on later polls; until then it is not free.
-  (void)wait_until([] { return false; }, 200ms);
+  ASSERT_TRUE(wait_until([&] { return a_->path_reusable(*dead); }));
   // Nor while its caller holds a slice of it (a GPU copy before UCX).
   a_->hold_path(*dead);
+  EXPECT_FALSE(a_->path_reusable(*dead));
   auto held = UcxTransport::create(config());
   ASSERT_TRUE(held.has_value()) << held.error().to_string();
   auto beside = a_->connect((*held)->address(), now());
   ASSERT_TRUE(beside.has_value()) << beside.error().to_string();
   EXPECT_EQ(*beside, 2u);
   a_->release_path(*dead);
+  EXPECT_TRUE(a_->path_reusable(*dead));
+  EXPECT_FALSE(a_->path_reusable(99));
   auto third = UcxTransport::create(config());
   ASSERT_TRUE(third.has_value()) << third.error().to_string();
   auto taken = a_->connect((*third)->address(), now());

@@ -313,6 +313,10 @@ class UcxTransport final : public Transport {
 
   // kFailed for an unknown path.
   [[nodiscard]] PathState path_state(PathId path) const;
+  // Whether connect() may take this failed path's slot now: nothing of it
+  // is left (no slice in flight or held, its endpoints closed). False for
+  // a live or unknown path.
+  [[nodiscard]] bool path_reusable(PathId path) const;
   // ok when ready; unavailable saying why otherwise (still connecting, or the
   // failure); invalid_argument for an unknown path.
   [[nodiscard]] Status path_status(PathId path) const;

@@ -492,6 +492,8 @@ PathState UcxTransport::path_state(PathId path) const {
   return path < state_->peers.size() ? state_->peers[path].state : PathState::kFailed;
 }
 
+bool UcxTransport::path_reusable(PathId path) const { return path < state_->peers.size() && state_->reusable(path); }
+
 Status UcxTransport::path_status(PathId path) const {
   const State& s = *state_;
   if (path >= s.peers.size()) {
