@@ -50,9 +50,12 @@ void declare_metrics(MetricsRegistry& m, bool ucx) {
 }  // namespace
 
 Result<std::unique_ptr<Core>> Core::create(CoreConfig config) {
-  auto facts = !config.topology_model.empty() ? topology::load_model(config.topology_model)
-               : !config.topology_file.empty() ? topology::load_nvidia_smi_topo(config.topology_file)
-                                               : topology::probe_machine();
+  // A file replaces the model, as a policy file replaces the policy (the
+  // harness has a model by default, which a file given beside it overrode
+  // silently the other way round).
+  auto facts = !config.topology_file.empty()    ? topology::load_nvidia_smi_topo(config.topology_file)
+               : !config.topology_model.empty() ? topology::load_model(config.topology_model)
+                                                : topology::probe_machine();
   if (!facts) return std::unexpected(facts.error());
   if (!config.policy_file.empty()) {
     auto loaded = sched::load_policy(config.policy_file);

@@ -48,8 +48,9 @@ struct EngineConfig {
   // `policy`. Its errors (with line numbers) come back from create().
   std::string policy_file{};
   // The local topology (Engine::topology(): what a transfer plan stripes
-  // over, the scheduler's view of this host's devices): a synthetic model
-  // name, else a saved `nvidia-smi topo -m` file, else — the default — this
+  // over, the scheduler's view of this host's devices): a saved `nvidia-smi
+  // topo -m` file (when set it replaces the model; its errors come back from
+  // create()), else a synthetic model name, else — the default — this
   // machine's probe (hwloc, sysfs, NVML). Peers route on the transport's own
   // paths to them.
   std::string topology_model{};

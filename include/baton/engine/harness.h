@@ -38,8 +38,9 @@ enum class ClockKind : std::uint8_t {
 
 struct HarnessConfig {
   ClockKind clock = ClockKind::kVirtual;
-  // Where the topology comes from: a synthetic model name, else a saved
-  // `nvidia-smi topo -m` file, else this machine's probe.
+  // Where the topology comes from: a saved `nvidia-smi topo -m` file (when
+  // set it replaces the model; its errors come back from create()), else a
+  // synthetic model name, else (both empty) this machine's probe.
   std::string topology_model = "nvswitch8";
   std::string topology_file;
   sched::SchedPolicy policy = sched::SchedPolicy::defaults();
