@@ -494,7 +494,11 @@ Result<TimeNs> PolicyReader::duration(const Entry& e, std::string_view key) cons
 
 Result<TimeNs> PolicyReader::positive_duration(const Entry& e, std::string_view key) const {
   auto ns = duration(e, key);
-  if (ns && *ns == 0) {
+  // A bare 0 has no unit, but "no unit" would send the reader to 0ms,
+  // which is refused next: say what is wrong with it first.
+  const bool bare_zero = !ns && e.value.IsScalar() && !e.value.Scalar().empty() &&
+                         e.value.Scalar().find_first_not_of("0.") == std::string::npos;
+  if ((ns && *ns == 0) || bare_zero) {
     return std::unexpected(
         bad_value(line_of(e), key, fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar())));
   }
@@ -557,9 +561,8 @@ Status PolicyReader::read_admission(const Entry& section, SchedPolicy& policy) c
       if (!n) return n.error();
       a.reevaluate_slices = *n;
     } else if (e.key == "reevaluate_interval") {
-      auto ns = duration(e, key);
+      auto ns = positive_duration(e, key);
       if (!ns) return ns.error();
-      if (*ns <= 0) return bad_value(line_of(e), key, "must be a positive duration");
       a.reevaluate_interval_ns = *ns;
     }
   }

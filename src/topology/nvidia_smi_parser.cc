@@ -6,6 +6,8 @@
 // the matrix (square, X on the diagonal, symmetric) so that a damaged paste
 // is reported rather than half-read.
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <bitset>
 #include <cctype>
 #include <charconv>
@@ -360,6 +362,16 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   std::map<int, std::string> nic_names;
   std::map<std::string, int, std::less<>> nic_by_name;
   for (; at < lines.size(); ++at) {
+    // A second matrix (two outputs pasted together), or a row the header
+    // does not name, would be dropped without a word: refused.
+    if (const std::vector<std::string> t = tokens_of(lines[at].text);
+        t.size() >= 2 && (gpu_index(t[0]) || std::ranges::find(columns, t[0]) != columns.end() ||
+                          (t[0].starts_with("NIC") && parse_int(std::string_view(t[0]).substr(3)))) &&
+        (parse_cell(t[1]) || gpu_index(t[1]))) {
+      return error(lines[at].number, fmt::format("\"{}\" after the matrix ended (its header names {} devices, "
+                                                 "GPU0 .. {}): one matrix per file",
+                                                 shown(fmt::format("{}", fmt::join(t, " "))), n, columns.back()));
+    }
     const auto legend = nic_legend(lines[at].text);
     if (!legend) continue;
     // The digits may not fit an int (std::stoi would throw): refuse, never abort.
@@ -509,6 +521,28 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   } else if (!numa_unknown.empty()) {
     facts.notes.push_back(fmt::format("nvidia-smi: {}: their NUMA node unknown", why));
   }
+  // NUMA nodes the file gives that its matrix contradicts: two GPUs on one
+  // socket's PCIe (PIX, PXB, PHB, NODE) on different nodes, or SYS between
+  // two on the same node. Each is used as written (a VM may show either
+  // wrong), with a note.
+  for (int r = 0; r < n && !none_given; ++r) {
+    const int a = gpu_of[r];
+    if (a < 0 || facts.gpus[a].numa == kUnknownNuma) continue;
+    int c = r + 1;
+    for (; c < n; ++c) {
+      const int b = gpu_of[c];
+      if (b < 0 || facts.gpus[b].numa == kUnknownNuma) continue;
+      const PciLocality pci = cells[r][c].pci;
+      const bool same_node = facts.gpus[a].numa == facts.gpus[b].numa;
+      if (pci == PciLocality::kUnknown || (pci == PciLocality::kSys) == !same_node) continue;
+      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is {} but their NUMA Affinity is {} and {}: the matrix "
+                                        "and the NUMA nodes disagree (each used as written)",
+                                        columns[r], columns[c], to_string(pci), facts.gpus[a].numa,
+                                        facts.gpus[b].numa));
+      break;
+    }
+    if (c < n) break;
+  }
 
   for (int r = 0; r < n; ++r) {
     for (int c = r + 1; c < n; ++c) {
@@ -521,7 +555,10 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     }
   }
 
-  // NVSwitch: a GPU bonded to its peers by more links than it has.
+  // NVSwitch: a GPU bonded to its peers by more links than it has, or by
+  // all of them to one peer — no board bonds every link of a GPU to one
+  // other, while two GPUs of an NVSwitch machine (a container given two)
+  // show exactly that.
   std::vector<int> nvlink_sum(gpus, 0);
   for (const Relation& rel : facts.relations) {
     if (rel.nvlinks > 0) {
@@ -530,8 +567,8 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     }
   }
   for (Relation& rel : facts.relations) {
-    if (rel.nvlinks > 0 &&
-        (nvlink_sum[rel.a.index] > kMaxNvlinksPerGpu || nvlink_sum[rel.b.index] > kMaxNvlinksPerGpu)) {
+    if (rel.nvlinks > 0 && (rel.nvlinks == kMaxNvlinksPerGpu || nvlink_sum[rel.a.index] > kMaxNvlinksPerGpu ||
+                            nvlink_sum[rel.b.index] > kMaxNvlinksPerGpu)) {
       rel.via_nvswitch = true;
     }
   }
@@ -543,6 +580,20 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       if (rel.via_nvswitch && (rel.a.index == g || rel.b.index == g)) fabric = std::max(fabric, rel.nvlinks);
     }
     facts.gpus[g].nvlink_active = fabric > 0 ? fabric : nvlink_sum[g];
+  }
+  // On a fabric a pair's NV# is the fewer links of its two GPUs; one below
+  // that (NV2 beside NV18 both ways) is no machine nvidia-smi describes,
+  // priced as written, with a note.
+  for (const Relation& rel : facts.relations) {
+    if (!rel.via_nvswitch) continue;
+    const int expected = std::min(facts.gpus[rel.a.index].nvlink_active, facts.gpus[rel.b.index].nvlink_active);
+    if (rel.nvlinks != expected) {
+      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{} on an NVSwitch fabric where both show NV{} to "
+                                        "other peers: priced as NV{}",
+                                        facts.gpus[rel.a.index].name, facts.gpus[rel.b.index].name, rel.nvlinks,
+                                        expected, rel.nvlinks));
+      break;
+    }
   }
 
   // A NIC sits on the NUMA node of any GPU it reaches without the socket
@@ -595,7 +646,14 @@ Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
       return std::unexpected(Status::not_found("nvidia-smi topo: \"{}\" is not a readable file or pipe", path));
     }
     file.open(path, std::ios::binary);
-    if (!file) return std::unexpected(Status::not_found("nvidia-smi topo: cannot open \"{}\"", path));
+    if (!file) {
+      const int why = errno;
+      return std::unexpected(why == EACCES || why == EPERM
+                                 ? Status::permission_denied("nvidia-smi topo: cannot open \"{}\": {}", path,
+                                                             std::strerror(why))
+                                 : Status::not_found("nvidia-smi topo: cannot open \"{}\": {}", path,
+                                                     std::strerror(why)));
+    }
     in = &file;
   }
   std::string text;

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "baton/topology/graph.h"
@@ -479,6 +480,14 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"legend_for_a_missing_nic",
                   "\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \n\n  NIC0: mlx5_0\n  NIC7: foo\n",
                   "line 6: legend for NIC7, which is not a column of the matrix"},
+        // Two outputs pasted together, or a row the header does not name:
+        // the rest was dropped without a word.
+        Malformed{"second_matrix",
+                  "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n\n\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tNV4\n",
+                  "line 5: \"GPU0 GPU1 GPU2\" after the matrix ended (its header names 2 devices, GPU0 .. GPU1)"},
+        Malformed{"row_beyond_the_header",
+                  "\tGPU0\tGPU1\nGPU0\t X \tSYS\nGPU1\tSYS\t X \nGPU2\tSYS\tSYS\t X \n",
+                  "line 4: \"GPU2 SYS SYS X\" after the matrix ended"},
         // 16 MiB of empty lines took 1.4 GB and 6 s to say "empty".
         Malformed{"too_many_lines", std::string(100'000, '\n'), "more than 65536 lines"}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -711,6 +720,55 @@ TEST(NvidiaSmiParser, APipeReadsAsAFile) {
   std::filesystem::remove(path);
   ASSERT_TRUE(f.has_value()) << f.error().to_string();
   EXPECT_EQ(f->gpus.size(), 2u);
+}
+
+// Two GPUs of an NVSwitch machine (a container given two of its eight)
+// show NV18, every link of each, to the one peer: a fabric, not a bond no
+// board has; the legend after the matrix still reads.
+TEST(NvidiaSmiParser, TwoGpusBondedByAllTheirLinksAreOnAFabric) {
+  const auto f = parse_nvidia_smi_topo(
+      "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+      "GPU0\t X \tNV18\tPXB\t0-31\t0\n"
+      "GPU1\tNV18\t X \tNODE\t0-31\t0\n"
+      "NIC0\tPXB\tNODE\t X \n\nLegend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n\n"
+      "NIC Legend:\n\n  NIC0: mlx5_0\n");
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_TRUE(f->find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+  EXPECT_EQ(f->gpus[0].nvlink_active, 18);
+  EXPECT_EQ(f->nics[0].name, "mlx5_0");
+  EXPECT_TRUE(f->notes.empty()) << fmt::format("{}", fmt::join(f->notes, "; "));
+  const auto graph = TopologyGraph::build(*f);
+  ASSERT_TRUE(graph.has_value()) << graph.error().to_string();
+  EXPECT_NE(graph->find("nvswitch0"), nullptr);
+  // Twelve links to one peer stay a bond (an A100 pair's NVLink bridges).
+  const auto bridged = parse_nvidia_smi_topo("\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\t X \n");
+  ASSERT_TRUE(bridged.has_value());
+  EXPECT_FALSE(bridged->find({DeviceRef::Kind::kGpu, 0}, {DeviceRef::Kind::kGpu, 1})->via_nvswitch);
+}
+
+// What a matrix says that no machine shows is used as written, with a note
+// (a VM's nvidia-smi may get either side wrong), never without a word.
+TEST(NvidiaSmiParser, ContradictionsAreUsedAsWrittenWithANote) {
+  auto notes = [](const std::string& text) {
+    auto f = parse_nvidia_smi_topo(text);
+    EXPECT_TRUE(f.has_value()) << f.error().to_string();
+    return f ? fmt::format("{}", fmt::join(f->notes, "; ")) : std::string();
+  };
+  // NV2 between two GPUs that reach a third over the fabric with NV18.
+  EXPECT_NE(notes("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV18\tNV2\nGPU1\tNV18\t X \tNV18\nGPU2\tNV2\tNV18\t X \n")
+                .find("GPU0-GPU2 is NV2 on an NVSwitch fabric where both show NV18"),
+            std::string::npos);
+  // One switch's PCIe, two NUMA nodes.
+  EXPECT_NE(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPIX\t0-15\t0\nGPU1\tPIX\t X \t16-31\t1\n")
+                .find("GPU0-GPU1 is PIX but their NUMA Affinity is 0 and 1"),
+            std::string::npos);
+  // The socket link between two GPUs of one node.
+  EXPECT_NE(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-15\t0\nGPU1\tSYS\t X \t0-15\t0\n")
+                .find("GPU0-GPU1 is SYS but their NUMA Affinity is 0 and 0"),
+            std::string::npos);
+  // What agrees says nothing.
+  EXPECT_EQ(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-15\t0\nGPU1\tSYS\t X \t16-31\t1\n"),
+            "");
 }
 
 TEST(NvidiaSmiParser, UnreadableFileIsNotFound) {
