@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "baton/common/address_ranges.h"
 #include "baton/common/log.h"
 #include "baton/topology/cost_model.h"
 #include "baton/topology/probe.h"
@@ -229,6 +230,15 @@ Result<Datapath::Checked> Datapath::check(const Request& r, std::size_t i) {
   if (r.remote_offset > rr->length || r.length > rr->length - r.remote_offset) {
     return refuse(Status::out_of_range("remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
                                        r.remote_offset, r.length, rr->key, r.peer, rr->length));
+  }
+  // A peer that is this process (an engine beside this one, or this one)
+  // may name the very bytes of the local range: a copy in slices would
+  // read what it already wrote.
+  if (ucx_.path_in_this_process(*path) && ranges_overlap(lr.base + r.local_offset, rr->base + r.remote_offset, r.length)) {
+    return refuse(Status::invalid_argument(
+        "local range [{:#x}, +{}) and the range of peer {} at {:#x} overlap (the peer is this process): copy "
+        "between ranges that do not",
+        lr.base + r.local_offset, r.length, r.peer, rr->base + r.remote_offset));
   }
   return Checked{&local->second, *path, rr->base + r.remote_offset, ucx_.address(), r.peer, nullptr, r.remote_region};
 }

@@ -20,6 +20,12 @@ T* find_containing(std::map<std::uint64_t, T>& ranges, std::uint64_t addr, std::
   return &it->second;
 }
 
+// Whether [a, a + bytes) and [b, b + bytes) share a byte: a copy between
+// them in slices, or on threads, reads bytes it already wrote.
+inline bool ranges_overlap(std::uint64_t a, std::uint64_t b, std::uint64_t bytes) {
+  return bytes != 0 && (a < b ? b - a < bytes : a - b < bytes);
+}
+
 // A range that [base, base + length) overlaps, or null.
 template <typename T>
 const T* find_overlapping(const std::map<std::uint64_t, T>& ranges, std::uint64_t base, std::uint64_t length) {

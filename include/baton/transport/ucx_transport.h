@@ -313,6 +313,9 @@ class UcxTransport final : public Transport {
 
   // kFailed for an unknown path.
   [[nodiscard]] PathState path_state(PathId path) const;
+  // Whether the path's peer is this process (an engine beside ours, or
+  // ours): its addresses are ours. False for an unknown path.
+  [[nodiscard]] bool path_in_this_process(PathId path) const;
   // Whether connect() may take this failed path's slot now: nothing of it
   // is left (no slice in flight or held, its endpoints closed). False for
   // a live or unknown path.

@@ -28,7 +28,7 @@ void UcxTransport::State::publish_direct() {
       const Peer& peer = peers[id];
       if (peer.state != PathState::kReady || peer.same_host_pid == 0) continue;
       DirectTable::Peer& p = t->peers[infos[id].to];
-      p = DirectTable::Peer{peer.same_host_pid, {}};
+      p = DirectTable::Peer{peer.same_host_pid, {}, peer.same_process};
       for (const auto& [key, keys] : peer.regions) {
         if (keys->info.staged) continue;  // the holder's copy answers those
         p.regions.emplace(key, DirectTable::Remote{keys->info.base, keys->info.length, keys->mapping});

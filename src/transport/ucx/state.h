@@ -283,6 +283,9 @@ struct UcxTransport::State {
     // A peer of this host (its cookie read back): slices are copied here
     // (same_host.h), not posted to UCX. 0: another host, or not proved.
     pid_t same_host_pid = 0;
+    // This process (proved the same way, with or without same-host copies):
+    // its addresses are ours (path_in_this_process).
+    bool same_process = false;
     // While slices to a same-host holder are in flight, whether it is
     // exiting is checked at most this often (check_holders).
     TimeNs next_holder_check_ns = 0;
@@ -475,6 +478,7 @@ struct UcxTransport::State {
     struct Peer {
       pid_t pid = 0;
       std::unordered_map<RegionHandle, Remote> regions;
+      bool self = false;  // this process: its ranges are ours, and may overlap the local ones
     };
     std::unordered_map<RegionHandle, Local> locals;
     std::map<std::string, Peer, std::less<>> peers;  // by the address connect() named

@@ -492,6 +492,10 @@ PathState UcxTransport::path_state(PathId path) const {
   return path < state_->peers.size() ? state_->peers[path].state : PathState::kFailed;
 }
 
+bool UcxTransport::path_in_this_process(PathId path) const {
+  return path < state_->peers.size() && state_->peers[path].same_process;
+}
+
 bool UcxTransport::path_reusable(PathId path) const { return path < state_->peers.size() && state_->reusable(path); }
 
 Status UcxTransport::path_status(PathId path) const {
@@ -963,6 +967,10 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, ResolvedCop
         return refuse(i, "a range outside its region");
       }
       if (c.op != Op::kRead && c.op != Op::kWrite) return refuse(i, "unknown op");
+      if (peer->self && ranges_overlap(reinterpret_cast<std::uintptr_t>(local->base) + c.local_offset,
+                                       remote->base + c.remote_offset, c.bytes)) {
+        return refuse(i, "its two ranges overlap");  // the loop's check says so
+      }
       resolved.copies[i] = {local->base + c.local_offset,
                             remote->mapping ? remote->mapping->address() + c.remote_offset : nullptr,
                             remote->base + c.remote_offset, peer->pid, c.op, c.bytes};
