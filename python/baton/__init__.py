@@ -15,6 +15,12 @@ import functools
 import os
 import weakref
 
+# UCX takes SIGHUP as it loads, for its debug mode: a hang-up (a closed
+# terminal or ssh session) then turned UCX's debug logging on and the
+# program ran on, where Python's default ends it and nohup's ignores it.
+# Unless the caller set it, UCX leaves SIGHUP alone (inherited by children).
+os.environ.setdefault("UCX_DEBUG_SIGNO", "0")
+
 from ._baton import (  # noqa: F401  (re-exported)
     AlreadyExists,
     Batch,

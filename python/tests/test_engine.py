@@ -6,6 +6,7 @@ import hashlib
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -455,6 +456,24 @@ def test_importing_needs_no_gpu_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_a_hangup_ends_the_program_or_is_ignored_as_it_was():
+    # UCX takes SIGHUP as it loads, for its debug mode: a hang-up turned its
+    # debug logging on (hundreds of lines) and the program ran on.
+    code = ("import os, signal, time, baton; e = baton.Engine(); h = baton.Engine(); e.connect(h.address); "
+            "os.kill(os.getpid(), signal.SIGHUP); time.sleep(0.5); print('survived', flush=True); "
+            "e.close(); h.close()")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("UCX_DEBUG_SIGNO", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == -signal.SIGHUP, (r.returncode, r.stdout, r.stderr[-2000:])
+    # Under nohup (SIGHUP ignored from the start) it stays ignored.
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "survived"
+    assert "DEBUG" not in r.stderr, r.stderr[-2000:]
 
 
 class GpuArray:
