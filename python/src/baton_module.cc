@@ -467,9 +467,29 @@ std::pair<std::uintptr_t, std::size_t> tensor_extent(const py::object& tensor) {
 }
 
 // A tensor registered through data_ptr() holds no buffer export: resize_()
-// or set_() can move its storage and free the registered memory. Caught at
-// submit (a move during a transfer cannot be, docs/python.md says so).
+// or set_() can move its storage and free the registered memory; so can a
+// numpy array's resize(refcheck=False) despite our export. Caught at submit
+// (a move during a transfer cannot be, docs/python.md says so).
 void check_unmoved(const RegionState& state) {
+  if (state.view) {
+    Py_buffer now{};
+    if (PyObject_GetBuffer(state.owner.ptr(), &now, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+      const py::error_already_set why;
+      raise(StatusCode::kFailedPrecondition,
+            fmt::format("submit: the buffer of region {} can no longer be exported ({}); unregister it", state.region.handle,
+                        why.what()));
+    }
+    const auto ptr = reinterpret_cast<std::uintptr_t>(now.buf);
+    const auto length = static_cast<std::uint64_t>(now.len);
+    PyBuffer_Release(&now);
+    if (ptr != state.region.base || length != state.region.length) {
+      raise(StatusCode::kFailedPrecondition,
+            fmt::format("submit: the buffer of region {} moved or changed size since register ({} bytes at {:#x}, now "
+                        "{} at {:#x}: a resize with its reference check off); unregister it and register it again",
+                        state.region.handle, state.region.length, state.region.base, length, ptr));
+    }
+    return;
+  }
   if (!state.tensor) return;
   const auto [ptr, length] = tensor_extent(state.owner);
   if (ptr != state.region.base || length != state.region.length) {
@@ -706,6 +726,8 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
   if (py::hasattr(obj, "__cuda_array_interface__")) {
     gpu_array_of(obj, ptr, length, device);
     kind = engine::MemoryKind::kVram;
+    // A CUDA torch tensor can move as a CPU one can (resize_, set_).
+    state->tensor = py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size") && py::hasattr(obj, "numel");
     return state;
   }
   if (PyObject_CheckBuffer(obj.ptr())) {

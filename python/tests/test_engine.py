@@ -775,6 +775,23 @@ def test_a_tensor_whose_storage_moved_is_refused_at_submit(holder, engine):
     assert np.array_equal(t.array[:SIZE], pattern(SIZE, 7))
 
 
+def test_a_numpy_array_resized_past_its_reference_check_is_refused_at_submit(holder, engine):
+    # resize(refcheck=False) moves the data despite the engine's export: the
+    # next read had written into freed memory (a segfault, "malloc(): invalid size").
+    peer = engine.connect(holder.address)
+    a = np.zeros(SIZE, dtype=np.uint8)
+    region = engine.register(a)
+    engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    assert np.array_equal(a, pattern(SIZE, 7))
+    a.resize(4 * SIZE, refcheck=False)
+    with pytest.raises(baton.FailedPrecondition, match="buffer of region .* moved or changed size since register"):
+        engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+    engine.unregister(region)
+    region = engine.register(a)  # registered again: its new memory
+    engine.read(local=region, local_offset=SIZE, peer=peer, remote=holder.handle, length=SIZE)
+    assert np.array_equal(a[SIZE:2 * SIZE], pattern(SIZE, 7))
+
+
 def test_a_tensor_that_claims_an_impossible_size_or_address_is_invalid_argument(engine):
     # numel * element_size wrapped: 2^62 + 1 elements of 4 bytes registered 4 bytes.
     class Claims(FakeTensor):
