@@ -609,15 +609,16 @@ baton::TimeNs wait_limit(std::optional<double> timeout_s) {
 
 // A batch submitted by `submit` (called without the GIL), waited for in
 // slices that see Ctrl-C, cancelled past `limit` (wait_limit(timeout_s)),
-// released; raises its failure. `what` names the call in messages. A
+// released; raises its failure. `what` names the call in messages, `ran`
+// what it moved ("request", or "batch" for several). A
 // cancelled batch is waited for until it ended, so nothing lands in the
 // buffer after the call returns: with a peer that stopped answering that is
 // the engine's stall timeout, and the message says how long it took. A
 // second Ctrl-C while it settles leaves it to the engine (released once it
 // ended, as a dropped Batch is).
 template <typename Submit>
-void run_submitted(EngineState& es, engine::Engine& e, const char* what, Submit submit, baton::TimeNs limit,
-                   std::optional<double> timeout_s) {
+void run_submitted(EngineState& es, engine::Engine& e, const char* what, const char* ran, Submit submit,
+                   baton::TimeNs limit, std::optional<double> timeout_s) {
   Status failed;
   bool cancelled = false;
   bool interrupted = false;
@@ -660,8 +661,8 @@ void run_submitted(EngineState& es, engine::Engine& e, const char* what, Submit 
                                       "answering holds them until the engine's stall_timeout)",
                                       settled_s);
     raise(StatusCode::kTimeout,
-          fmt::format("{}: not done within {} s; the request was cancelled{} (nothing more lands in the buffer)",
-                      what, timeout_s.value_or(0), settled));
+          fmt::format("{}: not done within {} s; the {} was cancelled{} (nothing more lands in the buffer)", what,
+                      timeout_s.value_or(0), ran, settled));
   }
   ok_or_raise(failed);
 }
@@ -671,7 +672,7 @@ void run_one(EngineState& es, const PyRequest& r, std::optional<double> timeout_
   auto e = es.get(op);
   const baton::TimeNs limit = wait_limit(timeout_s);
   engine::Batch batch = to_batch(es, *e, {r}, {});  // may raise: with the GIL
-  run_submitted(es, *e, op, [&] { return e->submit(batch); }, limit, timeout_s);
+  run_submitted(es, *e, op, "request", [&] { return e->submit(batch); }, limit, timeout_s);
 }
 
 // The memory of a GPU array, read off its `__cuda_array_interface__`
@@ -977,7 +978,7 @@ PYBIND11_MODULE(_baton, m) {
                timed = p->batch.batch();
                set_deadlines(*timed, p->deadlines_ms, e->now_ns());
              }
-             run_submitted(*p->engine, *e, "run", [&] {
+             run_submitted(*p->engine, *e, "run", p->batch.batch().requests.size() == 1 ? "request" : "batch", [&] {
                p->engine->sweep_orphans(*e);
                std::lock_guard one_at_a_time(p->mutex);
                return timed ? e->submit(*timed) : e->submit(p->batch);
@@ -1102,8 +1103,8 @@ PYBIND11_MODULE(_baton, m) {
            [](std::shared_ptr<EngineState> sp, long long nbytes) {
              EngineState& s = *sp;
              auto e = s.get("allocate");
-             const auto n = non_negative("nbytes", nbytes);
-             if (n == 0) raise(StatusCode::kInvalidArgument, "allocate: nbytes is 0 (expected > 0)");
+             if (nbytes <= 0) raise(StatusCode::kInvalidArgument, fmt::format("allocate: nbytes is {} (expected > 0)", nbytes));
+             const auto n = static_cast<std::uint64_t>(nbytes);
              baton::Result<engine::Region> r = std::unexpected(Status::internal("not run"));
              {
                GilReleased release;

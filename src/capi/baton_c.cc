@@ -451,6 +451,7 @@ constexpr std::size_t kMaxBatchRequests = std::size_t{1} << 24;
 int to_batch(const char* call, const baton_request* requests, size_t count, const void* notification,
              size_t notification_length, engine::Batch& b, std::vector<TimeNs>& deadlines) {
   if (requests == nullptr && count != 0) return misuse("{}: requests is NULL with count {}", call, count);
+  if (count == 0) return invalid("{}: the batch is empty (count 0)", call);
   if (count > kMaxBatchRequests) {
     return invalid("{}: count is {} (expected at most {} requests a batch)", call, count, kMaxBatchRequests);
   }

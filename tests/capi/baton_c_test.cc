@@ -599,7 +599,7 @@ TEST(CApi, APreparedBatchIsCheckedOnceAndSubmittedManyTimes) {
   bad.remote_offset = kBytes;
   EXPECT_EQ(baton_prepare(local.handle, &bad, 1, nullptr, 0, &prepared), BATON_OUT_OF_RANGE);
   EXPECT_EQ(baton_prepare(local.handle, reads, 0, nullptr, 0, &prepared), BATON_INVALID_ARGUMENT);
-  EXPECT_NE(last_error().find("the batch is empty"), std::string::npos) << last_error();
+  EXPECT_NE(last_error().find("baton_prepare: the batch is empty"), std::string::npos) << last_error();
   EXPECT_EQ(baton_submit_prepared(local.handle, 12345, &batch), BATON_NOT_FOUND);
   EXPECT_EQ(baton_unprepare(local.handle, 12345), BATON_NOT_FOUND);
 
