@@ -409,6 +409,9 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   facts.gpus.resize(gpus);
   facts.nics.resize(nics);
   const bool numa_column = std::ranges::any_of(trailing, [](const auto& t) { return t.second == "NUMA Affinity"; });
+  // NIC columns a legend that names others leaves out: their column name
+  // is no device (--nics auto would pass it to UCX), so it is noted.
+  std::vector<std::string> unnamed_nics;
   // GPUs whose NUMA Affinity names no one node: N/A, or a list of nodes
   // ("0-1", where the firmware left the PCI device's node unset).
   std::vector<std::string> numa_unknown;
@@ -461,9 +464,16 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       if (columns[c].starts_with("NIC")) {
         if (auto idx = parse_int(std::string_view(columns[c]).substr(3)); idx && nic_names.contains(*idx)) {
           nic.name = nic_names[*idx];
+        } else if (!nic_names.empty()) {
+          unnamed_nics.push_back(columns[c]);
         }
       }
     }
+  }
+  if (!unnamed_nics.empty()) {
+    facts.notes.push_back(fmt::format("nvidia-smi: the NIC Legend names no device for {}: known by that column "
+                                      "name only, which is no device to open",
+                                      fmt::join(unnamed_nics, ", ")));
   }
   // No GPU names its node (older drivers print no NUMA Affinity; VMs and
   // some firmware print N/A or a list): GPUs with the same CPU set share a

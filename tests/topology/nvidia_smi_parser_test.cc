@@ -766,6 +766,11 @@ TEST(NvidiaSmiParser, ContradictionsAreUsedAsWrittenWithANote) {
   EXPECT_NE(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-15\t0\nGPU1\tSYS\t X \t0-15\t0\n")
                 .find("GPU0-GPU1 is SYS but their NUMA Affinity is 0 and 0"),
             std::string::npos);
+  // A legend that names one NIC of two.
+  EXPECT_NE(notes("\tGPU0\tNIC0\tNIC1\nGPU0\t X \tPIX\tSYS\nNIC0\tPIX\t X \tSYS\nNIC1\tSYS\tSYS\t X \n\n"
+                  "NIC Legend:\n\n  NIC0: mlx5_0\n")
+                .find("the NIC Legend names no device for NIC1"),
+            std::string::npos);
   // What agrees says nothing.
   EXPECT_EQ(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-15\t0\nGPU1\tSYS\t X \t16-31\t1\n"),
             "");
