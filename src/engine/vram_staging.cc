@@ -449,6 +449,11 @@ bool VramStaging::path_healthy(transport::PathId path, TimeNs now_ns) const {
   return path < n ? local_->path_healthy(path, now_ns) : ucx_->path_healthy(path - n, now_ns);
 }
 
+Status VramStaging::path_status(transport::PathId path) const {
+  const transport::PathId n = local_paths();
+  return path < n ? local_->path_status(path) : ucx_->path_status(path - n);
+}
+
 bool VramStaging::arm() {
   if (!local_slices_.empty()) return false;  // CUDA events have no fd to wake us
   return arm_remote();

@@ -69,6 +69,7 @@ class VramStaging final : public transport::Transport {
   void poll(TimeNs now_ns, std::vector<transport::Completion>& out) override;
   [[nodiscard]] std::optional<TimeNs> next_event_ns() const override;
   [[nodiscard]] bool path_healthy(transport::PathId path, TimeNs now_ns) const override;
+  [[nodiscard]] Status path_status(transport::PathId path) const override;
   [[nodiscard]] int event_fd() const override { return ucx_->event_fd(); }
   // False while CUDA copies run: their events have no fd to sleep on.
   [[nodiscard]] bool arm() override;

@@ -672,7 +672,16 @@ struct Scheduler::State {
   void home_request(Request& r, TimeNs now_ns) {
     const PathId home = first_healthy(r, now_ns);
     if (home == kNoPath) {
-      fail(r, Status::unavailable("sched: no healthy path from {} to {}", r.spec.from, r.spec.to), now_ns);
+      // What ended the paths, where the transport says (a peer gone, a
+      // revocation it did not acknowledge): the pair alone said nothing.
+      std::string why;
+      for (PathId p : r.chain->paths) {
+        if (Status s = transport.path_status(p); !s.is_ok()) {
+          why = fmt::format(": {}", s.message());
+          break;
+        }
+      }
+      fail(r, Status::unavailable("sched: no healthy path from {} to {}{}", r.spec.from, r.spec.to, why), now_ns);
       return;
     }
     enqueue(r, home, now_ns);

@@ -941,6 +941,35 @@ TEST(UcxEngineOverlap, RangesThatOverlapInThisProcessAreRefused) { overlapping_r
 
 TEST(UcxEngineOverlap, RangesThatOverlapInThisProcessAreRefusedOverTcp) { overlapping_ranges_in_this_process("tcp"); }
 
+// Requests still queued when their peer goes fail with what ended its path,
+// not only "no healthy path from A to B".
+TEST(UcxEnginePeers, RequestsQueuedWhenTheirPeerGoesSayWhatEndedIt) {
+  constexpr std::size_t kBytes = 64 << 20;
+  Side local(kBytes, kLocalSalt, "tcp");
+  auto holder = std::make_unique<Side>(kBytes, kTargetSalt, "tcp");
+  auto peer = local.engine->connect(holder->engine->address());
+  ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
+  Batch b;
+  for (std::size_t i = 0; i < 64; ++i) b.requests.push_back(request(Op::kRead, local, i << 20, *peer, *holder, i << 20, 1 << 20));
+  auto h = local.engine->submit(b);
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  holder.reset();  // TCP holds 1 MiB in flight: most of the 64 are queued
+  ASSERT_TRUE(local.engine->wait(*h, 20 * kSecond).is_ok());
+  auto st = local.engine->poll(*h);
+  ASSERT_TRUE(st.has_value());
+  std::size_t queued_ones = 0;
+  for (const auto& r : st->requests) {
+    const std::string& m = r.status.message();
+    if (m.find("sched: no healthy path") == std::string::npos) continue;
+    ++queued_ones;
+    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+    EXPECT_NE(m.find(fmt::format("to {}: ", peer->address)), std::string::npos) << m;
+    EXPECT_GT(m.size(), m.find(fmt::format("to {}: ", peer->address)) + peer->address.size() + 6) << m;
+  }
+  EXPECT_GT(queued_ones, 0u) << st->status.to_string();
+  (void)local.engine->release(*h);
+}
+
 TEST(UcxEngineIdle, AConnectedIdleEngineSleeps) {
   Side target(1 << 20, kTargetSalt);
   Side local(1 << 20, kLocalSalt);

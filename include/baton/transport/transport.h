@@ -124,6 +124,9 @@ class Transport {
   [[nodiscard]] virtual std::optional<TimeNs> next_event_ns() const = 0;
 
   [[nodiscard]] virtual bool path_healthy(PathId path, TimeNs now_ns) const = 0;
+  // Why a path is not healthy, where the transport knows (UCX: the failure
+  // that ended it); ok otherwise. What a request that lost its last path says.
+  [[nodiscard]] virtual Status path_status(PathId /*path*/) const { return Status::ok(); }
 
   // For a wall-clock loop that sleeps when idle: a file descriptor that turns
   // readable when the transport has work (-1: none; the loop then sleeps

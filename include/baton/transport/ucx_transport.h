@@ -322,7 +322,7 @@ class UcxTransport final : public Transport {
   [[nodiscard]] bool path_reusable(PathId path) const;
   // ok when ready; unavailable saying why otherwise (still connecting, or the
   // failure); invalid_argument for an unknown path.
-  [[nodiscard]] Status path_status(PathId path) const;
+  [[nodiscard]] Status path_status(PathId path) const override;
 
   // Asks the peer for its current regions (new ones become usable, removed
   // ones unusable) when its answer arrives, through poll().
