@@ -565,10 +565,9 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     }
   }
 
-  // NVSwitch: a GPU bonded to its peers by more links than it has, or by
-  // all of them to one peer — no board bonds every link of a GPU to one
-  // other, while two GPUs of an NVSwitch machine (a container given two)
-  // show exactly that.
+  // NVSwitch: a GPU bonded to its peers by more links than it has. All of
+  // its links to one peer (NV18) is either a bridged pair (H200 NVL) or two
+  // GPUs of an NVSwitch machine (a container given two): a bond, noted.
   std::vector<int> nvlink_sum(gpus, 0);
   for (const Relation& rel : facts.relations) {
     if (rel.nvlinks > 0) {
@@ -577,9 +576,18 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
     }
   }
   for (Relation& rel : facts.relations) {
-    if (rel.nvlinks > 0 && (rel.nvlinks == kMaxNvlinksPerGpu || nvlink_sum[rel.a.index] > kMaxNvlinksPerGpu ||
-                            nvlink_sum[rel.b.index] > kMaxNvlinksPerGpu)) {
+    if (rel.nvlinks > 0 &&
+        (nvlink_sum[rel.a.index] > kMaxNvlinksPerGpu || nvlink_sum[rel.b.index] > kMaxNvlinksPerGpu)) {
       rel.via_nvswitch = true;
+    }
+  }
+  for (const Relation& rel : facts.relations) {
+    if (rel.nvlinks == kMaxNvlinksPerGpu && !rel.via_nvswitch) {
+      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{}, every link of each to the other: a bridged pair "
+                                        "(H200 NVL) or two GPUs of an NVSwitch machine; taken as a bond (nvlink; "
+                                        "a policy's cost_model prices it)",
+                                        facts.gpus[rel.a.index].name, facts.gpus[rel.b.index].name, rel.nvlinks));
+      break;
     }
   }
   // Active links: on a fabric every NV# is the GPU's own link count to the
@@ -655,6 +663,7 @@ Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
     if (ec || !(std::filesystem::is_regular_file(status) || std::filesystem::is_fifo(status))) {
       return std::unexpected(Status::not_found("nvidia-smi topo: \"{}\" is not a readable file or pipe", path));
     }
+    errno = 0;
     file.open(path, std::ios::binary);
     if (!file) {
       const int why = errno;

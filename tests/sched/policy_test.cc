@@ -232,6 +232,7 @@ TEST(SchedPolicyParse, BadValuesNameTheKeyAndLine) {
       {"policy: edf\x1b[0m\n", "<string>:1: control character 0x1b"},
       {"transfer_timeout: 0s\n", "<string>:1: transfer_timeout: \"0s\" is zero"},
       {"transfer_timeout: 0\n", "<string>:1: transfer_timeout: \"0\" is zero (expected a positive duration)"},
+      {"transfer_timeout: 0.0.0\n", "<string>:1: transfer_timeout: \"0.0.0\": unknown unit \".0\""},
       {"admission:\n  reevaluate_interval: 0\n", "<string>:2: admission.reevaluate_interval: \"0\" is zero"},
       {"transfer_timeout: -1s\n", "<string>:1: transfer_timeout: \"-1s\""},
       {"deadline_horizon: -1ms\n", "<string>:1: deadline_horizon: \"-1ms\""},

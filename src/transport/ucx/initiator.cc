@@ -157,7 +157,7 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   if (Status s = check_worker_addresses(w->worker_addresses); !s.is_ok()) return s;
   if (Status s = create_lanes(id, w->worker_addresses); !s.is_ok()) return s;
   const auto pid = static_cast<pid_t>(w->pid);
-  peer.same_process = pid == getpid() && ucx::cookie_matches(pid, w->cookie_address, w->cookie);
+  peer.same_process = pid == getpid() && ucx::own_cookie_matches(w->cookie_address, w->cookie);
   if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
     peer.same_host_pid = pid;
     baton::logger().debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);

@@ -80,6 +80,13 @@ bool cookie_matches(pid_t pid, std::uint64_t address, const Cookie& cookie) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(seen.size()) && seen == cookie;
 }
 
+bool own_cookie_matches(std::uint64_t address, const Cookie& cookie) {
+  if (address == 0) return false;
+  const auto* at = reinterpret_cast<const void*>(address);
+  // The address comes from the peer: read only what this process maps.
+  return check_mapped_writable(at, cookie.size()).is_ok() && std::memcmp(at, cookie.data(), cookie.size()) == 0;
+}
+
 Result<Mapping> Mapping::of(int fd, std::size_t length) {
   void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return std::unexpected(Status::unavailable("mmap of {} shared bytes: {}", length, std::strerror(errno)));

@@ -30,6 +30,9 @@ namespace baton::transport::ucx {
 // True when process `pid`, read at `address`, holds `cookie`: the peer is
 // this host's process `pid` and the OS lets us reach its memory.
 [[nodiscard]] bool cookie_matches(pid_t pid, std::uint64_t address, const Cookie& cookie);
+// The same in this process, read directly (no process_vm_readv, which a
+// seccomp profile may refuse): whether the peer is this very process.
+[[nodiscard]] bool own_cookie_matches(std::uint64_t address, const Cookie& cookie);
 
 // A shared mapping of a memfd; unmapped when destroyed. A large one is
 // unmapped on a background thread: when its holder has died, our mapping is
