@@ -496,9 +496,7 @@ Result<TimeNs> PolicyReader::positive_duration(const Entry& e, std::string_view 
   auto ns = duration(e, key);
   // A bare 0 has no unit, but "no unit" would send the reader to 0ms,
   // which is refused next: say what is wrong with it first.
-  const std::string text = e.value.IsScalar() ? e.value.Scalar() : std::string();
-  const bool bare_zero = !ns && !text.empty() && text.front() == '0' && text.back() == '0' &&
-                         std::ranges::count(text, '.') <= 1 && text.find_first_not_of("0.") == std::string::npos;
+  const bool bare_zero = !ns && e.value.IsScalar() && parse_duration(e.value.Scalar() + "ns") == TimeNs{0};
   if ((ns && *ns == 0) || bare_zero) {
     return std::unexpected(
         bad_value(line_of(e), key, fmt::format("\"{}\" is zero (expected a positive duration)", e.value.Scalar())));

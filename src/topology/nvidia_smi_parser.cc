@@ -535,24 +535,25 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   // socket's PCIe (PIX, PXB, PHB, NODE) on different nodes, or SYS between
   // two on the same node. Each is used as written (a VM may show either
   // wrong), with a note.
-  for (int r = 0; r < n && !none_given; ++r) {
-    const int a = gpu_of[r];
-    if (a < 0 || facts.gpus[a].numa == kUnknownNuma) continue;
-    int c = r + 1;
-    for (; c < n; ++c) {
-      const int b = gpu_of[c];
-      if (b < 0 || facts.gpus[b].numa == kUnknownNuma) continue;
-      const PciLocality pci = cells[r][c].pci;
-      const bool same_node = facts.gpus[a].numa == facts.gpus[b].numa;
-      if (pci == PciLocality::kUnknown || (pci == PciLocality::kSys) == !same_node) continue;
-      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is {} but their NUMA Affinity is {} and {}: the matrix "
-                                        "and the NUMA nodes disagree (each used as written)",
-                                        columns[r], columns[c], to_string(pci), facts.gpus[a].numa,
-                                        facts.gpus[b].numa));
-      break;
+  auto disagreement = [&]() -> std::string {
+    for (int r = 0; r < n && !none_given; ++r) {
+      for (int c = r + 1; c < n && gpu_of[r] >= 0; ++c) {
+        if (gpu_of[c] < 0) continue;
+        const int a = facts.gpus[gpu_of[r]].numa;
+        const int b = facts.gpus[gpu_of[c]].numa;
+        const PciLocality pci = cells[r][c].pci;
+        if (a == kUnknownNuma || b == kUnknownNuma || pci == PciLocality::kUnknown ||
+            (pci == PciLocality::kSys) != (a == b)) {
+          continue;
+        }
+        return fmt::format("nvidia-smi: {}-{} is {} but their NUMA Affinity is {} and {}: the matrix and the NUMA "
+                           "nodes disagree (each used as written)",
+                           columns[r], columns[c], to_string(pci), a, b);
+      }
     }
-    if (c < n) break;
-  }
+    return {};
+  };
+  if (std::string note = disagreement(); !note.empty()) facts.notes.push_back(std::move(note));
 
   for (int r = 0; r < n; ++r) {
     for (int c = r + 1; c < n; ++c) {
@@ -581,14 +582,13 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
       rel.via_nvswitch = true;
     }
   }
-  for (const Relation& rel : facts.relations) {
-    if (rel.nvlinks == kMaxNvlinksPerGpu && !rel.via_nvswitch) {
-      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{}, every link of each to the other: a bridged pair "
-                                        "(H200 NVL) or two GPUs of an NVSwitch machine; taken as a bond (nvlink; "
-                                        "a policy's cost_model prices it)",
-                                        facts.gpus[rel.a.index].name, facts.gpus[rel.b.index].name, rel.nvlinks));
-      break;
-    }
+  if (const auto all = std::ranges::find_if(
+          facts.relations, [](const Relation& r) { return r.nvlinks == kMaxNvlinksPerGpu && !r.via_nvswitch; });
+      all != facts.relations.end()) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{}, every link of each to the other: a bridged pair "
+                                      "(H200 NVL) or two GPUs of an NVSwitch machine; taken as a bond (nvlink; a "
+                                      "policy's cost_model prices it)",
+                                      facts.gpus[all->a.index].name, facts.gpus[all->b.index].name, all->nvlinks));
   }
   // Active links: on a fabric every NV# is the GPU's own link count to the
   // switches; with direct links the bonds to each peer add up.
@@ -602,16 +602,16 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   // On a fabric a pair's NV# is the fewer links of its two GPUs; one below
   // that (NV2 beside NV18 both ways) is no machine nvidia-smi describes,
   // priced as written, with a note.
-  for (const Relation& rel : facts.relations) {
-    if (!rel.via_nvswitch) continue;
-    const int expected = std::min(facts.gpus[rel.a.index].nvlink_active, facts.gpus[rel.b.index].nvlink_active);
-    if (rel.nvlinks != expected) {
-      facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{} on an NVSwitch fabric where both show NV{} to "
-                                        "other peers: priced as NV{}",
-                                        facts.gpus[rel.a.index].name, facts.gpus[rel.b.index].name, rel.nvlinks,
-                                        expected, rel.nvlinks));
-      break;
-    }
+  auto fewer_links = [&](const Relation& r) {
+    return std::min(facts.gpus[r.a.index].nvlink_active, facts.gpus[r.b.index].nvlink_active);
+  };
+  if (const auto below = std::ranges::find_if(
+          facts.relations, [&](const Relation& r) { return r.via_nvswitch && r.nvlinks != fewer_links(r); });
+      below != facts.relations.end()) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {}-{} is NV{} on an NVSwitch fabric where both show NV{} to other "
+                                      "peers: priced as NV{}",
+                                      facts.gpus[below->a.index].name, facts.gpus[below->b.index].name,
+                                      below->nvlinks, fewer_links(*below), below->nvlinks));
   }
 
   // A NIC sits on the NUMA node of any GPU it reaches without the socket
@@ -667,11 +667,8 @@ Result<TopologyFacts> load_nvidia_smi_topo(const std::string& path) {
     file.open(path, std::ios::binary);
     if (!file) {
       const int why = errno;
-      return std::unexpected(why == EACCES || why == EPERM
-                                 ? Status::permission_denied("nvidia-smi topo: cannot open \"{}\": {}", path,
-                                                             std::strerror(why))
-                                 : Status::not_found("nvidia-smi topo: cannot open \"{}\": {}", path,
-                                                     std::strerror(why)));
+      return std::unexpected(Status(why == EACCES || why == EPERM ? StatusCode::kPermissionDenied : StatusCode::kNotFound,
+                                    fmt::format("nvidia-smi topo: cannot open \"{}\": {}", path, std::strerror(why))));
     }
     in = &file;
   }
