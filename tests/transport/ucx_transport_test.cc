@@ -1468,6 +1468,8 @@ TEST_P(UcxTransportTest, AConnectTakesAFailedSlotNeverALiveOne) {
   gone->reset();
   ASSERT_TRUE(wait_until([&] { return a_->path_state(*dead) == PathState::kFailed; }));
   EXPECT_FALSE(a_->path_reusable(live));
+  EXPECT_TRUE(a_->path_in_this_process(live));  // b_ is a transport of this test process
+  EXPECT_FALSE(a_->path_in_this_process(99));
   // Its endpoints' closes finish on later polls; until then it is not free.
   ASSERT_TRUE(wait_until([&] { return a_->path_reusable(*dead); }));
   // Nor while its caller holds a slice of it (a GPU copy before UCX).
