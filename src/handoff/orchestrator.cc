@@ -117,6 +117,7 @@ struct Entry {
   std::uint64_t dest_pages = 0;
   bool sources_held = false;  // source pages allocated and not yet freed
   bool receiving = false;
+  bool dispatching = false;  // start() is giving its loads without the mutex
   bool cancel_queued = false;
   TimeNs dispatched_ns = 0;
 };
@@ -348,7 +349,10 @@ struct Orchestrator::State {
     }
   }
 
-  Status start(Entry& e) {
+  // Allocates the destination pages on every rank (all or none) and moves
+  // the ticket to loading with every (row, rank) load counted pending;
+  // dispatch() then gives the loads.
+  Status reserve(Entry& e) {
     ConsumerReplica& c = consumers.at(e.t.consumer);
     const KvLayout& cl = c.layout;
     std::vector<std::vector<std::uint32_t>> got(c.ranks.size());
@@ -398,21 +402,45 @@ struct Orchestrator::State {
     e.dispatched_ns = now();
     e.t.started_ns = e.dispatched_ns;
     set_state(e, TicketState::kLoading);
+    return Status::ok();
+  }
+
+  // Gives each rank its loads without the mutex: a rank behind an RPC, or a
+  // worker that connects to a producer or copies on the calling thread,
+  // must not stall the other tickets' calls (a receive past its timeout
+  // waited for another replica's stalled load). Every load counts pending
+  // already, so a completion, cancel or timeout meanwhile finds the ticket
+  // loading, and forget_released leaves it while `dispatching`.
+  void dispatch(std::unique_lock<std::mutex>& lock, Entry& e) {
+    ConsumerReplica& c = consumers.at(e.t.consumer);
+    const KvLayout& cl = c.layout;
+    e.dispatching = true;
     for (std::uint32_t w = 0; w < cl.cfg; ++w) {
       for (std::uint32_t r = 0; r < c.ranks.size(); ++r) {
+        // A stopped replica's pages are left as they are: nothing more moves.
+        if (!c.stopped.is_ok()) break;
         if (e.t.state != TicketState::kLoading) {
-          // A rank refused its order: the ticket failed, the rest need not move.
-          complete(e, w, r, Status::cancelled("not dispatched: the ticket failed at dispatch"));
+          // It ended meanwhile (a rank refused its order, a cancel, a
+          // timeout): the rest need not move.
+          complete(e, w, r, Status::cancelled("not dispatched: the ticket ended during its dispatch"));
           continue;
         }
         LoadOrder order{e.t.id, w, e.t.tokens, e.t.producer_layout, cl, r, e.t.sources[w], e.t.destination[w][r],
                         config.load_timeout_ns};
-        if (auto s = c.ranks[r]->load(order); !s.is_ok()) complete(e, w, r, s);
+        ConsumerRank* rank = c.ranks[r];
+        lock.unlock();
+        const Status s = rank->load(order);
+        lock.lock();
+        if (s.is_ok() || !c.stopped.is_ok()) continue;
+        if (e.loaded[w][r]) {
+          stop(c, Status::internal("consumer {} rank {} refused the load of ticket {} row {} ({}) and reported it too",
+                                   e.t.consumer, r, e.t.id, w, s.to_string()));
+          continue;
+        }
+        complete(e, w, r, s);  // the caller learns a refusal as any failed load's
       }
     }
-    // The caller learns a refusal from receive() (or ticket()), like any
-    // other failed load.
-    return Status::ok();
+    e.dispatching = false;
   }
 };
 
@@ -581,21 +609,22 @@ Status Orchestrator::generated(TicketId ticket) {
 }
 
 Status Orchestrator::start(TicketId ticket) {
-  std::lock_guard lock(state_->mutex);
+  std::unique_lock lock(state_->mutex);
   auto e = state_->find(ticket, "start");
   if (!e) return e.error();
   if ((*e)->t.state != TicketState::kGenerated) {
     return Status::failed_precondition("start: ticket {} is {}", ticket, to_string((*e)->t.state));
   }
-  Status started = state_->start(**e);
+  Status started = state_->reserve(**e);
   if (started.code() == StatusCode::kResourceExhausted && state_->loading > 0) {
     // Short of pages while completions are owed: late ones may have come
     // back (a caller that never calls progress() must not find its pool
     // full of retained pages). Nothing was dispatched, so it can try again.
     state_->progress();
     if (auto s = state_->usable(**e); !s.is_ok()) return s;
-    started = state_->start(**e);
+    started = state_->reserve(**e);
   }
+  if (started.is_ok()) state_->dispatch(lock, **e);
   return started;
 }
 
@@ -748,8 +777,9 @@ std::uint64_t Orchestrator::tickets_in(TicketState state) const {
 void Orchestrator::forget_released() {
   std::lock_guard lock(state_->mutex);
   std::erase_if(state_->tickets, [&](const auto& kv) {
-    // A receive() still waking up on it holds a reference: it goes next time.
-    if (kv.second.t.state != TicketState::kReleased || kv.second.receiving) return false;
+    // A receive() still waking up on it, or a start() still dispatching it,
+    // holds a reference: it goes next time.
+    if (kv.second.t.state != TicketState::kReleased || kv.second.receiving || kv.second.dispatching) return false;
     --state_->by_state[TicketState::kReleased];
     return true;
   });

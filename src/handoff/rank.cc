@@ -101,11 +101,19 @@ ConsumerWorker::~ConsumerWorker() {
 
 std::span<std::byte> ConsumerWorker::page(std::uint32_t page) const { return page_span(region_, pool_, page); }
 
+// The connect runs without mutex_: to a producer that is gone it takes the
+// whole handshake timeout, and take_completions() (called under the
+// orchestrator's mutex) must not wait for it. Two loads that race to the
+// same new producer both connect; the engine answers the second at once.
 Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
-  if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+  }
   auto p = engine_.connect(address);
-  if (p) peers_.emplace(address, *p);
-  return p;
+  if (!p) return p;
+  std::lock_guard lock(mutex_);
+  return peers_.emplace(address, *p).first->second;
 }
 
 Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
@@ -186,7 +194,6 @@ Result<engine::Batch> ConsumerWorker::batch_for(const LoadOrder& o) {
 }
 
 Status ConsumerWorker::connect_sources(const LoadOrder& order) {
-  std::lock_guard lock(mutex_);
   for (const SourcePages& src : order.sources) {
     if (auto p = peer(src.address); !p) return p.error();
   }
@@ -204,14 +211,18 @@ Status ConsumerWorker::load(const LoadOrder& order) {
     return Status::ok();
   }
   // From here on a failure is the load's (an unreachable producer), not the order's.
+  // Neither the connect nor the submit (which copies a small batch on this
+  // thread) holds mutex_, which take_completions() needs.
   Status status = connect_sources(order);
-  std::lock_guard lock(mutex_);
   auto handle = status.is_ok() ? engine_.submit(*batch) : std::unexpected(status);
   if (!handle && handle.error().code() == StatusCode::kNotFound) {
     // A region exported after we connected: learn the peers' lists once.
-    for (const SourcePages& src : order.sources) (void)engine_.refresh(peers_.at(src.address));
+    for (const SourcePages& src : order.sources) {
+      if (auto p = peer(src.address)) (void)engine_.refresh(*p);
+    }
     handle = engine_.submit(*batch);
   }
+  std::lock_guard lock(mutex_);
   LoadCompletion completion{order.ticket, order.row, order.rank, {}};
   if (!handle) {
     completion.status = handle.error();

@@ -4,9 +4,15 @@
 // ranks that record their load orders and complete only when the test says.
 #include "baton/handoff/orchestrator.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <future>
 #include <memory>
@@ -374,6 +380,110 @@ INSTANTIATE_TEST_SUITE_P(
 // Workers over the caller's memory take only what fits, and leave the
 // region registered when they go; workers over their own memory take it
 // with them.
+// A producer rank whose engine is gone: its address takes TCP connections
+// and never speaks (the kernel accepts, nobody reads), so a consumer
+// worker's connect to it waits the whole handshake timeout.
+class SilentProducer final : public ProducerRank {
+ public:
+  SilentProducer(std::string address, std::uint64_t page_bytes)
+      : address_(std::move(address)), pool_(page_bytes, 32) {}
+  std::uint64_t page_bytes() const override { return pool_.page_bytes(); }
+  std::string address() const override { return address_; }
+  engine::RegionHandle region() const override { return 1; }
+  Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) override { return pool_.allocate(pages); }
+  Status free(std::span<const std::uint32_t> pages) override { return pool_.free(pages); }
+  std::uint32_t free_pages() const { return pool_.free_pages(); }
+
+ private:
+  std::string address_;
+  PagePool pool_;
+};
+
+// A listening socket on 127.0.0.1 that never accepts; closed with the object.
+struct SilentListener {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::string address;
+  SilentListener() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 16) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~SilentListener() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool ready(std::future<Status>& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+
+// Real engines: a consumer worker connecting to a producer that is gone
+// (the whole handshake timeout) holds up its own start() and nothing else.
+TEST(RealHandoffDispatch, AConnectToAProducerThatIsGoneHoldsUpOnlyItsOwnStart) {
+  SilentListener silent;
+  ASSERT_FALSE(silent.address.empty()) << "no listening socket";
+  const KvLayout layout = vllm(1);
+  Producers prefill(layout);
+  Consumers decode(layout);
+  engine::EngineConfig config;
+  config.ucx.handshake_timeout_ms = 4000;  // the connect's length; the rest runs within it
+  auto stranded_engine = engine::Engine::create(config);
+  ASSERT_TRUE(stranded_engine.has_value()) << stranded_engine.error().to_string();
+  auto stranded = ConsumerWorker::create(**stranded_engine, layout.page_bytes(), 32);
+  ASSERT_TRUE(stranded.has_value()) << stranded.error().to_string();
+  SilentProducer gone(silent.address, layout.page_bytes());
+
+  Orchestrator o;
+  ASSERT_TRUE(o.add_producer("prefill", layout, prefill.ranks<ProducerRank>()).is_ok());
+  ASSERT_TRUE(o.add_producer("gone", layout, {&gone}).is_ok());
+  ASSERT_TRUE(o.add_consumer("decode", layout, decode.ranks<ConsumerRank>()).is_ok());
+  ASSERT_TRUE(o.add_consumer("stranded", layout, {stranded->get()}).is_ok());
+
+  auto x = o.create_ticket({"x", "stranded", 64});
+  ASSERT_TRUE(x.has_value());
+  ASSERT_TRUE(o.bind(*x, "gone").is_ok());
+  ASSERT_TRUE(o.generated(*x).is_ok());
+  auto started = std::async(std::launch::async, [&o, id = *x] { return o.start(id); });
+  ASSERT_TRUE(eventually([&] { return o.ticket(*x)->state == TicketState::kLoading; }));
+
+  // The live pair's ticket, from creation to its checked bytes, meanwhile.
+  auto y = o.create_ticket({"y", "decode", 64});
+  ASSERT_TRUE(y.has_value());
+  ASSERT_TRUE(o.bind(*y, "prefill").is_ok());
+  auto written = fill(prefill, *o.ticket(*y), 7);
+  ASSERT_TRUE(written.has_value()) << written.error().to_string();
+  ASSERT_TRUE(o.generated(*y).is_ok());
+  ASSERT_TRUE(o.start(*y).is_ok());
+  auto s = o.receive(*y, 10 * kSecond);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  auto checked = check(decode, *o.ticket(*y), 7);
+  ASSERT_TRUE(checked.has_value()) << checked.error().to_string();
+  EXPECT_EQ(*checked, *written);
+  EXPECT_TRUE(o.finish(*y).is_ok());
+  EXPECT_EQ(o.receive(*x, 20 * kMs).code(), StatusCode::kTimeout);
+  EXPECT_FALSE(ready(started)) << "the live ticket and the stranded one's timeout waited for the connect";
+
+  ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  s = started.get();
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  // The failed connect is the load's completion: the retained pages return.
+  ASSERT_TRUE(eventually(
+      [&] {
+        o.progress();
+        return o.ticket(*x)->state == TicketState::kReleased;
+      },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(o.ticket(*x)->status.code(), StatusCode::kTimeout);
+  EXPECT_EQ(counts(o, "stranded"), Counts(0, 0, 0));
+  EXPECT_EQ((*stranded)->pool().free_pages(), 32u);
+  EXPECT_EQ(gone.free_pages(), 32u);
+  EXPECT_EQ(decode.free_pages(), std::vector<std::uint32_t>(1, Consumers::kPool));
+}
+
 TEST(WorkerMemory, CreateOverTheCallersRegionChecksItAndLeavesItRegistered) {
   auto e = make_engine();
   ASSERT_NE(e, nullptr);
@@ -580,7 +690,10 @@ class FakeConsumer final : public ConsumerRank {
     return pool_.free(pages);
   }
   Status load(const LoadOrder& order) override {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    ++loads_inside_;
+    gate_.wait(lock, [&] { return !holding_; });  // a rank slow to take its load
+    --loads_inside_;
     if (load_error_) return *load_error_;
     orders_.push_back(order);
     return Status::ok();
@@ -634,6 +747,18 @@ class FakeConsumer final : public ConsumerRank {
     std::lock_guard lock(mutex_);
     load_error_ = std::move(s);
   }
+  // While held, load() waits inside (as an RPC to a frozen worker would).
+  void hold_loads(bool on) {
+    {
+      std::lock_guard lock(mutex_);
+      holding_ = on;
+    }
+    gate_.notify_all();
+  }
+  int loads_inside() const {
+    std::lock_guard lock(mutex_);
+    return loads_inside_;
+  }
   std::vector<LoadOrder> orders() const {
     std::lock_guard lock(mutex_);
     return orders_;
@@ -658,6 +783,9 @@ class FakeConsumer final : public ConsumerRank {
   std::optional<std::vector<std::uint32_t>> allocate_answer_;
   int take_calls_ = 0;
   int free_calls_ = 0;
+  std::condition_variable gate_;
+  bool holding_ = false;
+  int loads_inside_ = 0;
 };
 
 // A producer replica "prefill" and a consumer replica "decode" of fake ranks
@@ -1329,6 +1457,104 @@ TEST(HandoffCancelDuringReceive, ASecondCancelWhileOneIsQueuedIsRefused) {
   f.complete_all(id);
   EXPECT_EQ(rx.get().code(), StatusCode::kCancelled);
   EXPECT_EQ(f.consumer_free(), f.full_consumers());
+}
+
+// start() gives the loads without the orchestrator's mutex: a rank slow to
+// take one (an RPC to a frozen worker, a connect to a producer that is gone)
+// delays only that start().
+TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
+  Fakes f(tiny());
+  Fakes slow(tiny());  // its consumer ranks, as replica "slow"
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  ASSERT_TRUE(o.add_consumer("slow", slow.layout, slow.consumer_ranks()).is_ok());
+  slow.rank(0).hold_loads(true);
+  const TicketId stuck = generated_ticket(o, "stuck", "slow");
+  auto started = std::async(std::launch::async, [&o, stuck] { return o.start(stuck); });
+  ASSERT_TRUE(eventually([&] { return slow.rank(0).loads_inside() == 1; }));
+
+  // Another replica's ticket goes from start to finish meanwhile, and the
+  // stuck ticket, loading for every other call, times out in its own time
+  // with its pages retained (on a thread: were they to wait for the load,
+  // the test lets it go after 5 s and fails, rather than hang).
+  auto meanwhile = std::async(std::launch::async, [&] {
+    const TicketId other = generated_ticket(o, "other");
+    EXPECT_TRUE(o.start(other).is_ok());
+    f.complete_all(other);
+    auto s = o.receive(other, 5 * kSecond);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_TRUE(o.finish(other).is_ok());
+    EXPECT_EQ(state(o, stuck), TicketState::kLoading);
+    EXPECT_EQ(counts(o, "slow"), Counts(4, 0, 0));
+    EXPECT_EQ(o.receive(stuck, 20 * kMs).code(), StatusCode::kTimeout);
+    EXPECT_EQ(counts(o, "slow"), Counts(0, 0, 4));
+  });
+  EXPECT_EQ(meanwhile.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "the other calls waited for the slow rank's load";
+  EXPECT_FALSE(ready(started));
+
+  slow.rank(0).hold_loads(false);
+  meanwhile.get();
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  const Status s = started.get();
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(slow.rank(0).order_count(), 1u);
+  EXPECT_EQ(slow.rank(1).order_count(), 0u) << "the ticket had ended: its last row is not given";
+  EXPECT_EQ(counts(o, "slow"), Counts(0, 0, 4)) << "retained until the load given completes";
+  slow.rank(0).complete_all(stuck);
+  o.progress();
+  EXPECT_EQ(state(o, stuck), TicketState::kReleased);
+  EXPECT_EQ(o.ticket(stuck)->status.code(), StatusCode::kTimeout);
+  EXPECT_EQ(slow.consumer_free(), slow.full_consumers());
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+TEST(HandoffDispatch, ATicketReleasedWhileItsStartIsInsideALoadIsForgottenOnlyAfter) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(1).hold_loads(true);
+  const TicketId id = generated_ticket(o, "r");
+  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
+  // Both rows end (rank 1's reported as its worker would, once it took the
+  // order) and the caller is done with the pages, all before load() returns.
+  f.rank(0).complete_all(id);
+  f.rank(1).report({id, 0, 1, {}});
+  EXPECT_TRUE(o.receive(id, 5 * kSecond).is_ok());
+  EXPECT_TRUE(o.finish(id).is_ok());
+  o.forget_released();
+  EXPECT_TRUE(o.ticket(id).has_value()) << "start() still holds it";
+  f.rank(1).hold_loads(false);
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  EXPECT_TRUE(started.get().is_ok());
+  o.forget_released();
+  EXPECT_EQ(o.ticket(id).error().code(), StatusCode::kNotFound);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_TRUE(o.consumer_status("decode").is_ok());
+}
+
+TEST(HandoffDispatch, ALoadRefusedAfterItsRankReportedItStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(1).hold_loads(true);
+  const TicketId id = generated_ticket(o, "r");
+  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
+  f.rank(1).report({id, 0, 1, {}});
+  o.progress();
+  f.rank(1).fail_load(Status::unavailable("worker gone"));
+  f.rank(1).hold_loads(false);
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  EXPECT_TRUE(started.get().is_ok()) << "a refusal is the ticket's, told by receive()";
+  const Status stopped = o.consumer_status("decode");
+  EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
+  EXPECT_TRUE(contains(stopped.message(), "refused the load of ticket")) << stopped.to_string();
+  EXPECT_EQ(o.receive(id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(counts(o), Counts(4, 0, 0)) << "a stopped replica's pages are left as they are";
+  EXPECT_EQ(f.consumer_frees(), 0);
 }
 
 // A caller that never calls progress() still gets back the pages that

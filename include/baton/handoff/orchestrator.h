@@ -11,8 +11,10 @@
 //
 // Threads: every call may come from any thread (one mutex); receive()
 // waits without holding it, so cancel() from another thread is queued and
-// runs when that receive returns. Destroying the orchestrator while another
-// thread is inside one of its calls is undefined, as for any object.
+// runs when that receive returns; start() gives each load to its rank
+// without holding it, so a rank slow to take a load (an RPC, a connect to
+// the producer) delays only that start(). Destroying the orchestrator while
+// another thread is inside one of its calls is undefined, as for any object.
 #pragma once
 
 #include <condition_variable>
@@ -129,9 +131,12 @@ class Orchestrator {
   [[nodiscard]] Status generated(TicketId ticket);
   // Allocates the destination pages on every consumer rank — a failure on
   // one rolls back the others before any load is dispatched — then tells
-  // each rank to load each row. Short of pages while loads are owed, it
-  // first takes the completions that arrived (progress()) and tries again;
-  // still short: resource_exhausted, the ticket stays generated.
+  // each rank to load each row (the ticket is loading from then on, for
+  // every other call). Short of pages while loads are owed, it first takes
+  // the completions that arrived (progress()) and tries again; still short:
+  // resource_exhausted, the ticket stays generated. A rank that refuses its
+  // load fails the ticket (receive() says why); rows not yet given then are
+  // not, nor are any once the replica stopped.
   [[nodiscard]] Status start(TicketId ticket);
   // Until every row is loaded on every rank (ok), a load failed (its
   // error), or `timeout_ns` passed (0: transfer_timeout): the ticket then

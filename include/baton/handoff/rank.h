@@ -76,7 +76,10 @@ class ConsumerRank {
   [[nodiscard]] virtual Result<std::vector<std::uint32_t>> allocate(std::uint32_t pages) = 0;
   [[nodiscard]] virtual Status free(std::span<const std::uint32_t> pages) = 0;
   // Starts the load and returns; its end comes from take_completions().
-  // An error here means nothing was started.
+  // An error here means nothing was started. The orchestrator calls it
+  // without its mutex (its other calls on ranks hold it), so loads of
+  // different tickets may come from several threads at once, beside this
+  // rank's other calls.
   [[nodiscard]] virtual Status load(const LoadOrder& order) = 0;
   [[nodiscard]] virtual std::vector<LoadCompletion> take_completions() = 0;
   // Asks the rank to call `wake` (from any thread, holding none of its
@@ -194,7 +197,7 @@ class ConsumerWorker final : public ConsumerRank {
   ConsumerWorker(engine::Engine& engine, engine::Region region, bool owned, std::uint64_t page_bytes,
                  std::uint32_t pages, PageTable table)
       : engine_(engine), region_(region), owned_(owned), pool_(page_bytes, pages), table_(table) {}
-  Result<engine::Peer> peer(const std::string& address);  // holds mutex_
+  Result<engine::Peer> peer(const std::string& address);  // takes mutex_, not while it connects
 
   engine::Engine& engine_;
   engine::Region region_;
