@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <random>
 #include <set>
@@ -114,6 +115,7 @@ struct ConsumerReplica {
 struct Entry {
   Ticket t;
   std::vector<std::vector<bool>> loaded;  // [row][rank]
+  std::vector<std::vector<bool>> given;   // [row][rank]: handed to the rank (start() gives them one by one)
   std::uint64_t dest_pages = 0;
   bool sources_held = false;  // source pages allocated and not yet freed
   bool receiving = false;
@@ -309,11 +311,13 @@ struct Orchestrator::State {
     settle(e);
   }
 
-  void complete(Entry& e, std::uint32_t row, std::uint32_t rank, const Status& status) {
+  // `ran`: the rank took the load and reported its end (a load refused or
+  // never given has no latency to observe).
+  void complete(Entry& e, std::uint32_t row, std::uint32_t rank, const Status& status, bool ran) {
     e.loaded[row][rank] = true;
     --e.t.loads_pending;
     if (e.t.loads_pending == 0) --loading;
-    if (config.metrics != nullptr) {
+    if (ran && config.metrics != nullptr) {
       config.metrics->observe("baton_handoff_rank_load_seconds",
                               {{"consumer", e.t.consumer}, {"rank", std::to_string(rank)}},
                               static_cast<double>(now() - e.dispatched_ns) / 1e9);
@@ -334,16 +338,18 @@ struct Orchestrator::State {
       for (std::uint32_t r = 0; r < c.ranks.size() && c.stopped.is_ok(); ++r) {
         for (const LoadCompletion& done : c.ranks[r]->take_completions()) {
           auto it = tickets.find(done.ticket);
+          // Given (a start() still dispatching has not given every load yet)
+          // and not reported before.
           const bool expected = it != tickets.end() && it->second.t.consumer == name && done.rank == r &&
-                                done.row < it->second.loaded.size() && !it->second.loaded[done.row][r] &&
-                                it->second.t.loads_pending > 0;
+                                done.row < it->second.loaded.size() && it->second.given[done.row][r] &&
+                                !it->second.loaded[done.row][r];
           if (!expected) {
             stop(c, Status::internal("consumer {} rank {} reported a load it was not given or twice (ticket {} row "
                                      "{} rank {})",
                                      name, r, done.ticket, done.row, done.rank));
             break;
           }
-          complete(it->second, done.row, r, done.status);
+          complete(it->second, done.row, r, done.status, true);
         }
       }
     }
@@ -397,6 +403,7 @@ struct Orchestrator::State {
       e.dest_pages += got[r].size();
     }
     e.loaded.assign(cl.cfg, std::vector<bool>(c.ranks.size(), false));
+    e.given = e.loaded;
     e.t.loads_pending = cl.cfg * static_cast<std::uint32_t>(c.ranks.size());
     ++loading;
     e.dispatched_ns = now();
@@ -422,22 +429,32 @@ struct Orchestrator::State {
         if (e.t.state != TicketState::kLoading) {
           // It ended meanwhile (a rank refused its order, a cancel, a
           // timeout): the rest need not move.
-          complete(e, w, r, Status::cancelled("not dispatched: the ticket ended during its dispatch"));
+          complete(e, w, r, Status::cancelled("not dispatched: the ticket ended during its dispatch"), false);
           continue;
         }
         LoadOrder order{e.t.id, w, e.t.tokens, e.t.producer_layout, cl, r, e.t.sources[w], e.t.destination[w][r],
                         config.load_timeout_ns};
         ConsumerRank* rank = c.ranks[r];
+        e.given[w][r] = true;  // before the unlock: its completion may come before load() returns
         lock.unlock();
-        const Status s = rank->load(order);
+        Status s;
+        bool threw = false;
+        try {
+          s = rank->load(order);
+        } catch (const std::exception& ex) {
+          s = Status::internal("{}", ex.what());
+          threw = true;
+        }
         lock.lock();
         if (s.is_ok() || !c.stopped.is_ok()) continue;
-        if (e.loaded[w][r]) {
-          stop(c, Status::internal("consumer {} rank {} refused the load of ticket {} row {} ({}) and reported it too",
-                                   e.t.consumer, r, e.t.id, w, s.to_string()));
+        if (threw || e.loaded[w][r]) {
+          // Whether the load started is unknown (it threw), or it was
+          // reported and refused: its pages cannot be proven free.
+          stop(c, Status::internal("consumer {} rank {} {} the load of ticket {} row {}: {}", e.t.consumer, r,
+                                   threw ? "threw on" : "reported, then refused", e.t.id, w, s.to_string()));
           continue;
         }
-        complete(e, w, r, s);  // the caller learns a refusal as any failed load's
+        complete(e, w, r, s, false);  // the caller learns a refusal as any failed load's
       }
     }
     e.dispatching = false;

@@ -104,7 +104,8 @@ std::span<std::byte> ConsumerWorker::page(std::uint32_t page) const { return pag
 // The connect runs without mutex_: to a producer that is gone it takes the
 // whole handshake timeout, and take_completions() (called under the
 // orchestrator's mutex) must not wait for it. Two loads that race to the
-// same new producer both connect; the engine answers the second at once.
+// same new producer both connect; the engine has the second wait for the
+// same handshake, and the first answer is kept.
 Result<engine::Peer> ConsumerWorker::peer(const std::string& address) {
   {
     std::lock_guard lock(mutex_);

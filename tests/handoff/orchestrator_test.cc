@@ -20,6 +20,7 @@
 #include <optional>
 #include <ostream>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -414,15 +415,18 @@ struct SilentListener {
     }
     address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   }
-  ~SilentListener() {
-    if (fd >= 0) ::close(fd);
+  // Resets the connections it never accepted: a connect waiting on it ends.
+  void close() {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
   }
+  ~SilentListener() { close(); }
 };
 
 bool ready(std::future<Status>& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 
 // Real engines: a consumer worker connecting to a producer that is gone
-// (the whole handshake timeout) holds up its own start() and nothing else.
+// (until the handshake timeout, or here until the listener closes) holds
+// up its own start() and nothing else.
 TEST(RealHandoffDispatch, AConnectToAProducerThatIsGoneHoldsUpOnlyItsOwnStart) {
   SilentListener silent;
   ASSERT_FALSE(silent.address.empty()) << "no listening socket";
@@ -430,7 +434,7 @@ TEST(RealHandoffDispatch, AConnectToAProducerThatIsGoneHoldsUpOnlyItsOwnStart) {
   Producers prefill(layout);
   Consumers decode(layout);
   engine::EngineConfig config;
-  config.ucx.handshake_timeout_ms = 4000;  // the connect's length; the rest runs within it
+  config.ucx.handshake_timeout_ms = 60'000;  // the test ends the connect itself, below
   auto stranded_engine = engine::Engine::create(config);
   ASSERT_TRUE(stranded_engine.has_value()) << stranded_engine.error().to_string();
   auto stranded = ConsumerWorker::create(**stranded_engine, layout.page_bytes(), 32);
@@ -467,6 +471,7 @@ TEST(RealHandoffDispatch, AConnectToAProducerThatIsGoneHoldsUpOnlyItsOwnStart) {
   EXPECT_EQ(o.receive(*x, 20 * kMs).code(), StatusCode::kTimeout);
   EXPECT_FALSE(ready(started)) << "the live ticket and the stranded one's timeout waited for the connect";
 
+  silent.close();
   ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   s = started.get();
   EXPECT_TRUE(s.is_ok()) << s.to_string();
@@ -694,6 +699,7 @@ class FakeConsumer final : public ConsumerRank {
     ++loads_inside_;
     gate_.wait(lock, [&] { return !holding_; });  // a rank slow to take its load
     --loads_inside_;
+    if (load_throws_) throw std::runtime_error("std::bad_alloc, say");
     if (load_error_) return *load_error_;
     orders_.push_back(order);
     return Status::ok();
@@ -747,6 +753,10 @@ class FakeConsumer final : public ConsumerRank {
     std::lock_guard lock(mutex_);
     load_error_ = std::move(s);
   }
+  void throw_on_load() {
+    std::lock_guard lock(mutex_);
+    load_throws_ = true;
+  }
   // While held, load() waits inside (as an RPC to a frozen worker would).
   void hold_loads(bool on) {
     {
@@ -785,6 +795,7 @@ class FakeConsumer final : public ConsumerRank {
   int free_calls_ = 0;
   std::condition_variable gate_;
   bool holding_ = false;
+  bool load_throws_ = false;
   int loads_inside_ = 0;
 };
 
@@ -1462,6 +1473,13 @@ TEST(HandoffCancelDuringReceive, ASecondCancelWhileOneIsQueuedIsRefused) {
 // start() gives the loads without the orchestrator's mutex: a rank slow to
 // take one (an RPC to a frozen worker, a connect to a producer that is gone)
 // delays only that start().
+// Lets a held rank's loads go when the test leaves (an ASSERT included), so
+// that the start() future it is declared after can end.
+struct Unhold {
+  FakeConsumer& rank;
+  ~Unhold() { rank.hold_loads(false); }
+};
+
 TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
   Fakes f(tiny());
   Fakes slow(tiny());  // its consumer ranks, as replica "slow"
@@ -1471,6 +1489,7 @@ TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
   slow.rank(0).hold_loads(true);
   const TicketId stuck = generated_ticket(o, "stuck", "slow");
   auto started = std::async(std::launch::async, [&o, stuck] { return o.start(stuck); });
+  const Unhold unhold{slow.rank(0)};
   ASSERT_TRUE(eventually([&] { return slow.rank(0).loads_inside() == 1; }));
 
   // Another replica's ticket goes from start to finish meanwhile, and the
@@ -1517,6 +1536,7 @@ TEST(HandoffDispatch, ATicketReleasedWhileItsStartIsInsideALoadIsForgottenOnlyAf
   f.rank(1).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
   auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  const Unhold unhold{f.rank(1)};
   ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
   // Both rows end (rank 1's reported as its worker would, once it took the
   // order) and the caller is done with the pages, all before load() returns.
@@ -1542,6 +1562,7 @@ TEST(HandoffDispatch, ALoadRefusedAfterItsRankReportedItStopsTheReplica) {
   f.rank(1).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
   auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  const Unhold unhold{f.rank(1)};
   ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
   f.rank(1).report({id, 0, 1, {}});
   o.progress();
@@ -1551,10 +1572,98 @@ TEST(HandoffDispatch, ALoadRefusedAfterItsRankReportedItStopsTheReplica) {
   EXPECT_TRUE(started.get().is_ok()) << "a refusal is the ticket's, told by receive()";
   const Status stopped = o.consumer_status("decode");
   EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
-  EXPECT_TRUE(contains(stopped.message(), "refused the load of ticket")) << stopped.to_string();
+  EXPECT_TRUE(contains(stopped.message(), "reported, then refused the load of ticket")) << stopped.to_string();
   EXPECT_EQ(o.receive(id).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(counts(o), Counts(4, 0, 0)) << "a stopped replica's pages are left as they are";
   EXPECT_EQ(f.consumer_frees(), 0);
+}
+
+TEST(HandoffDispatch, ACancelDuringDispatchGivesNoMoreRowsAndRetainsUntilTheGivenOneEnds) {
+  Fakes f(tiny(2, /*cfg=*/2));  // rows × ranks: (0,0) (0,1) (1,0) (1,1), given in that order
+  engine::MetricsRegistry metrics;
+  Orchestrator o(HandoffConfig{.metrics = &metrics});
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(0).hold_loads(true);
+  const TicketId id = generated_ticket(o, "r");
+  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  const Unhold unhold{f.rank(0)};
+  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  EXPECT_TRUE(o.cancel(id).is_ok());
+  EXPECT_EQ(state(o, id), TicketState::kCancelled);
+  EXPECT_EQ(counts(o), Counts(0, 0, 8));
+  f.rank(0).hold_loads(false);
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_EQ(f.rank(0).order_count(), 1u) << "the load being given when the cancel came";
+  EXPECT_EQ(f.rank(1).order_count(), 0u);
+  EXPECT_EQ(o.ticket(id)->loads_pending, 1u);
+  EXPECT_EQ(counts(o), Counts(0, 0, 8)) << "retained while the given load runs";
+  const engine::Labels rank0{{"consumer", "decode"}, {"rank", "0"}};
+  const engine::Labels rank1{{"consumer", "decode"}, {"rank", "1"}};
+  EXPECT_EQ(metrics.histogram_count("baton_handoff_rank_load_seconds", rank1), 0u) << "never given: no latency";
+  f.rank(0).complete_all(id);
+  o.progress();
+  EXPECT_EQ(state(o, id), TicketState::kReleased);
+  EXPECT_EQ(metrics.histogram_count("baton_handoff_rank_load_seconds", rank0), 1u);
+  EXPECT_EQ(f.consumer_free(), f.full_consumers());
+  EXPECT_EQ(f.producer_free(), f.full_producers());
+}
+
+TEST(HandoffDispatch, AReplicaStoppedDuringDispatchIsGivenNoMoreLoads) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(0).hold_loads(true);
+  const TicketId id = generated_ticket(o, "r");
+  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  const Unhold unhold{f.rank(0)};
+  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  EXPECT_TRUE(o.consumer_rank_failed("decode", 1, Status::unavailable("its host went down")).is_ok());
+  f.rank(0).hold_loads(false);
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_EQ(f.rank(1).order_count(), 0u);
+  EXPECT_EQ(o.receive(id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(counts(o), Counts(4, 0, 0)) << "a stopped replica's pages are left as they are";
+  EXPECT_EQ(f.consumer_frees(), 0);
+}
+
+TEST(HandoffDispatch, AReportOfALoadNotYetGivenStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(0).hold_loads(true);
+  const TicketId id = generated_ticket(o, "r");
+  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
+  const Unhold unhold{f.rank(0)};
+  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  f.rank(1).report({id, 0, 1, {}});  // rank 1 has not been given its load
+  o.progress();
+  const Status stopped = o.consumer_status("decode");
+  EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
+  EXPECT_TRUE(contains(stopped.message(), "not given")) << stopped.to_string();
+  f.rank(0).hold_loads(false);
+  ASSERT_TRUE(eventually([&] { return ready(started); }));
+  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_EQ(f.rank(1).order_count(), 0u);
+  EXPECT_EQ(counts(o), Counts(4, 0, 0));
+  EXPECT_EQ(f.consumer_frees(), 0);
+}
+
+TEST(HandoffDispatch, ALoadThatThrowsStopsTheReplica) {
+  Fakes f(tiny());
+  Orchestrator o;
+  ASSERT_TRUE(f.add_to(o).is_ok());
+  f.rank(1).throw_on_load();
+  const TicketId id = generated_ticket(o, "r");
+  EXPECT_TRUE(o.start(id).is_ok());
+  const Status stopped = o.consumer_status("decode");
+  EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
+  EXPECT_TRUE(contains(stopped.message(), "threw on the load")) << stopped.to_string();
+  EXPECT_EQ(counts(o), Counts(4, 0, 0)) << "whether it started is unknown: its pages stay";
+  EXPECT_EQ(f.consumer_frees(), 0);
+  o.forget_released();
+  EXPECT_TRUE(o.ticket(id).has_value());
 }
 
 // A caller that never calls progress() still gets back the pages that

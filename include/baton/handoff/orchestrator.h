@@ -38,7 +38,7 @@ enum class TicketState : std::uint8_t {
   kCreated,    // a request and its consumer replica
   kBound,      // a producer replica, source pages allocated on each rank
   kGenerated,  // source pages written, the producer's addresses resolved
-  kLoading,    // destination pages on every consumer rank, loads dispatched
+  kLoading,    // destination pages on every consumer rank, loads given (start() gives them one by one)
   kCompleted,  // every row loaded on every rank; the caller uses the pages until finish()
   kTimedOut,   // ended for the caller; pages retained until the loads settle
   kCancelled,  // likewise
@@ -86,7 +86,7 @@ struct Ticket {
   Status status;  // why it ended, once it did
   std::vector<std::vector<SourcePages>> sources;                     // [row][producer rank]
   std::vector<std::vector<std::vector<std::uint32_t>>> destination;  // [row][consumer rank]
-  std::uint32_t loads_pending = 0;  // (row, rank) loads dispatched and not yet completed
+  std::uint32_t loads_pending = 0;  // (row, rank) loads not yet completed (given or still to give)
   TimeNs started_ns = 0;  // when start() dispatched the loads (HandoffConfig::clock)
   TimeNs ended_ns = 0;    // when it stopped loading: completed, or ended for the caller
 };
@@ -173,7 +173,8 @@ class Orchestrator {
   [[nodiscard]] Result<PageCounts> pages(std::string_view consumer) const;
   [[nodiscard]] std::uint64_t tickets_in(TicketState state) const;
   // Forgets released tickets (a long-running orchestrator does not grow),
-  // except one a receive() is still returning from.
+  // except one a receive() is still returning from or a start() is still
+  // dispatching.
   void forget_released();
 
   // The first stop error of a consumer replica, else ok. Pages of a
