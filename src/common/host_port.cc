@@ -17,8 +17,16 @@ Result<HostPort> split_host_port(std::string_view text) {
   }
   std::string_view host = text.substr(0, colon);
   const std::string_view port_text = text.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  // "::1:0" read as host "::1", port 0 may have meant the address ::1:0
+  // (a port left out): only brackets say where an IPv6 host ends.
+  if (!bracketed && host.find(':') != std::string_view::npos) {
+    return std::unexpected(Status::invalid_argument(
+        "address \"{}\": an IPv6 host goes in brackets (e.g. [::1]:4000)", shown(text)));
+  }
+  if (host.find_first_of("[]") != std::string_view::npos) {
+    return std::unexpected(Status::invalid_argument("address \"{}\": unbalanced brackets", shown(text)));
   }
   unsigned port = 0;
   const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);

@@ -25,7 +25,8 @@ TEST(SocketAddress, ParsesAndFormats) {
 TEST(SocketAddress, RefusesWhatIsNotAnAddress) {
   // ".invalid" never resolves (RFC 6761), with or without a resolver.
   for (const char* bad : {"", "127.0.0.1", ":4000", "127.0.0.1:", "127.0.0.1:xx", "127.0.0.1:65536",
-                          "127.0.0.1:-1", "127.0.0.1:40 00", "no-such-host.invalid:4000"}) {
+                          "127.0.0.1:-1", "127.0.0.1:40 00", "no-such-host.invalid:4000", "::1:0", "fe80::1:4000",
+                          "[::1:0", "::1]:0", "[[::1]]:0", "[::1]x:0"}) {
     auto r = parse_socket_address(bad);
     ASSERT_FALSE(r.has_value()) << bad;
     EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << bad;
