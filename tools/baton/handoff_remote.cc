@@ -66,8 +66,9 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& r
     line += c;
   }
   json hello = json::parse(line, nullptr, false);
-  if (hello.is_discarded() || !hello.contains("address")) {
-    return std::unexpected(Status::unavailable("handoff-worker: unexpected hello \"{}\"", line));
+  if (hello.is_discarded() || !hello.is_object() || !hello.contains("address") || !hello["address"].is_string() ||
+      !hello.contains("region") || !hello["region"].is_number_unsigned()) {
+    return std::unexpected(Status::unavailable("handoff-worker: unexpected hello \"{}\"", shown(line)));
   }
   p->address_ = hello["address"].get<std::string>();
   p->region_ = hello["region"].get<engine::RegionHandle>();
