@@ -232,6 +232,9 @@ Result<int> PolicyReader::at_least_one(const Entry& e, std::string_view key) con
   const char* first = text->data();
   const char* last = first + text->size();
   const auto [end, ec] = std::from_chars(first, last, value);
+  if (ec == std::errc::result_out_of_range && end == last) {
+    return std::unexpected(bad_value(line_of(e), key, fmt::format("\"{}\" is out of range", *text)));
+  }
   if (ec != std::errc() || end != last || text->empty()) {
     return std::unexpected(
         bad_value(line_of(e), key, fmt::format("\"{}\" is not a whole number", *text)));
@@ -433,6 +436,11 @@ Status PolicyReader::read_credits(const Entry& section, SchedPolicy& policy) {
       }
       auto count = at_least_one(f, key);
       if (!count) return count.error();
+      // Said here with its line; validate() would say it without one.
+      const int most = f.key == "lanes" ? PathCredits::kMaxLanes : PathCredits::kMaxSlicesPerLane;
+      if (*count > most) {
+        return bad_value(line_of(f), key, fmt::format("\"{}\" is above {}", f.value.Scalar(), most));
+      }
       (f.key == "lanes" ? entry.lanes : entry.slices_per_lane) = *count;
     }
     (path ? per_path[static_cast<int>(*path)] : fallback) = std::move(entry);
