@@ -144,11 +144,12 @@ std::optional<int> gpu_index(std::string_view name) {
   return parse_int(name.substr(3));
 }
 
-// Number of distinct CPUs in a list such as "0-63,128-191" (a CPU listed
-// twice counts once; a sum wrapped past INT_MAX); nullopt if not a list of
-// CPUs 0..kMaxCpu.
-std::optional<int> cpu_list_count(std::string_view list) {
-  std::bitset<kMaxCpu + 1> cpus;
+using CpuSet = std::bitset<kMaxCpu + 1>;
+
+// The CPUs of a list such as "0-63,128-191"; nullopt if not a list of CPUs
+// 0..kMaxCpu.
+std::optional<CpuSet> cpu_set(std::string_view list) {
+  CpuSet cpus;
   std::istringstream in{std::string(list)};
   for (std::string part; std::getline(in, part, ',');) {
     const auto dash = part.find('-');
@@ -157,7 +158,27 @@ std::optional<int> cpu_list_count(std::string_view list) {
     if (!lo || !hi || *lo < 0 || *hi < *lo || *hi > kMaxCpu) return std::nullopt;
     for (int cpu = *lo; cpu <= *hi; ++cpu) cpus.set(static_cast<std::size_t>(cpu));
   }
-  return cpus.none() ? std::nullopt : std::optional(static_cast<int>(cpus.count()));
+  return cpus.none() ? std::nullopt : std::optional(cpus);
+}
+
+// Number of distinct CPUs in a list (a CPU listed twice counts once; a sum
+// wrapped past INT_MAX); nullopt if not a list of CPUs.
+std::optional<int> cpu_list_count(std::string_view list) {
+  const auto cpus = cpu_set(list);
+  return cpus ? std::optional(static_cast<int>(cpus->count())) : std::nullopt;
+}
+
+// "0-15,32-47": a set as nvidia-smi and the kernel write it.
+std::string cpu_list(const CpuSet& cpus) {
+  std::string out;
+  for (std::size_t cpu = 0; cpu < cpus.size(); ++cpu) {
+    if (!cpus[cpu]) continue;
+    std::size_t last = cpu;
+    while (last + 1 < cpus.size() && cpus[last + 1]) ++last;
+    out += fmt::format("{}{}", out.empty() ? "" : ",", cpu == last ? fmt::format("{}", cpu) : fmt::format("{}-{}", cpu, last));
+    cpu = last;
+  }
+  return out;
 }
 
 struct Cell {
@@ -635,10 +656,32 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   // NUMA nodes named by the GPUs, with the CPU set the matrix gives for
   // them, and the CPU sets no GPU could be placed on. Only those: the
   // machine may have more.
+  // GPUs of one node that name different CPU sets (a container's cgroup
+  // cut differently per GPU, or a hand-edited file) give the node their
+  // union, with a note: the first set alone would hide CPUs of that node.
   std::map<int, NumaInfo> numa;
+  std::map<int, std::vector<std::string>> sets;  // per node, each distinct CPU set given
+  std::map<int, CpuSet> union_of;
   for (const GpuInfo& gpu : facts.gpus) {
-    if (gpu.numa == kUnknownNuma || numa.contains(gpu.numa)) continue;
-    numa[gpu.numa] = {gpu.numa, gpu.cpu_affinity, cpu_list_count(gpu.cpu_affinity).value_or(0), 0};
+    if (gpu.numa == kUnknownNuma) continue;
+    auto& given = sets[gpu.numa];
+    if (auto cpus = cpu_set(gpu.cpu_affinity)) {  // empty: not given
+      if (std::ranges::find(given, gpu.cpu_affinity) == given.end()) given.push_back(gpu.cpu_affinity);
+      union_of[gpu.numa] |= *cpus;
+    }
+    if (!numa.contains(gpu.numa)) {
+      numa[gpu.numa] = {gpu.numa, gpu.cpu_affinity, cpu_list_count(gpu.cpu_affinity).value_or(0), 0};
+    }
+  }
+  for (const auto& [id, given] : sets) {
+    const auto cpus = union_of.find(id);
+    if (cpus == union_of.end() || (given.size() < 2 && !numa[id].cpus.empty())) continue;
+    numa[id].cpus = cpu_list(cpus->second);  // a first GPU with no set leaves the node the others'
+    numa[id].cpu_count = static_cast<int>(cpus->second.count());
+    if (given.size() < 2) continue;
+    facts.notes.push_back(fmt::format("nvidia-smi: the GPUs of NUMA node {} give different CPU Affinity ({}): the "
+                                      "node takes them all ({})",
+                                      id, fmt::join(given, " / "), numa[id].cpus));
   }
   for (const auto& [cpus, id] : numa_by_cpus) {
     if (crossed.contains(id)) numa[id] = {id, cpus, cpu_list_count(cpus).value_or(0), 0};

@@ -771,6 +771,21 @@ TEST(NvidiaSmiParser, ContradictionsAreUsedAsWrittenWithANote) {
                   "NIC Legend:\n\n  NIC0: mlx5_0\n")
                 .find("the NIC Legend names no device for NIC1"),
             std::string::npos);
+  // Two GPUs of one node with different CPU sets: the node takes both.
+  EXPECT_NE(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPIX\t0-7\t0\nGPU1\tPIX\t X \t8-15,32\t0\n")
+                .find("the GPUs of NUMA node 0 give different CPU Affinity (0-7 / 8-15,32): the node takes them all "
+                      "(0-15,32)"),
+            std::string::npos);
+  {
+    auto f = parse_nvidia_smi_topo(
+        "\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPIX\tSYS\t\t0\nGPU1\tPIX\t X \tSYS\t0-7\t0\n"
+        "GPU2\tSYS\tSYS\t X \t8-15,17,19-20\t0\n");
+    ASSERT_TRUE(f.has_value()) << f.error().to_string();
+    ASSERT_EQ(f->numa_nodes.size(), 1u);
+    EXPECT_EQ(f->numa_nodes[0].cpus, "0-15,17,19-20") << "the first GPU gave no set: the others' union";
+    EXPECT_EQ(f->numa_nodes[0].cpu_count, 19);
+    EXPECT_EQ(f->gpus[1].cpu_affinity, "0-7") << "each GPU keeps its own";
+  }
   // What agrees says nothing.
   EXPECT_EQ(notes("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-15\t0\nGPU1\tSYS\t X \t16-31\t1\n"),
             "");
