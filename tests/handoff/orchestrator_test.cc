@@ -1473,11 +1473,30 @@ TEST(HandoffCancelDuringReceive, ASecondCancelWhileOneIsQueuedIsRefused) {
 // start() gives the loads without the orchestrator's mutex: a rank slow to
 // take one (an RPC to a frozen worker, a connect to a producer that is gone)
 // delays only that start().
-// Lets a held rank's loads go when the test leaves (an ASSERT included), so
-// that the start() future it is declared after can end.
-struct Unhold {
-  FakeConsumer& rank;
-  ~Unhold() { rank.hold_loads(false); }
+// start(ticket) on a thread while `rank` holds its loads, until one is
+// inside it. The rank lets go when the object goes (an ASSERT included),
+// before the start is waited for, so a failing test fails and never hangs.
+class HeldStart {
+ public:
+  HeldStart(Orchestrator& o, FakeConsumer& rank, TicketId ticket) : rank_(rank) {
+    rank_.hold_loads(true);
+    started_ = std::async(std::launch::async, [&o, ticket] { return o.start(ticket); });
+    inside_ = eventually([&] { return rank_.loads_inside() == 1; });
+  }
+  ~HeldStart() { rank_.hold_loads(false); }
+  [[nodiscard]] bool inside() const { return inside_; }
+  [[nodiscard]] bool returned() { return ready(started_); }
+  // Lets the load go; start()'s answer (internal if it did not return).
+  Status release() {
+    rank_.hold_loads(false);
+    if (!eventually([&] { return returned(); })) return Status::internal("start() did not return");
+    return started_.get();
+  }
+
+ private:
+  FakeConsumer& rank_;
+  std::future<Status> started_;
+  bool inside_ = false;
 };
 
 TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
@@ -1486,11 +1505,9 @@ TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
   Orchestrator o;
   ASSERT_TRUE(f.add_to(o).is_ok());
   ASSERT_TRUE(o.add_consumer("slow", slow.layout, slow.consumer_ranks()).is_ok());
-  slow.rank(0).hold_loads(true);
   const TicketId stuck = generated_ticket(o, "stuck", "slow");
-  auto started = std::async(std::launch::async, [&o, stuck] { return o.start(stuck); });
-  const Unhold unhold{slow.rank(0)};
-  ASSERT_TRUE(eventually([&] { return slow.rank(0).loads_inside() == 1; }));
+  HeldStart held(o, slow.rank(0), stuck);
+  ASSERT_TRUE(held.inside());
 
   // Another replica's ticket goes from start to finish meanwhile, and the
   // stuck ticket, loading for every other call, times out in its own time
@@ -1510,12 +1527,10 @@ TEST(HandoffDispatch, ARankSlowToTakeItsLoadDelaysOnlyItsOwnStart) {
   });
   EXPECT_EQ(meanwhile.wait_for(std::chrono::seconds(5)), std::future_status::ready)
       << "the other calls waited for the slow rank's load";
-  EXPECT_FALSE(ready(started));
+  EXPECT_FALSE(held.returned());
 
-  slow.rank(0).hold_loads(false);
+  const Status s = held.release();
   meanwhile.get();
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  const Status s = started.get();
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_EQ(slow.rank(0).order_count(), 1u);
   EXPECT_EQ(slow.rank(1).order_count(), 0u) << "the ticket had ended: its last row is not given";
@@ -1533,11 +1548,9 @@ TEST(HandoffDispatch, ATicketReleasedWhileItsStartIsInsideALoadIsForgottenOnlyAf
   Fakes f(tiny());
   Orchestrator o;
   ASSERT_TRUE(f.add_to(o).is_ok());
-  f.rank(1).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
-  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
-  const Unhold unhold{f.rank(1)};
-  ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
+  HeldStart held(o, f.rank(1), id);
+  ASSERT_TRUE(held.inside());
   // Both rows end (rank 1's reported as its worker would, once it took the
   // order) and the caller is done with the pages, all before load() returns.
   f.rank(0).complete_all(id);
@@ -1546,9 +1559,7 @@ TEST(HandoffDispatch, ATicketReleasedWhileItsStartIsInsideALoadIsForgottenOnlyAf
   EXPECT_TRUE(o.finish(id).is_ok());
   o.forget_released();
   EXPECT_TRUE(o.ticket(id).has_value()) << "start() still holds it";
-  f.rank(1).hold_loads(false);
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_TRUE(held.release().is_ok());
   o.forget_released();
   EXPECT_EQ(o.ticket(id).error().code(), StatusCode::kNotFound);
   EXPECT_EQ(f.consumer_free(), f.full_consumers());
@@ -1559,17 +1570,13 @@ TEST(HandoffDispatch, ALoadRefusedAfterItsRankReportedItStopsTheReplica) {
   Fakes f(tiny());
   Orchestrator o;
   ASSERT_TRUE(f.add_to(o).is_ok());
-  f.rank(1).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
-  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
-  const Unhold unhold{f.rank(1)};
-  ASSERT_TRUE(eventually([&] { return f.rank(1).loads_inside() == 1; }));
+  HeldStart held(o, f.rank(1), id);
+  ASSERT_TRUE(held.inside());
   f.rank(1).report({id, 0, 1, {}});
   o.progress();
   f.rank(1).fail_load(Status::unavailable("worker gone"));
-  f.rank(1).hold_loads(false);
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  EXPECT_TRUE(started.get().is_ok()) << "a refusal is the ticket's, told by receive()";
+  EXPECT_TRUE(held.release().is_ok()) << "a refusal is the ticket's, told by receive()";
   const Status stopped = o.consumer_status("decode");
   EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
   EXPECT_TRUE(contains(stopped.message(), "reported, then refused the load of ticket")) << stopped.to_string();
@@ -1583,17 +1590,13 @@ TEST(HandoffDispatch, ACancelDuringDispatchGivesNoMoreRowsAndRetainsUntilTheGive
   engine::MetricsRegistry metrics;
   Orchestrator o(HandoffConfig{.metrics = &metrics});
   ASSERT_TRUE(f.add_to(o).is_ok());
-  f.rank(0).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
-  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
-  const Unhold unhold{f.rank(0)};
-  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  HeldStart held(o, f.rank(0), id);
+  ASSERT_TRUE(held.inside());
   EXPECT_TRUE(o.cancel(id).is_ok());
   EXPECT_EQ(state(o, id), TicketState::kCancelled);
   EXPECT_EQ(counts(o), Counts(0, 0, 8));
-  f.rank(0).hold_loads(false);
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_TRUE(held.release().is_ok());
   EXPECT_EQ(f.rank(0).order_count(), 1u) << "the load being given when the cancel came";
   EXPECT_EQ(f.rank(1).order_count(), 0u);
   EXPECT_EQ(o.ticket(id)->loads_pending, 1u);
@@ -1613,15 +1616,11 @@ TEST(HandoffDispatch, AReplicaStoppedDuringDispatchIsGivenNoMoreLoads) {
   Fakes f(tiny());
   Orchestrator o;
   ASSERT_TRUE(f.add_to(o).is_ok());
-  f.rank(0).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
-  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
-  const Unhold unhold{f.rank(0)};
-  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  HeldStart held(o, f.rank(0), id);
+  ASSERT_TRUE(held.inside());
   EXPECT_TRUE(o.consumer_rank_failed("decode", 1, Status::unavailable("its host went down")).is_ok());
-  f.rank(0).hold_loads(false);
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_TRUE(held.release().is_ok());
   EXPECT_EQ(f.rank(1).order_count(), 0u);
   EXPECT_EQ(o.receive(id).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(counts(o), Counts(4, 0, 0)) << "a stopped replica's pages are left as they are";
@@ -1632,19 +1631,15 @@ TEST(HandoffDispatch, AReportOfALoadNotYetGivenStopsTheReplica) {
   Fakes f(tiny());
   Orchestrator o;
   ASSERT_TRUE(f.add_to(o).is_ok());
-  f.rank(0).hold_loads(true);
   const TicketId id = generated_ticket(o, "r");
-  auto started = std::async(std::launch::async, [&o, id] { return o.start(id); });
-  const Unhold unhold{f.rank(0)};
-  ASSERT_TRUE(eventually([&] { return f.rank(0).loads_inside() == 1; }));
+  HeldStart held(o, f.rank(0), id);
+  ASSERT_TRUE(held.inside());
   f.rank(1).report({id, 0, 1, {}});  // rank 1 has not been given its load
   o.progress();
   const Status stopped = o.consumer_status("decode");
   EXPECT_EQ(stopped.code(), StatusCode::kInternal) << stopped.to_string();
   EXPECT_TRUE(contains(stopped.message(), "not given")) << stopped.to_string();
-  f.rank(0).hold_loads(false);
-  ASSERT_TRUE(eventually([&] { return ready(started); }));
-  EXPECT_TRUE(started.get().is_ok());
+  EXPECT_TRUE(held.release().is_ok());
   EXPECT_EQ(f.rank(1).order_count(), 0u);
   EXPECT_EQ(counts(o), Counts(4, 0, 0));
   EXPECT_EQ(f.consumer_frees(), 0);
