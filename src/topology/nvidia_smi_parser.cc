@@ -278,6 +278,18 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
   if (at == lines.size()) {
     return std::unexpected(Status::invalid_argument("nvidia-smi topo: the text is empty"));
   }
+  // Lines before the header (a shell prompt, the "NVIDIA Topology:" title
+  // of sglang's check_env, a log's prefix) are skipped with a note; text
+  // without a header is refused at its first line.
+  const std::size_t first = at;
+  auto starts_header = [](std::string_view text) {
+    const auto from = text.find_first_not_of(" \t");
+    return from != std::string_view::npos && text.substr(from).starts_with("GPU0") &&
+           (text.size() == from + 4 || std::isspace(static_cast<unsigned char>(text[from + 4])) != 0);
+  };
+  while (at < lines.size() && !starts_header(lines[at].text)) ++at;
+  if (at == lines.size()) at = first;
+  const std::size_t skipped = at - first;
 
   // Header: device columns, then the trailing affinity columns.
   const Line& header = lines[at++];
@@ -427,6 +439,11 @@ Result<TopologyFacts> parse_nvidia_smi_topo(std::string_view text) {
 
   TopologyFacts facts;
   facts.source = "nvidia-smi";
+  if (skipped > 0) {
+    facts.notes.push_back(fmt::format("nvidia-smi: {} line{} before the matrix header skipped (line {}: \"{}\")",
+                                      skipped, skipped == 1 ? "" : "s", lines[first].number,
+                                      shown(lines[first].text)));
+  }
   facts.gpus.resize(gpus);
   facts.nics.resize(nics);
   const bool numa_column = std::ranges::any_of(trailing, [](const auto& t) { return t.second == "NUMA Affinity"; });

@@ -362,6 +362,41 @@ TEST(NvidiaSmiParser, OwnFixtureHgxH100) {
   EXPECT_EQ(cell(f, "GPU1", "GPU6"), "NV18");
 }
 
+// Output pasted with what came before it (a title, a shell prompt) reads
+// as the same machine, with a note; text with no header at all is still
+// refused at its first line (NvidiaSmiParserMalformed: prose).
+TEST(NvidiaSmiParser, LinesBeforeTheHeaderAreSkippedWithANote) {
+  const auto f = load("fixture-h800-17nic-check-env-title.txt");
+  ASSERT_EQ(f.gpus.size(), 4u);
+  ASSERT_EQ(f.nics.size(), 17u);
+  EXPECT_EQ(cell(f, "GPU0", "GPU3"), "NV8");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_4"), "PIX");
+  EXPECT_EQ(cell(f, "GPU0", "mlx5_13"), "PIX");
+  EXPECT_EQ(cell(f, "GPU3", "mlx5_16"), "PIX");
+  EXPECT_EQ(cell(f, "GPU1", "mlx5_4"), "SYS");
+  EXPECT_EQ(f.nics[16].name, "mlx5_16");
+  EXPECT_TRUE(std::ranges::any_of(f.notes, [](const std::string& n) {
+    return n.find("1 line before the matrix header skipped (line 1: \"NVIDIA Topology: \")") != std::string::npos;
+  })) << fmt::format("{}", f.notes);
+
+  const std::string matrix = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-7\nGPU1\tNV4\t X \t0-7\n";
+  const auto plain = parse_nvidia_smi_topo(matrix);
+  ASSERT_TRUE(plain.has_value()) << plain.error().to_string();
+  EXPECT_TRUE(std::ranges::none_of(plain->notes, [](const std::string& n) { return n.find("skipped") != std::string::npos; }));
+  const auto prompted = parse_nvidia_smi_topo("\nuser@node:~$ nvidia-smi topo -m\n   \n" + matrix);
+  ASSERT_TRUE(prompted.has_value()) << prompted.error().to_string();
+  EXPECT_EQ(cell(*prompted, "GPU0", "GPU1"), "NV4");
+  EXPECT_TRUE(std::ranges::any_of(prompted->notes, [](const std::string& n) {
+    return n.find("2 lines before the matrix header skipped (line 2: \"user@node:~$ nvidia-smi topo -m\")") !=
+           std::string::npos;
+  })) << fmt::format("{}", prompted->notes);
+  // "GPU0" must be the whole first word: "GPU0:" begins no matrix.
+  const auto listed = parse_nvidia_smi_topo("GPU0: NVIDIA H100 (UUID: GPU-1)\n");
+  ASSERT_FALSE(listed.has_value());
+  EXPECT_NE(listed.error().message().find("line 1: expected the matrix header"), std::string::npos)
+      << listed.error().message();
+}
+
 TEST(NvidiaSmiParser, OwnFixtureEveryPcieLocality) {
   const auto f = load("fixture-pcie-all-localities.txt");
   ASSERT_EQ(f.gpus.size(), 6u);
