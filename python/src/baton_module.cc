@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -152,7 +153,13 @@ void register_exceptions(py::module_& m) {
 
 [[noreturn]] void raise(const Status& s) {
   const auto it = exceptions().by_code.find(s.code());
-  PyErr_SetString(it == exceptions().by_code.end() ? exceptions().base : it->second, s.message().c_str());
+  // Sized, not as a C string: a NUL that a caller's argument brought into
+  // the message cut it there ('op "read').
+  const std::string& m = s.message();
+  py::object text = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(m.data(), static_cast<Py_ssize_t>(m.size()), "backslashreplace"));
+  if (!text) throw py::error_already_set();
+  PyErr_SetObject(it == exceptions().by_code.end() ? exceptions().base : it->second, text.ptr());
   throw py::error_already_set();
 }
 
@@ -287,6 +294,36 @@ struct PyRequest {
   std::vector<std::shared_ptr<RegionState>> regions;  // this engine's regions it names, looked at again at submit
 };
 
+// Whether __init__ built the C++ part of `self` (Engine and Request, whose
+// __new__ callers may call alone).
+bool built(py::handle self) {
+  return reinterpret_cast<py::detail::instance*>(self.ptr())->get_value_and_holder().holder_constructed();
+}
+
+// submit's and prepare's `requests`: a sequence of Requests, each one built
+// by __init__ (pybind11 would copy an unbuilt one's uninitialized memory).
+std::vector<PyRequest> requests_of(const char* call, const py::object& given) {
+  if (!py::isinstance<py::sequence>(given) || py::isinstance<py::str>(given) || py::isinstance<py::bytes>(given)) {
+    throw py::type_error(std::string(call) + ": requests: expected a list of Request, not " +
+                         std::string(py::str(py::type::of(given).attr("__name__"))));
+  }
+  std::vector<PyRequest> out;
+  const auto items = py::reinterpret_borrow<py::sequence>(given);
+  out.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const py::object item = items[i];
+    if (!py::isinstance<PyRequest>(item)) {
+      throw py::type_error(fmt::format("{}: requests[{}]: expected a Request, not {}", call, i,
+                                       std::string(py::str(py::type::of(item).attr("__name__")))));
+    }
+    if (!built(item)) {
+      throw py::type_error(fmt::format("{}: requests[{}] was made by Request.__new__() without __init__()", call, i));
+    }
+    out.push_back(item.cast<const PyRequest&>());
+  }
+  return out;
+}
+
 // A peer's region as Peer.regions lists it: a handle means something only
 // at the peer that exported it, so the region remembers whose it is.
 struct PyRemoteRegion {
@@ -342,7 +379,9 @@ baton::TimeNs milliseconds_ns(const char* what, std::optional<double> ms) {
   if (!(*ms >= 0) || *ms > 1e12) {
     raise(StatusCode::kInvalidArgument, fmt::format("{} is {} ms (expected 0 to 1e12)", what, *ms));
   }
-  return static_cast<baton::TimeNs>(*ms * 1e6);
+  // Rounded up: a positive time below 1 ns is not 0, which asks for the
+  // policy's default (60 s).
+  return static_cast<baton::TimeNs>(std::ceil(*ms * 1e6));
 }
 
 // A timeout in seconds (wait, refresh), checked before it becomes
@@ -382,7 +421,13 @@ baton::transport::RegionHandle remote_handle(const py::object& remote, const std
 std::string peer_address(const py::object& peer) {
   if (peer.is_none()) return {};  // between this engine's own regions
   if (py::isinstance<PyPeer>(peer)) return peer.cast<const PyPeer&>().address;
-  if (py::isinstance<py::str>(peer)) return peer.cast<std::string>();
+  if (py::isinstance<py::str>(peer)) {
+    std::string address = peer.cast<std::string>();
+    // Not None's meaning: an unset variable would name this engine's own
+    // regions with a peer's handle.
+    if (address.empty()) raise(StatusCode::kInvalidArgument, "peer: \"\" (None means between this engine's own regions)");
+    return address;
+  }
   throw py::type_error("peer: expected a Peer (engine.connect()), \"host:port\" or None, not " +
                        std::string(py::str(py::type::of(peer).attr("__name__"))));
 }
@@ -569,10 +614,21 @@ Status wait_interruptible(engine::Engine& e, engine::BatchHandle h, baton::TimeN
     if (s.code() != StatusCode::kTimeout) return s;
     if (left <= kSlice) return Status::timeout("wait: batch {} still running after {} s", h.id, limit / 1e9);
     GilTaken gil;
+    // A first interrupt's exception, still pending while a cancelled batch
+    // settles, is set aside: a handler run over it raised SystemError. A
+    // second one replaces it, as a second Ctrl-C would in Python.
+    PyObject* type = nullptr;
+    PyObject* value = nullptr;
+    PyObject* trace = nullptr;
+    PyErr_Fetch(&type, &value, &trace);
     if (PyErr_CheckSignals() != 0) {
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(trace);
       interrupted = true;
       return s;
     }
+    PyErr_Restore(type, value, trace);
   }
 }
 
@@ -768,6 +824,22 @@ std::shared_ptr<RegionState> buffer_of(const py::object& obj, void*& ptr, std::s
                        std::string(py::str(py::type::of(obj).attr("__name__"))));
 }
 
+// A region registered while another thread closed the engine: close()
+// took the regions it knew, so this one would have said registered, its
+// buffer held, until the Engine object went. It is closed as they were.
+void keep_unless_closed(EngineState& s, const std::shared_ptr<RegionState>& state, const char* call) {
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.engine) {
+      s.regions[state->region.handle] = state;
+      return;
+    }
+  }
+  state->closed = true;
+  state->views = py::object();
+  raise(StatusCode::kUnavailable, std::string(call) + ": the engine was closed during the call");
+}
+
 // close() and leaving a `with` block: once, from any thread.
 void close_engine(EngineState& s) {
   std::shared_ptr<engine::Engine> e;
@@ -820,6 +892,32 @@ void refuse_bare_new(const py::handle& cls) {
   if (PyDict_SetItemString(type->tp_dict, "__new__", py::staticmethod(refuse).ptr()) != 0) {
     throw py::error_already_set();
   }
+  PyType_Modified(type);
+}
+
+// Engine and Request keep their __new__ (callers make and subclass them),
+// and an object it made without __init__ has no C++ part either: every
+// attribute of one (methods, properties) is refused instead, dunders aside
+// (__init__, __class__, repr). Set once per class; subclasses inherit it.
+getattrofunc generic_getattro = nullptr;
+
+PyObject* getattro_of_built(PyObject* self, PyObject* name) {
+  if (!built(self) && PyUnicode_Check(name) != 0 && PyUnicode_Tailmatch(name, py::str("__").ptr(), 0, 2, -1) == 0) {
+    PyObject* cls = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(self)), "__name__");
+    if (cls == nullptr) return nullptr;
+    PyErr_Format(PyExc_TypeError, "%U.%U: this %U was made by %U.__new__() without __init__(): it has nothing behind it",
+                 cls, name, cls, cls);
+    Py_DECREF(cls);
+    return nullptr;
+  }
+  return generic_getattro(self, name);
+}
+
+void refuse_unbuilt(const py::handle& cls) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  if (generic_getattro == nullptr) generic_getattro = type->tp_getattro;
+  if (type->tp_getattro != generic_getattro) throw std::logic_error("refuse_unbuilt: a class with its own getattro");
+  type->tp_getattro = getattro_of_built;
   PyType_Modified(type);
 }
 
@@ -1092,8 +1190,7 @@ PYBIND11_MODULE(_baton, m) {
                r = e->register_memory(ptr, length, kind, device);
              }
              state->region = value_or_raise(std::move(r));
-             std::lock_guard lock(s.mutex);
-             s.regions[state->region.handle] = state;
+             keep_unless_closed(s, state, "register");
              return PyRegion{state, false, sp};
            },
            py::arg("buffer"),
@@ -1113,8 +1210,7 @@ PYBIND11_MODULE(_baton, m) {
              auto state = std::make_shared<RegionState>();
              state->region = value_or_raise(std::move(r));
              state->owner = py::none();
-             std::lock_guard lock(s.mutex);
-             s.regions[state->region.handle] = state;
+             keep_unless_closed(s, state, "allocate");
              return PyRegion{state, true, sp};
            },
            py::arg("nbytes"), "Memory the engine allocates and registers (Region.buffer is a writable memoryview)")
@@ -1193,8 +1289,9 @@ PYBIND11_MODULE(_baton, m) {
            },
            py::arg("peer"), py::arg("timeout") = 5.0)
       .def("submit",
-           [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
+           [](std::shared_ptr<EngineState> s, const py::object& given, const py::bytes& notification) {
              auto e = s->get("submit");
+             const std::vector<PyRequest> requests = requests_of("submit", given);
              std::string note = notification;
              engine::Batch b = to_batch(*s, *e, requests, std::move(note));
              std::uint64_t bytes = 0;
@@ -1209,8 +1306,9 @@ PYBIND11_MODULE(_baton, m) {
            },
            py::arg("requests"), py::arg("notification") = py::bytes(""))
       .def("prepare",
-           [](std::shared_ptr<EngineState> s, const std::vector<PyRequest>& requests, const py::bytes& notification) {
+           [](std::shared_ptr<EngineState> s, const py::object& given, const py::bytes& notification) {
              auto e = s->get("prepare");
+             const std::vector<PyRequest> requests = requests_of("prepare", given);
              auto p = std::make_shared<PyPrepared>();
              p->engine = s;
              engine::Batch b = checked_batch(*s, requests, std::string(notification), p->regions);
@@ -1263,4 +1361,5 @@ PYBIND11_MODULE(_baton, m) {
   for (const char* made_by_the_engine : {"RemoteRegion", "_AllocatedView", "Region", "Peer", "Batch", "PreparedBatch"}) {
     refuse_bare_new(m.attr(made_by_the_engine));
   }
+  for (const char* made_by_callers : {"Engine", "Request"}) refuse_unbuilt(m.attr(made_by_callers));
 }

@@ -735,6 +735,30 @@ def test_ctrl_c_interrupts_a_blocked_wait_and_read(holder):
     engine.close()
 
 
+def test_a_second_ctrl_c_from_a_python_handler_raises_it_not_a_system_error(holder):
+    # The first interrupt cancels the read, which waits for its slices to
+    # end; a handler run while its exception was still set gave SystemError.
+    engine = baton.Engine(same_host_copy=False)
+    peer = engine.connect(holder.address)
+    region = engine.register(np.zeros(SIZE, dtype=np.uint8))
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt("from the handler")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    holder.stop()
+    try:
+        _interrupt_in(0.3)
+        second = _interrupt_in(0.8)
+        with pytest.raises(KeyboardInterrupt, match="from the handler"):
+            engine.read(local=region, peer=peer, remote=holder.handle, length=SIZE)
+        second.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        holder.resume()
+    engine.close()
+
+
 class FakeTensor:
     """What register() reads off a CPU torch tensor (data_ptr, numel,
     element_size), with resize_() moving its storage as torch's does when
@@ -833,6 +857,105 @@ except TypeError as err:
     r = run_child(code, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == f"refused: baton.{name} objects are made by the engine, not by {name}.__new__()"
+
+
+def test_an_engine_or_request_made_bare_with_new_refuses_every_call_and_subclasses_still_work():
+    # Engine.__new__ and Request.__new__ stay (callers subclass both), but
+    # what they made without __init__ read uninitialized memory: .closed
+    # hung on a garbage mutex, submitting such a request segfaulted. Run in
+    # a child: the old way crashes.
+    code = """
+import baton
+e = baton.Engine.__new__(baton.Engine)
+for call in (lambda: e.address, lambda: e.closed, lambda: e.close(), lambda: e.register(bytearray(8))):
+    try:
+        call()
+        print("ran")
+    except TypeError as err:
+        print("refused:", err)
+r = baton.Request.__new__(baton.Request)
+try:
+    r.length
+except TypeError as err:
+    print("refused:", err)
+class Mine(baton.Engine):
+    pass
+with Mine() as real:
+    for call in (real.submit, real.prepare):
+        try:
+            call([r])
+        except TypeError as err:
+            print("refused:", err)
+    print("subclass:", real.address.startswith("127.0.0.1:"))
+"""
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[:4] == [f"refused: Engine.{name}: this Engine was made by Engine.__new__() without __init__(): it has "
+                         "nothing behind it" for name in ("address", "closed", "close", "register")]
+    assert lines[4] == ("refused: Request.length: this Request was made by Request.__new__() without __init__(): it "
+                        "has nothing behind it")
+    assert lines[5:] == ["refused: submit: requests[0] was made by Request.__new__() without __init__()",
+                         "refused: prepare: requests[0] was made by Request.__new__() without __init__()",
+                         "subclass: True"]
+
+
+def test_nul_bytes_empty_peers_and_tiny_timeouts_are_taken_as_given(holder):
+    engine = baton.Engine(same_host_copy=False)
+    local = engine.allocate(4096)
+    # A NUL in a value is quoted whole (the message was cut at it), and a
+    # NIC name with one is refused (if_nametoindex read "lo\0junk" as "lo").
+    with pytest.raises(baton.InvalidArgument) as err:
+        baton.Request(op="read\0x", local=local, peer=None, remote=local, length=16)
+    assert str(err.value) == 'op "read\0x": expected "read" or "write"'
+    with pytest.raises(baton.InvalidArgument, match=re.escape('NIC "lo\\x00junk" is not a device name')):
+        baton.Engine(nics=["lo\0junk"])
+    # An empty peer is an unset variable, not None (this engine's own regions).
+    with pytest.raises(baton.InvalidArgument, match=re.escape('peer: "" (None means')):
+        baton.Request(op="read", local=local, peer="", remote=0, length=16)
+    # Below a nanosecond is still a time: rounded up, not 0 (the policy's
+    # 60 s), so a read from a holder that stopped ends at once.
+    peer = engine.connect(holder.address)
+    holder.stop()
+    try:
+        batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=4096,
+                                             timeout_ms=1e-7)])
+        give_up = time.monotonic() + 10
+        while batch.states == ["running"] and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert batch.states in (["cancelling"], ["timeout"])
+    finally:
+        holder.resume()
+    with pytest.raises(baton.Timeout):
+        batch.wait(timeout=30)
+    batch.release()
+    with pytest.raises(TypeError, match="submit: requests: expected a list of Request, not str"):
+        engine.submit("read")
+    with pytest.raises(TypeError, match="prepare: requests\\[1\\]: expected a Request, not int"):
+        engine.prepare([baton.Request(op="read", local=local, peer=None, remote=local, length=16), 5])
+    engine.close()
+
+
+def test_register_or_allocate_racing_close_leaves_no_region_registered():
+    # close() takes the regions it knows; one registered by another thread
+    # as it ran said registered, its buffer held, until the Engine went.
+    for trial in range(30):
+        engine = baton.Engine()
+        made = []
+
+        def register():
+            for i in range(200):
+                try:
+                    made.append(engine.register(bytearray(4096)) if i % 2 else engine.allocate(4096))
+                except baton.Unavailable:  # closed before, during or after the call
+                    return
+
+        thread = threading.Thread(target=register)
+        thread.start()
+        time.sleep(0.001 * (trial % 5))
+        engine.close()
+        thread.join()
+        assert not [r for r in made if r.registered], f"trial {trial}"
 
 
 def test_a_peers_region_goes_with_that_peer_and_handles_are_integers(holder, engine):

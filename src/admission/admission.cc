@@ -1,6 +1,7 @@
 #include "baton/admission/admission.h"
 
 #include "baton/common/ordered_sums.h"
+#include "baton/common/units.h"
 
 #include <cmath>
 #include <limits>
@@ -342,8 +343,8 @@ struct AdmissionController::State {
       const auto it = owners.find(id);
       if (it == owners.end()) continue;
       Owner& o = it->second;
-      Status why = Status::timeout("request {}: not done {} ns after submit (transfer timeout)", id,
-                                   at - o.submitted_ns);
+      Status why = Status::timeout("request {}: not done {} after submit (transfer timeout)", id,
+                                   format_duration(at - o.submitted_ns));
       if (o.admitted) {
         (void)scheduler.abandon(id, std::move(why), now_ns);  // refused only when already stopping
       } else {

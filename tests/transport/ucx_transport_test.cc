@@ -1269,6 +1269,7 @@ TEST_P(UcxTransportTest, BadAddressesAreRefused) {
       {{"mlx-none_9:1"}, "no such RDMA device"},
       {{""}, "is not a device name"},
       {{"lo,lo"}, "is not a device name"},
+      {{std::string("lo\0junk", 7)}, "NIC \"lo\\x00junk\" is not a device name"},  // not read as "lo"
       {{"lo", "lo", "lo"}, "3 NICs"},  // lanes_per_peer is 2
       {std::vector<std::string>(9, "lo"), "at most 8"},
   };

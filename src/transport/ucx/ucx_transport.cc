@@ -50,8 +50,9 @@ Status check_nics(const UcxConfig& config) {
         config.lanes_per_peer, config.nics.size());
   }
   for (const std::string& nic : config.nics) {
-    if (nic.empty() || nic.size() > 64 || nic.find_first_of(", \t\n/") != std::string::npos) {
-      return Status::invalid_argument("UcxTransport::create: NIC \"{}\" is not a device name", nic);
+    // A NUL too: if_nametoindex() would read "lo\0junk" as "lo".
+    if (nic.empty() || nic.size() > 64 || nic.find_first_of(std::string_view(", \t\n/\0", 6)) != std::string::npos) {
+      return Status::invalid_argument("UcxTransport::create: NIC \"{}\" is not a device name", shown(nic));
     }
     const auto colon = nic.find(':');
     if (colon != std::string::npos) {
