@@ -93,6 +93,12 @@ Result<Region> Datapath::allocate_memory(std::size_t length, int numa_node) {
 Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> done) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) {
+    // Its revocation still waits on a peer (an earlier unregister timed
+    // out): waited for again.
+    if (ucx_.unregister_pending(handle)) {
+      unregisters_.push_back({handle, std::move(done)});
+      return Status::ok();
+    }
     return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
   }
   if (it->second.live_requests > 0) {

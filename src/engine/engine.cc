@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baton/common/log.h"
+#include "baton/common/units.h"
 #include "engine/core.h"
 #include "engine/datapath.h"
 #include "engine/metrics_server.h"
@@ -156,10 +157,15 @@ Status Engine::unregister(RegionHandle region) {
   });
   if (!started.is_ok()) return started;
   // The loop disconnects a peer that does not acknowledge within the revoke
-  // timeout; the margin covers a loop turn.
+  // timeout (the margin covers a loop turn), except one of this host that
+  // copies into the memory itself and still lives: nothing fences it.
   const auto bound = std::chrono::milliseconds(state_->revoke_timeout_ms + 5'000);
   if (revoked.wait_for(bound) != std::future_status::ready) {
-    return Status::timeout("unregister: region {} not revoked within {} ms", region, bound.count());
+    return Status::timeout(
+        "unregister: region {} not revoked within {} ms: a peer process of this host that copies into it directly "
+        "has not acknowledged (stopped?) and may still write there; keep the memory until unregister() (called "
+        "again) answers ok, which it does once that process acknowledges or exits",
+        region, bound.count());
   }
   return revoked.get();
 }
@@ -193,7 +199,7 @@ Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
     state_->datapath->refresh(peer, [done](Status s) { done->set_value(std::move(s)); });
   });
   if (result.wait_for(std::chrono::nanoseconds(std::min(timeout_ns, kForeverNs))) != std::future_status::ready) {
-    return Status::timeout("refresh: peer {} did not answer within {} ns", peer.address, timeout_ns);
+    return Status::timeout("refresh: peer {} did not answer within {}", peer.address, format_duration(timeout_ns));
   }
   return result.get();
 }

@@ -7,8 +7,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -52,6 +57,51 @@ TEST(ControlChannel, BothEndsProbeAnIdlePeerSoOneThatVanishedIsFound) {
   ASSERT_NE(accepted, nullptr) << "no connection to accept within 5 s";
   expect_keepalive((*dialled)->fd(), "dialled");
   expect_keepalive(accepted->fd(), "accepted");
+}
+
+// Out of file descriptors, a waiting connection stayed in the backlog: the
+// level-triggered listener stayed readable and the loop spun on it (4.7 s of
+// CPU in 5 s, 825 000 warning lines). Now one waiting connection is closed
+// unserved per accept, through a descriptor kept spare, and it is counted.
+// In a child process, whose descriptor limit the test lowers.
+TEST(ControlChannel, OutOfDescriptorsAWaitingConnectionIsClosedNotSpunOn) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto at = parse_socket_address("127.0.0.1:0");
+    auto listener = ControlListener::open(*at);
+    if (!listener) ::_exit(10);
+    auto to = parse_socket_address(listener->address());
+    auto dialled = ControlConnection::dial(*to);
+    if (!dialled) ::_exit(11);
+    pollfd ready{listener->fd(), POLLIN, 0};
+    if (::poll(&ready, 1, 5000) != 1) ::_exit(12);
+    rlimit limit{};
+    (void)::getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(13);
+    while (::dup(0) >= 0) {
+    }
+    if (errno != EMFILE) ::_exit(14);
+    if (listener->accept() != nullptr) ::_exit(15);  // none left to accept it with
+    if (listener->dropped() != 1) ::_exit(16);
+    char byte = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    ssize_t got = -1;
+    while (got != 0 && std::chrono::steady_clock::now() < until) {
+      pollfd closed{(*dialled)->fd(), POLLIN, 0};
+      (void)::poll(&closed, 1, 100);
+      got = ::recv((*dialled)->fd(), &byte, 1, MSG_DONTWAIT);
+    }
+    if (got != 0) ::_exit(17);  // the dialler sees it closed
+    ready.revents = 0;
+    if (::poll(&ready, 1, 0) != 0) ::_exit(18);  // nothing left waiting: the listener is quiet
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's step that failed (see the test)";
 }
 
 }  // namespace

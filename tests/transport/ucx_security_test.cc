@@ -588,11 +588,14 @@ TEST_F(UcxSecurityTest, UnregisterWaitsUntilPeersFinishedAndAcknowledged) {
   EXPECT_EQ(b_->unregister(*region).code(), StatusCode::kNotFound);
 }
 
+// A peer that copies through UCX: closing its endpoints fences it.
 TEST_F(UcxSecurityTest, APeerThatDoesNotAcknowledgeIsDisconnected) {
   UcxConfig c = config();
   c.revoke_timeout_ms = 300;
   b_ = make(c);
-  a_ = make(config());
+  UcxConfig through_ucx = config();
+  through_ucx.same_host_copy = false;
+  a_ = make(through_ucx);
   ASSERT_TRUE(a_ && b_);
   auto& remote = buffer(4096);
   auto region = b_->register_memory(remote.data(), remote.size());
@@ -608,6 +611,44 @@ TEST_F(UcxSecurityTest, APeerThatDoesNotAcknowledgeIsDisconnected) {
   // a_ learns it was dismissed as soon as it runs again.
   EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
   EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable);
+}
+
+// A peer of this host writes the caller's memory by address (CMA): closing
+// its connection does not stop a copy it has queued, which a stopped process
+// runs when continued, into whatever the caller put there after unregister
+// answered. So while it lives it is waited for past the revoke timeout, and
+// it acknowledges once it runs. A region in a memfd is not reached by
+// address (the peer's pages stay its own): its peer is dismissed as before.
+TEST_F(UcxSecurityTest, ASameHostPeerThatCopiesByAddressIsWaitedForNotDismissed) {
+  UcxConfig c = config();
+  c.revoke_timeout_ms = 200;
+  b_ = make(c);
+  a_ = make(config());
+  ASSERT_TRUE(a_ && b_);
+  auto& caller = buffer(4096);
+  auto by_address = b_->register_memory(caller.data(), caller.size());
+  auto mapped = b_->allocate_memory(4096);
+  ASSERT_TRUE(by_address && mapped);
+  ASSERT_TRUE(b_->export_region(*by_address).is_ok());
+  ASSERT_TRUE(b_->export_region(mapped->handle).is_ok());
+  const PathId path = connect(*a_, *b_);
+  ASSERT_EQ(a_->path_state(path), PathState::kReady);
+  ASSERT_EQ(a_->paths()[path].type, topology::PathType::kShm);  // it copies itself
+  ASSERT_TRUE(b_->unregister(*by_address).is_ok());
+  // a_ silent (not polled) for three revoke timeouts: still awaited.
+  std::vector<Completion> ignored;
+  const TimeNs start = now();
+  while (now() - start < 600'000'000) b_->poll(now(), ignored);
+  EXPECT_TRUE(b_->unregister_pending(*by_address));
+  // It runs again: acknowledges, and the region goes; the path lives on.
+  EXPECT_TRUE(wait_until([&] { return !b_->unregister_pending(*by_address); }));
+  EXPECT_EQ(a_->path_state(path), PathState::kReady);
+  // The memfd region: a_ silent past the timeout is dismissed.
+  ASSERT_TRUE(b_->unregister(mapped->handle).is_ok());
+  const TimeNs again = now();
+  while (b_->unregister_pending(mapped->handle) && now() - again < 3'000'000'000) b_->poll(now(), ignored);
+  EXPECT_FALSE(b_->unregister_pending(mapped->handle));
+  EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
 }
 
 // One host holding every handshake slot, reopening each at its deadline,
@@ -666,75 +707,6 @@ TEST_F(UcxSecurityTest, AHelloWithAForeignWorkerAddressIsRefusedNotAborted) {
   a_ = make(config(""));
   ASSERT_TRUE(a_);
   expect_round_trip(1 << 16);
-}
-
-// A peer holding a session may not park a partial frame (16 MiB each, kept
-// for good), nor hold the loop with a burst of small frames: erased one by
-// one, 4 MiB of 13-byte acknowledgements took 7.4 s, quadratic in the burst
-// (8 MiB here).
-// Frames over a turn's share wait for the next turn, which comes without
-// new bytes: the refresh after the burst is answered.
-TEST_F(UcxSecurityTest, ASessionsFramesAreServedInTurnAndAHalfFrameIsNotKept) {
-  UcxConfig c = config("");
-  c.handshake_timeout_ms = 300;
-  b_ = make(c);
-  ASSERT_TRUE(b_);
-  RawWorker raw;
-  ASSERT_FALSE(raw.address.empty());
-  const int fd = dial(b_->address());
-  ASSERT_GE(fd, 0);
-  std::vector<std::uint8_t> got;
-  auto wait = [&](const std::function<bool()>& f) { return wait_until(f, 5s); };
-  auto challenge = read_frame(fd, got, wait);
-  ASSERT_TRUE(challenge.has_value());
-  send_all(fd, ucx::encode_frame(ucx::ControlKind::kHello, ucx::encode(proven_hello(*challenge, "", {raw.address}))));
-  auto welcome = read_frame(fd, got, wait);
-  ASSERT_TRUE(welcome.has_value());
-  ASSERT_EQ(welcome->kind, ucx::ControlKind::kWelcome);
-
-  std::vector<std::uint8_t> burst;
-  const auto ack = ucx::encode_frame(ucx::ControlKind::kRevokeAck, ucx::encode_seq(7));
-  while (burst.size() < (8u << 20)) burst.insert(burst.end(), ack.begin(), ack.end());
-  const auto refresh = ucx::encode_frame(ucx::ControlKind::kRefresh, ucx::encode_seq(42));
-  burst.insert(burst.end(), refresh.begin(), refresh.end());
-  std::thread sender([&] { send_all(fd, burst); });
-  auto regions = read_frame(fd, got, [&](const std::function<bool()>& f) { return wait_until(f, 20s); });
-  sender.join();
-  ASSERT_TRUE(regions.has_value());
-  EXPECT_EQ(regions->kind, ucx::ControlKind::kRegions);
-  EXPECT_EQ(ucx::decode_regions_update(regions->body).value().seq, 42u);
-
-  // Half a frame, then nothing: closed after handshake_timeout_ms.
-  const auto half = ucx::encode_frame(ucx::ControlKind::kNotify, ucx::encode_text(std::string(1000, 'n')));
-  send_all(fd, std::span(half).first(500));
-  EXPECT_FALSE(read_frame(fd, got, wait).has_value());
-  pollfd p{fd, POLLIN, 0};
-  EXPECT_EQ(::poll(&p, 1, 0), 1) << "closed (EOF readable)";
-  ::close(fd);
-}
-
-// Peers that proved the secret are bounded too (each holds sockets and
-// buffers): one past max_sessions is refused, told why, as unavailable.
-TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
-  UcxConfig c = config();
-  c.max_sessions = 1;
-  b_ = make(c);
-  a_ = make(config());
-  c_ = make(config());
-  ASSERT_TRUE(a_ && b_ && c_);
-  EXPECT_EQ(a_->path_state(connect(*a_, *b_)), PathState::kReady);
-  const PathId refused = connect(*c_, *b_);
-  EXPECT_EQ(c_->path_state(refused), PathState::kFailed);
-  const Status st = c_->path_status(refused);
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
-  EXPECT_NE(st.message().find("maximum of 1 peers"), std::string::npos) << st.message();
-  UcxConfig zero = config();
-  zero.max_sessions = 0;
-  EXPECT_EQ(UcxTransport::create(zero).error().message(), "UcxTransport::create: max_sessions is 0 (expected >= 1)");
-  zero = config();
-  zero.max_unauthenticated_per_address = -1;
-  EXPECT_EQ(UcxTransport::create(zero).error().message(),
-            "UcxTransport::create: max_unauthenticated_per_address is -1 (expected >= 1)");
 }
 
 // A peer of the test's own that proves the secret but names, for the
@@ -819,6 +791,129 @@ struct RawPeer {
     return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
   }
 };
+
+// A peer holding a session may not park a partial frame (16 MiB each, kept
+// for good), nor hold the loop with a burst of small frames: erased one by
+// one, 4 MiB of 13-byte acknowledgements took 7.4 s, quadratic in the burst
+// (8 MiB here).
+// Frames over a turn's share wait for the next turn, which comes without
+// new bytes: the refresh after the burst is answered.
+TEST_F(UcxSecurityTest, ASessionsFramesAreServedInTurnAndAHalfFrameIsNotKept) {
+  UcxConfig c = config();
+  c.handshake_timeout_ms = 300;
+  b_ = make(c);
+  ASSERT_TRUE(b_);
+  RawPeer raw;
+  raw.step = [&] { poll_all(); };
+  ASSERT_TRUE(raw.join(b_->address()));
+  ASSERT_TRUE(raw.bind());
+  const int fd = raw.fd;
+  std::vector<std::uint8_t>& got = raw.got;
+  auto wait = [&](const std::function<bool()>& f) { return wait_until(f, 5s); };
+
+  std::vector<std::uint8_t> burst;
+  const auto ack = ucx::encode_frame(ucx::ControlKind::kRevokeAck, ucx::encode_seq(7));
+  while (burst.size() < (8u << 20)) burst.insert(burst.end(), ack.begin(), ack.end());
+  const auto refresh = ucx::encode_frame(ucx::ControlKind::kRefresh, ucx::encode_seq(42));
+  burst.insert(burst.end(), refresh.begin(), refresh.end());
+  std::thread sender([&] { send_all(fd, burst); });
+  auto regions = read_frame(fd, got, [&](const std::function<bool()>& f) { return wait_until(f, 20s); });
+  sender.join();
+  ASSERT_TRUE(regions.has_value());
+  EXPECT_EQ(regions->kind, ucx::ControlKind::kRegions);
+  EXPECT_EQ(ucx::decode_regions_update(regions->body).value().seq, 42u);
+
+  // Half a frame, then nothing: closed after handshake_timeout_ms.
+  const auto half = ucx::encode_frame(ucx::ControlKind::kNotify, ucx::encode_text(std::string(1000, 'n')));
+  send_all(fd, std::span(half).first(500));
+  EXPECT_FALSE(read_frame(fd, got, wait).has_value());
+  pollfd p{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "closed (EOF readable)";
+}
+
+// A peer that asks for its regions again and again without reading had
+// every answer queued for it (64 MiB a session; 8 sessions took 630 MB):
+// past a bounded backlog its session is closed, and other peers are served.
+TEST_F(UcxSecurityTest, APeerThatAsksWithoutReadingIsClosedNotQueuedFor) {
+  b_ = make(config());
+  ASSERT_TRUE(b_);
+  std::ostringstream out;
+  spdlog::logger& log = baton::logger();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  log.sinks().push_back(sink);
+  const auto level = log.level();
+  log.set_level(spdlog::level::info);
+  {
+    RawPeer raw;
+    raw.step = [&] { poll_all(); };
+    ASSERT_TRUE(raw.join(b_->address()));
+    ASSERT_TRUE(raw.bind());
+    int small = 1 << 12;  // our receive buffer: the answers back up at the listener sooner
+    ASSERT_EQ(::setsockopt(raw.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    std::vector<std::uint8_t> burst;
+    const auto refresh = ucx::encode_frame(ucx::ControlKind::kRefresh, ucx::encode_seq(1));
+    while (burst.size() < (8u << 20)) burst.insert(burst.end(), refresh.begin(), refresh.end());
+    std::thread sender([&] { send_all(raw.fd, burst); });  // never reads an answer
+    EXPECT_TRUE(wait_until([&] { return sink->flush(), out.str().find("asks for its regions without reading the "
+                                                                       "answers") != std::string::npos; },
+                           30s));
+    ::shutdown(raw.fd, SHUT_RDWR);
+    sender.join();
+  }
+  log.sinks().pop_back();
+  log.set_level(level);
+  const std::string text = out.str();
+  const auto at = text.find("bytes queued for it");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 2000);
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 16);
+}
+
+// A peer that proves the secret and never binds its lanes held one of
+// max_sessions for good (256 such took every slot): the handshake ends
+// with the lanes bound, within handshake_timeout_ms of connecting.
+TEST_F(UcxSecurityTest, ASessionThatNeverBindsItsLanesIsClosedAtTheHandshakeDeadline) {
+  UcxConfig c = config();
+  c.handshake_timeout_ms = 300;
+  c.max_sessions = 1;
+  b_ = make(c);
+  ASSERT_TRUE(b_);
+  {
+    RawPeer raw;
+    raw.step = [&] { poll_all(); };
+    ASSERT_TRUE(raw.join(b_->address()));  // welcomed, never bound
+    EXPECT_TRUE(wait_until([&] { return raw.closed(); }, 3s));
+  }
+  a_ = make(config());
+  ASSERT_TRUE(a_);
+  expect_round_trip(1 << 16);  // its one session slot is free again
+}
+
+// Peers that proved the secret are bounded too (each holds sockets and
+// buffers): one past max_sessions is refused, told why, as unavailable.
+TEST_F(UcxSecurityTest, PeersPastMaxSessionsAreRefusedSayingWhy) {
+  UcxConfig c = config();
+  c.max_sessions = 1;
+  b_ = make(c);
+  a_ = make(config());
+  c_ = make(config());
+  ASSERT_TRUE(a_ && b_ && c_);
+  EXPECT_EQ(a_->path_state(connect(*a_, *b_)), PathState::kReady);
+  const PathId refused = connect(*c_, *b_);
+  EXPECT_EQ(c_->path_state(refused), PathState::kFailed);
+  const Status st = c_->path_status(refused);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("maximum of 1 peers"), std::string::npos) << st.message();
+  UcxConfig zero = config();
+  zero.max_sessions = 0;
+  EXPECT_EQ(UcxTransport::create(zero).error().message(), "UcxTransport::create: max_sessions is 0 (expected >= 1)");
+  zero = config();
+  zero.max_unauthenticated_per_address = -1;
+  EXPECT_EQ(UcxTransport::create(zero).error().message(),
+            "UcxTransport::create: max_unauthenticated_per_address is -1 (expected >= 1)");
+}
+
 
 // A bundle of kMaxBundleEntries reads of a region that does not exist.
 std::vector<std::uint8_t> bundle_of_bad_reads() {

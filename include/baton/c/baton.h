@@ -152,7 +152,11 @@ BATON_C_API int baton_allocate_memory(baton_engine* engine, size_t length, int n
 BATON_C_API int baton_export_region(baton_engine* engine, uint32_t region, const char* const* peers,
                                     size_t peer_count);
 /* Revokes a region from every peer and unmaps it; once it returns BATON_OK
- * the caller may free the memory. */
+ * the caller may free the memory. BATON_TIMEOUT (after the revoke timeout
+ * and 5 s) when a peer process of this host that copies into the memory
+ * itself has not acknowledged (stopped?): it may still write there, so
+ * keep the memory and call again; it answers BATON_OK once that process
+ * acknowledged or exited. */
 BATON_C_API int baton_unregister(baton_engine* engine, uint32_t region);
 
 /* --- Peers ----------------------------------------------------------------- */

@@ -216,9 +216,14 @@ class Engine {
   // Revokes the region from every peer that knew it and unmaps it: returns
   // once each acknowledged (none of its transfers on it can still land) or
   // was disconnected (UcxConfig::revoke_timeout_ms), so the caller may free
-  // the memory then. not_found for an unknown region; failed_precondition
-  // while requests on it are queued or in flight (including posted slices
-  // of a cancelled request, which UCX cannot recall: they finish first).
+  // the memory then. A peer process of this host that copies into the
+  // caller's memory itself (CMA) is not stopped by a disconnect, so while it
+  // lives it is waited for: past revoke_timeout_ms + 5 s, timeout, and the
+  // memory must be kept; calling unregister again waits again, and answers
+  // ok once that process acknowledged or exited. not_found for an unknown
+  // region; failed_precondition while requests on it are queued or in
+  // flight (including posted slices of a cancelled request, which UCX
+  // cannot recall: they finish first).
   [[nodiscard]] Status unregister(RegionHandle region);
 
   // Handshake with a peer's listener (no metadata server): both prove the

@@ -281,7 +281,10 @@ class UcxTransport final : public Transport {
   Status export_region(RegionHandle region, const std::vector<std::string>& peers = {});
   // Revokes and frees a region. Peers that were told of it are told to
   // forget it; each acknowledges once none of its slices on it can still
-  // land, or is disconnected after revoke_timeout_ms. Until then the region
+  // land, or is disconnected after revoke_timeout_ms — except a live peer
+  // process of this host that copies into a caller's DRAM region itself
+  // (kDirect), which a disconnect would not stop: it is waited for until it
+  // acknowledges, its connection closes, or it exits. Until then the region
   // stays mapped and unregister_pending() is true (keep polling); then it is
   // unmapped and the caller may free the memory. Returns at once.
   // not_found for an unknown (or unregistered) handle; invalid_argument

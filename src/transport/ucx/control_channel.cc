@@ -163,6 +163,7 @@ Result<ControlListener> ControlListener::open(const SocketAddress& at) {
   auto bound = bound_address(l.fd_.get());
   if (!bound) return std::unexpected(Status::unavailable("control channel: {}", bound.error().message()));
   l.address_ = format_socket_address(bound->get());
+  l.spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   return l;
 }
 
@@ -177,9 +178,27 @@ std::unique_ptr<ControlConnection> ControlListener::accept() {
                                                  false);
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      // Out of fds, for one: the connection waits in the backlog until some close.
-      baton::logger().warn("control channel: accept on {}: {}", address_, std::strerror(errno));
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return nullptr;
+    const int error = errno;
+    if ((error == EMFILE || error == ENFILE) && spare_.get() >= 0) {
+      spare_ = UniqueFd();
+      const int unserved = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (unserved >= 0) {
+        ::close(unserved);
+        ++dropped_;
+      }
+      spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    // At most a line a second, with what it left out.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - warned_at_ >= std::chrono::seconds(1)) {
+      warned_at_ = now;
+      baton::logger().warn("control channel: accept on {}: {}{}", address_, std::strerror(error),
+                           dropped_ > dropped_warned_
+                               ? fmt::format(" ({} connections closed unserved since the last line)",
+                                             dropped_ - dropped_warned_)
+                               : std::string());
+      dropped_warned_ = dropped_;
     }
     return nullptr;
   }

@@ -4,6 +4,7 @@
 // transport/ucx.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -77,6 +78,8 @@ class ControlConnection {
   // Finishes a connect and writes what is queued; unavailable on failure.
   Status flush();
   [[nodiscard]] bool wants_write() const { return connecting_ || !out_.empty(); }
+  // Bytes queued and not yet taken by the socket.
+  [[nodiscard]] std::size_t queued() const { return out_.size() - out_at_; }
   // Whether a connect has not completed yet (no TCP connection so far).
   [[nodiscard]] bool connecting() const { return connecting_; }
 
@@ -99,12 +102,21 @@ class ControlListener {
   [[nodiscard]] int fd() const { return fd_.get(); }
   // The bound address ("127.0.0.1:41234").
   [[nodiscard]] const std::string& address() const { return address_; }
-  // A connection waiting to be accepted, or null when none is.
+  // A connection waiting to be accepted, or null when none is. Out of file
+  // descriptors, one waiting is closed unserved (through a descriptor kept
+  // spare for it): left in the backlog, it kept the level-triggered
+  // listener readable, and the loop spun on it, a warning each turn.
   [[nodiscard]] std::unique_ptr<ControlConnection> accept();
+  // Connections closed unserved for want of a descriptor.
+  [[nodiscard]] std::uint64_t dropped() const { return dropped_; }
 
  private:
   UniqueFd fd_;
+  UniqueFd spare_;  // /dev/null, given up to accept one when none is left
   std::string address_;
+  std::uint64_t dropped_ = 0;
+  std::uint64_t dropped_warned_ = 0;
+  std::chrono::steady_clock::time_point warned_at_{};
 };
 
 // The epoll set behind the transport's event_fd(): the UCP worker's fd and

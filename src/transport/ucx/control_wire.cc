@@ -92,7 +92,7 @@ Result<std::optional<Frame>> take_frame(std::span<const std::uint8_t> buffer, st
   r.get(length);
   r.get(kind);
   if (kind < static_cast<std::uint8_t>(ControlKind::kChallenge) ||
-      kind > static_cast<std::uint8_t>(ControlKind::kReady)) {
+      kind > static_cast<std::uint8_t>(ControlKind::kDirect)) {
     // Most often another program answered (an HTTP server's "HTTP/1.1 ..."):
     // the bytes say who, where a kind number would not.
     return bad("unknown frame kind {} in bytes \"{}\": not a Baton peer, or a corrupt stream", kind,

@@ -66,6 +66,7 @@ enum class ControlKind : std::uint8_t {
   kRevokeAck = 8,  // initiator → listener: nothing of mine can still touch them
   kNotify = 9,     // initiator → listener: a user's message (after a batch)
   kReady = 10,     // listener → initiator: every lane is bound, slices may flow
+  kDirect = 11,    // initiator → listener: it copies into our memory itself, from this pid of this host
 };
 
 struct Frame {
@@ -122,7 +123,7 @@ struct Revoke {
 [[nodiscard]] std::vector<std::uint8_t> encode(const Welcome& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Regions& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Revoke& m);
-[[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck
+[[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck, kDirect's pid
 [[nodiscard]] std::vector<std::uint8_t> encode_text(std::string_view text);     // kRefusal, kNotify
 
 [[nodiscard]] Result<Challenge> decode_challenge(std::span<const std::uint8_t> body);

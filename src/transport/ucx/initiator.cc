@@ -137,7 +137,9 @@ Status UcxTransport::State::create_lanes(PathId id, const std::vector<std::vecto
 // unavailable when it is full (no room for another handshake or peer).
 Status UcxTransport::State::refusal(const Peer& peer, const Frame& frame) {
   auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
-  const std::string why = text ? *text : "(unreadable reason)";
+  // Quoted printable: the listener may be anyone, and the text reaches a
+  // terminal or a log (an escape sequence, a forged line).
+  const std::string why = text ? shown(*text, ucx::kMaxReasonBytes) : "(unreadable reason)";
   const StatusCode code = why.starts_with("authentication failed") ? StatusCode::kPermissionDenied
                                                                    : StatusCode::kUnavailable;
   return Status(code, fmt::format("{} refused us: {}", peer.address, why));
@@ -161,6 +163,13 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
     peer.same_host_pid = pid;
     baton::logger().debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
+    // The listener cannot fence our copies by closing our connection, so it
+    // learns to wait for us instead (finish_revokes). Sent before the lanes
+    // bind: it is read long before any revocation could time out.
+    if (Status s = peer.control->send(ControlKind::kDirect, ucx::encode_seq(static_cast<std::uint64_t>(getpid())));
+        !s.is_ok()) {
+      return s;
+    }
   }
   if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
   token = w->session;
@@ -233,7 +242,8 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
     }
     case ControlKind::kRefusal: {
       auto text = ucx::decode_text(frame.body, ucx::kMaxReasonBytes);
-      return Status::unavailable("{} closed the path: {}", peer.address, text ? *text : "(unreadable reason)");
+      return Status::unavailable("{} closed the path: {}", peer.address,
+                                 text ? shown(*text, ucx::kMaxReasonBytes) : "(unreadable reason)");
     }
     default:
       return Status::invalid_argument("frame kind {} is not for an initiator", static_cast<int>(frame.kind));

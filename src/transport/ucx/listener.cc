@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <utility>
 
 #include "baton/common/host_port.h"
@@ -125,6 +126,8 @@ namespace {
 
 // A refusal the other end can read, then the connection closes (the
 // caller drops it): a silent close looked like a network fault.
+// Refusals of a handshake's start are counted (refused_connections), not
+// logged: a host holding every slot would make a line per connect.
 void send_refusal(ControlConnection& conn, const std::string& why) {
   (void)conn.send(ControlKind::kRefusal, ucx::encode_text(why));
   (void)conn.flush();
@@ -262,6 +265,9 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
                                 : "authentication failed: the connecting engine does not hold the listener's secret";
     (void)session.conn->send(ControlKind::kRefusal, ucx::encode_text(why));
     (void)session.conn->flush();
+    // An operator sees it (a peer with the wrong secret file), bounded per
+    // second like every warning a peer can cause.
+    warn_about_peer(fmt::format("ucx: a connection from {} refused: {}", session.conn->remote(), why));
     return Status::permission_denied("{}", why);
   }
   if (Status s = check_worker_addresses(hello->worker_addresses); !s.is_ok()) return s;
@@ -276,6 +282,7 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   }
   if (!full.empty()) {
     ++refused_connections;
+    warn_about_peer(fmt::format("ucx: a connection from {} {}", session.conn->remote(), full));
     send_refusal(*session.conn, full);
     return Status::resource_exhausted("{}", full);
   }
@@ -307,6 +314,16 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
     case ControlKind::kRefresh: {
       auto seq = ucx::decode_seq(frame.body);
       if (!seq) return seq.error();
+      // A 13-byte ask for a longer answer: a peer that asks without reading
+      // had every answer queued (64 MiB a session, 8 sessions took 630 MB).
+      // An answer waits behind a bounded backlog, and all sessions' together.
+      std::size_t all = 0;
+      for (const auto& [other, s] : sessions) all += s.conn->queued();
+      if (session.conn->queued() > kMaxRefreshBacklogBytes || all > kMaxControlBacklogBytes) {
+        return Status::resource_exhausted(
+            "asks for its regions without reading the answers ({} bytes queued for it, {} for every peer)",
+            session.conn->queued(), all);
+      }
       tell(id, ControlKind::kRegions, ucx::encode(ucx::Regions{*seq, tell_regions(session)}));
       return Status::ok();
     }
@@ -316,6 +333,16 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       for (auto& [base, r] : regions) {
         if (r.revoking && r.revoke_seq == *seq) r.awaiting.erase(id);
       }
+      return Status::ok();
+    }
+    case ControlKind::kDirect: {
+      auto pid = ucx::decode_seq(frame.body);
+      if (!pid) return pid.error();
+      if (*pid == 0 || *pid > static_cast<std::uint64_t>(std::numeric_limits<pid_t>::max())) {
+        return Status::invalid_argument("a direct-copy pid of {}", *pid);
+      }
+      session.direct_pid = static_cast<pid_t>(*pid);
+      baton::logger().debug("ucx: peer {} copies into our memory itself, from process {}", session.name, *pid);
       return Status::ok();
     }
     case ControlKind::kNotify: {
@@ -369,7 +396,9 @@ void UcxTransport::State::serve_sessions(TimeNs now_ns) {
     auto it = sessions.find(id);
     if (it == sessions.end()) continue;
     Session& session = it->second;
-    const bool expired = (!session.authenticated && now_ns >= session.deadline_ns) ||
+    // The handshake ends with every lane bound: a peer that authenticated
+    // and never bound held one of max_sessions for good.
+    const bool expired = (!session.ready_sent && now_ns >= session.deadline_ns) ||
                          (session.partial_since_ns != 0 &&
                           now_ns - session.partial_since_ns >= config.handshake_timeout_ms * 1'000'000);
     if (!is_ready(session.conn->fd()) && !session.conn->wants_write() && !session.conn->frame_waiting() && !expired) {
@@ -393,8 +422,10 @@ void UcxTransport::State::serve_sessions(TimeNs now_ns) {
       if (!sessions.contains(id)) break;  // closed while telling it something
     }
     if (!sessions.contains(id)) continue;
-    if (status.is_ok() && !session.authenticated && now_ns >= session.deadline_ns) {
-      status = Status::timeout("no valid hello within {} ms", config.handshake_timeout_ms);
+    if (status.is_ok() && !session.ready_sent && now_ns >= session.deadline_ns) {
+      status = session.authenticated
+                   ? Status::timeout("its lanes not bound within {} ms of connecting", config.handshake_timeout_ms)
+                   : Status::timeout("no valid hello within {} ms", config.handshake_timeout_ms);
     }
     if (status.is_ok()) status = check_partial(session.partial_since_ns, *session.conn, now_ns);
     if (status.is_ok()) status = session.conn->flush();

@@ -276,7 +276,24 @@ void UcxTransport::State::finish_revokes(TimeNs now_ns) {
     }
     if (r.revoke_deadline_ns == 0) r.revoke_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
     if (!r.awaiting.empty() && now_ns >= r.revoke_deadline_ns) {
+      // The caller's own memory, which a peer of this host writes with CMA
+      // by address: closing its connection does not stop a copy it has
+      // queued (a stopped process runs it when continued, into whatever the
+      // caller put there since). So it is waited for while it lives: it
+      // acknowledges, or its connection closes as its path fails or it exits
+      // (it keeps it open until no copy of its can reach us). A mapped
+      // memfd's pages stay the peer's own after we unmap them.
+      const bool by_address = !r.shared && !r.staged && r.kind == MemoryKind::kDram;
       for (std::uint64_t id : std::set(r.awaiting)) {
+        const pid_t pid = sessions.at(id).direct_pid;
+        if (by_address && pid != 0 && !ucx::process_gone(pid)) {
+          if (!std::exchange(r.overdue_logged, true)) {
+            baton::logger().warn("ucx: region {}: peer {} (process {} of this host, which copies into it directly) "
+                                 "has not acknowledged its revocation within {} ms; waiting for it, or for it to exit",
+                                 r.handle, sessions.at(id).name, pid, config.revoke_timeout_ms);
+          }
+          continue;
+        }
         close_session(id, fmt::format("did not acknowledge the revocation of region {} within {} ms", r.handle,
                                       config.revoke_timeout_ms));
       }

@@ -195,23 +195,41 @@ Result<Mapping> map_peer_memfd(pid_t pid, int fd, std::uint64_t inode, std::size
   return mapped;
 }
 
-bool process_exiting(pid_t pid) {
+namespace {
+
+struct ProcStat {
+  bool gone = false;  // no such process, or nothing to read
+  char state = 0;     // 0 when unparsed
+  unsigned long flags = 0;
+};
+
+ProcStat proc_stat(pid_t pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return errno == ENOENT || errno == ESRCH;
+  if (fd.get() < 0) return {errno == ENOENT || errno == ESRCH};
   char buf[512];
   const ssize_t n = read(fd.get(), buf, sizeof buf - 1);
-  if (n <= 0) return true;
+  if (n <= 0) return {true};
   buf[n] = '\0';
   // "pid (comm) state ppid pgrp session tty_nr tpgid flags …"; comm may hold
   // spaces and parentheses, so parse from the last ')'.
   const char* at = std::strrchr(buf, ')');
-  if (at == nullptr) return false;
-  char state = 0;
-  unsigned long flags = 0;
-  if (std::sscanf(at + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2) return false;
+  ProcStat s;
+  if (at == nullptr || std::sscanf(at + 1, " %c %*d %*d %*d %*d %*d %lu", &s.state, &s.flags) != 2) return {};
+  return s;
+}
+
+}  // namespace
+
+bool process_exiting(pid_t pid) {
+  const ProcStat s = proc_stat(pid);
   constexpr unsigned long kPfExiting = 0x4;  // include/linux/sched.h
-  return state == 'Z' || state == 'X' || (flags & kPfExiting) != 0;
+  return s.gone || s.state == 'Z' || s.state == 'X' || (s.flags & kPfExiting) != 0;
+}
+
+bool process_gone(pid_t pid) {
+  const ProcStat s = proc_stat(pid);
+  return s.gone || s.state == 'Z' || s.state == 'X';
 }
 
 Status cma_copy(pid_t pid, Op op, void* local, std::uint64_t remote_addr, std::size_t bytes) {

@@ -92,6 +92,9 @@ struct SharedAllocation {
 // sockets close only once the kernel has torn down its memory, which takes
 // ~0.1 ms per MiB it held.
 [[nodiscard]] bool process_exiting(pid_t pid);
+// True when process `pid` is gone or a zombie: none of its threads can run
+// again (an exiting one's other threads may still be inside a copy).
+[[nodiscard]] bool process_gone(pid_t pid);
 
 // CMA copies on a thread of their own, in order. A copy from a holder that
 // is dying blocks on its memory map until the kernel has torn it down

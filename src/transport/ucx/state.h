@@ -150,6 +150,7 @@ struct LocalRegion {
   std::uint64_t revoke_seq = 0;
   std::set<std::uint64_t> awaiting;
   TimeNs revoke_deadline_ns = 0;  // 0 until the next poll saw it
+  bool overdue_logged = false;    // a same-host peer that copies into it is late (finish_revokes)
 };
 
 // One region of a peer, with its rkey unpacked on each lane's endpoint.
@@ -324,6 +325,9 @@ struct UcxTransport::State {
     // Since when a frame has been half-received (0: none): a peer that
     // parks a partial frame is closed after handshake_timeout_ms.
     TimeNs partial_since_ns = 0;
+    // It copies into our memory itself (kDirect): process `direct_pid` of
+    // this host, which closing its connection does not stop.
+    pid_t direct_pid = 0;
   };
 
   struct SliceOp {
@@ -404,6 +408,10 @@ struct UcxTransport::State {
   // rest wait for the next turn (next_event_ns says now), so one peer's
   // burst of small frames cannot hold the loop.
   static constexpr int kMaxFramesPerPoll = 1024;
+  // Control answers a peer made us queue (kRefresh) wait behind at most this
+  // much of its own, and all sessions' behind this much together.
+  static constexpr std::size_t kMaxRefreshBacklogBytes = 4U << 20;
+  static constexpr std::size_t kMaxControlBacklogBytes = 64U << 20;
   // The control sockets with something to read or room to write, as the
   // poller said at the start of this poll: only those are read.
   std::vector<int> ready_fds;
