@@ -226,10 +226,18 @@ const char* baton_status_name(int status) {
 
 const char* baton_last_error(void) { return last_error.c_str(); }
 
-void baton_engine_config_init(baton_engine_config* config) {
-  if (config == nullptr) return;
-  *config = baton_engine_config{};
-  config->size = sizeof(baton_engine_config);
+void baton_engine_config_init_sized(baton_engine_config* config, size_t size) {
+  if (config == nullptr || size < kFirstConfigSize || size > kMaxConfigSize) return;
+  const baton_engine_config defaults{};
+  std::memcpy(config, &defaults, std::min(size, sizeof defaults));
+  if (size > sizeof defaults) std::memset(reinterpret_cast<char*>(config) + sizeof defaults, 0, size - sizeof defaults);
+  config->size = size;
+}
+
+// Programs built before the macro call this symbol: it cannot know their
+// size, and writes ours.
+void(baton_engine_config_init)(baton_engine_config* config) {
+  baton_engine_config_init_sized(config, sizeof(baton_engine_config));
 }
 
 int baton_engine_create(const baton_engine_config* config, baton_engine** out) {

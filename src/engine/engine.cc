@@ -343,12 +343,16 @@ void Engine::shutdown() {
     return 0;
   });
   // Endpoint closes and GPU copies finish on the loop; a forced close needs
-  // no peer, a flushing one may wait on a silent peer, so the wait is bounded.
-  for (int i = 0; i < 400; ++i) {
+  // no peer, a flushing one may wait on a silent peer, and a same-host peer
+  // that writes our memory itself is given the revoke timeout to say it
+  // stopped: the wait is bounded by those.
+  const auto bound = std::chrono::steady_clock::now() + std::chrono::milliseconds(state_->revoke_timeout_ms + 2'000);
+  while (std::chrono::steady_clock::now() < bound) {
     if (state_->core->on_loop([this] { return state_->datapath->shutdown_complete(); })) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  baton::logger().warn("Engine::shutdown: endpoint closes or GPU copies did not finish within 2 s");
+  baton::logger().warn("Engine::shutdown: endpoint closes, GPU copies or same-host peers did not finish within {} ms",
+                       state_->revoke_timeout_ms + 2'000);
 }
 
 #undef BATON_REQUIRE_OPEN

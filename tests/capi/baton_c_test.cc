@@ -99,7 +99,7 @@ TEST(CApi, ANullEngineIsMisuseEverywhere) {
   EXPECT_EQ(baton_batch_event_fd(none, &number), BATON_MISUSE);
   EXPECT_EQ(baton_take_notification(none, text, sizeof text, &size, text, sizeof text, &size, &number), BATON_MISUSE);
   baton_engine_destroy(none);  // ignored
-  baton_engine_config_init(nullptr);  // ignored
+  (baton_engine_config_init)(nullptr);  // ignored
 }
 
 TEST(CApi, AMadeUpOrDestroyedHandleIsMisuseNotACrash) {
@@ -143,14 +143,41 @@ TEST(CApi, CreateChecksItsArguments) {
     baton_engine_config known;
     const char* unknown;
   } newer{};
-  baton_engine_config_init(&newer.known);
-  newer.known.size = sizeof newer;
+  newer.unknown = "garbage";
+  baton_engine_config_init_sized(&newer.known, sizeof newer);  // what the newer header's macro passes
+  EXPECT_EQ(newer.known.size, sizeof newer);
+  EXPECT_EQ(newer.unknown, nullptr);  // zeroed: this library does not know it
   newer.unknown = "set";
   EXPECT_EQ(baton_engine_create(&newer.known, &e), BATON_INVALID_ARGUMENT);
   EXPECT_NE(last_error().find("fields past"), std::string::npos) << last_error();
   newer.unknown = nullptr;
   ASSERT_EQ(baton_engine_create(&newer.known, &e), BATON_OK) << last_error();
   baton_engine_destroy(e);
+
+  // A program built against the first layout (its struct ended before
+  // `nics`): init writes nothing past its struct (it wrote this library's
+  // whole struct: 16 bytes of the caller's stack zeroed, then read back as
+  // fields), and create takes the rest as defaults.
+  struct FirstLayout {
+    unsigned char fields[offsetof(baton_engine_config, nics)];
+    unsigned char after[32];
+  } old;
+  std::memset(&old, 0xAB, sizeof old);
+  auto* first = reinterpret_cast<baton_engine_config*>(&old);
+  baton_engine_config_init_sized(first, sizeof old.fields);
+  EXPECT_EQ(first->size, sizeof old.fields);
+  EXPECT_EQ(first->listen_address, nullptr);
+  EXPECT_TRUE(std::all_of(std::begin(old.after), std::end(old.after), [](unsigned char b) { return b == 0xAB; }));
+  ASSERT_EQ(baton_engine_create(first, &e), BATON_OK) << last_error();
+  baton_engine_destroy(e);
+  // Shorter than the first layout: nothing is written.
+  std::memset(&old, 0xAB, sizeof old);
+  baton_engine_config_init_sized(first, 8);
+  EXPECT_TRUE(std::all_of(reinterpret_cast<unsigned char*>(&old), reinterpret_cast<unsigned char*>(&old) + sizeof old,
+                          [](unsigned char b) { return b == 0xAB; }));
+  baton_engine_config_init_sized(nullptr, sizeof config);  // ignored
+  (baton_engine_config_init)(&config);  // the function programs built before the macro call
+  EXPECT_EQ(config.size, sizeof(baton_engine_config));
 
   // The first layout's struct (it ended before `nics`): the rest are defaults.
   baton_engine_config_init(&config);

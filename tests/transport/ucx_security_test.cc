@@ -640,6 +640,11 @@ TEST_F(UcxSecurityTest, ASameHostPeerThatCopiesByAddressIsWaitedForNotDismissed)
   const TimeNs start = now();
   while (now() - start < 600'000'000) b_->poll(now(), ignored);
   EXPECT_TRUE(b_->unregister_pending(*by_address));
+  // Waiting, the loop may sleep: its next look is ahead, not the deadline
+  // that passed (which would keep it awake, a core at 100%).
+  const auto next = b_->next_event_ns();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(*next, now() - 50'000'000);
   // It runs again: acknowledges, and the region goes; the path lives on.
   EXPECT_TRUE(wait_until([&] { return !b_->unregister_pending(*by_address); }));
   EXPECT_EQ(a_->path_state(path), PathState::kReady);
@@ -649,6 +654,44 @@ TEST_F(UcxSecurityTest, ASameHostPeerThatCopiesByAddressIsWaitedForNotDismissed)
   while (b_->unregister_pending(mapped->handle) && now() - again < 3'000'000'000) b_->poll(now(), ignored);
   EXPECT_FALSE(b_->unregister_pending(mapped->handle));
   EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
+}
+
+// Shutdown closed every session at once, and a same-host peer then copying
+// into the caller's memory by address went on (a copy under way, or queued)
+// after the engine said it had shut down. Such a peer is now told we are
+// going (its path fails, as at a close) and the shutdown completes once it
+// closed its connection, which it does when no copy of its can still reach
+// us; one that does not is closed at the revoke timeout (an error says so).
+TEST_F(UcxSecurityTest, ShutdownWaitsForASameHostPeerThatWritesCallerMemoryToStop) {
+  for (const bool answers : {true, false}) {
+    UcxConfig c = config();
+    c.revoke_timeout_ms = answers ? 5000 : 300;
+    b_ = make(c);
+    a_ = make(config());
+    ASSERT_TRUE(a_ && b_);
+    auto& caller = buffer(4096);
+    auto region = b_->register_memory(caller.data(), caller.size());
+    ASSERT_TRUE(region && b_->export_region(*region).is_ok());
+    const PathId path = connect(*a_, *b_);
+    ASSERT_EQ(a_->paths()[path].type, topology::PathType::kShm);
+    b_->shutdown();
+    std::vector<Completion> ignored;
+    const TimeNs start = now();
+    while (now() - start < 100'000'000) b_->poll(now(), ignored);  // a_ silent
+    EXPECT_FALSE(b_->shutdown_complete()) << "answers " << answers;
+    if (answers) {
+      // a_ runs: its path fails, it closes, and the shutdown ends well before the timeout.
+      EXPECT_TRUE(wait_until([&] { return b_->shutdown_complete(); }, 2s));
+      EXPECT_EQ(a_->path_state(path), PathState::kFailed);
+      EXPECT_EQ(a_->path_status(path).code(), StatusCode::kUnavailable) << a_->path_status(path).to_string();
+    } else {
+      while (!b_->shutdown_complete() && now() - start < 3'000'000'000) b_->poll(now(), ignored);
+      EXPECT_TRUE(b_->shutdown_complete());
+      EXPECT_GE(now() - start, 250'000'000);
+    }
+    a_.reset();
+    b_.reset();
+  }
 }
 
 // One host holding every handshake slot, reopening each at its deadline,
@@ -883,6 +926,10 @@ TEST_F(UcxSecurityTest, ASessionThatNeverBindsItsLanesIsClosedAtTheHandshakeDead
     RawPeer raw;
     raw.step = [&] { poll_all(); };
     ASSERT_TRUE(raw.join(b_->address()));  // welcomed, never bound
+    // A sleeping loop wakes for its deadline.
+    const auto next = b_->next_event_ns();
+    ASSERT_TRUE(next.has_value());
+    EXPECT_LE(*next, now() + 300'000'000);
     EXPECT_TRUE(wait_until([&] { return raw.closed(); }, 3s));
   }
   a_ = make(config());

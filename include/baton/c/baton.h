@@ -104,8 +104,17 @@ typedef struct baton_engine_config {
   int32_t allow_unauthenticated;
 } baton_engine_config;
 
-/* Sets `size` and every field to its default. */
-BATON_C_API void baton_engine_config_init(baton_engine_config* config);
+/* Sets every field this library knows to its default within the caller's
+ * `size` bytes (sizeof *config), zeroes the rest of them (a newer
+ * baton.h's fields), and sets config->size to `size`; below the first
+ * layout's size nothing is written. Called through the macro below. */
+BATON_C_API void baton_engine_config_init_sized(baton_engine_config* config, size_t size);
+/* baton_engine_config_init(&config): the caller's own struct size goes with
+ * it, so a library newer than the program's baton.h writes nothing past the
+ * program's struct (the function of that name, kept for programs built
+ * before, writes this library's whole struct). */
+BATON_C_API void(baton_engine_config_init)(baton_engine_config* config);
+#define baton_engine_config_init(config) baton_engine_config_init_sized((config), sizeof *(config))
 /* Starts an engine (its loop thread and listener) into *engine. `config`
  * NULL: every default. Errors as Engine::create (the policy file's, UCX's). */
 BATON_C_API int baton_engine_create(const baton_engine_config* config, baton_engine** engine);
@@ -118,8 +127,11 @@ BATON_C_API int baton_engine_create(const baton_engine_config* config, baton_eng
 BATON_C_API int baton_engine_shutdown(baton_engine* engine);
 /* Shuts the engine down (as baton_engine_shutdown: a thread waiting on one
  * of its batches returns, and nothing lands in registered memory once this
- * returns) and frees it (and the memory it allocated); the handle turns
- * unknown, so poll what you need first. NULL is ignored. */
+ * returns — a peer process of this host that writes it itself is waited for
+ * up to the revoke timeout, 5 s; one stopped longer is logged as an error,
+ * and may still write there when continued) and frees it (and the memory it
+ * allocated); the handle turns unknown, so poll what you need first. NULL
+ * is ignored. */
 BATON_C_API void baton_engine_destroy(baton_engine* engine);
 /* The address peers connect to, "127.0.0.1:41234" (a caller buffer). */
 BATON_C_API int baton_engine_address(baton_engine* engine, char* address, size_t capacity, size_t* needed);
@@ -236,7 +248,9 @@ BATON_C_API int baton_unprepare(baton_engine* engine, uint64_t prepared);
 /* Submit, wait and release in one call (Engine::run): BATON_OK once every
  * request completed, else the first failed request's code (its text in
  * baton_last_error()); baton_submit's refusals as they are. Each request's
- * timeout bounds the wait. A prepared same-host batch on the loop-free path
+ * timeout bounds the wait, except a slice already on the wire to a peer that
+ * stopped answering: its request ends when the path fails, at the stall
+ * timeout (10 s by default; docs/reliability.md). A prepared same-host batch on the loop-free path
  * leaves no batch behind at all (the fastest way to move one small block). */
 BATON_C_API int baton_run(baton_engine* engine, const baton_request* requests, size_t count,
                           const void* notification, size_t notification_length);

@@ -321,8 +321,11 @@ class Engine {
   [[nodiscard]] MetricsRegistry& metrics();
 
   // Stops taking work: cancels what runs, closes every peer (they see
-  // unavailable) and the listener, and stops the HTTP server. Later calls
-  // answer unavailable; the destructor calls it.
+  // unavailable) and the listener, and stops the HTTP server. A peer process
+  // of this host that writes registered caller memory itself is waited for
+  // until its copies ended (it closes its connection then), up to
+  // UcxConfig::revoke_timeout_ms (one stopped longer is closed with an error
+  // logged: it may still write there when continued). Later calls answer unavailable; the destructor calls it.
   void shutdown();
 
  private:

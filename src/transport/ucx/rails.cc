@@ -414,7 +414,13 @@ void UcxTransport::State::begin_shutdown() {
   for (PathId id = 0; id < peers.size(); ++id) {
     fail_path(id, Status::unavailable("path {} to {}: the transport shut down", id, peers[id].address));
   }
-  while (!sessions.empty()) close_session(sessions.begin()->first, "the transport shut down");
+  // A same-host peer that writes caller memory by address is not stopped by
+  // a close: it is asked to forget that memory first, so that a copy it has
+  // under way ends before shutdown answers (drain_sessions).
+  const TimeNs now_ns = SteadyClock().now_ns();
+  for (std::uint64_t id : session_ids()) {
+    if (sessions.contains(id) && !drain(id, now_ns)) close_session(id, "the transport shut down");
+  }
   publish_direct();
   close_lingering();
 }
@@ -430,6 +436,7 @@ void UcxTransport::State::teardown() {
   }
   stop_progress_threads();  // from here the caller's thread alone drives UCX
   begin_shutdown();
+  drain_sessions(kForeverNs);  // those still draining close now, saying so
   if (copier) {  // its copies finish first: they write into slices' memory
     poller->forget(copier->fd());
     copier.reset();

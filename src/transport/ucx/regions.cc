@@ -265,9 +265,44 @@ Status UcxTransport::State::acknowledge_revokes(PathId id) {
   return Status::ok();
 }
 
+bool UcxTransport::State::drain(std::uint64_t id, TimeNs now_ns) {
+  Session& session = sessions.at(id);
+  if (!session.authenticated || session.direct_pid == 0 || ucx::process_gone(session.direct_pid)) return false;
+  const bool reaches_by_address = std::ranges::any_of(session.sent, [this](RegionHandle handle) {
+    const auto base = region_base.find(handle);
+    if (base == region_base.end()) return false;
+    const LocalRegion& r = regions.at(base->second);
+    return !r.shared && !r.staged && r.kind == MemoryKind::kDram;
+  });
+  if (!reaches_by_address) return false;
+  // Its path fails unavailable, as at a close; it closes the connection
+  // once its copies into us ended.
+  if (!tell(id, ControlKind::kRefusal, ucx::encode_text("the listener shut down"))) return true;  // closed by tell
+  session.drain_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
+  return true;
+}
+
+void UcxTransport::State::drain_sessions(TimeNs now_ns) {
+  for (std::uint64_t id : session_ids()) {
+    const Session& session = sessions.at(id);
+    if (session.drain_deadline_ns == 0) continue;
+    if (ucx::process_gone(session.direct_pid)) {
+      close_session(id, "the transport shut down");
+    } else if (now_ns >= session.drain_deadline_ns) {
+      baton::logger().error(
+          "ucx: shut down while peer {} (process {} of this host, which copies into registered memory itself) had "
+          "not acknowledged within {} ms: it may still write into that memory until it runs again and sees the "
+          "close, or exits",
+          session.name, session.direct_pid, config.revoke_timeout_ms);
+      close_session(id, "the transport shut down");
+    }
+  }
+}
+
 // Unmaps regions whose revocation every session acknowledged; dismisses
 // sessions that did not within the revoke timeout.
 void UcxTransport::State::finish_revokes(TimeNs now_ns) {
+  if (shut_down) drain_sessions(now_ns);
   for (auto it = regions.begin(); it != regions.end();) {
     LocalRegion& r = it->second;
     if (!r.revoking) {
@@ -292,6 +327,9 @@ void UcxTransport::State::finish_revokes(TimeNs now_ns) {
                                  "has not acknowledged its revocation within {} ms; waiting for it, or for it to exit",
                                  r.handle, sessions.at(id).name, pid, config.revoke_timeout_ms);
           }
+          // Looked at again a little later (whether it exited), not at
+          // every turn: a deadline in the past would keep the loop awake.
+          r.revoke_deadline_ns = now_ns + LocalRegion::kDirectPeerLookNs;
           continue;
         }
         close_session(id, fmt::format("did not acknowledge the revocation of region {} within {} ms", r.handle,

@@ -151,6 +151,8 @@ struct LocalRegion {
   std::set<std::uint64_t> awaiting;
   TimeNs revoke_deadline_ns = 0;  // 0 until the next poll saw it
   bool overdue_logged = false;    // a same-host peer that copies into it is late (finish_revokes)
+  // How often a late same-host peer is looked at again (whether it exited).
+  static constexpr TimeNs kDirectPeerLookNs = 100'000'000;
 };
 
 // One region of a peer, with its rkey unpacked on each lane's endpoint.
@@ -328,6 +330,11 @@ struct UcxTransport::State {
     // It copies into our memory itself (kDirect): process `direct_pid` of
     // this host, which closing its connection does not stop.
     pid_t direct_pid = 0;
+    // At shutdown such a peer is told we are going (a refusal: its path
+    // fails) and kept until it closes its connection, which it does once no
+    // copy of its can reach us (close_lingering), or exits, or until
+    // drain_deadline_ns (drain_sessions). 0: not draining.
+    TimeNs drain_deadline_ns = 0;
   };
 
   struct SliceOp {
@@ -661,6 +668,11 @@ struct UcxTransport::State {
   Status apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors);
   Status acknowledge_revokes(PathId id);
   void finish_revokes(TimeNs now_ns);
+  // Shutdown's: whether session `id` is a same-host peer that writes caller
+  // regions by address, told we are going and kept until it closed; and the
+  // closing of those that exited or ran out of time.
+  bool drain(std::uint64_t id, TimeNs now_ns);
+  void drain_sessions(TimeNs now_ns);  // kForeverNs: close every one now
 
   // listener.cc
   Session* session_of(ucp_ep_h ep);

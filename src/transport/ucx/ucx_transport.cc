@@ -1013,7 +1013,8 @@ std::optional<TimeNs> UcxTransport::next_event_ns() const {
   }
   const TimeNs partial_ns = state_->config.handshake_timeout_ms * 1'000'000;
   for (const auto& [id, session] : state_->sessions) {
-    if (!session.authenticated && session.deadline_ns != 0) sooner(session.deadline_ns);
+    if (!session.ready_sent && session.deadline_ns != 0) sooner(session.deadline_ns);
+    if (session.drain_deadline_ns != 0) sooner(session.drain_deadline_ns);
     if (session.partial_since_ns != 0) sooner(session.partial_since_ns + partial_ns);
     if (session.conn->frame_waiting()) sooner(state_->last_poll_ns);  // left over from a capped turn
   }
@@ -1065,7 +1066,7 @@ void UcxTransport::shutdown() {
 // Staged copies count: they may still use the caller's memory.
 bool UcxTransport::shutdown_complete() const {
   return state_->shut_down && state_->closing.empty() && state_->staged_copies.empty() &&
-         state_->staged_waiting.empty() && state_->lingering.empty();
+         state_->staged_waiting.empty() && state_->lingering.empty() && state_->sessions.empty();
 }
 
 }  // namespace baton::transport
