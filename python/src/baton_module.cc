@@ -896,13 +896,25 @@ void refuse_bare_new(const py::handle& cls) {
 }
 
 // Engine and Request keep their __new__ (callers make and subclass them),
-// and an object it made without __init__ has no C++ part either: every
-// attribute of one (methods, properties) is refused instead, dunders aside
-// (__init__, __class__, repr). Set once per class; subclasses inherit it.
+// and an object it made without __init__ has no C++ part either: the
+// class's own attributes (methods, properties) are refused on one instead,
+// dunders aside (__init__, __class__, repr). A subclass's attributes stay
+// its own (set before super().__init__(), hasattr). Set once per class;
+// subclasses inherit it.
 getattrofunc generic_getattro = nullptr;
+std::vector<PyTypeObject*> guarded_classes;
+
+// Whether `name` is an attribute of the guarded class `self` is one of.
+bool class_attribute(PyObject* self, PyObject* name) {
+  for (PyTypeObject* cls : guarded_classes) {
+    if (PyObject_TypeCheck(self, cls) != 0) return PyDict_Contains(cls->tp_dict, name) == 1;
+  }
+  return false;
+}
 
 PyObject* getattro_of_built(PyObject* self, PyObject* name) {
-  if (!built(self) && PyUnicode_Check(name) != 0 && PyUnicode_Tailmatch(name, py::str("__").ptr(), 0, 2, -1) == 0) {
+  if (!built(self) && PyUnicode_Check(name) != 0 && PyUnicode_Tailmatch(name, py::str("__").ptr(), 0, 2, -1) == 0 &&
+      class_attribute(self, name)) {
     PyObject* cls = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(self)), "__name__");
     if (cls == nullptr) return nullptr;
     PyErr_Format(PyExc_TypeError, "%U.%U: this %U was made by %U.__new__() without __init__(): it has nothing behind it",
@@ -918,6 +930,7 @@ void refuse_unbuilt(const py::handle& cls) {
   if (generic_getattro == nullptr) generic_getattro = type->tp_getattro;
   if (type->tp_getattro != generic_getattro) throw std::logic_error("refuse_unbuilt: a class with its own getattro");
   type->tp_getattro = getattro_of_built;
+  guarded_classes.push_back(type);
   PyType_Modified(type);
 }
 

@@ -879,8 +879,11 @@ try:
 except TypeError as err:
     print("refused:", err)
 class Mine(baton.Engine):
-    pass
-with Mine() as real:
+    def __init__(self, listen):
+        self.listen = listen  # its own attribute, set before the engine's part is built
+        assert not hasattr(self, "no_such_attribute")
+        super().__init__(listen=self.listen)
+with Mine("127.0.0.1:0") as real:
     for call in (real.submit, real.prepare):
         try:
             call([r])

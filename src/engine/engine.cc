@@ -162,9 +162,9 @@ Status Engine::unregister(RegionHandle region) {
   const auto bound = std::chrono::milliseconds(state_->revoke_timeout_ms + 5'000);
   if (revoked.wait_for(bound) != std::future_status::ready) {
     return Status::timeout(
-        "unregister: region {} not revoked within {} ms: a peer process of this host that copies into it directly "
-        "has not acknowledged (stopped?) and may still write there; keep the memory until unregister() (called "
-        "again) answers ok, which it does once that process acknowledges or exits",
+        "unregister: region {} not revoked within {} ms: a peer has not acknowledged — one of this host that copies "
+        "into the memory itself is waited for while it lives (a stopped process?), and may still write there; keep "
+        "the memory until unregister() (called again) answers ok",
         region, bound.count());
   }
   return revoked.get();

@@ -68,9 +68,11 @@ void route_grpc_log() {
     gpr_set_log_function([](gpr_log_func_args* args) {
       baton::logger().debug("grpc {}:{}: {}", args->file, args->line, args->message);
     });
+    // A fatal one still ends the process; its reason stays visible.
     google::protobuf::SetLogHandler(
-        [](google::protobuf::LogLevel, const char* file, int line, const std::string& message) {
-          baton::logger().debug("protobuf {}:{}: {}", file, line, message);
+        [](google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+          baton::logger().log(level == google::protobuf::LOGLEVEL_FATAL ? spdlog::level::err : spdlog::level::debug,
+                              "protobuf {}:{}: {}", file, line, message);
         });
   });
 }

@@ -1153,4 +1153,45 @@ TEST(UcxEngineMemory, AllocatedMemoryPrefersTheNumaNodeAskedFor) {
   EXPECT_TRUE(e->unregister(anywhere->handle).is_ok());
 }
 
+// A same-host peer process that writes our memory itself (CMA), stopped
+// (SIGSTOP) mid-run: shutdown waits for it up to the revoke timeout, then
+// closes it, and says so. The wait ran on the wrong clock under an engine
+// (the transport's absolute time against the loop's time since start), so
+// it never expired and shutdown took its whole outer bound instead.
+TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRevokeTimeout) {
+  std::vector<std::byte> memory(8 << 20);  // outlives the engine
+  EngineConfig config = ucx_config();
+  config.ucx.revoke_timeout_ms = 500;
+  auto e = Engine::create(std::move(config));
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  auto region = (*e)->register_memory(memory.data(), memory.size());
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+  ASSERT_TRUE((*e)->export_region(region->handle).is_ok());
+  const std::string address = (*e)->address();
+  const pid_t writer = fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    ::execl(BATON_BINARY, BATON_BINARY, "bench", "throughput", "--target", address.c_str(), "--op", "write",
+            "--block-size", "1MiB", "--batch-size", "4", "--duration", "60s", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Its writes land (the pattern replaces the zeros), then it is stopped.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::ranges::all_of(std::span(memory).first(1 << 20), [](std::byte b) { return b == std::byte{0}; }) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(::kill(writer, SIGSTOP), 0);
+  const auto start = std::chrono::steady_clock::now();
+  (*e)->shutdown();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(writer, SIGKILL);
+  int status = 0;
+  ::waitpid(writer, &status, 0);
+  EXPECT_FALSE(std::ranges::all_of(std::span(memory).first(1 << 20), [](std::byte b) { return b == std::byte{0}; }))
+      << "the writer never wrote";
+  EXPECT_GE(took, 0.4) << "closed at once, under its copies";
+  EXPECT_LT(took, 2.0) << "waited past the revoke timeout (500 ms) for its outer bound";
+}
+
 }  // namespace baton::engine

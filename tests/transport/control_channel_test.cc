@@ -80,7 +80,7 @@ TEST(ControlChannel, OutOfDescriptorsAWaitingConnectionIsClosedNotSpunOn) {
     (void)::getrlimit(RLIMIT_NOFILE, &limit);
     limit.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
     if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(13);
-    while (::dup(0) >= 0) {
+    while (::dup(listener->fd()) >= 0) {
     }
     if (errno != EMFILE) ::_exit(14);
     if (listener->accept() != nullptr) ::_exit(15);  // none left to accept it with

@@ -309,7 +309,7 @@ TEST_F(UcxSecurityTest, TenThousandGarbageConnectionsLeaveTheListenerServing) {
 
 TEST_F(UcxSecurityTest, SilentClientsAreClosedAtTheDeadlineAndBoundedInNumber) {
   UcxConfig c = config();
-  c.handshake_timeout_ms = 300;
+  c.handshake_timeout_ms = 600;  // the round trip at the end binds its lanes within it
   c.max_unauthenticated = 4;
   b_ = make(c);
   ASSERT_TRUE(b_);
@@ -617,8 +617,8 @@ TEST_F(UcxSecurityTest, APeerThatDoesNotAcknowledgeIsDisconnected) {
 // its connection does not stop a copy it has queued, which a stopped process
 // runs when continued, into whatever the caller put there after unregister
 // answered. So while it lives it is waited for past the revoke timeout, and
-// it acknowledges once it runs. A region in a memfd is not reached by
-// address (the peer's pages stay its own): its peer is dismissed as before.
+// it acknowledges once it runs. A region in a memfd too: a peer that cannot
+// map it (out of descriptors) writes it by address as well.
 TEST_F(UcxSecurityTest, ASameHostPeerThatCopiesByAddressIsWaitedForNotDismissed) {
   UcxConfig c = config();
   c.revoke_timeout_ms = 200;
@@ -635,25 +635,21 @@ TEST_F(UcxSecurityTest, ASameHostPeerThatCopiesByAddressIsWaitedForNotDismissed)
   ASSERT_EQ(a_->path_state(path), PathState::kReady);
   ASSERT_EQ(a_->paths()[path].type, topology::PathType::kShm);  // it copies itself
   ASSERT_TRUE(b_->unregister(*by_address).is_ok());
+  ASSERT_TRUE(b_->unregister(mapped->handle).is_ok());
   // a_ silent (not polled) for three revoke timeouts: still awaited.
   std::vector<Completion> ignored;
   const TimeNs start = now();
   while (now() - start < 600'000'000) b_->poll(now(), ignored);
   EXPECT_TRUE(b_->unregister_pending(*by_address));
+  EXPECT_TRUE(b_->unregister_pending(mapped->handle));
   // Waiting, the loop may sleep: its next look is ahead, not the deadline
   // that passed (which would keep it awake, a core at 100%).
   const auto next = b_->next_event_ns();
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(*next, now() - 50'000'000);
-  // It runs again: acknowledges, and the region goes; the path lives on.
-  EXPECT_TRUE(wait_until([&] { return !b_->unregister_pending(*by_address); }));
+  // It runs again: acknowledges, and the regions go; the path lives on.
+  EXPECT_TRUE(wait_until([&] { return !b_->unregister_pending(*by_address) && !b_->unregister_pending(mapped->handle); }));
   EXPECT_EQ(a_->path_state(path), PathState::kReady);
-  // The memfd region: a_ silent past the timeout is dismissed.
-  ASSERT_TRUE(b_->unregister(mapped->handle).is_ok());
-  const TimeNs again = now();
-  while (b_->unregister_pending(mapped->handle) && now() - again < 3'000'000'000) b_->poll(now(), ignored);
-  EXPECT_FALSE(b_->unregister_pending(mapped->handle));
-  EXPECT_TRUE(wait_until([&] { return a_->path_state(path) == PathState::kFailed; }));
 }
 
 // Shutdown closed every session at once, and a same-host peer then copying
@@ -674,6 +670,11 @@ TEST_F(UcxSecurityTest, ShutdownWaitsForASameHostPeerThatWritesCallerMemoryToSto
     ASSERT_TRUE(region && b_->export_region(*region).is_ok());
     const PathId path = connect(*a_, *b_);
     ASSERT_EQ(a_->paths()[path].type, topology::PathType::kShm);
+    // The silent round unregisters first, a_ not acknowledging: the region
+    // is no longer among those a_ was told of, and a_ is still waited for.
+    if (!answers) {
+      ASSERT_TRUE(b_->unregister(*region).is_ok());
+    }
     b_->shutdown();
     std::vector<Completion> ignored;
     const TimeNs start = now();
@@ -843,7 +844,7 @@ struct RawPeer {
 // new bytes: the refresh after the burst is answered.
 TEST_F(UcxSecurityTest, ASessionsFramesAreServedInTurnAndAHalfFrameIsNotKept) {
   UcxConfig c = config();
-  c.handshake_timeout_ms = 300;
+  c.handshake_timeout_ms = 1000;  // the lanes bind within it, on a loaded machine too
   b_ = make(c);
   ASSERT_TRUE(b_);
   RawPeer raw;
@@ -918,7 +919,7 @@ TEST_F(UcxSecurityTest, APeerThatAsksWithoutReadingIsClosedNotQueuedFor) {
 // with the lanes bound, within handshake_timeout_ms of connecting.
 TEST_F(UcxSecurityTest, ASessionThatNeverBindsItsLanesIsClosedAtTheHandshakeDeadline) {
   UcxConfig c = config();
-  c.handshake_timeout_ms = 300;
+  c.handshake_timeout_ms = 1000;
   c.max_sessions = 1;
   b_ = make(c);
   ASSERT_TRUE(b_);
@@ -929,8 +930,8 @@ TEST_F(UcxSecurityTest, ASessionThatNeverBindsItsLanesIsClosedAtTheHandshakeDead
     // A sleeping loop wakes for its deadline.
     const auto next = b_->next_event_ns();
     ASSERT_TRUE(next.has_value());
-    EXPECT_LE(*next, now() + 300'000'000);
-    EXPECT_TRUE(wait_until([&] { return raw.closed(); }, 3s));
+    EXPECT_LE(*next, now() + 1'000'000'000);
+    EXPECT_TRUE(wait_until([&] { return raw.closed(); }, 5s));
   }
   a_ = make(config());
   ASSERT_TRUE(a_);

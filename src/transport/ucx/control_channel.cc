@@ -180,6 +180,8 @@ std::unique_ptr<ControlConnection> ControlListener::accept() {
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return nullptr;
     const int error = errno;
+    // Taken back if another thread took the descriptor it freed last time.
+    if (spare_.get() < 0) spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if ((error == EMFILE || error == ENFILE) && spare_.get() >= 0) {
       spare_ = UniqueFd();
       const int unserved = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);

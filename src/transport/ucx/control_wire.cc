@@ -165,6 +165,14 @@ std::vector<std::uint8_t> encode(const Revoke& m) {
   return w.take();
 }
 
+std::vector<std::uint8_t> encode(const Direct& m) {
+  Writer w;
+  w.put(m.pid);
+  w.put(m.cookie_address);
+  w.bytes(m.cookie);
+  return w.take();
+}
+
 std::vector<std::uint8_t> encode_seq(std::uint64_t seq) {
   Writer w;
   w.put(seq);
@@ -238,6 +246,15 @@ Result<std::uint64_t> decode_seq(std::span<const std::uint8_t> body) {
   std::uint64_t seq = 0;
   if (!r.get(seq) || r.left() != 0) return bad("a sequence number of {} bytes (expected 8)", body.size());
   return seq;
+}
+
+Result<Direct> decode_direct(std::span<const std::uint8_t> body) {
+  Reader r(body);
+  Direct m;
+  if (!r.get(m.pid) || !r.get(m.cookie_address) || !get_array(r, m.cookie) || r.left() != 0) {
+    return bad("a direct-copy declaration of {} bytes (expected {})", body.size(), 16 + kCookieBytes);
+  }
+  return m;
 }
 
 Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t max_bytes) {

@@ -36,7 +36,7 @@ namespace baton::transport::ucx {
 // 4: a region may come without rkeys (staged: reached by messages only).
 // 5: the proof covers the lane count, and the name by its length.
 // 6: over TCP a lane's bind is padded (wire.h, kBindPaddingBytes).
-inline constexpr std::uint16_t kControlVersion = 6;
+inline constexpr std::uint16_t kControlVersion = 7;  // 7: kDirect
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
@@ -97,6 +97,13 @@ struct Welcome {
   Cookie cookie{};
   std::vector<RegionDescriptor> regions;
 };
+// kDirect: the initiator's pid and where its own cookie lies, which the
+// listener reads back before it believes the pid (a peer could name any).
+struct Direct {
+  std::uint64_t pid = 0;
+  std::uint64_t cookie_address = 0;
+  Cookie cookie{};
+};
 struct Regions {
   std::uint64_t seq = 0;  // a kRefresh's, or 0 when the listener's exports changed
   std::vector<RegionDescriptor> regions;
@@ -123,7 +130,8 @@ struct Revoke {
 [[nodiscard]] std::vector<std::uint8_t> encode(const Welcome& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Regions& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Revoke& m);
-[[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck, kDirect's pid
+[[nodiscard]] std::vector<std::uint8_t> encode(const Direct& m);
+[[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck
 [[nodiscard]] std::vector<std::uint8_t> encode_text(std::string_view text);     // kRefusal, kNotify
 
 [[nodiscard]] Result<Challenge> decode_challenge(std::span<const std::uint8_t> body);
@@ -136,6 +144,7 @@ struct Revoke {
 [[nodiscard]] Result<Regions> decode_regions_update(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<Revoke> decode_revoke(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<std::uint64_t> decode_seq(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<Direct> decode_direct(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t max_bytes);
 
 }  // namespace baton::transport::ucx

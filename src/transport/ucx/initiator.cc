@@ -166,10 +166,9 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
     // The listener cannot fence our copies by closing our connection, so it
     // learns to wait for us instead (finish_revokes). Sent before the lanes
     // bind: it is read long before any revocation could time out.
-    if (Status s = peer.control->send(ControlKind::kDirect, ucx::encode_seq(static_cast<std::uint64_t>(getpid())));
-        !s.is_ok()) {
-      return s;
-    }
+    const ucx::Direct direct{static_cast<std::uint64_t>(getpid()), reinterpret_cast<std::uintptr_t>(cookie.data()),
+                             cookie};
+    if (Status s = peer.control->send(ControlKind::kDirect, ucx::encode(direct)); !s.is_ok()) return s;
   }
   if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
   token = w->session;

@@ -317,12 +317,24 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       // A 13-byte ask for a longer answer: a peer that asks without reading
       // had every answer queued (64 MiB a session, 8 sessions took 630 MB).
       // An answer waits behind a bounded backlog, and all sessions' together.
+      if (session.conn->queued() > kMaxRefreshBacklogBytes) {
+        return Status::resource_exhausted("asks for its regions without reading the answers ({} bytes queued for it)",
+                                          session.conn->queued());
+      }
+      // Past the bound for all sessions, the one holding the most goes (not
+      // whoever asks next).
       std::size_t all = 0;
-      for (const auto& [other, s] : sessions) all += s.conn->queued();
-      if (session.conn->queued() > kMaxRefreshBacklogBytes || all > kMaxControlBacklogBytes) {
-        return Status::resource_exhausted(
-            "asks for its regions without reading the answers ({} bytes queued for it, {} for every peer)",
-            session.conn->queued(), all);
+      std::uint64_t most = id;
+      for (const auto& [other, s] : sessions) {
+        all += s.conn->queued();
+        if (s.conn->queued() > sessions.at(most).conn->queued()) most = other;
+      }
+      if (all > kMaxControlBacklogBytes) {
+        const std::string why = fmt::format(
+            "does not read its control connection ({} bytes queued for it, {} for every peer)",
+            sessions.at(most).conn->queued(), all);
+        if (most == id) return Status::resource_exhausted("{}", why);
+        close_session(most, why);
       }
       tell(id, ControlKind::kRegions, ucx::encode(ucx::Regions{*seq, tell_regions(session)}));
       return Status::ok();
@@ -336,13 +348,22 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       return Status::ok();
     }
     case ControlKind::kDirect: {
-      auto pid = ucx::decode_seq(frame.body);
-      if (!pid) return pid.error();
-      if (*pid == 0 || *pid > static_cast<std::uint64_t>(std::numeric_limits<pid_t>::max())) {
-        return Status::invalid_argument("a direct-copy pid of {}", *pid);
+      auto direct = ucx::decode_direct(frame.body);
+      if (!direct) return direct.error();
+      if (direct->pid == 0 || direct->pid > static_cast<std::uint64_t>(std::numeric_limits<pid_t>::max())) {
+        return Status::invalid_argument("a direct-copy pid of {}", direct->pid);
       }
-      session.direct_pid = static_cast<pid_t>(*pid);
-      baton::logger().debug("ucx: peer {} copies into our memory itself, from process {}", session.name, *pid);
+      // Believed only once its cookie is read back out of that process: a
+      // peer naming another pid (1, ours) would otherwise be waited for
+      // for good. One we cannot read is dismissed at the timeout as before.
+      const auto pid = static_cast<pid_t>(direct->pid);
+      if (!ucx::cookie_matches(pid, direct->cookie_address, direct->cookie)) {
+        baton::logger().debug("ucx: peer {} says it copies into our memory from process {}, which we cannot confirm",
+                              session.name, pid);
+        return Status::ok();
+      }
+      session.direct_pid = pid;
+      baton::logger().debug("ucx: peer {} copies into our memory itself, from process {}", session.name, pid);
       return Status::ok();
     }
     case ControlKind::kNotify: {

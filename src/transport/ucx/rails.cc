@@ -417,9 +417,9 @@ void UcxTransport::State::begin_shutdown() {
   // A same-host peer that writes caller memory by address is not stopped by
   // a close: it is asked to forget that memory first, so that a copy it has
   // under way ends before shutdown answers (drain_sessions).
-  const TimeNs now_ns = SteadyClock().now_ns();
+  // On the clock poll() is given (an engine's counts from its start).
   for (std::uint64_t id : session_ids()) {
-    if (sessions.contains(id) && !drain(id, now_ns)) close_session(id, "the transport shut down");
+    if (sessions.contains(id) && !drain(id, last_poll_ns)) close_session(id, "the transport shut down");
   }
   publish_direct();
   close_lingering();

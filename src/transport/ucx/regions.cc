@@ -265,20 +265,27 @@ Status UcxTransport::State::acknowledge_revokes(PathId id) {
   return Status::ok();
 }
 
-bool UcxTransport::State::drain(std::uint64_t id, TimeNs now_ns) {
-  Session& session = sessions.at(id);
+bool UcxTransport::State::copies_into_us(std::uint64_t id) const {
+  const Session& session = sessions.at(id);
   if (!session.authenticated || session.direct_pid == 0 || ucx::process_gone(session.direct_pid)) return false;
-  const bool reaches_by_address = std::ranges::any_of(session.sent, [this](RegionHandle handle) {
+  // A memfd region too: an initiator that cannot map it (out of
+  // descriptors, say) copies into it by address as well.
+  auto dram = [](const LocalRegion& r) { return !r.staged && r.kind == MemoryKind::kDram; };
+  const bool told = std::ranges::any_of(session.sent, [&](RegionHandle handle) {
     const auto base = region_base.find(handle);
-    if (base == region_base.end()) return false;
-    const LocalRegion& r = regions.at(base->second);
-    return !r.shared && !r.staged && r.kind == MemoryKind::kDram;
+    return base != region_base.end() && dram(regions.at(base->second));
   });
-  if (!reaches_by_address) return false;
+  return told || std::ranges::any_of(regions, [&](const auto& entry) {
+           return entry.second.revoking && entry.second.awaiting.contains(id) && dram(entry.second);
+         });
+}
+
+bool UcxTransport::State::drain(std::uint64_t id, TimeNs now_ns) {
+  if (!copies_into_us(id)) return false;
   // Its path fails unavailable, as at a close; it closes the connection
   // once its copies into us ended.
   if (!tell(id, ControlKind::kRefusal, ucx::encode_text("the listener shut down"))) return true;  // closed by tell
-  session.drain_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
+  sessions.at(id).drain_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
   return true;
 }
 
@@ -291,9 +298,11 @@ void UcxTransport::State::drain_sessions(TimeNs now_ns) {
     } else if (now_ns >= session.drain_deadline_ns) {
       baton::logger().error(
           "ucx: shut down while peer {} (process {} of this host, which copies into registered memory itself) had "
-          "not acknowledged within {} ms: it may still write into that memory until it runs again and sees the "
-          "close, or exits",
-          session.name, session.direct_pid, config.revoke_timeout_ms);
+          "not ended its copies{}: it may still write into that memory until it runs again and sees the close, or "
+          "exits",
+          session.name, session.direct_pid,
+          now_ns == kForeverNs ? std::string(" (closed without waiting)")
+                               : fmt::format(" within {} ms", config.revoke_timeout_ms));
       close_session(id, "the transport shut down");
     }
   }
@@ -311,17 +320,15 @@ void UcxTransport::State::finish_revokes(TimeNs now_ns) {
     }
     if (r.revoke_deadline_ns == 0) r.revoke_deadline_ns = now_ns + config.revoke_timeout_ms * 1'000'000;
     if (!r.awaiting.empty() && now_ns >= r.revoke_deadline_ns) {
-      // The caller's own memory, which a peer of this host writes with CMA
-      // by address: closing its connection does not stop a copy it has
-      // queued (a stopped process runs it when continued, into whatever the
-      // caller put there since). So it is waited for while it lives: it
+      // A peer of this host that writes our memory itself (CMA, by
+      // address): closing its connection does not stop a copy it has queued
+      // (a stopped process runs it when continued, into whatever the caller
+      // put there since). So it is waited for while it lives: it
       // acknowledges, or its connection closes as its path fails or it exits
-      // (it keeps it open until no copy of its can reach us). A mapped
-      // memfd's pages stay the peer's own after we unmap them.
-      const bool by_address = !r.shared && !r.staged && r.kind == MemoryKind::kDram;
+      // (it keeps it open until no copy of its can reach us).
       for (std::uint64_t id : std::set(r.awaiting)) {
         const pid_t pid = sessions.at(id).direct_pid;
-        if (by_address && pid != 0 && !ucx::process_gone(pid)) {
+        if (copies_into_us(id)) {
           if (!std::exchange(r.overdue_logged, true)) {
             baton::logger().warn("ucx: region {}: peer {} (process {} of this host, which copies into it directly) "
                                  "has not acknowledged its revocation within {} ms; waiting for it, or for it to exit",

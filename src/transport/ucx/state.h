@@ -672,6 +672,11 @@ struct UcxTransport::State {
   // regions by address, told we are going and kept until it closed; and the
   // closing of those that exited or ran out of time.
   bool drain(std::uint64_t id, TimeNs now_ns);
+  // Whether session `id` is a live process of this host that copies into our
+  // DRAM regions itself (kDirect, its cookie read back) and was told one, or
+  // owes the acknowledgement of one: a disconnect does not stop its copies,
+  // so it is waited for, never dismissed (finish_revokes, drain).
+  [[nodiscard]] bool copies_into_us(std::uint64_t id) const;
   void drain_sessions(TimeNs now_ns);  // kForeverNs: close every one now
 
   // listener.cc
