@@ -195,12 +195,15 @@ std::unique_ptr<ControlConnection> ControlListener::accept() {
     const auto now = std::chrono::steady_clock::now();
     if (now - warned_at_ >= std::chrono::seconds(1)) {
       warned_at_ = now;
-      baton::logger().warn("control channel: accept on {}: {}{}", address_, std::strerror(error),
-                           dropped_ > dropped_warned_
-                               ? fmt::format(" ({} connections closed unserved since the last line)",
-                                             dropped_ - dropped_warned_)
-                               : std::string());
-      dropped_warned_ = dropped_;
+      const std::uint64_t warned_before = std::exchange(dropped_warned_, dropped_);
+      // Formatted only when logged (nothing is built out of descriptors
+      // with the level off).
+      if (dropped_ > warned_before) {
+        baton::logger().warn("control channel: accept on {}: {} ({} connections closed unserved since the last line)",
+                             address_, std::strerror(error), dropped_ - warned_before);
+      } else {
+        baton::logger().warn("control channel: accept on {}: {}", address_, std::strerror(error));
+      }
     }
     return nullptr;
   }
