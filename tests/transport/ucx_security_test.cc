@@ -753,6 +753,31 @@ TEST_F(UcxSecurityTest, AHelloWithAForeignWorkerAddressIsRefusedNotAborted) {
   expect_round_trip(1 << 16);
 }
 
+// Baton's log captured at `level` while it lives, then as it was.
+class LogCapture {
+ public:
+  explicit LogCapture(spdlog::level::level_enum level)
+      : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)), level_(baton::logger().level()) {
+    baton::logger().sinks().push_back(sink_);
+    baton::logger().set_level(level);
+  }
+  ~LogCapture() {
+    baton::logger().sinks().pop_back();
+    baton::logger().set_level(level_);
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::string text() {
+    sink_->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  spdlog::level::level_enum level_;
+};
+
 // A peer of the test's own that proves the secret but names, for the
 // listener's answers, `answers` (a worker it may never progress), and sends
 // hand-made messages on one lane from `lanes`. The test drives `step`.
@@ -881,13 +906,8 @@ TEST_F(UcxSecurityTest, ASessionsFramesAreServedInTurnAndAHalfFrameIsNotKept) {
 TEST_F(UcxSecurityTest, APeerThatAsksWithoutReadingIsClosedNotQueuedFor) {
   b_ = make(config());
   ASSERT_TRUE(b_);
-  std::ostringstream out;
-  spdlog::logger& log = baton::logger();
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
-  log.sinks().push_back(sink);
-  const auto level = log.level();
-  log.set_level(spdlog::level::info);
   {
+    LogCapture log(spdlog::level::info);
     RawPeer raw;
     raw.step = [&] { poll_all(); };
     ASSERT_TRUE(raw.join(b_->address()));
@@ -898,17 +918,13 @@ TEST_F(UcxSecurityTest, APeerThatAsksWithoutReadingIsClosedNotQueuedFor) {
     const auto refresh = ucx::encode_frame(ucx::ControlKind::kRefresh, ucx::encode_seq(1));
     while (burst.size() < (8u << 20)) burst.insert(burst.end(), refresh.begin(), refresh.end());
     std::thread sender([&] { send_all(raw.fd, burst); });  // never reads an answer
-    EXPECT_TRUE(wait_until([&] { return sink->flush(), out.str().find("asks for its regions without reading the "
-                                                                       "answers") != std::string::npos; },
-                           30s));
+    EXPECT_TRUE(wait_until(
+        [&] { return log.text().find("asks for its regions without reading the answers") != std::string::npos; },
+        30s));
     ::shutdown(raw.fd, SHUT_RDWR);
     sender.join();
+    EXPECT_NE(log.text().find("bytes queued for it"), std::string::npos) << log.text().substr(0, 2000);
   }
-  log.sinks().pop_back();
-  log.set_level(level);
-  const std::string text = out.str();
-  const auto at = text.find("bytes queued for it");
-  ASSERT_NE(at, std::string::npos) << text.substr(0, 2000);
   a_ = make(config());
   ASSERT_TRUE(a_);
   expect_round_trip(1 << 16);
@@ -1008,12 +1024,7 @@ TEST_F(UcxSecurityTest, APeerWhoseAnswersNeverDrainIsClosedNotQueuedForWithoutBo
 TEST_F(UcxSecurityTest, WarningsAboutPeersMessagesAreBoundedPerSecond) {
   b_ = make(config());
   ASSERT_TRUE(b_);
-  std::ostringstream out;
-  spdlog::logger& log = baton::logger();
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
-  log.sinks().push_back(sink);
-  const auto level = log.level();
-  log.set_level(spdlog::level::warn);
+  LogCapture log(spdlog::level::warn);
   const auto start = std::chrono::steady_clock::now();
   {
     RawPeer raw;
@@ -1029,9 +1040,7 @@ TEST_F(UcxSecurityTest, WarningsAboutPeersMessagesAreBoundedPerSecond) {
     (void)wait_until([] { return false; }, 100ms);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log.sinks().pop_back();
-  log.set_level(level);
-  const std::string text = out.str();
+  const std::string text = log.text();
   std::size_t dropped = 0, left_out = 0;
   for (std::size_t at = 0; (at = text.find("no authenticated peer bound", at)) != std::string::npos; ++at) ++dropped;
   for (std::size_t at = 0; (at = text.find("left out (at most 20 a second)", at)) != std::string::npos; ++at) {
