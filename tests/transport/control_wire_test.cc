@@ -83,6 +83,22 @@ TEST(ControlWire, MessagesRoundTrip) {
   auto g = decode_regions_update(encode(Regions{8, welcome.regions}));
   ASSERT_TRUE(g.has_value());
   EXPECT_EQ(g->seq, 8u);
+  Direct direct{4242, 0x7f00'0000'1000, {}};
+  direct.cookie.fill(0xc5);
+  auto d = decode_direct(encode(direct));
+  ASSERT_TRUE(d.has_value()) << d.error().to_string();
+  EXPECT_EQ(d->pid, 4242u);
+  EXPECT_EQ(d->cookie_address, direct.cookie_address);
+  EXPECT_EQ(d->cookie, direct.cookie);
+  EXPECT_EQ(decode_flag(encode_flag(true)).value(), true);
+  EXPECT_EQ(decode_flag(encode_flag(false)).value(), false);
+  // The newest kind is known; one past it is not.
+  std::vector<std::uint8_t> answer = encode_frame(ControlKind::kDirectAnswer, encode_flag(true));
+  auto taken = take_frame(answer, 64);
+  ASSERT_TRUE(taken.has_value() && taken->has_value());
+  EXPECT_EQ((*taken)->kind, ControlKind::kDirectAnswer);
+  std::vector<std::uint8_t> beyond = {0, 0, 0, 0, static_cast<std::uint8_t>(ControlKind::kDirectAnswer) + 1};
+  EXPECT_FALSE(take_frame(beyond, 64).has_value());
 }
 
 TEST(ControlWire, MalformedMessagesAreRefused) {
@@ -119,6 +135,10 @@ TEST(ControlWire, MalformedMessagesAreRefused) {
   Welcome welcome;  // no worker address
   EXPECT_FALSE(decode_welcome(encode(welcome)).has_value());
   EXPECT_FALSE(decode_seq(std::vector<std::uint8_t>(7)).has_value());
+  EXPECT_FALSE(decode_direct(std::vector<std::uint8_t>(16 + kCookieBytes - 1)).has_value());
+  EXPECT_FALSE(decode_flag(std::vector<std::uint8_t>{}).has_value());
+  EXPECT_FALSE(decode_flag(std::vector<std::uint8_t>{1, 0}).has_value());
+  EXPECT_NE(decode_flag(std::vector<std::uint8_t>{2}).error().message().find("a flag of 2"), std::string::npos);
   EXPECT_FALSE(decode_text(std::vector<std::uint8_t>(11), 10).has_value());
   EXPECT_FALSE(decode_challenge(std::vector<std::uint8_t>(3)).has_value());
 }

@@ -3,12 +3,16 @@
 // Real UcxTransports on loopback, polled by the test thread; the hostile
 // sides are raw sockets. Every wait is bounded.
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -692,6 +696,93 @@ TEST_F(UcxSecurityTest, ShutdownWaitsForASameHostPeerThatWritesCallerMemoryToSto
     }
     a_.reset();
     b_.reset();
+  }
+}
+
+// Drops CAP_SYS_PTRACE from the calling thread's effective set (threads it
+// starts inherit that) and restores it when it goes. Without it, a process
+// of our user that is not dumpable cannot be read: as a listener cannot
+// read a root initiator's memory, which can still write its.
+class WithoutPtraceCapability {
+ public:
+  WithoutPtraceCapability() {
+    if (::syscall(SYS_capget, &header_, saved_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    dropped[CAP_TO_INDEX(CAP_SYS_PTRACE)].effective &= ~CAP_TO_MASK(CAP_SYS_PTRACE);
+    dropped_ = ::syscall(SYS_capset, &header_, dropped) == 0;
+  }
+  ~WithoutPtraceCapability() {
+    if (dropped_) (void)::syscall(SYS_capset, &header_, saved_);
+  }
+  WithoutPtraceCapability(const WithoutPtraceCapability&) = delete;
+  WithoutPtraceCapability& operator=(const WithoutPtraceCapability&) = delete;
+
+ private:
+  __user_cap_header_struct header_{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2]{};
+  bool dropped_ = false;
+};
+
+// A same-host initiator copies into the listener's memory by address only
+// once the listener confirmed its pid (and so will wait for its copies at a
+// revocation). One the listener cannot read (here: not dumpable, and the
+// listener without CAP_SYS_PTRACE; in a deployment a root initiator and a
+// listener of another user) had copied by address anyway, and was
+// dismissed at the revoke timeout with its copies unstopped; it now goes
+// through UCX (TCP here), whose endpoints a disconnect closes. The
+// initiator is a forked child (a process of its own to read), which says
+// by its exit code what carries its path.
+TEST_F(UcxSecurityTest, ASameHostPeerTheListenerCannotConfirmDoesNotCopyByAddress) {
+  for (const bool readable : {true, false}) {
+    int to_child[2];
+    ASSERT_EQ(::pipe(to_child), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::close(to_child[1]);
+      if (!readable) ::prctl(PR_SET_DUMPABLE, 0);
+      char address[256] = {};
+      std::size_t got = 0;
+      for (ssize_t n = 1; n > 0 && got < sizeof address - 1; got += static_cast<std::size_t>(n)) {
+        n = ::read(to_child[0], address + got, sizeof address - 1 - got);
+        if (n <= 0) break;
+      }
+      auto t = UcxTransport::create(config());
+      if (!t) ::_exit(10);
+      SteadyClock clock;
+      auto path = (*t)->connect(address, clock.now_ns());
+      if (!path) ::_exit(11);
+      std::vector<Completion> ignored;
+      const TimeNs until = clock.now_ns() + 10'000'000'000;
+      while ((*t)->path_state(*path) == PathState::kConnecting && clock.now_ns() < until) {
+        (*t)->poll(clock.now_ns(), ignored);
+      }
+      if ((*t)->path_state(*path) != PathState::kReady) ::_exit(12);
+      ::_exit((*t)->paths()[*path].type == topology::PathType::kShm ? 20 : 21);
+    }
+    ::close(to_child[0]);
+    int status = 0;
+    {
+      std::optional<WithoutPtraceCapability> unable;
+      if (!readable) unable.emplace();
+      b_ = make(config());
+      ASSERT_TRUE(b_);
+      const std::string& address = b_->address();
+      EXPECT_EQ(::write(to_child[1], address.data(), address.size()), static_cast<ssize_t>(address.size()));
+      ::close(to_child[1]);
+      const bool ended = wait_until([&] { return ::waitpid(child, &status, WNOHANG) == child; }, 20s);
+      if (!ended) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+      }
+      EXPECT_TRUE(ended) << "readable " << readable;
+      b_->shutdown();
+      EXPECT_TRUE(wait_until([&] { return b_->shutdown_complete(); }, 2s));
+      b_.reset();
+    }
+    ASSERT_TRUE(WIFEXITED(status)) << "readable " << readable << ": " << status;
+    // 20: it copies into us itself (kShm); 21: UCX carries its path.
+    EXPECT_EQ(WEXITSTATUS(status), readable ? 20 : 21) << "readable " << readable;
   }
 }
 

@@ -92,7 +92,7 @@ Result<std::optional<Frame>> take_frame(std::span<const std::uint8_t> buffer, st
   r.get(length);
   r.get(kind);
   if (kind < static_cast<std::uint8_t>(ControlKind::kChallenge) ||
-      kind > static_cast<std::uint8_t>(ControlKind::kDirect)) {
+      kind > static_cast<std::uint8_t>(ControlKind::kDirectAnswer)) {
     // Most often another program answered (an HTTP server's "HTTP/1.1 ..."):
     // the bytes say who, where a kind number would not.
     return bad("unknown frame kind {} in bytes \"{}\": not a Baton peer, or a corrupt stream", kind,
@@ -172,6 +172,8 @@ std::vector<std::uint8_t> encode(const Direct& m) {
   w.bytes(m.cookie);
   return w.take();
 }
+
+std::vector<std::uint8_t> encode_flag(bool flag) { return {static_cast<std::uint8_t>(flag ? 1 : 0)}; }
 
 std::vector<std::uint8_t> encode_seq(std::uint64_t seq) {
   Writer w;
@@ -255,6 +257,12 @@ Result<Direct> decode_direct(std::span<const std::uint8_t> body) {
     return bad("a direct-copy declaration of {} bytes (expected {})", body.size(), 16 + kCookieBytes);
   }
   return m;
+}
+
+Result<bool> decode_flag(std::span<const std::uint8_t> body) {
+  if (body.size() != 1) return bad("a flag of {} bytes (expected 1)", body.size());
+  if (body[0] > 1) return bad("a flag of {} (expected 0 or 1)", body[0]);
+  return body[0] == 1;
 }
 
 Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t max_bytes) {

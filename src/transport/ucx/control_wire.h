@@ -17,7 +17,9 @@
 //      i from our rail i mod (our rails) to its rail i mod (its rails) (the
 //      listener answers slices on its own); the initiator binds each lane
 //      with the session token (an active message, wire.h) --
-//   kReady (every lane bound)       →
+//                                   ←     kDirect{pid, cookie} (a same-host initiator)
+//   kDirectAnswer{confirmed}        →     (it copies by address only if confirmed)
+//   kReady (every lane bound)       →     (ready once both arrived)
 //   kRegions / kRevoke              →     ←  kRefresh / kRevokeAck / kNotify
 #pragma once
 
@@ -36,7 +38,10 @@ namespace baton::transport::ucx {
 // 4: a region may come without rkeys (staged: reached by messages only).
 // 5: the proof covers the lane count, and the name by its length.
 // 6: over TCP a lane's bind is padded (wire.h, kBindPaddingBytes).
-inline constexpr std::uint16_t kControlVersion = 7;  // 7: kDirect
+// 7: kDirect.
+// 8: kDirectAnswer (the initiator copies directly only once the listener
+//    confirmed its pid, so that the listener waits for it at a revocation).
+inline constexpr std::uint16_t kControlVersion = 8;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::uint8_t, kNonceBytes>;
@@ -66,7 +71,8 @@ enum class ControlKind : std::uint8_t {
   kRevokeAck = 8,  // initiator → listener: nothing of mine can still touch them
   kNotify = 9,     // initiator → listener: a user's message (after a batch)
   kReady = 10,     // listener → initiator: every lane is bound, slices may flow
-  kDirect = 11,    // initiator → listener: it copies into our memory itself, from this pid of this host
+  kDirect = 11,    // initiator → listener: it would copy into our memory itself, from this pid of this host
+  kDirectAnswer = 12,  // listener → initiator: whether it confirmed that pid (and will wait for it)
 };
 
 struct Frame {
@@ -131,6 +137,7 @@ struct Revoke {
 [[nodiscard]] std::vector<std::uint8_t> encode(const Regions& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Revoke& m);
 [[nodiscard]] std::vector<std::uint8_t> encode(const Direct& m);
+[[nodiscard]] std::vector<std::uint8_t> encode_flag(bool flag);                 // kDirectAnswer
 [[nodiscard]] std::vector<std::uint8_t> encode_seq(std::uint64_t seq);          // kRefresh, kRevokeAck
 [[nodiscard]] std::vector<std::uint8_t> encode_text(std::string_view text);     // kRefusal, kNotify
 
@@ -145,6 +152,7 @@ struct Revoke {
 [[nodiscard]] Result<Revoke> decode_revoke(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<std::uint64_t> decode_seq(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<Direct> decode_direct(std::span<const std::uint8_t> body);
+[[nodiscard]] Result<bool> decode_flag(std::span<const std::uint8_t> body);
 [[nodiscard]] Result<std::string> decode_text(std::span<const std::uint8_t> body, std::size_t max_bytes);
 
 }  // namespace baton::transport::ucx

@@ -101,11 +101,13 @@ void UcxTransport::State::set_path_type(PathId id, topology::PathType type) {
   }
 }
 
-std::string_view UcxTransport::State::stage_text(Stage stage) {
-  switch (stage) {
+std::string_view UcxTransport::State::stage_text(const Peer& peer) {
+  switch (peer.stage) {
     case Stage::kAwaitChallenge: return "waiting for the listener's challenge";
     case Stage::kAwaitWelcome: return "waiting for the listener's welcome";
-    case Stage::kBinding: return "waiting for the listener to bind the lanes";
+    case Stage::kBinding:
+      return peer.ready_heard ? "waiting for the listener to answer that we are a process of its host"
+                              : "waiting for the listener to bind the lanes";
     case Stage::kDone: return "done";
   }
   return "?";
@@ -161,11 +163,11 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   const auto pid = static_cast<pid_t>(w->pid);
   peer.same_process = pid == getpid() && ucx::own_cookie_matches(w->cookie_address, w->cookie);
   if (config.same_host_copy && ucx::cookie_matches(pid, w->cookie_address, w->cookie)) {
-    peer.same_host_pid = pid;
-    baton::logger().debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
     // The listener cannot fence our copies by closing our connection, so it
-    // learns to wait for us instead (finish_revokes). Sent before the lanes
-    // bind: it is read long before any revocation could time out.
+    // must wait for us instead (finish_revokes): we copy directly only once
+    // it confirmed our pid (it may not be allowed to read our memory: root
+    // copying into another user's process), and the path is ready then.
+    peer.direct_asked_pid = pid;
     const ucx::Direct direct{static_cast<std::uint64_t>(getpid()), reinterpret_cast<std::uintptr_t>(cookie.data()),
                              cookie};
     if (Status s = peer.control->send(ControlKind::kDirect, ucx::encode(direct)); !s.is_ok()) return s;
@@ -173,6 +175,15 @@ Status UcxTransport::State::welcome(PathId id, const Frame& frame, std::uint64_t
   if (Status s = apply_regions(id, w->regions); !s.is_ok()) return s;
   token = w->session;
   return Status::ok();
+}
+
+void UcxTransport::State::become_ready(PathId id) {
+  Peer& peer = peers[id];
+  peer.stage = Stage::kDone;
+  peer.state = PathState::kReady;
+  direct_dirty = true;
+  set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
+  baton::logger().debug("ucx: path {} ready: {}", id, infos[id].name());
 }
 
 Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
@@ -199,7 +210,8 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
       std::uint64_t token = 0;
       if (Status s = welcome(id, frame, token); !s.is_ok()) return s;
       peer.stage = Stage::kBinding;
-      const bool tcp = peer.same_host_pid == 0 && detect_path_type(peer.lanes[0]->ep) == topology::PathType::kTcp;
+      const bool tcp =
+          peer.direct_asked_pid == 0 && detect_path_type(peer.lanes[0]->ep) == topology::PathType::kTcp;
       for (auto& lane : peer.lanes) {
         std::vector<std::uint8_t> payload(ucx::kBindTokenBytes + (tcp ? ucx::kBindPaddingBytes : 0));
         std::memcpy(payload.data(), &token, sizeof token);
@@ -213,11 +225,25 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
     }
     case Stage::kBinding:
       if (frame.kind == ControlKind::kReady) {
-        peer.stage = Stage::kDone;
-        peer.state = PathState::kReady;
-        direct_dirty = true;
-        set_path_type(id, peer.same_host_pid != 0 ? topology::PathType::kShm : detect_path_type(peer.lanes[0]->ep));
-        baton::logger().debug("ucx: path {} ready: {}", id, infos[id].name());
+        peer.ready_heard = true;
+        if (peer.direct_asked_pid == 0) become_ready(id);
+        return Status::ok();
+      }
+      if (frame.kind == ControlKind::kDirectAnswer && peer.direct_asked_pid != 0) {
+        auto confirmed = ucx::decode_flag(frame.body);
+        if (!confirmed) return confirmed.error();
+        const pid_t pid = std::exchange(peer.direct_asked_pid, 0);
+        if (*confirmed) {
+          peer.same_host_pid = pid;
+          // Not ready yet: no slice nor published table uses these keys.
+          for (auto& [key, keys] : peer.regions) map_memfd(peer, *keys);
+          baton::logger().debug("ucx: {} is process {} of this host: copying directly", peer.address, pid);
+        } else {
+          baton::logger().info("ucx: {} is process {} of this host but cannot read ours to confirm it, so it "
+                               "could not wait for our copies: going through UCX instead",
+                               peer.address, pid);
+        }
+        if (peer.ready_heard) become_ready(id);
         return Status::ok();
       }
       break;
@@ -286,7 +312,7 @@ void UcxTransport::State::drive_paths(TimeNs now_ns) {
     watch(*peer.control, peer.write_watched);
     if (peer.state == PathState::kConnecting && now_ns >= peer.deadline_ns) {
       const std::string_view stage =
-          peer.control->connecting() ? "no TCP connection to its listener yet" : stage_text(peer.stage);
+          peer.control->connecting() ? "no TCP connection to its listener yet" : stage_text(peer);
       fail_path(id, Status::unavailable("path {} to {}: handshake did not finish within {} ms ({})", id,
                                         peer.address, config.handshake_timeout_ms, stage));
     }

@@ -355,15 +355,18 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       }
       // Believed only once its cookie is read back out of that process: a
       // peer naming another pid (1, ours) would otherwise be waited for
-      // for good. One we cannot read is dismissed at the timeout as before.
+      // for good. One we cannot read (it runs as root, we do not) is told
+      // so, and goes through UCX: we could not wait for its copies.
       const auto pid = static_cast<pid_t>(direct->pid);
-      if (!ucx::cookie_matches(pid, direct->cookie_address, direct->cookie)) {
-        baton::logger().debug("ucx: peer {} says it copies into our memory from process {}, which we cannot confirm",
-                              session.name, pid);
-        return Status::ok();
+      const bool confirmed = ucx::cookie_matches(pid, direct->cookie_address, direct->cookie);
+      if (confirmed) {
+        session.direct_pid = pid;
+        baton::logger().debug("ucx: peer {} copies into our memory itself, from process {}", session.name, pid);
+      } else {
+        baton::logger().debug("ucx: peer {} says it is process {} of this host, which we cannot confirm", session.name,
+                              pid);
       }
-      session.direct_pid = pid;
-      baton::logger().debug("ucx: peer {} copies into our memory itself, from process {}", session.name, pid);
+      tell(id, ControlKind::kDirectAnswer, ucx::encode_flag(confirmed));
       return Status::ok();
     }
     case ControlKind::kNotify: {

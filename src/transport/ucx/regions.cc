@@ -188,6 +188,19 @@ bool UcxTransport::State::revoking_for(std::uint32_t key, std::uint64_t id) cons
   return r.revoking && r.awaiting.contains(id);
 }
 
+// A same-host peer's region that is a memfd is mapped here, and copied
+// with plain stores (CMA, by address, where it cannot be).
+void UcxTransport::State::map_memfd(const Peer& peer, RemoteRegionKeys& keys) {
+  if (peer.same_host_pid == 0 || keys.memfd < 0 || keys.mapping) return;
+  auto mapped = ucx::map_peer_memfd(peer.same_host_pid, keys.memfd, keys.memfd_inode, keys.info.length);
+  if (mapped) {
+    keys.mapping = std::make_shared<const ucx::Mapping>(std::move(*mapped));
+  } else {
+    baton::logger().debug("ucx: region {} of {}: {}; copying with CMA", keys.info.key, peer.address,
+                          mapped.error().message());
+  }
+}
+
 // Replaces the peer's region table by `descriptors`, unpacking the rkeys
 // of new regions on every lane. Regions that did not change keep theirs.
 Status UcxTransport::State::apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors) {
@@ -224,14 +237,7 @@ Status UcxTransport::State::apply_regions(PathId id, const std::vector<RegionDes
     }
     keys->memfd = d.memfd;
     keys->memfd_inode = d.memfd_inode;
-    if (peer.same_host_pid != 0 && d.memfd >= 0) {
-      auto mapped = ucx::map_peer_memfd(peer.same_host_pid, d.memfd, d.memfd_inode, d.length);
-      if (mapped) {
-        keys->mapping = std::make_shared<const ucx::Mapping>(std::move(*mapped));
-      } else {
-        baton::logger().debug("ucx: region {} of {}: {}; copying with CMA", d.key, peer.address, mapped.error().message());
-      }
-    }
+    map_memfd(peer, *keys);
     table.emplace(d.key, std::move(keys));
   }
   peer.regions = std::move(table);

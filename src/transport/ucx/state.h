@@ -283,9 +283,15 @@ struct UcxTransport::State {
     int inflight = 0;               // slices posted and not handed out
     std::uint64_t held = 0;         // hold_path(): slices its caller keeps outside UCX
     std::vector<RailLoad> rails;    // per rail of ours
-    // A peer of this host (its cookie read back): slices are copied here
-    // (same_host.h), not posted to UCX. 0: another host, or not proved.
+    // A peer of this host (its cookie read back) that confirmed our pid in
+    // turn (kDirectAnswer), so that it waits for our copies when it revokes:
+    // slices are copied here (same_host.h), not posted to UCX. 0: another
+    // host, not proved, or not confirmed.
     pid_t same_host_pid = 0;
+    // Asked to copy directly (kDirect sent): the pid waiting for the answer,
+    // which the path needs before it is ready. 0: not asked, or answered.
+    pid_t direct_asked_pid = 0;
+    bool ready_heard = false;  // kReady came while the answer had not
     // This process (proved the same way, with or without same-host copies):
     // its addresses are ours (path_in_this_process).
     bool same_process = false;
@@ -665,6 +671,7 @@ struct UcxTransport::State {
   RegionHandle add_region(void* addr, std::size_t length, MemoryKind kind, LocalRegion region,
                           std::shared_ptr<UcxTransport::StagedAccess> staged);
   bool revoking_for(std::uint32_t key, std::uint64_t id) const;
+  void map_memfd(const Peer& peer, RemoteRegionKeys& keys);
   Status apply_regions(PathId id, const std::vector<RegionDescriptor>& descriptors);
   Status acknowledge_revokes(PathId id);
   void finish_revokes(TimeNs now_ns);
@@ -710,10 +717,11 @@ struct UcxTransport::State {
   void fail_path(PathId id, Status reason);
   topology::PathType detect_path_type(ucp_ep_h ep) const;
   void set_path_type(PathId id, topology::PathType type);
-  static std::string_view stage_text(Stage stage);
+  static std::string_view stage_text(const Peer& peer);
   Status create_lanes(PathId id, const std::vector<std::vector<std::uint8_t>>& addresses);
   Status welcome(PathId id, const Frame& frame, std::uint64_t& token);
   Status initiator_frame(PathId id, const Frame& frame);
+  void become_ready(PathId id);
   void drive_paths(TimeNs now_ns);
 };
 

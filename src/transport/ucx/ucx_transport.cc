@@ -509,7 +509,7 @@ Status UcxTransport::path_status(PathId path) const {
     case PathState::kReady: return Status::ok();
     case PathState::kConnecting:
       return Status::unavailable("path {} to {}: handshake not finished ({})", path, peer.address,
-                                 State::stage_text(peer.stage));
+                                 State::stage_text(peer));
     case PathState::kFailed: return peer.error;
   }
   return peer.error;
