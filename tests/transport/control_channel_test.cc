@@ -61,6 +61,43 @@ TEST(ControlChannel, BothEndsProbeAnIdlePeerSoOneThatVanishedIsFound) {
   expect_keepalive(accepted->fd(), "accepted");
 }
 
+// The listener bounds every session's queued answers together by a total
+// the connections keep (summing them for each small ask was a walk over
+// every session): queued frames add to it, bytes the socket takes and a
+// connection that goes take theirs back.
+TEST(ControlChannel, ConnectionsKeepOneCountOfWhatTheyQueued) {
+  int ab[2];
+  int cd[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, ab), 0);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, cd), 0);
+  auto a = std::make_unique<ControlConnection>(UniqueFd(ab[0]), "a", false);
+  auto c = std::make_unique<ControlConnection>(UniqueFd(cd[0]), "c", false);
+  const UniqueFd b(ab[1]);  // never read: a's queue backs up
+  const UniqueFd d(cd[1]);
+  const std::vector<std::uint8_t> body(100, 7);
+  ASSERT_TRUE(a->send(ControlKind::kNotify, body).is_ok());
+  std::size_t total = 0;
+  a->count_queued_in(&total);  // what it held already counts
+  EXPECT_EQ(total, kFrameHeaderBytes + body.size());
+  c->count_queued_in(&total);
+  ASSERT_TRUE(c->send(ControlKind::kNotify, body).is_ok());
+  EXPECT_EQ(total, 2 * (kFrameHeaderBytes + body.size()));
+  ASSERT_TRUE(c->flush().is_ok());  // the socket takes all of c's
+  EXPECT_EQ(c->queued(), 0u);
+  EXPECT_EQ(total, a->queued());
+  const std::vector<std::uint8_t> big(1 << 20, 9);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(a->send(ControlKind::kNotify, big).is_ok());
+  ASSERT_TRUE(a->flush().is_ok());  // takes part: b reads nothing
+  EXPECT_GT(a->queued(), 0u);
+  EXPECT_LT(a->queued(), 8u * big.size());
+  EXPECT_EQ(total, a->queued() + c->queued());
+  a.reset();
+  EXPECT_EQ(total, c->queued());
+  ASSERT_TRUE(c->send(ControlKind::kNotify, body).is_ok());
+  c->count_queued_in(nullptr);
+  EXPECT_EQ(total, 0u);
+}
+
 // Out of file descriptors, a waiting connection stayed in the backlog: the
 // level-triggered listener stayed readable and the loop spun on it (4.7 s of
 // CPU in 5 s, 825 000 warning lines). Now one waiting connection is closed

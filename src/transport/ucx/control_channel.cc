@@ -119,6 +119,16 @@ Status ControlConnection::receive(std::size_t max_buffered) {
   return Status::ok();
 }
 
+ControlConnection::~ControlConnection() {
+  if (queued_total_ != nullptr) *queued_total_ -= queued();
+}
+
+void ControlConnection::count_queued_in(std::size_t* total) {
+  if (queued_total_ != nullptr) *queued_total_ -= queued();
+  queued_total_ = total;
+  if (queued_total_ != nullptr) *queued_total_ += queued();
+}
+
 Status ControlConnection::send(ControlKind kind, std::span<const std::uint8_t> body) {
   if (out_.size() - out_at_ + kFrameHeaderBytes + body.size() > kMaxQueuedBytes) {
     return Status::resource_exhausted("control channel: {} bytes wait for {}, which does not read", out_.size() - out_at_,
@@ -126,6 +136,7 @@ Status ControlConnection::send(ControlKind kind, std::span<const std::uint8_t> b
   }
   const auto frame = encode_frame(kind, body);
   out_.insert(out_.end(), frame.begin(), frame.end());
+  if (queued_total_ != nullptr) *queued_total_ += frame.size();
   return Status::ok();
 }
 
@@ -142,6 +153,7 @@ Status ControlConnection::flush() {
     const ssize_t n = ::send(fd_.get(), out_.data() + out_at_, out_.size() - out_at_, MSG_NOSIGNAL);
     if (n > 0) {
       out_at_ += static_cast<std::size_t>(n);
+      if (queued_total_ != nullptr) *queued_total_ -= static_cast<std::size_t>(n);
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;

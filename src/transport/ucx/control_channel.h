@@ -52,6 +52,9 @@ class ControlConnection {
   // Starts a nonblocking connect; wants_write() until it finished.
   [[nodiscard]] static Result<std::unique_ptr<ControlConnection>> dial(const SocketAddress& to);
   ControlConnection(UniqueFd fd, std::string remote, bool connecting);
+  ~ControlConnection();
+  ControlConnection(const ControlConnection&) = delete;
+  ControlConnection& operator=(const ControlConnection&) = delete;
 
   [[nodiscard]] int fd() const { return fd_.get(); }
   // The other end's address ("10.0.0.2:51234"), for logs.
@@ -80,6 +83,10 @@ class ControlConnection {
   [[nodiscard]] bool wants_write() const { return connecting_ || !out_.empty(); }
   // Bytes queued and not yet taken by the socket.
   [[nodiscard]] std::size_t queued() const { return out_.size() - out_at_; }
+  // Keeps *total counting queued() (added as frames are queued, taken back
+  // as the socket takes them or when the connection goes): a listener
+  // bounds all its connections' queues without summing them each time.
+  void count_queued_in(std::size_t* total);
   // Whether a connect has not completed yet (no TCP connection so far).
   [[nodiscard]] bool connecting() const { return connecting_; }
 
@@ -93,6 +100,7 @@ class ControlConnection {
   std::size_t in_at_ = 0;  // in_[0, in_at_) were taken as frames
   std::vector<std::uint8_t> out_;
   std::size_t out_at_ = 0;
+  std::size_t* queued_total_ = nullptr;  // count_queued_in
 };
 
 class ControlListener {

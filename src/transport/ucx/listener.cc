@@ -215,6 +215,7 @@ void UcxTransport::State::accept_connections(TimeNs now_ns) {
     Session& session = sessions[id];
     session.from = std::move(from);
     session.conn = std::move(conn);
+    session.conn->count_queued_in(&control_queued_bytes);
     session.nonce = *nonce;
     session.deadline_ns = now_ns + config.handshake_timeout_ms * 1'000'000;
     poller->watch(session.conn->fd(), false);
@@ -323,16 +324,14 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       }
       // Past the bound for all sessions, the one holding the most goes (not
       // whoever asks next).
-      std::size_t all = 0;
-      std::uint64_t most = id;
-      for (const auto& [other, s] : sessions) {
-        all += s.conn->queued();
-        if (s.conn->queued() > sessions.at(most).conn->queued()) most = other;
-      }
-      if (all > kMaxControlBacklogBytes) {
+      if (control_queued_bytes > kMaxControlBacklogBytes) {
+        std::uint64_t most = id;
+        for (const auto& [other, s] : sessions) {
+          if (s.conn->queued() > sessions.at(most).conn->queued()) most = other;
+        }
         const std::string why = fmt::format(
             "does not read its control connection ({} bytes queued for it, {} for every peer)",
-            sessions.at(most).conn->queued(), all);
+            sessions.at(most).conn->queued(), control_queued_bytes);
         if (most == id) return Status::resource_exhausted("{}", why);
         close_session(most, why);
       }

@@ -409,6 +409,9 @@ struct UcxTransport::State {
   std::vector<Peer> peers;  // by PathId
   std::vector<PathInfo> infos;
   std::uint64_t infos_version = 0;  // paths_version(): moves when an entry of infos changes
+  // Every session's conn->queued(), summed (count_queued_in); declared
+  // before the sessions, whose connections take theirs back as they go.
+  std::size_t control_queued_bytes = 0;
   std::map<std::uint64_t, Session> sessions;  // by id
   std::uint64_t next_session = 1;
   std::uint64_t next_revoke = 1;
