@@ -23,8 +23,11 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
   if (peer.control) {
     poller->forget(peer.control->fd());
     // The listener sees us go; a same-host one, once no copy of ours can
-    // still reach its memory (close_lingering).
-    if (peer.same_host_pid != 0) lingering.emplace_back(id, std::move(peer.control));
+    // still reach its memory (close_lingering). At a shutdown, frames still
+    // queued go first: a batch with a notification ended once it was
+    // queued, and a caller that waited, then shut down, lost it.
+    const bool unsent = shut_down && !peer.control->connecting() && peer.control->queued() > 0;
+    if (peer.same_host_pid != 0 || unsent) lingering.emplace_back(id, std::move(peer.control));
     peer.control.reset();
   }
   for (auto& lane : peer.lanes) {

@@ -55,9 +55,11 @@ bool UcxTransport::State::retired_in_use() {
 // slice of the path is in flight (CMA and worker copies end as slices).
 void UcxTransport::State::close_lingering() {
   if (lingering.empty()) return;
+  // Their last frames are written first; one that cannot take them is gone.
+  std::erase_if(lingering, [](const auto& l) { return l.second->queued() > 0 && !l.second->flush().is_ok(); });
   if (direct_dirty) publish_direct();
   if (retired_in_use()) return;
-  std::erase_if(lingering, [this](const auto& l) { return peers[l.first].inflight == 0; });
+  std::erase_if(lingering, [this](const auto& l) { return peers[l.first].inflight == 0 && l.second->queued() == 0; });
 }
 
 // A revocation (ours, or a peer's we have yet to acknowledge), or the close

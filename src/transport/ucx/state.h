@@ -522,7 +522,8 @@ struct UcxTransport::State {
   // Control connections of failed same-host paths, held open while a copy
   // may still touch the holder's memory (a caller's thread inside a retired
   // direct table; a CMA or worker copy of a slice still in flight): the
-  // holder takes the close as leave to unmap and reuse that memory.
+  // holder takes the close as leave to unmap and reuse that memory. And
+  // any path's, at a shutdown, until the frames it had queued are written.
   std::vector<std::pair<PathId, std::unique_ptr<ControlConnection>>> lingering;
   bool direct_dirty = true;
   std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
