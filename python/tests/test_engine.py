@@ -588,6 +588,8 @@ def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
     for bad in (-1.0, float("nan"), float("inf"), 1e300):
         with pytest.raises(baton.InvalidArgument, match="timeout is"):
             engine.refresh(peer, timeout=bad)
+    with pytest.raises(baton.InvalidArgument, match="round trip"):
+        engine.refresh(peer, timeout=0)
     engine.refresh(peer, timeout=5)
     local = engine.register(bytearray(4096))
     batch = engine.submit([baton.Request(op="read", local=local, peer=peer, remote=holder.handle, length=4096)])

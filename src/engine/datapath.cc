@@ -90,13 +90,26 @@ Result<Region> Datapath::allocate_memory(std::size_t length, int numa_node) {
   return region;
 }
 
+// Said of a handle no longer registered whose revocation a peer has yet to
+// acknowledge: its memory is still not the caller's.
+std::string Datapath::unregistering(RegionHandle handle) const {
+  return ucx_.unregister_pending(handle)
+             ? "; it is being unregistered: a peer has not acknowledged its revocation yet (unregister again to wait)"
+             : "";
+}
+
 Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> done) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) {
     // Its revocation still waits on a peer (an earlier unregister timed
-    // out): waited for again.
+    // out): waited for again. Or it ended since: that caller is told now.
+    const bool timed_out = late_unregisters_.erase(handle) > 0;
     if (ucx_.unregister_pending(handle)) {
       unregisters_.push_back({handle, std::move(done)});
+      return Status::ok();
+    }
+    if (timed_out) {
+      done(Status::ok());
       return Status::ok();
     }
     return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
@@ -132,7 +145,8 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
 
 Status Datapath::export_region(RegionHandle handle, const std::vector<std::string>& peers) {
   if (!regions_.contains(handle)) {
-    return Status::not_found("export_region: no region {} (never registered, or unregistered)", handle);
+    return Status::not_found("export_region: no region {} (never registered, or unregistered){}", handle,
+                             unregistering(handle));
   }
   return ucx_.export_region(handle, peers);
 }
@@ -177,7 +191,8 @@ void Datapath::refresh(const Peer& peer, std::function<void(Status)> done) {
 
 Result<Region> Datapath::region(RegionHandle region) const {
   auto it = regions_.find(region);
-  if (it == regions_.end()) return std::unexpected(Status::not_found("no region {} registered here", region));
+  if (it == regions_.end()) return std::unexpected(Status::not_found("no region {} registered here{}", region,
+                                                                     unregistering(region)));
   return it->second.region;
 }
 

@@ -41,6 +41,10 @@ class Datapath {
   // ok or an error at once; `done` runs (on the loop) once peers
   // acknowledged the revocation, or at once when none knew the region.
   [[nodiscard]] Status unregister(RegionHandle region, std::function<void(Status)> done);
+  // The caller stopped waiting for that unregister (it answered timeout):
+  // the next unregister of the region answers ok once the revocation ended,
+  // not "no region".
+  void answer_unregister_later(RegionHandle region) { late_unregisters_.insert(region); }
   [[nodiscard]] Status export_region(RegionHandle region, const std::vector<std::string>& peers);
   [[nodiscard]] Result<Region> region(RegionHandle region) const;
   // `done` runs on the loop once the handshake ended (ready or failed).
@@ -129,6 +133,7 @@ class Datapath {
   [[nodiscard]] Taken take_ended_if_clean(std::uint64_t id);
 
  private:
+  [[nodiscard]] std::string unregistering(RegionHandle region) const;  // for messages
   struct RegionRecord {
     Region region;
     std::uint64_t live_requests = 0;
@@ -248,6 +253,7 @@ class Datapath {
   std::vector<PendingConnect> connects_;
   std::vector<PendingRefresh> refreshes_;
   std::vector<PendingUnregister> unregisters_;
+  std::unordered_set<RegionHandle> late_unregisters_;  // answer_unregister_later
 
   const int ended_fd_;
   std::mutex ended_mutex_;

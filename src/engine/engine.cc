@@ -161,6 +161,10 @@ Status Engine::unregister(RegionHandle region) {
   // copies into the memory itself and still lives: nothing fences it.
   const auto bound = std::chrono::milliseconds(state_->revoke_timeout_ms + 5'000);
   if (revoked.wait_for(bound) != std::future_status::ready) {
+    (void)state_->core->on_loop([&] {
+      state_->datapath->answer_unregister_later(region);
+      return Status::ok();
+    });
     return Status::timeout(
         "unregister: region {} not revoked within {} ms: a peer has not acknowledged — one of this host that copies "
         "into the memory itself is waited for while it lives (a stopped process?), and may still write there; keep "
@@ -192,7 +196,11 @@ Result<Peer> Engine::connect(std::string_view address) {
 
 Status Engine::refresh(const Peer& peer, TimeNs timeout_ns) {
   if (Status s = state_->usable("refresh"); !s.is_ok()) return s;
-  if (timeout_ns < 0) return Status::invalid_argument("refresh: timeout is {} ns (expected >= 0)", timeout_ns);
+  // 0 raced the loop (ok or timeout by luck): the answer is a round trip.
+  if (timeout_ns <= 0) {
+    return Status::invalid_argument("refresh: timeout is {} ns (expected > 0: the answer takes a round trip)",
+                                    timeout_ns);
+  }
   auto done = std::make_shared<std::promise<Status>>();
   auto result = done->get_future();
   state_->core->loop->post([this, done, peer](admission::AdmissionController&, TimeNs) {

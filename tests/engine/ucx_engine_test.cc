@@ -594,6 +594,9 @@ TEST(UcxEngineRegions, ARegionReachesPeersOnlyOnceExportedAndUnregisterRevokesIt
   r.peer = peer->address;
   r.remote_region = late_region->handle;
   r.length = late.size();
+  // A refresh is a round trip: no timeout (0 raced the loop) can see it.
+  EXPECT_EQ(local.engine->refresh(*peer, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(local.engine->refresh(*peer, -1).code(), StatusCode::kInvalidArgument);
   // Registered is not exported: the peer does not see it, even after a refresh.
   ASSERT_TRUE(local.engine->refresh(*peer).is_ok());
   EXPECT_EQ(local.engine->submit(Batch{{r}, {}}).error().code(), StatusCode::kNotFound);
@@ -1190,41 +1193,51 @@ TEST(UcxEngineMemory, AllocatedMemoryPrefersTheNumaNodeAskedFor) {
 // closes it, and says so. The wait ran on the wrong clock under an engine
 // (the transport's absolute time against the loop's time since start), so
 // it never expired and shutdown took its whole outer bound instead.
-TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRevokeTimeout) {
-  // The writer is forked before this process has an engine (a child of a
-  // process with one cannot make its own), and learns our address by a pipe.
-  int to_writer[2];
-  ASSERT_EQ(::pipe(to_writer), 0);
+// A same-host peer process that writes our memory itself (CMA) in a loop:
+// forked before this process has an engine (a child of a process with one
+// cannot make its own), it learns our address from what is written to the
+// returned pipe. -1 when the fork failed.
+pid_t fork_same_host_writer(int& to_writer) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
   const pid_t writer = fork();
-  ASSERT_GE(writer, 0);
-  if (writer == 0) {
-    ::close(to_writer[1]);
-    char address[256] = {};
-    std::size_t got = 0;
-    for (ssize_t n = 1; n > 0 && got < sizeof address - 1; got += static_cast<std::size_t>(n)) {
-      n = ::read(to_writer[0], address + got, sizeof address - 1 - got);
-      if (n <= 0) break;
-    }
-    auto e = Engine::create(ucx_config());
-    if (!e) ::_exit(10);
-    auto peer = (*e)->connect(address);
-    if (!peer) ::_exit(11);
-    auto regions = (*e)->remote_regions(*peer);
-    if (!regions || regions->empty()) ::_exit(12);
-    std::vector<std::byte> block(1 << 20, std::byte{0x5a});
-    auto local = (*e)->register_memory(block.data(), block.size());
-    if (!local) ::_exit(13);
-    Request r;
-    r.op = Op::kWrite;
-    r.local_region = local->handle;
-    r.peer = peer->address;
-    r.remote_region = regions->front().key;
-    r.length = block.size();
-    for (;;) {
-      if (!testing::run_batch(**e, Batch{{r}, {}}, 20 * kSecond).is_ok()) ::_exit(14);
-    }
+  if (writer != 0) {
+    ::close(fds[0]);
+    to_writer = fds[1];
+    return writer;
   }
-  ::close(to_writer[0]);
+  ::close(fds[1]);
+  char address[256] = {};
+  std::size_t got = 0;
+  for (ssize_t n = 1; n > 0 && got < sizeof address - 1; got += static_cast<std::size_t>(n)) {
+    n = ::read(fds[0], address + got, sizeof address - 1 - got);
+    if (n <= 0) break;
+  }
+  auto e = Engine::create(ucx_config());
+  if (!e) ::_exit(10);
+  auto peer = (*e)->connect(address);
+  if (!peer) ::_exit(11);
+  auto regions = (*e)->remote_regions(*peer);
+  if (!regions || regions->empty()) ::_exit(12);
+  std::vector<std::byte> block(1 << 20, std::byte{0x5a});
+  auto local = (*e)->register_memory(block.data(), block.size());
+  if (!local) ::_exit(13);
+  Request r;
+  r.op = Op::kWrite;
+  r.local_region = local->handle;
+  r.peer = peer->address;
+  r.remote_region = regions->front().key;
+  r.length = block.size();
+  for (;;) {
+    // Ends when we go (its path fails), or when it is killed.
+    if (!testing::run_batch(**e, Batch{{r}, {}}, 20 * kSecond).is_ok()) ::_exit(14);
+  }
+}
+
+TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRevokeTimeout) {
+  int to_writer_fd = -1;
+  const pid_t writer = fork_same_host_writer(to_writer_fd);
+  ASSERT_GE(writer, 0);
   std::vector<std::byte> memory(8 << 20);  // outlives the engine
   EngineConfig config = ucx_config();
   config.ucx.revoke_timeout_ms = 500;
@@ -1234,8 +1247,8 @@ TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRe
   ASSERT_TRUE(region.has_value()) << region.error().to_string();
   ASSERT_TRUE((*e)->export_region(region->handle).is_ok());
   const std::string address = (*e)->address();
-  ASSERT_EQ(::write(to_writer[1], address.data(), address.size()), static_cast<ssize_t>(address.size()));
-  ::close(to_writer[1]);
+  ASSERT_EQ(::write(to_writer_fd, address.data(), address.size()), static_cast<ssize_t>(address.size()));
+  ::close(to_writer_fd);
   // Its writes land (0x5a replaces the zeros), then it is stopped.
   auto written = [&] { return memory[0] == std::byte{0x5a}; };
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -1252,6 +1265,59 @@ TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRe
   EXPECT_TRUE(written()) << "the writer never wrote (its exit: " << status << ")";
   EXPECT_GE(took, 0.4) << "closed at once, under its copies";
   EXPECT_LT(took, 2.0) << "waited past the revoke timeout (500 ms) for its outer bound";
+}
+
+// unregister answers timeout while a stopped same-host writer owes its
+// acknowledgement, and tells the caller to keep the memory until unregister,
+// called again, answers ok. Called again once the writer had acknowledged
+// in between, it answered "no region" (an audit), so a caller who followed
+// the rule never got its ok. Meanwhile the region's handle and range say
+// why they are not usable.
+TEST(UcxEngineSameHost, UnregisterCalledAgainAfterATimeoutAnswersOkOnceThePeerAcknowledged) {
+  int to_writer_fd = -1;
+  const pid_t writer = fork_same_host_writer(to_writer_fd);
+  ASSERT_GE(writer, 0);
+  std::vector<std::byte> memory(8 << 20);
+  EngineConfig config = ucx_config();
+  config.ucx.revoke_timeout_ms = 200;
+  auto e = Engine::create(std::move(config));
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  auto region = (*e)->register_memory(memory.data(), memory.size());
+  ASSERT_TRUE(region.has_value()) << region.error().to_string();
+  ASSERT_TRUE((*e)->export_region(region->handle).is_ok());
+  const std::string address = (*e)->address();
+  ASSERT_EQ(::write(to_writer_fd, address.data(), address.size()), static_cast<ssize_t>(address.size()));
+  ::close(to_writer_fd);
+  auto written = [&] { return memory[0] == std::byte{0x5a}; };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!written() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(written()) << "the writer never wrote";
+  ASSERT_EQ(::kill(writer, SIGSTOP), 0);
+  const Status first = (*e)->unregister(region->handle);
+  EXPECT_EQ(first.code(), StatusCode::kTimeout) << first.to_string();
+  auto looked_up = (*e)->region(region->handle);
+  ASSERT_FALSE(looked_up.has_value());
+  EXPECT_NE(looked_up.error().message().find("being unregistered"), std::string::npos) << looked_up.error().message();
+  auto again = (*e)->register_memory(memory.data(), memory.size());
+  ASSERT_FALSE(again.has_value());
+  EXPECT_NE(again.error().message().find("being unregistered"), std::string::npos) << again.error().message();
+  // It runs again and acknowledges; the caller asks later.
+  ASSERT_EQ(::kill(writer, SIGCONT), 0);
+  int status = 0;
+  const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (::waitpid(writer, &status, WNOHANG) != writer && std::chrono::steady_clock::now() < gone) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(writer, SIGKILL);
+  ::waitpid(writer, &status, 0);
+  EXPECT_TRUE((*e)->unregister(region->handle).is_ok());
+  // Answered once: a third call finds no region.
+  EXPECT_EQ((*e)->unregister(region->handle).code(), StatusCode::kNotFound);
+  std::fill(memory.begin(), memory.end(), std::byte{0});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(std::count(memory.begin(), memory.end(), std::byte{0}), static_cast<std::ptrdiff_t>(memory.size()));
 }
 
 }  // namespace baton::engine

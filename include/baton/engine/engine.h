@@ -186,6 +186,9 @@ class Engine {
   // all mapped readable and writable (a peer's write into a read-only page
   // would fault the copying thread); unavailable when UCX refuses. The
   // memory must stay valid until unregister() or the engine is gone.
+  // kDram: `device` is the NUMA node the memory is on, where the caller
+  // knows it (-1: unknown; invalid_argument for a node this machine does
+  // not have): it picks the NIC near it (Region::device says it).
   // kVram: GPU memory of CUDA device `device` (-1: the one the pointer
   // belongs to, as Region::device then says), checked against the CUDA
   // runtime's pointer attributes (invalid_argument when the range is not
@@ -203,7 +206,8 @@ class Engine {
   // caller's buffer from register_memory() is reached with CMA. Its pages
   // come from NUMA node `numa_node` where that node has memory (-1: the
   // kernel's default); Region::device says the node asked for.
-  // invalid_argument for zero length or a node this machine does not have.
+  // invalid_argument for zero length or a node this machine does not have;
+  // resource_exhausted when the kernel cannot give that much.
   [[nodiscard]] Result<Region> allocate_memory(std::size_t length, int numa_node = -1);
   // Makes a region visible to peers that proved the deployment secret: all
   // of them (`peers` empty), or those named (their listen addresses, as
@@ -220,8 +224,9 @@ class Engine {
   // caller's memory itself (CMA) is not stopped by a disconnect, so while it
   // lives it is waited for: past revoke_timeout_ms + 5 s, timeout, and the
   // memory must be kept; calling unregister again waits again, and answers
-  // ok once that process acknowledged or exited. not_found for an unknown
-  // region; failed_precondition while requests on it are queued or in
+  // ok once that process acknowledged or exited (also when it did in
+  // between). Meanwhile region() and an overlapping register_memory() say
+  // the region is being unregistered. not_found for an unknown region; failed_precondition while requests on it are queued or in
   // flight (including posted slices of a cancelled request, which UCX
   // cannot recall: they finish first).
   [[nodiscard]] Status unregister(RegionHandle region);
@@ -234,7 +239,9 @@ class Engine {
   // a failed one starts afresh.
   [[nodiscard]] Result<Peer> connect(std::string_view address);
   // Learns the peer's current regions (exports reach us unasked; this waits
-  // for the current list).
+  // for the current list, up to timeout_ns: timeout past it, the refresh
+  // going on). invalid_argument for a timeout of 0 or below (the answer is
+  // a round trip).
   [[nodiscard]] Status refresh(const Peer& peer, TimeNs timeout_ns = 5'000'000'000);
   [[nodiscard]] Result<std::vector<transport::RemoteRegion>> remote_regions(const Peer& peer);
 
@@ -255,8 +262,12 @@ class Engine {
   [[nodiscard]] Status check(const Batch& batch);
   // submit(), wait() and release() in one call, for a caller that waits
   // anyway (a decode step's one block): ok once every request completed,
-  // else the first failed request's status (each request's timeout bounds
-  // the wait). A prepared same-host batch on the loop-free path, resolved
+  // else the first failed request's status. Each request's timeout ends it;
+  // one whose peer stopped answering stays `cancelling` (nothing it posted
+  // may land in the caller's memory after run returns) until
+  // UcxConfig::stall_timeout_ms fails the path, so that bounds run too, and
+  // with a stall timeout of 0 nothing does: submit and wait() give a bound
+  // of the caller's own. A prepared same-host batch on the loop-free path, resolved
   // by an earlier call, leaves no record at all: only its copies and its
   // counts (docs/engine.md, "The loop-free path").
   [[nodiscard]] Status run(const Batch& batch);
@@ -278,7 +289,9 @@ class Engine {
   // cancels what runs, so usually ok, its requests cancelled), `unavailable`
   // when it could not end first.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
-  // Cancels the requests still running and returns at once. A request
+  // Cancels the requests still running and returns once the loop has
+  // (a turn of the loop per call; a batch of 10^5 requests takes tens of ms,
+  // and other batches wait behind that turn: split huge batches). A request
   // reports `cancelled` only once nothing it posted can still land in the
   // caller's memory (UCX cannot recall a posted slice); until then it is
   // `cancelling` and the batch is not done, so wait() before reusing the

@@ -198,8 +198,9 @@ class UcxTransport final : public Transport {
   // invalid_argument for a bad listen address, a bad bound, a secret of the
   // wrong size, or a non-loopback address without a secret (and without
   // allow_unauthenticated); not_found / invalid_argument for an unreadable or
-  // unsafe secret file; unavailable when UCX cannot start (e.g. an unknown
-  // transport name in `tls`) or the address cannot be bound.
+  // unsafe secret file; invalid_argument for a `tls` list that leaves UCX
+  // no transport (an unknown name); unavailable when UCX cannot start
+  // otherwise or the address cannot be bound.
   [[nodiscard]] static Result<std::unique_ptr<UcxTransport>> create(UcxConfig config = {});
 
   // shutdown(), then progresses until the endpoint closes finish (a bounded

@@ -174,8 +174,11 @@ Status UcxTransport::State::check_new_range(std::string_view call, void* addr, s
     return Status::invalid_argument("{}: [{}, +{}) wraps around the address space", call, addr, length);
   }
   if (const LocalRegion* clash = find_overlapping(regions, base, length); clash != nullptr) {
-    return Status::invalid_argument("{}: [{:#x}, +{}) overlaps region {} [{:#x}, +{})", call, base, length,
-                                    clash->handle, clash->base, clash->length);
+    return Status::invalid_argument("{}: [{:#x}, +{}) overlaps region {} [{:#x}, +{}){}", call, base, length,
+                                    clash->handle, clash->base, clash->length,
+                                    clash->revoking ? ", which is being unregistered: a peer has not acknowledged its "
+                                                      "revocation yet (unregister it again to wait)"
+                                                    : "");
   }
   return Status::ok();
 }
