@@ -3,7 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <csignal>
 #include <fstream>
 #include <string>
@@ -137,6 +139,49 @@ bool ended(pid_t pid) {
   std::string text((std::istreambuf_iterator<char>(stat)), {});
   const auto paren = text.rfind(')');
   return paren == std::string::npos || text.substr(paren + 2, 1) == "Z";
+}
+
+// Handoffs that never completed (here the store, the fallback, is killed
+// from outside before the prefill's planned death) fail the run: the bench
+// printed "verified false, 67.50 MiB lost" and exited 0 (an audit), where
+// every failed data check exits 1.
+TEST(BenchDualpath, HandoffsLostFailTheRunNotJustItsJson) {
+  const std::string json = ::testing::TempDir() + "baton_fault_lost.json";
+  const pid_t bench = fork();
+  ASSERT_GE(bench, 0);
+  if (bench == 0) {
+    execl(BATON_BINARY, "baton", "bench", "fault", "--transport", "ucx", "--spawn", "--requests", "60",
+          "--duration-ms", "1500", "--kill-at-ms", "900", "--restore-at-ms", "1400", "--json", json.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // The store is the child whose command line says so.
+  pid_t store = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (store == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream children("/proc/" + std::to_string(bench) + "/task/" + std::to_string(bench) + "/children");
+    for (pid_t p; children >> p;) {
+      std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
+      std::string args((std::istreambuf_iterator<char>(cmdline)), {});
+      std::replace(args.begin(), args.end(), '\0', ' ');
+      if (args.find(" store ") != std::string::npos) store = p;
+    }
+  }
+  ASSERT_NE(store, 0) << "the bench started its store";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its peers are up, and handoffs run
+  ::kill(store, SIGKILL);
+  int status = 0;
+  ::waitpid(bench, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "no JSON at " << json;
+  EXPECT_EQ(j["verified"], false);
+  EXPECT_LT(j["completed"].get<int>(), 60);
+  EXPECT_GT(j["lost_bytes"].get<std::uint64_t>(), 0u);
+  std::remove(json.c_str());
 }
 
 // A bench SIGKILLed mid-run takes the peers it spawned (two `baton serve`,

@@ -287,6 +287,15 @@ Result<Outcome> outcome(const Rig& rig, const dualpath::DualPath& dual, const st
   return out;
 }
 
+// After the JSON: a handoff that did not complete, or a byte that landed
+// wrong, fails the run (exit 1), as a failed data check does everywhere.
+int verdict(std::string_view mode, const Outcome& out) {
+  if (out.verified) return 0;
+  fmt::print(stderr, "baton bench {}: FAILED: {} of {} handoffs completed; {} not landed or landed wrong\n", mode,
+             out.completed, out.status.size(), format_size(out.lost_bytes));
+  return 1;
+}
+
 // The same arrivals as plain engine batches from one leg (pieces of the
 // same size), each handoff's latency from its submit to its last piece.
 Result<std::vector<double>> run_single_leg(Rig& rig, const Workload& w, std::uint64_t block, bool direct) {
@@ -376,7 +385,8 @@ int run_dualpath_ucx(const DualPathBenchOptions& o, const Workload& w) {
                stats.cancelled_legs, format_size(stats.wasted_bytes), out->verified, format_size(out->lost_bytes));
     print_latencies(j["latency_us"]);
   }
-  return write_bench_json(kMode, j, o.json_path);
+  if (int rc = write_bench_json(kMode, j, o.json_path); rc != 0) return rc;
+  return verdict(kMode, *out);
 }
 
 int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
@@ -501,7 +511,8 @@ int run_fault_ucx(const DualPathBenchOptions& o, const Workload& w) {
                at_or_never(j["returned_to_direct_at_us"], "back on direct at", "never back on direct"), s.failovers,
                s.probes);
   }
-  return write_bench_json(kMode, j, o.json_path);
+  if (int rc = write_bench_json(kMode, j, o.json_path); rc != 0) return rc;
+  return verdict(kMode, *out);
 }
 
 }  // namespace baton::cli
