@@ -154,6 +154,9 @@ class Service final : public wire::Store::Service {
 
   grpc::Status AllocateBlocks(grpc::ServerContext*, const wire::AllocateBlocksRequest* r,
                               wire::AllocateBlocksReply* reply) override {
+    // Checked here too: a client of the proto that is not ours asked for a
+    // million pages, evicting every sealed block, and got no answer (25 MB).
+    if (Status s = check_count("AllocateBlocks", r->count()); !s.is_ok()) return to_grpc(s);
     auto pages = store_.allocate_blocks(r->namespace_(), r->count(), r->producer(), engine_.now_ns());
     if (!pages) return to_grpc(pages.error());
     for (const BlockPage& p : *pages) {
@@ -168,12 +171,15 @@ class Service final : public wire::Store::Service {
   }
 
   grpc::Status Seal(grpc::ServerContext*, const wire::SealRequest* r, wire::SealReply*) override {
+    const auto listed = static_cast<std::size_t>(std::max(r->pages_size(), r->hashes_size()));
+    if (Status s = check_count("Seal", listed); !s.is_ok()) return to_grpc(s);
     return to_grpc(store_.seal(r->namespace_(), r->producer(), span(r->pages()), span(r->hashes()),
                                from_wire(r->layout())));
   }
 
   grpc::Status QueryBlocksForTransfer(grpc::ServerContext*, const wire::QueryBlocksForTransferRequest* r,
                                       wire::QueryBlocksForTransferReply* reply) override {
+    if (Status s = check_count("QueryBlocksForTransfer", r->hashes_size()); !s.is_ok()) return to_grpc(s);
     auto answer = store_.query(r->namespace_(), span(r->hashes()), r->requester(), engine_.now_ns());
     if (!answer) return to_grpc(answer.error());
     reply->set_found(answer->found);

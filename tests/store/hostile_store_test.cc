@@ -229,5 +229,60 @@ TEST(HostileStore, APlanForOtherBlocksThanAskedIsRefusedAndItsLockReleased) {
   }
 }
 
+// A client of the published proto that is not Baton's: a call over the
+// block bound is refused by the server itself before the store allocates.
+// Only StoreClient checked: one AllocateBlocks of a million pages from a raw
+// client evicted every sealed block, held the pages unsealed for a minute,
+// and its 25 MB answer could not be sent (an audit).
+TEST(HostileClient, CallsOverTheBlockBoundAreRefusedByTheServer) {
+  auto holder = make_engine();
+  ASSERT_NE(holder, nullptr);
+  auto store = BlockStore::create(*holder);
+  ASSERT_TRUE(store.has_value()) << store.error().to_string();
+  ASSERT_TRUE((*store)->add_namespace({"llama", kLayout, 16, {0}}).is_ok());
+  auto served = StoreServer::start(**store, *holder);
+  ASSERT_TRUE(served.has_value()) << served.error().to_string();
+  auto stub = wire::Store::NewStub(grpc::CreateChannel((*served)->address(), grpc::InsecureChannelCredentials()));
+  const StoreStats before = (*store)->stats();
+  auto refused = [](const grpc::Status& st, const char* call) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << call << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find("at most 65536"), std::string::npos) << call << ": " << st.error_message();
+  };
+  {
+    wire::AllocateBlocksRequest r;
+    r.set_namespace_("llama");
+    r.set_count(1'000'000);
+    r.set_producer("p");
+    grpc::ClientContext context;
+    wire::AllocateBlocksReply reply;
+    refused(stub->AllocateBlocks(&context, r, &reply), "AllocateBlocks");
+    EXPECT_EQ(reply.pages_size(), 0);
+  }
+  {
+    wire::SealRequest r;
+    r.set_namespace_("llama");
+    r.set_producer("p");
+    to_wire(kLayout, r.mutable_layout());
+    for (std::uint64_t i = 0; i < 70'000; ++i) r.add_hashes(i + 1);
+    grpc::ClientContext context;
+    wire::SealReply reply;
+    refused(stub->Seal(&context, r, &reply), "Seal");
+  }
+  {
+    wire::QueryBlocksForTransferRequest r;
+    r.set_namespace_("llama");
+    r.set_requester("d");
+    for (std::uint64_t i = 0; i < 70'000; ++i) r.add_hashes(i + 1);
+    grpc::ClientContext context;
+    wire::QueryBlocksForTransferReply reply;
+    refused(stub->QueryBlocksForTransfer(&context, r, &reply), "QueryBlocksForTransfer");
+  }
+  const StoreStats after = (*store)->stats();
+  EXPECT_EQ(after.free_pages, before.free_pages);
+  EXPECT_EQ(after.unsealed, before.unsealed);
+  EXPECT_EQ(after.sessions, 0u);
+  EXPECT_EQ(after.hashes_asked, before.hashes_asked);
+}
+
 }  // namespace
 }  // namespace baton::store
