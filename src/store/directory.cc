@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/evp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "baton/common/log.h"
 
 namespace baton::store {
 namespace {
@@ -311,6 +314,7 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
   State* s = state_.get();
   state_->keepalive = std::thread([s, ttl_s, key, value, every = std::chrono::nanoseconds(ttl_ns / 3)] {
     std::unique_lock lock(s->mutex);
+    bool out = false;  // our record is gone and could not be put back (said once)
     while (!s->cv.wait_for(lock, every, [s] { return s->stop; })) {
       const std::string lease = s->lease;
       lock.unlock();
@@ -321,7 +325,17 @@ Status Directory::register_store(const StoreRecord& record, TimeNs ttl_ns) {
       auto beat = s->post("/v3/lease/keepalive", {{"ID", lease}});
       std::optional<std::string> renewed;
       if (beat && lease_expired(*beat)) {
-        if (auto again = s->grant_and_put(ttl_s, key, value)) renewed = std::move(*again);
+        auto again = s->grant_and_put(ttl_s, key, value);
+        if (again) {
+          renewed = std::move(*again);
+          if (std::exchange(out, false)) baton::logger().warn("store directory: {} is listed again", key);
+        } else if (!std::exchange(out, true)) {
+          // A store that stood still past its lease may find its name taken
+          // (a replacement under the same name): it serves on, unlisted.
+          baton::logger().warn("store directory: our lease expired and {} could not be listed again ({}); "
+                               "requesters will not find this store until it is (tried each {} ms)",
+                               key, again.error().message(), every.count() / 1'000'000);
+        }
       }
       lock.lock();
       if (renewed) s->lease = std::move(*renewed);
