@@ -45,6 +45,7 @@ struct HandoffOptions {
   std::string order = "hnd";
   std::string timeout = "60s";
   bool timeout_given = false;  // --timeout named on the command line
+  std::string worker_timeout = "60s";
   std::int64_t kill_producer_at = -1;
   std::int64_t kill_consumer_at = -1;
   std::int64_t stall_consumer_rank = -1;
@@ -140,16 +141,18 @@ class Bench {
                                                        std::uint64_t* raw_bytes);
   void verify(Request& r, std::uint32_t index);
   void notice_deaths();
-  // A rank that died, or did not answer a call within kCallTimeoutMs (a
+  // A rank that died, or did not answer a call within call_timeout_ms_ (a
   // stopped or wedged process: killed here, so it cannot write later): its
   // replica stops for the orchestrator and the bench.
   void fail_rank(Replica& replica, std::size_t rank, const Status& why);
   // waits for a call's answer; a rank that does not answer in time fails.
   Status wait_call(Replica& replica, std::size_t rank, std::uint64_t id);
+  // Asks every rank of a replica that has not failed to answer.
+  void ping(Replica& replica);
   // Tickets that can still settle: timed out, cancelled, failed or loading,
   // on a consumer replica that did not fail.
   [[nodiscard]] bool settling();
-  static constexpr int kCallTimeoutMs = 60'000;
+  int call_timeout_ms_ = 60'000;  // --worker-timeout
   static constexpr std::uint32_t kWarmupWaves = 2;
   static constexpr std::uint64_t kMaxWorkers = 128;
   std::uint64_t retained();
@@ -188,7 +191,7 @@ Status Bench::spawn() {
     Replica rep{fmt::format("p{}", p), pl_, {}, {}, {}, {}, false};
     std::vector<handoff::ProducerRank*> ranks;
     for (std::uint32_t r = 0; r < pl_.ranks(); ++r) {
-      auto w = WorkerProcess::start("producer", pl_.page_bytes(), producer_pages);
+      auto w = WorkerProcess::start("producer", pl_.page_bytes(), producer_pages, call_timeout_ms_);
       if (!w) return w.error();
       rep.producer_ranks.push_back(std::make_unique<RemoteProducerRank>(**w, pl_.page_bytes(), producer_pages));
       ranks.push_back(rep.producer_ranks.back().get());
@@ -201,7 +204,7 @@ Status Bench::spawn() {
     Replica rep{fmt::format("c{}", c), cl_, {}, {}, {}, {}, false};
     std::vector<handoff::ConsumerRank*> ranks;
     for (std::uint32_t r = 0; r < cl_.ranks(); ++r) {
-      auto w = WorkerProcess::start("consumer", cl_.page_bytes(), consumer_pages);
+      auto w = WorkerProcess::start("consumer", cl_.page_bytes(), consumer_pages, call_timeout_ms_);
       if (!w) return w.error();
       // A rank that dies stops its replica at once: a receive waiting on one
       // of its tickets ends then, not after its timeout (each of the
@@ -242,15 +245,31 @@ void Bench::fail_rank(Replica& replica, std::size_t rank, const Status& why) {
     (void)orch_->producer_failed(replica.name, s);
   } else {
     (void)orch_->consumer_rank_failed(replica.name, static_cast<std::uint32_t>(rank), s);
-    // A consumer's failure is no fault flag of ours: the run says so.
-    fmt::print(stderr, "baton bench handoff: consumer {} failed: {}\n", replica.name, s.to_string());
   }
+  // Unless a fault flag of ours did it, the run says so (and fails).
+  fmt::print(stderr, "baton bench handoff: {} {} failed: {}\n",
+             replica.consumer_ranks.empty() ? "producer" : "consumer", replica.name, s.to_string());
 }
 
 Status Bench::wait_call(Replica& replica, std::size_t rank, std::uint64_t id) {
-  Status s = replica.processes[rank]->wait(id, nullptr, kCallTimeoutMs);
+  Status s = replica.processes[rank]->wait(id, nullptr, call_timeout_ms_);
   if (s.code() == StatusCode::kTimeout) fail_rank(replica, rank, s);
   return s;
+}
+
+void Bench::ping(Replica& replica) {
+  std::vector<std::pair<std::size_t, std::uint64_t>> calls;
+  for (std::size_t k = 0; k < replica.processes.size() && !replica.failed; ++k) {
+    auto id = replica.processes[k]->send({{"op", "ping"}});
+    if (!id) {
+      fail_rank(replica, k, id.error());
+      return;
+    }
+    calls.emplace_back(k, *id);
+  }
+  for (auto [k, id] : calls) {
+    if (!replica.failed) (void)wait_call(replica, k, id);
+  }
 }
 
 bool Bench::settling() {
@@ -389,6 +408,11 @@ Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
     Request& r = requests_[i];
     if (!r.started || r.final) continue;
     Status s = orch_->receive(r.ticket);
+    // A receive ends at its ticket's timeout whether the consumer is slow
+    // or stopped; a stopped one would cost each of its tickets that timeout
+    // in turn (with the default 60 s, hours). One that does not answer a
+    // ping within --worker-timeout fails, and its other receives end at once.
+    if (s.code() == StatusCode::kTimeout) ping(consumers_[r.consumer]);
     // From dispatch to the last rank's completion, as the orchestrator saw
     // it (not when this loop got round to the ticket).
     if (auto t = orch_->ticket(r.ticket); t && t->ended_ns > 0) r.ms = static_cast<double>(t->ended_ns - t->started_ns) / 1e6;
@@ -497,6 +521,11 @@ int Bench::run() {
   auto timeout = parse_duration(o_.timeout);
   if (!timeout || *timeout <= 0) return fail(2, fmt::format("--timeout \"{}\": expected a positive duration", o_.timeout));
   timeout_ns_ = *timeout;
+  auto worker_timeout = parse_duration(o_.worker_timeout);
+  if (!worker_timeout || *worker_timeout < 1'000'000 || *worker_timeout > 3'600'000'000'000) {
+    return fail(2, fmt::format("--worker-timeout \"{}\": expected 1ms .. 1h", o_.worker_timeout));
+  }
+  call_timeout_ms_ = static_cast<int>(*worker_timeout / 1'000'000);
   const handoff::KvOrder order = o_.order == "hnd" ? handoff::KvOrder::kHnd : handoff::KvOrder::kNhd;
   pl_ = {o_.layers, o_.kv_heads, o_.head_dim * o_.dtype_bytes, o_.page_tokens, order, o_.producer_tp, o_.producer_sp,
          o_.cfg};
@@ -613,6 +642,10 @@ int Bench::run() {
     }
     if (c.failed && consumer_failed.empty()) consumer_failed = c.name;
   }
+  std::string producer_failed;
+  for (const Replica& p : producers_) {
+    if (p.failed && producer_failed.empty()) producer_failed = p.name;
+  }
   for (auto& p : producers_) {
     for (auto& rank : p.producer_ranks) leaked += rank->pool().pages() - rank->pool().free_pages();
   }
@@ -708,6 +741,8 @@ int Bench::run() {
   std::string failed;
   if (!consumer_failed.empty() && o_.kill_consumer_at < 0) {
     failed = fmt::format("consumer {} failed (above)", consumer_failed);
+  } else if (!producer_failed.empty() && o_.kill_producer_at < 0) {
+    failed = fmt::format("producer {} failed (above)", producer_failed);
   } else if (verified < completed) {
     failed = fmt::format("{} of {} completed requests failed the data check", completed - verified, completed);
   } else if (baseline_failed_ && o_.kill_producer_at < 0 && o_.kill_consumer_at < 0) {
@@ -759,6 +794,10 @@ Command add_bench_handoff(CLI::App& bench) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{256}));
   app->add_option("--cancel-every", o->cancel_every, "Cancel every Nth request once it started")
       ->check(CLI::Range(1, 1'000'000));
+  app->add_option("--worker-timeout", o->worker_timeout,
+                  "A rank process that answers no call, or takes no input, within it (stopped or wedged) is killed "
+                  "and its replica fails (duration)")
+      ->check(kPositiveDuration);
   app->add_option("--json", o->json, "Write the figures as JSON to PATH (- for stdout)");
   return {app, [o, app] {
             o->timeout_given = app->count("--timeout") > 0;

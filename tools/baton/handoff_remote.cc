@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <string>
@@ -18,7 +19,7 @@ namespace baton::cli {
 using nlohmann::json;
 
 Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& role, std::uint64_t page_bytes,
-                                                            std::uint32_t pages) {
+                                                            std::uint32_t pages, int input_timeout_ms) {
   int to_child[2], from_child[2];
   if (::pipe2(to_child, O_CLOEXEC) != 0) return std::unexpected(Status::unavailable("handoff-worker: pipe failed"));
   if (::pipe2(from_child, O_CLOEXEC) != 0) {
@@ -44,6 +45,10 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::start(const std::string& r
   std::unique_ptr<WorkerProcess> p(new WorkerProcess());
   p->pid_ = pid;
   p->in_ = to_child[1];
+  p->input_timeout_ms_ = input_timeout_ms;
+  // Written with a bound (post): a stopped worker's full pipe held the
+  // bench in write() for good.
+  (void)::fcntl(p->in_, F_SETFL, ::fcntl(p->in_, F_GETFL) | O_NONBLOCK);
   p->out_ = from_child[0];
   // The hello line, within a bound, before the reader thread takes over.
   std::string line;
@@ -174,11 +179,28 @@ Status WorkerProcess::post(const json& message) {
   const std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard lock(write_mutex_);
   if (in_ < 0) return Status::unavailable("handoff-worker pid {}: its stdin is closed", pid_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(input_timeout_ms_);
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(in_, text.data() + done, text.size() - done);
-    if (n <= 0) return Status::unavailable("handoff-worker pid {}: its stdin closed", pid_);
-    done += static_cast<std::size_t>(n);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Status::unavailable("handoff-worker pid {}: its stdin closed", pid_);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd writable{in_, POLLOUT, 0};
+    if (left.count() <= 0 || (::poll(&writable, 1, static_cast<int>(left.count())) == 0 &&
+                              std::chrono::steady_clock::now() >= deadline)) {
+      // Stopped or wedged, and its input now ends mid-line: killed, so that
+      // it neither reads half an order nor writes our memory later.
+      kill();
+      return Status::timeout("handoff-worker pid {}: took no input for {} ms (stopped or wedged); killed", pid_,
+                             input_timeout_ms_);
+    }
   }
   return Status::ok();
 }

@@ -25,8 +25,10 @@ class WorkerProcess {
  public:
   // Starts `<this binary> handoff-worker --role … --page-bytes … --pages …`
   // and waits (20 s at most) for its hello line (address, region).
+  // A worker that takes none of a post() for `input_timeout_ms` is killed.
   [[nodiscard]] static Result<std::unique_ptr<WorkerProcess>> start(const std::string& role,
-                                                                    std::uint64_t page_bytes, std::uint32_t pages);
+                                                                    std::uint64_t page_bytes, std::uint32_t pages,
+                                                                    int input_timeout_ms = 60'000);
   ~WorkerProcess();  // closes its stdin (it exits), then reaps it
 
   // Sends `request` with a fresh id and waits for the answer: its
@@ -36,6 +38,8 @@ class WorkerProcess {
   // Sends without waiting for the answer (its id is returned); wait() takes it.
   [[nodiscard]] Result<std::uint64_t> send(nlohmann::json request);
   // Sends a message that has no answer (a load: its end is a completion).
+  // A worker that takes none of it for the input timeout (its pipe full:
+  // it is stopped or wedged) is killed, and the answer is timeout.
   [[nodiscard]] Status post(const nlohmann::json& message);
   [[nodiscard]] Status wait(std::uint64_t id, nlohmann::json* answer, int timeout_ms);
   [[nodiscard]] std::vector<handoff::LoadCompletion> take_completions();
@@ -61,6 +65,7 @@ class WorkerProcess {
 
   pid_t pid_ = -1;
   int in_ = -1, out_ = -1;
+  int input_timeout_ms_ = 60'000;  // post()
   std::string address_;
   engine::RegionHandle region_ = 0;
   std::mutex write_mutex_;  // one message at a time on the child's stdin

@@ -321,6 +321,8 @@ int run_worker(const WorkerOptions& o) {
         }
       } else if (op == "stall" && consumer) {
         loader->stall(j.at("on").get<bool>());
+      } else if (op == "ping") {
+        // Answered: the process runs (a stalled loader still answers).
       } else {
         status = Status::invalid_argument("unknown op \"{}\" for a {}", op.substr(0, 80), o.role);
       }
