@@ -141,35 +141,45 @@ bool ended(pid_t pid) {
   return paren == std::string::npos || text.substr(paren + 2, 1) == "Z";
 }
 
-// Handoffs that never completed (here the store, the fallback, is killed
-// from outside before the prefill's planned death) fail the run: the bench
-// printed "verified false, 67.50 MiB lost" and exited 0 (an audit), where
-// every failed data check exits 1.
+// Handoffs that never completed fail the run: the bench printed "verified
+// false, 67.50 MiB lost" and exited 0 (an audit), where every failed data
+// check exits 1. Here the store, the fallback, is killed from outside right
+// after the bench killed the prefill as planned (so the run is under way),
+// and the handoffs left have no source until the restore.
 TEST(BenchDualpath, HandoffsLostFailTheRunNotJustItsJson) {
-  const std::string json = ::testing::TempDir() + "baton_fault_lost.json";
+  const std::string json = ::testing::TempDir() + "baton_fault_lost_" + std::to_string(::getpid()) + ".json";
   const pid_t bench = fork();
   ASSERT_GE(bench, 0);
   if (bench == 0) {
     execl(BATON_BINARY, "baton", "bench", "fault", "--transport", "ucx", "--spawn", "--requests", "60",
-          "--duration-ms", "1500", "--kill-at-ms", "900", "--restore-at-ms", "1400", "--json", json.c_str(),
+          "--duration-ms", "1500", "--kill-at-ms", "500", "--restore-at-ms", "1400", "--json", json.c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  // The store is the child whose command line says so.
+  auto args_of = [](pid_t p) {
+    std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
+    std::replace(args.begin(), args.end(), '\0', ' ');
+    return args;
+  };
   pid_t store = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (store == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<pid_t> serves;
+  bool prefill_killed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!prefill_killed && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
     std::ifstream children("/proc/" + std::to_string(bench) + "/task/" + std::to_string(bench) + "/children");
     for (pid_t p; children >> p;) {
-      std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
-      std::string args((std::istreambuf_iterator<char>(cmdline)), {});
-      std::replace(args.begin(), args.end(), '\0', ' ');
+      const std::string args = args_of(p);
       if (args.find(" store ") != std::string::npos) store = p;
+      if (args.find(" serve ") != std::string::npos && std::ranges::find(serves, p) == serves.end()) {
+        serves.push_back(p);
+      }
     }
+    prefill_killed = std::ranges::any_of(serves, [](pid_t p) { return ended(p); });
   }
   ASSERT_NE(store, 0) << "the bench started its store";
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its peers are up, and handoffs run
+  ASSERT_TRUE(prefill_killed) << "the bench killed its prefill";
   ::kill(store, SIGKILL);
   int status = 0;
   ::waitpid(bench, &status, 0);
