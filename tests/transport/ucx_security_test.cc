@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -784,6 +785,32 @@ TEST_F(UcxSecurityTest, ASameHostPeerTheListenerCannotConfirmDoesNotCopyByAddres
     // 20: it copies into us itself (kShm); 21: UCX carries its path.
     EXPECT_EQ(WEXITSTATUS(status), readable ? 20 : 21) << "readable " << readable;
   }
+}
+
+// An initiator short of file descriptors for its lanes is told so at
+// connect: its lanes had failed as "closed the connection", naming nothing,
+// with UCX warnings (an audit; out of them, UCX aborts the process). As the
+// listener refuses a hello it cannot hold.
+TEST_F(UcxSecurityTest, AConnectShortOfFileDescriptorsSaysSo) {
+  UcxConfig c = config();
+  c.lanes_per_peer = 64;
+  a_ = make(c);
+  b_ = make(config());
+  ASSERT_TRUE(a_ && b_);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit tight = saved;
+  tight.rlim_cur = open_fds() + 100;  // 64 lanes take more
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  auto path = a_->connect(b_->address(), now());
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_FALSE(path.has_value());
+  EXPECT_EQ(path.error().code(), StatusCode::kResourceExhausted) << path.error().to_string();
+  EXPECT_NE(path.error().message().find("file descriptors left"), std::string::npos) << path.error().message();
+  // With its limit back, the same connect goes through.
+  auto again = a_->connect(b_->address(), now());
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_TRUE(wait_until([&] { return a_->path_state(*again) == PathState::kReady; }));
 }
 
 // One host holding every handshake slot, reopening each at its deadline,

@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "baton/common/log.h"
 
@@ -49,6 +51,18 @@ UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
 
 UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::int64_t free_fds() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INT64_MAX;
+  std::error_code error;
+  std::int64_t open = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end; it.increment(error)) {
+    ++open;
+  }
+  if (error) return 0;  // no fd to read the directory with: none left
+  return static_cast<std::int64_t>(limit.rlim_cur) - open;
 }
 
 Result<UniqueFd> make_eventfd() {

@@ -39,6 +39,11 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// File descriptors this process may still open: its limit less those open
+// (a walk of /proc/self/fd: for a handshake, not per turn). UCX aborts when
+// it runs out of them, so a listener and an initiator check before lanes.
+[[nodiscard]] std::int64_t free_fds();
+
 // A nonblocking eventfd, the way a thread wakes another's poll or epoll:
 // notify() makes it readable, reset() drains it.
 [[nodiscard]] Result<UniqueFd> make_eventfd();

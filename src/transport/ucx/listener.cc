@@ -3,10 +3,7 @@
 // and lane binding.
 #include "transport/ucx/state.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -139,20 +136,6 @@ std::string host_of(const std::string& remote) {
   return split ? std::string(split->host) : remote;
 }
 
-// File descriptors this process may still open: its limit less those open.
-// Counted at a hello, not per turn.
-std::int64_t free_fds() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INT64_MAX;
-  std::error_code error;
-  std::int64_t open = 0;
-  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end; it.increment(error)) {
-    ++open;
-  }
-  if (error) return 0;  // no fd to read the directory with: none left
-  return static_cast<std::int64_t>(limit.rlim_cur) - open;
-}
-
 }  // namespace
 
 void UcxTransport::State::end_handshake(const Session& session) {
@@ -278,7 +261,7 @@ Status UcxTransport::State::authenticate(std::uint64_t id, const Frame& frame) {
   std::string full;
   if (peers_now >= config.max_sessions) {
     full = fmt::format("refused: this listener serves its maximum of {} peers", config.max_sessions);
-  } else if (free_fds() < 4 * std::int64_t{hello->lanes} * static_cast<std::int64_t>(rails.size()) + 64) {
+  } else if (ucx::free_fds() < 4 * std::int64_t{hello->lanes} * static_cast<std::int64_t>(rails.size()) + 64) {
     full = fmt::format("refused: this listener is short of file descriptors for {} more lanes", hello->lanes);
   }
   if (!full.empty()) {

@@ -449,6 +449,15 @@ Result<PathId> UcxTransport::connect(std::string_view peer_address, TimeNs now_n
     }
   }
 
+  // Out of descriptors, UCX aborts the process; short of them, the lanes
+  // failed as "closed the connection", naming nothing (an audit).
+  const std::int64_t lanes = std::int64_t{s.config.lanes_per_peer} * static_cast<std::int64_t>(s.rails.size());
+  if (const std::int64_t left = ucx::free_fds(); left < 4 * lanes + 64) {
+    return std::unexpected(Status::resource_exhausted(
+        "UcxTransport::connect: {}: this process has {} file descriptors left, short of what {} lanes take (raise "
+        "its limit: ulimit -n)",
+        address, left, s.config.lanes_per_peer));
+  }
   const auto id = reuse.value_or(static_cast<PathId>(s.peers.size()));
   auto control = ControlConnection::dial(*target);
   if (!control) return std::unexpected(control.error());
