@@ -1292,7 +1292,8 @@ PYBIND11_MODULE(_baton, m) {
       .def("refresh",
            [](EngineState& s, const PyPeer& p, double timeout) {
              auto e = s.get("refresh");
-             const baton::TimeNs limit = seconds_ns("refresh: timeout", timeout);
+             // Rounded up: a tiny positive timeout is not the refused 0.
+             const baton::TimeNs limit = seconds_ns("refresh: timeout", timeout) + (timeout > 0 ? 1 : 0);
              Status st;
              {
                GilReleased release;

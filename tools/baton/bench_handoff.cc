@@ -48,6 +48,7 @@ struct HandoffOptions {
   std::string worker_timeout = "60s";
   std::int64_t kill_producer_at = -1;
   std::int64_t kill_consumer_at = -1;
+  std::int64_t stop_consumer_at = -1;
   std::int64_t stall_consumer_rank = -1;
   std::uint32_t cancel_every = 0;
   std::string json;
@@ -246,7 +247,8 @@ void Bench::fail_rank(Replica& replica, std::size_t rank, const Status& why) {
   } else {
     (void)orch_->consumer_rank_failed(replica.name, static_cast<std::uint32_t>(rank), s);
   }
-  // Unless a fault flag of ours did it, the run says so (and fails).
+  // Said whatever failed it; the verdict fails the run unless a fault flag
+  // of ours did.
   fmt::print(stderr, "baton bench handoff: {} {} failed: {}\n",
              replica.consumer_ranks.empty() ? "producer" : "consumer", replica.name, s.to_string());
 }
@@ -394,6 +396,11 @@ Clock::duration Bench::handoff_pass(const std::vector<std::uint32_t>& wave) {
       for (auto& p : producers_) {
         if (t && p.name == t->producer) p.processes[0]->kill();
       }
+    }
+    if (i < o_.requests && o_.stop_consumer_at == static_cast<std::int64_t>(i)) {
+      // Wedged, not dead: found by --worker-timeout (an order it does not
+      // take, a call or ping it does not answer), then killed.
+      consumers_[r.consumer].processes[0]->stop();
     }
     if (i < o_.requests && o_.kill_consumer_at == static_cast<std::int64_t>(i)) {
       consumers_[r.consumer].processes[0]->kill();  // its receive below must end, not wait out its timeout
@@ -562,7 +569,8 @@ int Bench::run() {
     // receive after another: at the default 60 s a run takes hours.
     return fail(2, "--stall-consumer-rank needs a --timeout too (each stalled ticket waits it in full), e.g. 200ms");
   }
-  for (auto [flag, at] : {std::pair{"--kill-producer-at", o_.kill_producer_at}, {"--kill-consumer-at", o_.kill_consumer_at}}) {
+  for (auto [flag, at] : {std::pair{"--kill-producer-at", o_.kill_producer_at},
+                          {"--kill-consumer-at", o_.kill_consumer_at}, {"--stop-consumer-at", o_.stop_consumer_at}}) {
     if (at >= static_cast<std::int64_t>(o_.requests)) {
       return fail(2, fmt::format("{} {}: there are {} requests", flag, at, o_.requests));
     }
@@ -595,7 +603,8 @@ int Bench::run() {
   }
   next_producer_ = 0;
   if (o_.stall_consumer_rank >= 0) {
-    if (auto s = consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", true}}); !s.is_ok()) {
+    WorkerProcess& stalled = *consumers_[0].processes[o_.stall_consumer_rank];
+    if (auto s = stalled.call({{"op", "stall"}, {"on", true}}, nullptr, call_timeout_ms_); !s.is_ok()) {
       return fail(1, s.to_string());
     }
   }
@@ -617,7 +626,8 @@ int Bench::run() {
 
   // The stalled rank's late completions arrive; every retained page returns.
   if (o_.stall_consumer_rank >= 0) {
-    (void)consumers_[0].processes[o_.stall_consumer_rank]->call({{"op", "stall"}, {"on", false}});
+    WorkerProcess& stalled = *consumers_[0].processes[o_.stall_consumer_rank];
+    (void)stalled.call({{"op", "stall"}, {"on", false}}, nullptr, call_timeout_ms_);
   }
   const auto settle_by = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < settle_by && settling()) {
@@ -687,7 +697,8 @@ int Bench::run() {
   // rank's 60 s made the "overhead" -105), and on one host a killed
   // producer's pages may still be read, so every request can complete
   // while its plain pass failed or waited.
-  const bool faults = o_.kill_producer_at >= 0 || o_.kill_consumer_at >= 0 || o_.stall_consumer_rank >= 0 ||
+  const bool faults = o_.kill_producer_at >= 0 || o_.kill_consumer_at >= 0 || o_.stop_consumer_at >= 0 ||
+                      o_.stall_consumer_rank >= 0 ||
                       o_.cancel_every > 0;
   const bool clean = completed == o_.requests && !faults && !baseline_failed_;
   const json ci = clean ? overhead_ci95(waves) : json(nullptr);
@@ -739,13 +750,13 @@ int Bench::run() {
   // it died in uses it both ways), a page leaked or a consumer that failed
   // without --kill-consumer-at is the run failing.
   std::string failed;
-  if (!consumer_failed.empty() && o_.kill_consumer_at < 0) {
+  if (!consumer_failed.empty() && o_.kill_consumer_at < 0 && o_.stop_consumer_at < 0) {
     failed = fmt::format("consumer {} failed (above)", consumer_failed);
   } else if (!producer_failed.empty() && o_.kill_producer_at < 0) {
     failed = fmt::format("producer {} failed (above)", producer_failed);
   } else if (verified < completed) {
     failed = fmt::format("{} of {} completed requests failed the data check", completed - verified, completed);
-  } else if (baseline_failed_ && o_.kill_producer_at < 0 && o_.kill_consumer_at < 0) {
+  } else if (baseline_failed_ && o_.kill_producer_at < 0 && o_.kill_consumer_at < 0 && o_.stop_consumer_at < 0) {
     failed = "the plain-batch baseline failed (above)";
   } else if (leaked > 0) {
     failed = fmt::format("{} pages leaked", leaked);
@@ -785,6 +796,10 @@ Command add_bench_handoff(CLI::App& bench) {
       ->check(kPositiveDuration);
   // Each fault is off unless its flag is given (-1 / 0 inside).
   app->add_option("--kill-producer-at", o->kill_producer_at, "SIGKILL rank 0 of request N's producer once it started")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1'000'000}));
+  app->add_option("--stop-consumer-at", o->stop_consumer_at,
+                  "SIGSTOP rank 0 of request N's consumer once it started: wedged, it is found and killed after "
+                  "--worker-timeout (that replica stops; the run goes on)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1'000'000}));
   app->add_option("--kill-consumer-at", o->kill_consumer_at,
                   "SIGKILL rank 0 of request N's consumer once it started (that replica stops; the run goes on)")

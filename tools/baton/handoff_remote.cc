@@ -158,6 +158,10 @@ void WorkerProcess::kill() {
   if (pid_ > 0) ::kill(pid_, SIGKILL);
 }
 
+void WorkerProcess::stop() {
+  if (pid_ > 0) ::kill(pid_, SIGSTOP);
+}
+
 void WorkerProcess::close_input() {
   std::lock_guard lock(write_mutex_);
   if (in_ >= 0) ::close(std::exchange(in_, -1));

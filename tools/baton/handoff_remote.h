@@ -55,6 +55,7 @@ class WorkerProcess {
   [[nodiscard]] pid_t pid() const { return pid_; }
   [[nodiscard]] bool alive() const;
   void kill();  // SIGKILL, for fault injection
+  void stop();  // SIGSTOP, for fault injection: it neither reads nor answers
   // Closes its stdin: it drains its loads and exits. The destructor does
   // it too; called first on every worker, they all exit at once.
   void close_input();

@@ -143,6 +143,12 @@ void ControlConnection::count_queued_in(std::size_t* total) {
   if (queued_total_ != nullptr) *queued_total_ += queued();
 }
 
+void ControlConnection::drop_queued() {
+  if (queued_total_ != nullptr) *queued_total_ -= queued();
+  out_.clear();
+  out_at_ = 0;
+}
+
 Status ControlConnection::send(ControlKind kind, std::span<const std::uint8_t> body) {
   if (out_.size() - out_at_ + kFrameHeaderBytes + body.size() > kMaxQueuedBytes) {
     return Status::resource_exhausted("control channel: {} bytes wait for {}, which does not read", out_.size() - out_at_,

@@ -92,6 +92,8 @@ class ControlConnection {
   // as the socket takes them or when the connection goes): a listener
   // bounds all its connections' queues without summing them each time.
   void count_queued_in(std::size_t* total);
+  // Forgets what is queued and not yet taken (a peer that reads nothing).
+  void drop_queued();
   // Whether a connect has not completed yet (no TCP connection so far).
   [[nodiscard]] bool connecting() const { return connecting_; }
 

@@ -27,7 +27,9 @@ void UcxTransport::State::fail_path(PathId id, Status reason) {
     // queued go first: a batch with a notification ended once it was
     // queued, and a caller that waited, then shut down, lost it.
     const bool unsent = shut_down && !peer.control->connecting() && peer.control->queued() > 0;
-    if (peer.same_host_pid != 0 || unsent) lingering.emplace_back(id, std::move(peer.control));
+    if (peer.same_host_pid != 0 || unsent) {
+      lingering.push_back({id, std::move(peer.control), last_poll_ns + kFarewellFlushNs});
+    }
     peer.control.reset();
   }
   for (auto& lane : peer.lanes) {
@@ -54,7 +56,7 @@ bool UcxTransport::State::reusable(PathId id) const {
   const Peer& p = peers[id];
   if (p.state != PathState::kFailed || p.inflight != 0 || p.held != 0) return false;
   return std::ranges::none_of(closing, [id](const Closing& c) { return c.path == id; }) &&
-         std::ranges::none_of(lingering, [id](const auto& l) { return l.first == id; }) &&
+         std::ranges::none_of(lingering, [id](const Lingering& l) { return l.path == id; }) &&
          std::ranges::none_of(lane_errors, [id](const auto& e) { return e.first->path == id; });
 }
 
@@ -213,8 +215,9 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
       std::uint64_t token = 0;
       if (Status s = welcome(id, frame, token); !s.is_ok()) return s;
       peer.stage = Stage::kBinding;
-      const bool tcp =
-          peer.direct_asked_pid == 0 && detect_path_type(peer.lanes[0]->ep) == topology::PathType::kTcp;
+      // Padded whenever UCX carries the lanes over TCP: a same-host peer
+      // whose claim the listener cannot confirm goes through them too.
+      const bool tcp = detect_path_type(peer.lanes[0]->ep) == topology::PathType::kTcp;
       for (auto& lane : peer.lanes) {
         std::vector<std::uint8_t> payload(ucx::kBindTokenBytes + (tcp ? ucx::kBindPaddingBytes : 0));
         std::memcpy(payload.data(), &token, sizeof token);

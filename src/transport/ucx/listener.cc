@@ -330,6 +330,10 @@ Status UcxTransport::State::serve_frame(std::uint64_t id, const Frame& frame) {
       return Status::ok();
     }
     case ControlKind::kDirect: {
+      // Once a session: a later one could steer which process we wait for.
+      if (std::exchange(session.direct_declared, true)) {
+        return Status::invalid_argument("a second direct-copy declaration");
+      }
       auto direct = ucx::decode_direct(frame.body);
       if (!direct) return direct.error();
       if (direct->pid == 0 || direct->pid > static_cast<std::uint64_t>(std::numeric_limits<pid_t>::max())) {

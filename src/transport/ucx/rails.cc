@@ -445,7 +445,7 @@ void UcxTransport::State::teardown() {
     poller->forget(workers->fd());
     workers.reset();
   }
-  for (auto& [id, conn] : lingering) (void)conn->flush();  // what the socket takes at once
+  for (Lingering& l : lingering) (void)l.conn->flush();  // what the socket takes at once
   lingering.clear();  // their copies ended above (callers' threads are out by now)
   for (int i = 0; i < kTeardownRounds && !closing.empty(); ++i) {
     progress_once();

@@ -55,11 +55,20 @@ bool UcxTransport::State::retired_in_use() {
 // slice of the path is in flight (CMA and worker copies end as slices).
 void UcxTransport::State::close_lingering() {
   if (lingering.empty()) return;
-  // Their last frames are written first; one that cannot take them is gone.
-  std::erase_if(lingering, [](const auto& l) { return l.second->queued() > 0 && !l.second->flush().is_ok(); });
+  // Their last frames are written first, for a while: a connection that
+  // cannot take them is gone, and a peer that reads none is given up on.
+  std::erase_if(lingering, [](const Lingering& l) { return l.conn->queued() > 0 && !l.conn->flush().is_ok(); });
+  for (Lingering& l : lingering) {
+    if (l.conn->queued() > 0 && last_poll_ns >= l.flush_until) {
+      baton::logger().debug("ucx: path {} to {}: {} bytes of control frames not taken within {} ms of closing; dropped",
+                            l.path, peers[l.path].address, l.conn->queued(), kFarewellFlushNs / 1'000'000);
+      l.conn->drop_queued();
+    }
+  }
   if (direct_dirty) publish_direct();
   if (retired_in_use()) return;
-  std::erase_if(lingering, [this](const auto& l) { return peers[l.first].inflight == 0 && l.second->queued() == 0; });
+  std::erase_if(lingering,
+                [this](const Lingering& l) { return peers[l.path].inflight == 0 && l.conn->queued() == 0; });
 }
 
 // A revocation (ours, or a peer's we have yet to acknowledge), or the close

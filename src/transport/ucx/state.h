@@ -336,6 +336,7 @@ struct UcxTransport::State {
     // It copies into our memory itself (kDirect): process `direct_pid` of
     // this host, which closing its connection does not stop.
     pid_t direct_pid = 0;
+    bool direct_declared = false;  // a kDirect came (one a session)
     // At shutdown such a peer is told we are going (a refusal: its path
     // fails) and kept until it closes its connection, which it does once no
     // copy of its can reach us (close_lingering), or exits, or until
@@ -523,8 +524,15 @@ struct UcxTransport::State {
   // may still touch the holder's memory (a caller's thread inside a retired
   // direct table; a CMA or worker copy of a slice still in flight): the
   // holder takes the close as leave to unmap and reuse that memory. And
-  // any path's, at a shutdown, until the frames it had queued are written.
-  std::vector<std::pair<PathId, std::unique_ptr<ControlConnection>>> lingering;
+  // any path's, at a shutdown, until the frames it had queued are written
+  // (a peer that reads none of them is given up on at `flush_until`).
+  struct Lingering {
+    PathId path = 0;
+    std::unique_ptr<ControlConnection> conn;
+    TimeNs flush_until = 0;
+  };
+  std::vector<Lingering> lingering;
+  static constexpr TimeNs kFarewellFlushNs = 1'000'000'000;
   bool direct_dirty = true;
   std::atomic<bool> codec_set{false};  // set_codec may run on any thread before traffic
 
