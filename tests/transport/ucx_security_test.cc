@@ -818,6 +818,30 @@ TEST_F(UcxSecurityTest, AConnectShortOfFileDescriptorsSaysSo) {
   EXPECT_TRUE(wait_until([&] { return a_->path_state(*again) == PathState::kReady; }));
 }
 
+// At a shutdown a path's queued frames are written before its connection
+// closes (a notification of a batch that ended must reach the peer: over
+// TCP it was dropped with the connection), but a peer that reads none of
+// them is given up on a second after the close: it held
+// shutdown_complete() false for good, the loop polling all the while.
+TEST_F(UcxSecurityTest, AtShutdownAPeerThatReadsNoneOfItsLastFramesIsNotWaitedForLong) {
+  a_ = make(config());
+  b_ = make(config());
+  ASSERT_TRUE(a_ && b_);
+  const PathId path = connect(*a_, *b_);
+  ASSERT_EQ(a_->path_state(path), PathState::kReady);
+  // b_ is not polled from here: it reads nothing. 32 MB of notifications
+  // outgrow both sockets' buffers.
+  const std::string note(4000, 'n');
+  for (int i = 0; i < 8000; ++i) ASSERT_TRUE(a_->notify(path, note).is_ok()) << i;
+  std::vector<Completion> ignored;
+  a_->poll(now(), ignored);
+  a_->shutdown();
+  const TimeNs start = now();
+  while (!a_->shutdown_complete() && now() - start < 10'000'000'000) a_->poll(now(), ignored);
+  EXPECT_TRUE(a_->shutdown_complete()) << "still waiting on a peer that reads nothing";
+  EXPECT_GE(now() - start, 900'000'000) << "gave up at once, before trying to write the frames";
+}
+
 // One host holding every handshake slot, reopening each at its deadline,
 // locked every peer out without the secret (a legitimate connect failed 5
 // of 5). Now it holds at most its share: a newcomer from another address
