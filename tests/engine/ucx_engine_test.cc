@@ -1234,30 +1234,49 @@ pid_t fork_same_host_writer(int& to_writer) {
   }
 }
 
-TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRevokeTimeout) {
-  int to_writer_fd = -1;
-  const pid_t writer = fork_same_host_writer(to_writer_fd);
-  ASSERT_GE(writer, 0);
-  std::vector<std::byte> memory(8 << 20);  // outlives the engine
-  EngineConfig config = ucx_config();
-  config.ucx.revoke_timeout_ms = 500;
-  auto e = Engine::create(std::move(config));
-  ASSERT_TRUE(e.has_value()) << e.error().to_string();
-  auto region = (*e)->register_memory(memory.data(), memory.size());
-  ASSERT_TRUE(region.has_value()) << region.error().to_string();
-  ASSERT_TRUE((*e)->export_region(region->handle).is_ok());
-  const std::string address = (*e)->address();
-  ASSERT_EQ(::write(to_writer_fd, address.data(), address.size()), static_cast<ssize_t>(address.size()));
-  ::close(to_writer_fd);
-  // Its writes land (0x5a replaces the zeros), then it is stopped.
-  auto written = [&] { return memory[0] == std::byte{0x5a}; };
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!written() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+// Our engine, exporting 8 MiB that a forked same-host writer
+// (fork_same_host_writer) writes; start() returns once its first write
+// landed (0x5a replaces the zeros), or after 60 s. The memory outlives
+// the engine (declared first).
+struct WrittenHolder {
+  std::vector<std::byte> memory = std::vector<std::byte>(8 << 20);
+  std::unique_ptr<Engine> engine;
+  Region region;
+  pid_t writer = -1;
+
+  void start(std::int64_t revoke_timeout_ms) {
+    int to_writer_fd = -1;
+    writer = fork_same_host_writer(to_writer_fd);
+    ASSERT_GE(writer, 0);
+    EngineConfig config = ucx_config();
+    config.ucx.revoke_timeout_ms = revoke_timeout_ms;
+    auto e = Engine::create(std::move(config));
+    ASSERT_TRUE(e.has_value()) << e.error().to_string();
+    engine = std::move(*e);
+    auto r = engine->register_memory(memory.data(), memory.size());
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    region = *r;
+    ASSERT_TRUE(engine->export_region(region.handle).is_ok());
+    const std::string address = engine->address();
+    ASSERT_EQ(::write(to_writer_fd, address.data(), address.size()), static_cast<ssize_t>(address.size()));
+    ::close(to_writer_fd);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!written() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
+  [[nodiscard]] bool written() const { return memory[0] == std::byte{0x5a}; }
+};
+
+TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRevokeTimeout) {
+  WrittenHolder h;
+  ASSERT_NO_FATAL_FAILURE(h.start(500));
+  const pid_t writer = h.writer;
+  auto written = [&] { return h.written(); };
+  // Its writes land, then it is stopped.
   ASSERT_EQ(::kill(writer, SIGSTOP), 0);
   const auto start = std::chrono::steady_clock::now();
-  (*e)->shutdown();
+  h.engine->shutdown();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ::kill(writer, SIGKILL);
   int status = 0;
@@ -1274,33 +1293,20 @@ TEST(UcxEngineSameHost, ShutdownWaitsForAStoppedPeerThatWritesOurMemoryUpToTheRe
 // the rule never got its ok. Meanwhile the region's handle and range say
 // why they are not usable.
 TEST(UcxEngineSameHost, UnregisterCalledAgainAfterATimeoutAnswersOkOnceThePeerAcknowledged) {
-  int to_writer_fd = -1;
-  const pid_t writer = fork_same_host_writer(to_writer_fd);
-  ASSERT_GE(writer, 0);
-  std::vector<std::byte> memory(8 << 20);
-  EngineConfig config = ucx_config();
-  config.ucx.revoke_timeout_ms = 200;
-  auto e = Engine::create(std::move(config));
-  ASSERT_TRUE(e.has_value()) << e.error().to_string();
-  auto region = (*e)->register_memory(memory.data(), memory.size());
-  ASSERT_TRUE(region.has_value()) << region.error().to_string();
-  ASSERT_TRUE((*e)->export_region(region->handle).is_ok());
-  const std::string address = (*e)->address();
-  ASSERT_EQ(::write(to_writer_fd, address.data(), address.size()), static_cast<ssize_t>(address.size()));
-  ::close(to_writer_fd);
-  auto written = [&] { return memory[0] == std::byte{0x5a}; };
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!written() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(written()) << "the writer never wrote";
+  WrittenHolder h;
+  ASSERT_NO_FATAL_FAILURE(h.start(200));
+  const pid_t writer = h.writer;
+  std::vector<std::byte>& memory = h.memory;
+  Engine* const e = h.engine.get();
+  const Region* const region = &h.region;
+  ASSERT_TRUE(h.written()) << "the writer never wrote";
   ASSERT_EQ(::kill(writer, SIGSTOP), 0);
-  const Status first = (*e)->unregister(region->handle);
+  const Status first = e->unregister(region->handle);
   EXPECT_EQ(first.code(), StatusCode::kTimeout) << first.to_string();
-  auto looked_up = (*e)->region(region->handle);
+  auto looked_up = e->region(region->handle);
   ASSERT_FALSE(looked_up.has_value());
   EXPECT_NE(looked_up.error().message().find("being unregistered"), std::string::npos) << looked_up.error().message();
-  auto again = (*e)->register_memory(memory.data(), memory.size());
+  auto again = e->register_memory(memory.data(), memory.size());
   ASSERT_FALSE(again.has_value());
   EXPECT_NE(again.error().message().find("being unregistered"), std::string::npos) << again.error().message();
   // It runs again and acknowledges; the caller asks later.
@@ -1312,9 +1318,9 @@ TEST(UcxEngineSameHost, UnregisterCalledAgainAfterATimeoutAnswersOkOnceThePeerAc
   }
   ::kill(writer, SIGKILL);
   ::waitpid(writer, &status, 0);
-  EXPECT_TRUE((*e)->unregister(region->handle).is_ok());
+  EXPECT_TRUE(e->unregister(region->handle).is_ok());
   // Answered once: a third call finds no region.
-  EXPECT_EQ((*e)->unregister(region->handle).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->unregister(region->handle).code(), StatusCode::kNotFound);
   std::fill(memory.begin(), memory.end(), std::byte{0});
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(std::count(memory.begin(), memory.end(), std::byte{0}), static_cast<std::ptrdiff_t>(memory.size()));
