@@ -166,6 +166,9 @@ TEST(BenchHandoff, DurationFlagsSayWhyTheyAreRefused) {
       {"bench handoff --spawn --timeout soon", "\"soon\": expected a non-negative number first"},
       {"bench handoff --spawn --timeout 100000000h", "\"100000000h\": too large"},
       {"bench handoff --spawn --timeout 0ms", "\"0ms\" is zero (expected a positive duration)"},
+      {"bench handoff --spawn --worker-timeout 0ms", "\"0ms\" is zero (expected a positive duration)"},
+      {"bench handoff --spawn --worker-timeout 2h", "--worker-timeout \"2h\": expected 1ms .. 1h"},
+      {"bench handoff --spawn --requests 10 --stop-consumer-at 10", "--stop-consumer-at 10: there are 10 requests"},
       {"bench idle --duration 1e400s", "unknown unit \"e400s\""},
       {"bench throughput --duration 0s", "\"0s\" is zero"},
       {"store --lock-timeout 9999999999h", "too large"},
@@ -183,7 +186,8 @@ TEST(BenchHandoff, DurationFlagsSayWhyTheyAreRefused) {
 // inside (-1, 0) is refused instead of silently ignored; a stall needs a
 // timeout named.
 TEST(BenchHandoff, FaultFlagsOutOfRangeAreRefused) {
-  for (const std::string args : {"--kill-producer-at -1", "--kill-consumer-at -1", "--stall-consumer-rank -1", "--cancel-every 0"}) {
+  for (const std::string args : {"--kill-producer-at -1", "--kill-consumer-at -1", "--stop-consumer-at -1",
+                                  "--stall-consumer-rank -1", "--cancel-every 0"}) {
     const CommandRun r = baton::testing::run_baton("bench handoff --spawn " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("not in range"), std::string::npos) << args << ": " << r.err;
