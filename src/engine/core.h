@@ -97,6 +97,45 @@ struct Core {
     return std::move(*reply->value);
   }
 
+  // Runs `step` on the loop, once a turn, until it returns a value (a
+  // std::optional): work too long for one turn (a huge batch's admission)
+  // leaves the loop's other work the turns in between.
+  template <typename F>
+  auto on_loop_steps(F step) -> typename decltype(step())::value_type {
+    using Value = typename decltype(step())::value_type;
+    if (!wall) {
+      while (true) {
+        if (loop->has_commands()) loop->tick(now_ns());
+        if (auto value = step()) return std::move(*value);
+        loop->tick(now_ns());
+      }
+    }
+    struct Reply {
+      std::optional<Value> value;
+      std::atomic<int> ready{0};
+    };
+    struct Step {  // posts itself again until done
+      std::shared_ptr<Reply> reply;
+      F step;
+      EngineLoop* loop;
+      void operator()(admission::AdmissionController&, TimeNs) {
+        if (auto value = step()) {
+          reply->value.emplace(std::move(*value));
+          reply->ready.store(1, std::memory_order_release);
+          reply->ready.notify_one();
+        } else {
+          loop->post(*this);
+        }
+      }
+    };
+    auto reply = std::make_shared<Reply>();
+    loop->post(Step{reply, std::move(step), loop.get()});
+    if (!spin_until([&] { return reply->ready.load(std::memory_order_acquire) != 0; })) {
+      reply->ready.wait(0, std::memory_order_acquire);
+    }
+    return std::move(*reply->value);
+  }
+
   [[nodiscard]] std::string metrics_text();
   [[nodiscard]] sched::SchedStats stats();
   [[nodiscard]] TimeNs now_ns() const;

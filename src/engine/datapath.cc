@@ -340,20 +340,15 @@ Result<transport::RegionHandle> Datapath::local_key(const Region& region) {
   return *key;
 }
 
-Status Datapath::check(const Batch& batch) {
-  auto checked = check_batch(batch);
-  return checked ? Status::ok() : checked.error();
-}
-
-auto Datapath::check_batch(const Batch& batch) -> Result<std::vector<Checked>> {
+auto Datapath::check_part(const Batch& batch, std::size_t from, std::size_t to) -> Result<std::vector<Checked>> {
   if (batch.requests.empty()) return std::unexpected(Status::invalid_argument("submit: the batch is empty"));
   if (batch.notification.size() > transport::kMaxNotificationBytes) {
     return std::unexpected(Status::invalid_argument("submit: the notification has {} bytes (at most {})",
                                                     batch.notification.size(), transport::kMaxNotificationBytes));
   }
   std::vector<Checked> checked;
-  checked.reserve(batch.requests.size());
-  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
+  checked.reserve(to - from);
+  for (std::size_t i = from; i < to; ++i) {
     auto c = check(batch.requests[i], i);
     if (!c) return std::unexpected(c.error());
     checked.push_back(*c);
@@ -367,59 +362,85 @@ auto Datapath::check_batch(const Batch& batch) -> Result<std::vector<Checked>> {
           batch.requests[0].peer, i, batch.requests[i].peer));
     }
   }
-  return checked;
-}
-
-Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
-  auto made = check_batch(batch);
-  if (!made) return std::unexpected(made.error());
-  std::vector<Checked>& checked = *made;
   // Requests with no peer: both regions' keys with the GPU paths, now that
-  // nothing in the batch is refused any more.
+  // nothing in this part is refused any more.
   for (std::size_t i = 0; i < checked.size(); ++i) {
     if (checked[i].target == nullptr) continue;
     auto mine = local_key(checked[i].local->region);
     auto theirs = mine ? local_key(checked[i].target->region) : mine;
     if (!theirs) {
-      return std::unexpected(
-          Status(theirs.error().code(), fmt::format("submit: request {} of the batch: {}", i, theirs.error().message())));
+      return std::unexpected(Status(theirs.error().code(),
+                                    fmt::format("submit: request {} of the batch: {}", from + i, theirs.error().message())));
     }
     checked[i].target_key = *theirs;
   }
-  const std::uint64_t id = next_batch_id();
-  // The record exists before its requests are admitted: a request may end
-  // during admission (infeasible at once, with a recompute callback) and
-  // its finish must find its batch. `open` holds one extra count until
-  // every request is in, so the batch cannot end half submitted.
-  BatchRecord& record = batches_[id];
-  record.notification = batch.notification;
-  if (!batch.notification.empty()) {  // so every request names one peer
-    record.notify_path = checked[0].path;
-    record.notify_incarnation = ucx_.paths()[checked[0].path].incarnation;
+  return checked;
+}
+
+std::optional<Status> Datapath::check_step(const Batch& batch, std::size_t& next) {
+  const std::size_t to = std::min(batch.requests.size(), next + kChecksPerTurn);
+  if (auto part = check_part(batch, next, to); !part) return part.error();
+  next = to;
+  if (next < batch.requests.size()) return std::nullopt;
+  return Status::ok();
+}
+
+std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs now_ns) {
+  const Batch& batch = *sub.batch;
+  const std::size_t n = batch.requests.size();
+  if (!sub.checked && n > kRequestsPerTurn) {  // all checked before any is admitted
+    auto checked = check_step(batch, sub.next);
+    if (!checked) return std::nullopt;
+    if (!checked->is_ok()) return std::unexpected(std::move(*checked));
+    sub.checked = true;
+    sub.next = 0;
+    return std::nullopt;
   }
-  record.open = 1;
-  {
+  if (shut_down_ && sub.id == 0) return std::unexpected(Status::unavailable("submit: the engine shut down"));
+  const std::size_t from = sub.next;
+  const std::size_t to = std::min(n, from + kRequestsPerTurn);
+  // Checked again: the pointers are good for this turn only.
+  auto made = shut_down_ ? Result<std::vector<Checked>>(std::unexpected(Status::unavailable(
+                               "submit: the engine shut down before request {} was admitted", from)))
+                         : check_part(batch, from, to);
+  if (!made && sub.id == 0) return std::unexpected(made.error());
+  if (sub.id == 0) {
+    // The record exists before its requests are admitted: a request may end
+    // during admission (infeasible at once, with a recompute callback) and
+    // its finish must find its batch. `open` holds one extra count until
+    // every request is in, so the batch cannot end half submitted.
+    sub.id = next_batch_id();
+    BatchRecord& record = batches_[sub.id];
+    record.notification = batch.notification;
+    if (!batch.notification.empty()) {  // so every request names one peer
+      record.notify_path = (*made)[0].path;
+      record.notify_incarnation = ucx_.paths()[(*made)[0].path].incarnation;
+    }
+    record.open = 1;
     std::lock_guard lock(ended_mutex_);
-    running_.insert(id);
+    running_.insert(sub.id);
   }
-  Status refused;
-  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
+  const std::uint64_t id = sub.id;
+  BatchRecord& record = batches_.at(id);
+  Status refused = made ? Status::ok() : made.error();
+  for (std::size_t i = from; made && i < to; ++i) {
     const Request& r = batch.requests[i];
-    RegionRecord& local = *checked[i].local;
+    const Checked& c = (*made)[i - from];
+    RegionRecord& local = *c.local;
     sched::TransferRequest t;
-    t.from = checked[i].from;
-    t.to = checked[i].to;
+    t.from = c.from;
+    t.to = c.to;
     t.bytes = r.length;
     t.qos = r.qos;
     t.deadline_ns = r.deadline_ns;
     t.timeout_ns = r.timeout_ns;
     t.op = r.op;
     t.local = reinterpret_cast<std::byte*>(local.region.base) + r.local_offset;
-    t.remote_key = checked[i].target_key;
-    t.remote_addr = checked[i].remote_addr;
+    t.remote_key = c.target_key;
+    t.remote_addr = c.remote_addr;
     const sched::RequestId rid = next_id_.fetch_add(1);
     ++local.live_requests;
-    RegionRecord* target = checked[i].target;
+    RegionRecord* target = c.target;
     if (target != nullptr) ++target->live_requests;
     record.targets.push_back(target != nullptr ? r.remote_region : kNoTarget);
     loop_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -430,7 +451,7 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
     batch_of_[rid] = id;
     if (Status s = admission_.submit(rid, t, now_ns); !s.is_ok()) {
       // Checked above against the same tables, so this is a routing refusal
-      // (no path to the peer): the requests already admitted go on alone.
+      // (no path to the peer).
       --local.live_requests;
       if (target != nullptr) --target->live_requests;
       record.targets.pop_back();
@@ -440,18 +461,38 @@ Result<BatchHandle> Datapath::submit(const Batch& batch, TimeNs now_ns) {
       record.local_regions.pop_back();
       record.ops.pop_back();
       batch_of_.erase(rid);
-      baton::logger().warn("submit: batch {} request {}: {}", id, record.requests.size(), s.message());
-      refused = std::move(s);
+      refused = Status(s.code(), fmt::format("submit: request {} of the batch: {}", i, s.message()));
       break;
     }
   }
+  sub.next = to;
+  if (refused.is_ok() && sub.next < n) return std::nullopt;
   if (record.requests.empty()) {
     batches_.erase(id);
     std::lock_guard lock(ended_mutex_);
     running_.erase(id);
-    return std::unexpected(Status(refused.code(), "submit: " + refused.message()));
+    return std::unexpected(refused.message().starts_with("submit: ") ? std::move(refused)
+                                                                      : Status(refused.code(), "submit: " + refused.message()));
   }
-  if (--record.open == 0) finished_batches_.push_back(id);
+  if (!refused.is_ok()) {
+    // The requests already admitted go on; the others end failed, with the
+    // reason, so the batch still reports every request.
+    baton::logger().warn("submit: batch {}: {} of its {} requests were not admitted: {}", id,
+                         n - record.requests.size(), n, refused.message());
+    for (std::size_t i = record.requests.size(); i < n; ++i) {
+      const Request& r = batch.requests[i];
+      sched::RequestStatus& s = record.refused.emplace_back();
+      s.state = sched::RequestState::kFailed;
+      s.status = refused;
+      s.qos = r.qos;
+      s.bytes = r.length;
+      s.bytes_unsent = r.length;
+      s.deadline_ns = r.deadline_ns;
+      s.submitted_ns = now_ns;
+      s.completed_ns = now_ns;
+    }
+  }
+  if (--record.open == 0) ending_.emplace_back().id = id;
   metrics_.add("baton_engine_batches_total", {}, 1);
   return BatchHandle{id};
 }
@@ -707,6 +748,25 @@ Status named_in_batch(const Status& s, sched::RequestId id, std::size_t index) {
 
 }  // namespace
 
+Status Datapath::append_status(const BatchRecord& b, std::size_t i, BatchStatus& out) const {
+  auto s = admission_.status(b.requests[i]);
+  if (!s) return s.error();
+  out.bytes += s->bytes;
+  out.bytes_done += s->bytes_done;
+  if (!s->status.is_ok()) s->status = named_in_batch(s->status, b.requests[i], i);
+  if (out.done && out.status.is_ok() && s->state != sched::RequestState::kCompleted) out.status = s->status;
+  out.requests.push_back(std::move(*s));
+  return Status::ok();
+}
+
+void Datapath::append_refused(const BatchRecord& b, BatchStatus& out) {
+  for (const sched::RequestStatus& s : b.refused) {
+    out.bytes += s.bytes;
+    if (out.done && out.status.is_ok()) out.status = s.status;
+    out.requests.push_back(s);
+  }
+}
+
 Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("poll: no batch {}", handle.id);
@@ -717,32 +777,35 @@ Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
   out.bytes_done = 0;
   out.requests.clear();
   for (std::size_t i = 0; i < b.requests.size(); ++i) {
-    auto s = admission_.status(b.requests[i]);
-    if (!s) return s.error();
-    out.bytes += s->bytes;
-    out.bytes_done += s->bytes_done;
-    if (!s->status.is_ok()) s->status = named_in_batch(s->status, b.requests[i], i);
-    if (out.done && out.status.is_ok() && s->state != sched::RequestState::kCompleted) out.status = s->status;
-    out.requests.push_back(std::move(*s));
+    if (Status s = append_status(b, i, out); !s.is_ok()) return s;
   }
+  append_refused(b, out);
   return Status::ok();
 }
 
-Status Datapath::cancel(BatchHandle handle, TimeNs now_ns) {
-  auto it = batches_.find(handle.id);
-  if (it == batches_.end()) return Status::not_found("cancel: no batch {}", handle.id);
-  if (it->second.ended || it->second.open == 0) {
-    return Status::invalid_argument("cancel: batch {} already ended", handle.id);
+std::optional<Status> Datapath::cancel_step(Cancellation& c, TimeNs now_ns) {
+  auto it = batches_.find(c.id);
+  if (c.next == 0) {
+    if (it == batches_.end()) return Status::not_found("cancel: no batch {}", c.id);
+    if (it->second.ended || it->second.open == 0) return Status::invalid_argument("cancel: batch {} already ended", c.id);
+  } else if (it == batches_.end() || it->second.ended) {
+    return Status::ok();  // its last requests ended meanwhile, and it was released
   }
-  const bool running = std::ranges::any_of(it->second.requests, [this](sched::RequestId id) {
-    auto s = admission_.status(id);
-    return s && !ended_state(s->state);
-  });
-  if (!running) {
+  const std::vector<sched::RequestId>& requests = it->second.requests;
+  const std::size_t to = std::min(requests.size(), c.next + kRequestsPerTurn);
+  for (std::size_t i = c.next; i < to; ++i) {
+    auto s = admission_.status(requests[i]);
+    if (s && !ended_state(s->state)) {
+      (void)admission_.cancel(requests[i], now_ns);
+      c.cancelled_any = true;
+    }
+  }
+  c.next = to;
+  if (c.next < requests.size()) return std::nullopt;
+  if (!c.cancelled_any) {
     return Status::invalid_argument(
-        "cancel: batch {} is already stopping (its requests wait for slices UCX cannot recall)", handle.id);
+        "cancel: batch {} is already stopping (its requests wait for slices UCX cannot recall)", c.id);
   }
-  cancel_running(it->second, now_ns);
   return Status::ok();
 }
 
@@ -757,18 +820,21 @@ Status Datapath::release(BatchHandle handle) {
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("release: no batch {}", handle.id);
   if (!it->second.ended) return Status::invalid_argument("release: batch {} is still running", handle.id);
-  for (sched::RequestId id : it->second.requests) {
-    auto p = scheduler_.progress(id);
-    if (p && !p->posted.empty()) {
-      return Status::invalid_argument(
-          "release: batch {} still has slices on the wire (cancelled, and UCX cannot recall them); release after "
-          "they land",
-          handle.id);
+  if (!it->second.clean_at_end) {  // a cancelled batch, maybe: look again
+    for (sched::RequestId id : it->second.requests) {
+      auto p = scheduler_.progress(id);
+      if (p && !p->posted.empty()) {
+        return Status::invalid_argument(
+            "release: batch {} still has slices on the wire (cancelled, and UCX cannot recall them); release after "
+            "they land",
+            handle.id);
+      }
     }
   }
-  for (sched::RequestId id : it->second.requests) {
-    (void)admission_.forget(id);
-    batch_of_.erase(id);
+  if (released_.empty()) {
+    released_ = std::move(it->second.requests);
+  } else {
+    released_.insert(released_.end(), it->second.requests.begin(), it->second.requests.end());
   }
   batches_.erase(it);
   std::lock_guard lock(ended_mutex_);
@@ -776,29 +842,82 @@ Status Datapath::release(BatchHandle handle) {
   return Status::ok();
 }
 
+void Datapath::forget_released() {
+  const std::size_t to = std::min(released_.size(), released_next_ + kRequestsPerTurn);
+  for (std::size_t i = released_next_; i < to; ++i) {
+    (void)admission_.forget(released_[i]);
+    batch_of_.erase(released_[i]);
+  }
+  released_next_ = to;
+  if (released_next_ == released_.size()) {
+    released_.clear();
+    released_next_ = 0;
+    if (released_.capacity() > kScratchKept) released_ = {};
+  }
+}
+
 void Datapath::on_finish(sched::RequestId id) {
   auto it = batch_of_.find(id);
   if (it == batch_of_.end()) return;  // not a batch's request (a TransferRequest submitted directly)
-  BatchRecord& b = batches_.at(it->second);
-  if (b.open > 0 && --b.open == 0) finished_batches_.push_back(it->second);
+  auto b = batches_.find(it->second);
+  if (b == batches_.end()) return;  // released, its requests not yet forgotten
+  if (b->second.open > 0 && --b->second.open == 0) ending_.emplace_back().id = it->second;
 }
 
-void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
-  bool all_ok = true;
-  for (std::size_t i = 0; i < b.requests.size(); ++i) {
-    auto s = admission_.status(b.requests[i]);
-    RegionRecord& local = regions_.at(b.local_regions[i]);
-    --local.live_requests;
-    if (b.targets[i] != kNoTarget) --regions_.at(b.targets[i]).live_requests;
-    loop_requests_.fetch_sub(1, std::memory_order_relaxed);
-    if (!s) continue;
-    const bool ok = s->state == sched::RequestState::kCompleted;
-    all_ok = all_ok && ok;
-    const std::string op(op_name(b.ops[i]));
-    metrics_.add("baton_engine_requests_total", {{"op", op}, {"state", std::string(sched::to_string(s->state))}}, 1);
-    if (ok) metrics_.add("baton_engine_bytes_total", {{"op", op}}, static_cast<double>(s->bytes));
+void Datapath::end_batches(std::size_t per_batch) {
+  // Each batch its part: a small one that ended behind a huge one is not
+  // kept waiting for it.
+  std::erase_if(ending_, [&](Ending& e) {
+    BatchRecord& b = batches_.at(e.id);
+    if (e.next == 0) {
+      e.node = spare_ended_node();  // a released batch's, its storage reused
+      BatchStatus& out = e.node.mapped().status;
+      out.done = true;
+      out.status = Status::ok();
+      out.bytes = 0;
+      out.bytes_done = 0;
+      out.requests.clear();
+      e.node.mapped().clean = true;
+      e.node.mapped().direct = false;
+    }
+    Ended& snapshot = e.node.mapped();
+    const std::size_t to = e.next + std::min(per_batch, b.requests.size() - e.next);
+    for (std::size_t i = e.next; i < to; ++i) {
+      RegionRecord& local = regions_.at(b.local_regions[i]);
+      --local.live_requests;
+      if (b.targets[i] != kNoTarget) --regions_.at(b.targets[i]).live_requests;
+      loop_requests_.fetch_sub(1, std::memory_order_relaxed);
+      const std::size_t before = snapshot.status.requests.size();
+      if (!append_status(b, i, snapshot.status).is_ok()) continue;
+      const sched::RequestStatus& s = snapshot.status.requests[before];
+      const int op = b.ops[i] == Op::kRead ? 0 : 1;
+      const bool ok = s.state == sched::RequestState::kCompleted;
+      e.all_ok = e.all_ok && ok;
+      ++e.ended[op][static_cast<std::size_t>(s.state) & 7];
+      if (ok) e.bytes[op] += s.bytes;
+      if (auto p = scheduler_.progress(b.requests[i]); p && !p->posted.empty()) snapshot.clean = false;
+    }
+    e.next = to;
+    if (e.next < b.requests.size()) return false;
+    finish_ending(e, b);
+    return true;
+  });
+}
+
+void Datapath::finish_ending(Ending& e, BatchRecord& b) {
+  append_refused(b, e.node.mapped().status);
+  e.all_ok = e.all_ok && b.refused.empty();
+  for (int op = 0; op < 2; ++op) {
+    const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
+    for (std::size_t state = 0; state < 8; ++state) {
+      if (e.ended[op][state] == 0) continue;
+      metrics_.add("baton_engine_requests_total",
+                   {{"op", name}, {"state", std::string(sched::to_string(static_cast<sched::RequestState>(state)))}},
+                   static_cast<double>(e.ended[op][state]));
+    }
+    if (e.bytes[op] > 0) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(e.bytes[op]));
   }
-  if (all_ok && !b.notification.empty()) {
+  if (e.all_ok && !b.notification.empty()) {
     // Only on the path the bytes went: it may have failed since, and its id
     // gone to another peer (or to the same address's next process).
     const Status s = ucx_.paths()[b.notify_path].incarnation == b.notify_incarnation
@@ -807,35 +926,29 @@ void Datapath::end_batch(std::uint64_t id, BatchRecord& b) {
     if (s.is_ok()) {
       metrics_.add("baton_engine_notifications_sent_total", {}, 1);
     } else {
-      baton::logger().warn("batch {}: notification not sent: {}", id, s.message());
+      baton::logger().warn("batch {}: notification not sent: {}", e.id, s.message());
     }
   }
   b.ended = true;
-  EndedNode node = spare_ended_node();  // a released batch's, its storage reused
-  Ended& snapshot = node.mapped();
-  snapshot.clean = true;
-  snapshot.direct = false;
-  for (sched::RequestId rid : b.requests) {
-    auto p = scheduler_.progress(rid);
-    if (p && !p->posted.empty()) snapshot.clean = false;
-  }
-  if (!poll(BatchHandle{id}, snapshot.status).is_ok()) snapshot.status = {};
-  publish_ended(id, std::move(node));
+  b.clean_at_end = e.node.mapped().clean;
+  publish_ended(e.id, std::move(e.node));
 }
 
 Datapath::~Datapath() {
   if (ended_fd_ >= 0) ::close(ended_fd_);
 }
 
-void Datapath::on_turn(TimeNs /*now_ns*/) {
+bool Datapath::on_turn(TimeNs /*now_ns*/) {
   flush_direct_metrics();
-  for (std::uint64_t id : std::exchange(finished_batches_, {})) end_batch(id, batches_.at(id));
+  end_batches();
+  if (!released_.empty()) forget_released();
   settle_pending();
   std::erase_if(unregisters_, [this](PendingUnregister& u) {
     if (ucx_.unregister_pending(u.region)) return false;
     u.done(Status::ok());
     return true;
   });
+  return !ending_.empty() || !released_.empty();
 }
 
 void Datapath::settle_pending() {
@@ -874,7 +987,8 @@ void Datapath::shutdown(TimeNs now_ns) {
     if (!b.ended) cancel_running(b, now_ns);
   }
   ucx_.shutdown();
-  on_turn(now_ns);  // end the batches the cancels finished, fail pending connects
+  (void)on_turn(now_ns);  // fail pending connects
+  end_batches(SIZE_MAX);  // the batches the cancels finished end now, whatever their size
 }
 
 bool Datapath::shutdown_complete() {

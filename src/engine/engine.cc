@@ -64,7 +64,8 @@ struct Engine::State {
         return std::move(*direct);
       }
     }
-    return core->on_loop([&] { return datapath->submit(batch, core->now_ns()); });
+    Datapath::Submission submission(batch);
+    return core->on_loop_steps([&] { return datapath->submit_step(submission, core->now_ns()); });
   }
 };
 
@@ -113,7 +114,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   state->datapath->set_clock([&c] { return c.now_ns(); });
   c.before_metrics = [d = state->datapath.get()] { d->before_scrape(); };  // direct batches count on submitting threads
   c.admission->set_end_hook([d = state->datapath.get()](sched::RequestId id) { d->on_finish(id); });
-  c.loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { d->on_turn(now_ns); });
+  c.loop->set_on_turn([d = state->datapath.get()](TimeNs now_ns) { return d->on_turn(now_ns); });
   if (Status s = c.wall->start(); !s.is_ok()) return std::unexpected(s);
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(state)));
   if (!config.metrics_address.empty()) {
@@ -229,7 +230,8 @@ Result<BatchHandle> Engine::submit(PreparedBatch& batch) {
 
 Status Engine::check(const Batch& batch) {
   if (Status s = state_->usable("check"); !s.is_ok()) return s;
-  return state_->core->on_loop([&] { return state_->datapath->check(batch); });
+  std::size_t next = 0;
+  return state_->core->on_loop_steps([&] { return state_->datapath->check_step(batch, next); });
 }
 
 Status Engine::run(const Batch& batch) {
@@ -313,9 +315,10 @@ Status Engine::cancel(BatchHandle batch) {
   // A batch that ended on the loop-free path has no record on the loop.
   auto ended = [&] { return state_->datapath->look(batch.id) == Datapath::Look::kEnded; };
   if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
-  return state_->core->on_loop([&] {
-    if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
-    return state_->datapath->cancel(batch, state_->core->now_ns());
+  Datapath::Cancellation cancellation{.id = batch.id};
+  return state_->core->on_loop_steps([&]() -> std::optional<Status> {
+    if (cancellation.next == 0 && ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
+    return state_->datapath->cancel_step(cancellation, state_->core->now_ns());
   });
 }
 

@@ -44,11 +44,12 @@ bool EngineLoop::tick(TimeNs now_ns) {
   }
   admission_.tick(now_ns);
   scheduler_.dispatch(now_ns);
-  if (on_turn_) on_turn_(now_ns);
-  return busy;
+  more_ = on_turn_ && on_turn_(now_ns);
+  return busy || more_;
 }
 
 std::optional<TimeNs> EngineLoop::next_event_ns() const {
+  if (more_) return 0;  // at once
   const auto t = transport_.next_event_ns();
   const auto a = admission_.next_timer_ns();
   if (t && a) return std::min(*t, *a);

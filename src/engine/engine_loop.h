@@ -33,8 +33,9 @@ class EngineLoop {
   // Called after each post (the wall-clock driver's wake-up).
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
   // Runs at the end of every turn, on the loop (the engine's datapath
-  // resolves connects and ends batches there). Set before the loop starts.
-  void set_on_turn(std::function<void(TimeNs now_ns)> on_turn) { on_turn_ = std::move(on_turn); }
+  // resolves connects and ends batches there). True when it left work for
+  // the next turn, which then comes at once. Set before the loop starts.
+  void set_on_turn(std::function<bool(TimeNs now_ns)> on_turn) { on_turn_ = std::move(on_turn); }
 
   // One turn of the loop at `now_ns`. True when it had something to do
   // (commands or completions).
@@ -53,7 +54,8 @@ class EngineLoop {
   std::vector<Command> draining_;  // loop-owned
   std::vector<transport::Completion> completions_;
   std::function<void()> wake_;
-  std::function<void(TimeNs)> on_turn_;
+  std::function<bool(TimeNs)> on_turn_;
+  bool more_ = false;  // on_turn_ left work for the next turn
 };
 
 // Advances a VirtualClock straight from one interesting instant to the next,

@@ -251,7 +251,9 @@ class Engine {
   // notification; not_found for an unknown peer,
   // local region or remote region (refresh() may help); out_of_range for a
   // range outside its region; unavailable for a failed peer. Then admits the
-  // requests. A same-host batch (UcxConfig::direct_copy_max_bytes) is copied
+  // requests, 512 a loop turn (the first move while the rest go in); should
+  // a peer fail or a region go meanwhile, the requests not yet admitted end
+  // failed with the reason. A same-host batch (UcxConfig::direct_copy_max_bytes) is copied
   // here, on the calling thread, while the loop holds no request: it has
   // ended when submit returns (docs/engine.md, "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
@@ -290,8 +292,8 @@ class Engine {
   // when it could not end first.
   [[nodiscard]] Status wait(BatchHandle batch, TimeNs timeout_ns);
   // Cancels the requests still running and returns once the loop has
-  // (a turn of the loop per call; a batch of 10^5 requests takes tens of ms,
-  // and other batches wait behind that turn: split huge batches). A request
+  // (512 requests a loop turn, so other callers' work goes on meanwhile;
+  // submit and a batch's end are split the same way). A request
   // reports `cancelled` only once nothing it posted can still land in the
   // caller's memory (UCX cannot recall a posted slice); until then it is
   // `cancelling` and the batch is not done, so wait() before reusing the
