@@ -1,14 +1,18 @@
 // The scheduler. Per path, queued requests wait in indexed heaps whose keys
 // never change while a request waits (docs/scheduler.md has the proof).
 // Under deadline_aware, urgency at t is
-//   w_d·max(0, H − laxity(t)) + w_p·prio + w_a·(t − enqueued)      (times in µs)
-// with laxity(t) = deadline − remaining − t and H the deadline horizon:
+//   w_d·max(0, H − laxity(t)) + w_p·prio + w_a·min(t − enqueued, S)      (times in µs)
+// with laxity(t) = deadline − remaining − t, H the deadline horizon and S
+// the starvation bound:
 //   pressing (laxity < H):  (w_d + w_a)·t + K,  K = w_p·prio − w_d·(deadline − remaining − H) − w_a·enqueued
 //   calm (no deadline, or laxity ≥ H): w_a·t + K,  K = w_p·prio − w_a·enqueued
-// Within each set every urgency grows at the same rate, so each heap's order
-// holds for all time and the most urgent request is one of two heap tops. A
-// calm request with a deadline also waits in `dormant`, ordered by the time
-// its laxity reaches H; top() moves those due to `pressing` (once per key).
+// and, once t − enqueued ≥ S (`aged`), the same without the w_a·t and with
+// w_a·S for −w_a·enqueued. Within each of the four sets every urgency grows
+// at the same rate, so each heap's order holds for all time and the most
+// urgent request is one of four heap tops. A calm request with a deadline
+// also waits in `dormant`, ordered by the time its laxity reaches H; top()
+// moves those due to `pressing` (once per key), and a young heap's top that
+// has aged to its aged heap (once per request).
 // by_age orders by enqueue time: the starvation bound, and FIFO. The
 // baselines (strict_priority, edf) keep one static key in `calm`.
 // O(log n) per dispatch, no re-scoring.
@@ -73,6 +77,7 @@ struct Request {
   bool queued = false;
   mutable bool due_stale = false;  // its entry in the home path's `due` waits for the next query
   bool pressing = false;  // in the pressing heap (else calm)
+  bool aged = false;      // waited the starvation bound: in the aged heap of its set
   bool dormant = false;   // calm with a deadline: also in the dormant heap
   double key = 0;
   std::uint32_t urgency_pos = 0;  // where the heaps keep it
@@ -181,6 +186,8 @@ class SliceTable {
 struct PathQueue {
   UrgencyHeap pressing;
   UrgencyHeap calm;
+  UrgencyHeap pressing_aged;  // aging stopped at the starvation bound
+  UrgencyHeap calm_aged;
   DormantHeap dormant;
   AgeHeap by_age;
 };
@@ -467,7 +474,9 @@ struct Scheduler::State {
       case PolicyKind::kDeadlineAware: break;
     }
     const double class_term = policy.w_priority * policy.class_priority[static_cast<int>(r.spec.qos)];
-    const double aging = policy.w_aging * us(r.status.submitted_ns);
+    // Young: w_a·(t − enqueued), the t in the heap's rate. Aged: w_a·S.
+    const double aging =
+        r.aged ? -policy.w_aging * us(policy.starvation_bound_ns) : policy.w_aging * us(r.status.submitted_ns);
     if (!r.pressing) return class_term - aging;
     const double pressed_from_us =
         us(r.spec.deadline_ns) - remaining_ns(r) / 1000.0 - us(policy.deadline_horizon_ns);
@@ -476,13 +485,20 @@ struct Scheduler::State {
 
   UrgencyHeap& urgency_heap(Request& r) {
     PathQueue& q = paths[r.home].queue;
+    if (r.aged) return r.pressing ? q.pressing_aged : q.calm_aged;
     return r.pressing ? q.pressing : q.calm;
+  }
+
+  // Whether r's aging reached the starvation bound by `now`.
+  [[nodiscard]] bool aged_by(const Request& r, TimeNs now_ns) const {
+    return weighs_urgency() && time_until(r.status.submitted_ns, now_ns) >= policy.starvation_bound_ns;
   }
 
   // Puts a queued request in the urgency heap its laxity at `now` calls for.
   void place(Request& r, TimeNs now_ns) {
     r.pressing = false;
     r.dormant = false;
+    r.aged = aged_by(r, now_ns);
     if (weighs_urgency() && r.spec.deadline_ns != 0) {
       const TimeNs at = activation_ns(r);
       if (at <= now_ns) {
@@ -580,6 +596,20 @@ struct Scheduler::State {
     }
   }
 
+  // Moves the tops of a young heap that aged by `now` to the aged heap. A
+  // young heap's top that has not aged is its most urgent request: one
+  // buried below it that aged scores less capped than uncapped, and
+  // uncapped no more than the top.
+  void age_tops(UrgencyHeap& young, UrgencyHeap& aged, TimeNs now_ns) {
+    while (!young.empty() && aged_by(*young.top().request, now_ns)) {
+      Request& r = *young.top().request;
+      young.erase(r.urgency_pos);
+      r.aged = true;
+      r.key = key_of(r);
+      aged.push({r.key, r.seq, &r});
+    }
+  }
+
   // The most urgent request of a path's queue at `now`.
   Request* top(PathId path, TimeNs now_ns) {
     PathQueue& q = paths[path].queue;
@@ -596,17 +626,23 @@ struct Scheduler::State {
       return oldest;
     }
     wake_pressed(q, now_ns);
+    age_tops(q.pressing, q.pressing_aged, now_ns);
+    age_tops(q.calm, q.calm_aged, now_ns);
     const double now_us = us(now_ns);
     Request* best = nullptr;
     double best_urgency = 0;
-    if (!q.pressing.empty()) {
-      best = q.pressing.top().request;
-      best_urgency = (policy.w_deadline + policy.w_aging) * now_us + q.pressing.top().key;
-    }
-    if (!q.calm.empty()) {
-      const double u = policy.w_aging * now_us + q.calm.top().key;
-      if (best == nullptr || u > best_urgency) best = q.calm.top().request;
-    }
+    auto consider = [&](const UrgencyHeap& heap, double rate) {
+      if (heap.empty()) return;
+      const double u = rate * now_us + heap.top().key;
+      if (best == nullptr || u > best_urgency) {
+        best = heap.top().request;
+        best_urgency = u;
+      }
+    };
+    consider(q.pressing, policy.w_deadline + policy.w_aging);
+    consider(q.pressing_aged, policy.w_deadline);
+    consider(q.calm, policy.w_aging);
+    consider(q.calm_aged, 0);
     return best;
   }
 

@@ -327,6 +327,30 @@ TEST(Scheduler, AnOverdueBacklogTakesEveryOtherSliceNotTheLink) {
   EXPECT_GT(e->stats().starvation_promotions, 0u);
 }
 
+TEST(Scheduler, AgingStopsAtTheStarvationBoundSoAnOldBacklogDoesNotOutrankCriticalWork) {
+  // 12 GiB of non-preemptible bulk queued at once drains for ~0.5 s on PCIe.
+  // Aging without a cap (0.05 a µs waited) lifted every bulk request above
+  // a fresh decode read (class 10 000 + pressure) once it had waited ~0.3 s,
+  // so the read waited for its deadline to pass before it was served: the
+  // starvation bound's every other slice went to the backlog, and so did
+  // every other one.
+  SchedPolicy p = SchedPolicy::defaults();
+  auto e = make_engine("pcie4", p);
+  for (int i = 0; i < 12 * 1024; ++i) {
+    ASSERT_TRUE(e->submit({"gpu0", "gpu1", 1 * kMiB, QosClass::kPrefillBulk, 0, false}).has_value());
+  }
+  ASSERT_TRUE(e->run_until(400'000'000).is_ok());
+  const RequestId critical =
+      e->submit({"gpu0", "gpu1", 256 * 1024, QosClass::kDecodeCritical, 400'000'000 + 2'000'000, false}).value();
+  ASSERT_TRUE(e->run_until(420'000'000).is_ok());
+  const RequestStatus s = status_of(*e, critical);
+  ASSERT_EQ(s.state, RequestState::kCompleted);
+  EXPECT_FALSE(s.deadline_missed()) << "waited " << (s.completed_ns - s.submitted_ns) << " ns";
+  // The backlog still drains: the bound gives it every other slice.
+  EXPECT_GT(e->stats().starvation_promotions, 0u);
+  ASSERT_TRUE(e->run_until_idle().is_ok());
+}
+
 TEST(Scheduler, PreemptionRescuesATightDeadlineAndTheVictimCompletes) {
   auto run = [](bool preemption) {
     SchedPolicy p = SchedPolicy::defaults();

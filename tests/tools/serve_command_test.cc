@@ -606,7 +606,36 @@ TEST(BenchLatency, RunMovesVerifiedBytesAndItsSamplesFitTheirSpan) {
   }
 }
 
+// Decode reads with a deadline beside batches of bulk reads of the same
+// engine (a connector's pull of many small blocks): every read and every
+// beside batch checked, the misses a count of the reads.
+TEST(BenchLatency, BesideBatchesOfBulkReadsTheReadsAreCountedAgainstTheirDeadline) {
+  const CommandRun r = run_baton(
+      "bench latency --spawn --no-same-host-copy --ucx-tls tcp --op read --iterations 300 --warmup 20 --deadline 1s "
+      "--beside-batch 3000 --beside-block 1KiB --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_of(r);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["requests"], 300);
+  EXPECT_EQ(j["beside_batch"], 3000);
+  EXPECT_EQ(j["beside_block"], 1024);
+  EXPECT_GE(j["beside_batches"].get<std::uint64_t>(), 1u);
+  EXPECT_EQ(j["deadline_us"].get<double>(), 1e6);
+  EXPECT_LE(j["deadline_misses"].get<std::uint64_t>(), 300u);
+  // A miss is a read slower than its deadline: none can be when none took
+  // that long.
+  if (j["max_us"].get<double>() < 1e6) {
+    EXPECT_EQ(j["deadline_misses"], 0);
+  }
+}
+
 TEST(BenchLatency, RefusesBadInput) {
+  EXPECT_EQ(run_baton("bench latency --spawn --deadline 0ms").exit_code, 2);
+  EXPECT_EQ(run_baton("bench latency --spawn --deadline soon").exit_code, 2);
+  EXPECT_EQ(run_baton("bench latency --spawn --deadline 5ms --prepared").exit_code, 2);
+  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch 10 --beside-block 0").exit_code, 2);
+  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch 10 --beside-block 1GiB").exit_code, 2);
+  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch -1").exit_code, 2);
   EXPECT_EQ(run_baton("bench latency --spawn --op copy").exit_code, 2);
   EXPECT_EQ(run_baton("bench latency --spawn --block-size 0").exit_code, 2);
   EXPECT_EQ(run_baton("bench latency --spawn --block-size 2GiB").exit_code, 2);

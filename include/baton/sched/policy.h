@@ -67,7 +67,8 @@ struct SchedPolicy {
   AdmissionPolicy admission;
 
   // Urgency = w_deadline·max(0, horizon − laxity) + w_priority·class_priority
-  //           + w_aging·(µs waited), times in µs (docs/scheduler.md).
+  //           + w_aging·min(µs waited, starvation_bound), times in µs
+  // (docs/scheduler.md).
   double w_deadline = 1.0;
   double w_priority = 1.0;
   double w_aging = 0.05;
