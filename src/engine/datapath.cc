@@ -767,18 +767,23 @@ void Datapath::append_refused(const BatchRecord& b, BatchStatus& out) {
   }
 }
 
-Status Datapath::poll(BatchHandle handle, BatchStatus& out) const {
+std::optional<Status> Datapath::poll_step(BatchHandle handle, std::size_t& next, BatchStatus& out) const {
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("poll: no batch {}", handle.id);
   const BatchRecord& b = it->second;
-  out.done = b.ended;
-  out.status = Status::ok();
-  out.bytes = 0;
-  out.bytes_done = 0;
-  out.requests.clear();
-  for (std::size_t i = 0; i < b.requests.size(); ++i) {
+  if (next == 0) {
+    out.done = b.ended;  // an ended batch is read from its final status, unless being released
+    out.status = Status::ok();
+    out.bytes = 0;
+    out.bytes_done = 0;
+    out.requests.clear();
+  }
+  const std::size_t to = std::min(b.requests.size(), next + kRequestsPerTurn);
+  for (std::size_t i = next; i < to; ++i) {
     if (Status s = append_status(b, i, out); !s.is_ok()) return s;
   }
+  next = to;
+  if (next < b.requests.size()) return std::nullopt;
   append_refused(b, out);
   return Status::ok();
 }

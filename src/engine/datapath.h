@@ -75,8 +75,11 @@ class Datapath {
   // What submit would refuse of `batch`, without submitting it: one turn's
   // part, from request `next` on; nullopt while more remains.
   [[nodiscard]] std::optional<Status> check_step(const Batch& batch, std::size_t& next);
-  // Into `out`, reusing its storage (a poll loop allocates nothing).
-  [[nodiscard]] Status poll(BatchHandle batch, BatchStatus& out) const;
+  // A running batch's statuses into `out`, reusing its storage (a poll
+  // loop allocates nothing): one turn's part, from request `next` on
+  // (0: start); nullopt while more remains. Each request's state is its
+  // own at its part's turn.
+  [[nodiscard]] std::optional<Status> poll_step(BatchHandle batch, std::size_t& next, BatchStatus& out) const;
   // A cancel under way, a part a turn as submit_step.
   struct Cancellation {
     std::uint64_t id = 0;

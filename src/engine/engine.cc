@@ -256,10 +256,12 @@ Result<BatchStatus> Engine::poll(BatchHandle batch) {
 Status Engine::poll(BatchHandle batch, BatchStatus& out) {
   if (state_->forked()) return state_->usable("poll");
   if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
-  return state_->core->on_loop([&]() -> Status {
-    // A direct batch with a notification ends on the loop, maybe just now.
+  std::size_t next = 0;
+  return state_->core->on_loop_steps([&]() -> std::optional<Status> {
+    // It may have ended since the last part (a direct batch with a
+    // notification ends on the loop): its final status, whole.
     if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
-    return state_->datapath->poll(batch, out);
+    return state_->datapath->poll_step(batch, next, out);
   });
 }
 

@@ -168,19 +168,28 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
   EXPECT_TRUE(e.unregister(pair.local.handle).is_ok());
 }
 
-TEST(UcxEngineHugeBatch, IsCancelledAPartATurnAndCountsEveryRequestOnce) {
+TEST(UcxEngineHugeBatch, IsPolledAndCancelledAPartATurnAndCountsEveryRequestOnce) {
   Pair pair;
   const double before = pair.requests_metric("completed") + pair.requests_metric("cancelled");
   auto h = pair.initiator->submit(pair.reads(kRequests));
   ASSERT_TRUE(h.has_value()) << h.error().to_string();
   DecodeReads other(pair);
+  // A poll of the running batch: every request, in order.
+  const TimeNs poll_start = pair.initiator->now_ns();
+  auto running = pair.initiator->poll(*h);
+  const TimeNs poll_end = pair.initiator->now_ns();
+  ASSERT_TRUE(running.has_value()) << running.error().to_string();
+  ASSERT_FALSE(running->done) << "the batch ended before it was polled";
+  ASSERT_EQ(running->requests.size(), kRequests);
+  EXPECT_EQ(running->bytes, kBytes);
   const TimeNs cancel_start = pair.initiator->now_ns();
   ASSERT_TRUE(pair.initiator->cancel(*h).is_ok());
   const TimeNs cancel_end = pair.initiator->now_ns();
   ASSERT_TRUE(pair.initiator->wait(*h, 120 * kSecond).is_ok());
   other.stop();
   EXPECT_EQ(other.failures(), 0);
-  // Reads that began after the cancel and ended before it returned.
+  // Reads that began after the poll (the cancel) and ended before it returned.
+  EXPECT_GE(other.within(poll_start, poll_end), 2) << other.count() << " reads in all";
   EXPECT_GE(other.within(cancel_start, cancel_end), 2) << other.count() << " reads in all";
   EXPECT_EQ(pair.initiator->cancel(*h).code(), StatusCode::kInvalidArgument);
   auto st = pair.initiator->poll(*h);

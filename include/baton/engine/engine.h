@@ -274,8 +274,9 @@ class Engine {
   // counts (docs/engine.md, "The loop-free path").
   [[nodiscard]] Status run(const Batch& batch);
   [[nodiscard]] Status run(PreparedBatch& batch);
-  // A snapshot of every request's state and bytes. not_found for an unknown
-  // or released handle.
+  // A snapshot of every request's state and bytes (of a running batch, taken
+  // 512 requests a loop turn: each request as it was at its part's turn).
+  // not_found for an unknown or released handle.
   [[nodiscard]] Result<BatchStatus> poll(BatchHandle batch);
   // The same snapshot into `out`, reusing its storage: a loop that polls
   // many batches allocates nothing (a poll's copy was a tenth of a 4 KiB
