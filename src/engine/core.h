@@ -118,9 +118,11 @@ struct Core {
       std::shared_ptr<Reply> reply;
       F step;
       EngineLoop* loop;
+      std::atomic<int>* in_steps;
       void operator()(admission::AdmissionController&, TimeNs) {
         if (auto value = step()) {
           reply->value.emplace(std::move(*value));
+          in_steps->fetch_sub(1);
           reply->ready.store(1, std::memory_order_release);
           reply->ready.notify_one();
         } else {
@@ -129,7 +131,8 @@ struct Core {
       }
     };
     auto reply = std::make_shared<Reply>();
-    loop->post(Step{reply, std::move(step), loop.get()});
+    in_steps.fetch_add(1);
+    loop->post(Step{reply, std::move(step), loop.get(), &in_steps});
     if (!spin_until([&] { return reply->ready.load(std::memory_order_acquire) != 0; })) {
       reply->ready.wait(0, std::memory_order_acquire);
     }
@@ -152,6 +155,10 @@ struct Core {
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<VirtualClockDriver> driver;
   std::unique_ptr<WallClockDriver> wall;  // set when the loop runs on the wall clock
+  // Calls of on_loop_steps not yet answered: the loop must not stop under
+  // them (their callers would wait for good). Each ends in a few turns once
+  // the engine shut down.
+  std::atomic<int> in_steps{0};
   std::atomic<sched::RequestId> next_id{1};
   MetricsRegistry metrics;
   // What metrics_text() last exported, so counters grow by the difference.

@@ -340,46 +340,51 @@ Result<transport::RegionHandle> Datapath::local_key(const Region& region) {
   return *key;
 }
 
-auto Datapath::check_part(const Batch& batch, std::size_t from, std::size_t to) -> Result<std::vector<Checked>> {
-  if (batch.requests.empty()) return std::unexpected(Status::invalid_argument("submit: the batch is empty"));
+Status Datapath::check_part(const Batch& batch, std::size_t from, std::size_t to, std::vector<Checked>& checked) {
+  checked.clear();
+  if (batch.requests.empty()) return Status::invalid_argument("submit: the batch is empty");
   if (batch.notification.size() > transport::kMaxNotificationBytes) {
-    return std::unexpected(Status::invalid_argument("submit: the notification has {} bytes (at most {})",
-                                                    batch.notification.size(), transport::kMaxNotificationBytes));
+    return Status::invalid_argument("submit: the notification has {} bytes (at most {})", batch.notification.size(),
+                                    transport::kMaxNotificationBytes);
   }
-  std::vector<Checked> checked;
   checked.reserve(to - from);
+  Status refused;
   for (std::size_t i = from; i < to; ++i) {
     auto c = check(batch.requests[i], i);
-    if (!c) return std::unexpected(c.error());
-    checked.push_back(*c);
-    if (!batch.notification.empty() && batch.requests[i].peer.empty()) {
-      return std::unexpected(Status::invalid_argument(
-          "submit: request {} names no peer: a batch with a notification needs one to tell", i));
-    }
-    if (!batch.notification.empty() && batch.requests[i].peer != batch.requests[0].peer) {
-      return std::unexpected(Status::invalid_argument(
+    if (!c) {
+      refused = c.error();
+    } else if (!batch.notification.empty() && batch.requests[i].peer.empty()) {
+      refused = Status::invalid_argument(
+          "submit: request {} names no peer: a batch with a notification needs one to tell", i);
+    } else if (!batch.notification.empty() && batch.requests[i].peer != batch.requests[0].peer) {
+      refused = Status::invalid_argument(
           "submit: a batch with a notification must name one peer (request 0: {}, request {}: {})",
-          batch.requests[0].peer, i, batch.requests[i].peer));
+          batch.requests[0].peer, i, batch.requests[i].peer);
     }
+    if (!refused.is_ok()) break;
+    checked.push_back(*c);
   }
-  // Requests with no peer: both regions' keys with the GPU paths, now that
-  // nothing in this part is refused any more.
+  // Requests with no peer: both regions' keys with the GPU paths, for
+  // those that passed.
   for (std::size_t i = 0; i < checked.size(); ++i) {
     if (checked[i].target == nullptr) continue;
     auto mine = local_key(checked[i].local->region);
     auto theirs = mine ? local_key(checked[i].target->region) : mine;
     if (!theirs) {
-      return std::unexpected(Status(theirs.error().code(),
-                                    fmt::format("submit: request {} of the batch: {}", from + i, theirs.error().message())));
+      checked.resize(i);
+      return Status(theirs.error().code(),
+                    fmt::format("submit: request {} of the batch: {}", from + i, theirs.error().message()));
     }
     checked[i].target_key = *theirs;
   }
-  return checked;
+  return refused;
 }
 
 std::optional<Status> Datapath::check_step(const Batch& batch, std::size_t& next) {
+  if (shut_down_) return Status::unavailable("submit: the engine shut down");
   const std::size_t to = std::min(batch.requests.size(), next + kChecksPerTurn);
-  if (auto part = check_part(batch, next, to); !part) return part.error();
+  thread_local std::vector<Checked> scratch;  // the loop's
+  if (Status s = check_part(batch, next, to, scratch); !s.is_ok()) return s;
   next = to;
   if (next < batch.requests.size()) return std::nullopt;
   return Status::ok();
@@ -396,14 +401,14 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
     sub.next = 0;
     return std::nullopt;
   }
-  if (shut_down_ && sub.id == 0) return std::unexpected(Status::unavailable("submit: the engine shut down"));
   const std::size_t from = sub.next;
   const std::size_t to = std::min(n, from + kRequestsPerTurn);
-  // Checked again: the pointers are good for this turn only.
-  auto made = shut_down_ ? Result<std::vector<Checked>>(std::unexpected(Status::unavailable(
-                               "submit: the engine shut down before request {} was admitted", from)))
-                         : check_part(batch, from, to);
-  if (!made && sub.id == 0) return std::unexpected(made.error());
+  // Checked again: the pointers are good for this turn only. Those that
+  // pass before one that does not are admitted.
+  std::vector<Checked> made;
+  Status refused = shut_down_ ? Status::unavailable("submit: the engine shut down before request {} was admitted", from)
+                              : check_part(batch, from, to, made);
+  if (!refused.is_ok() && sub.id == 0) return std::unexpected(std::move(refused));  // nothing admitted
   if (sub.id == 0) {
     // The record exists before its requests are admitted: a request may end
     // during admission (infeasible at once, with a recompute callback) and
@@ -413,8 +418,8 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
     BatchRecord& record = batches_[sub.id];
     record.notification = batch.notification;
     if (!batch.notification.empty()) {  // so every request names one peer
-      record.notify_path = (*made)[0].path;
-      record.notify_incarnation = ucx_.paths()[(*made)[0].path].incarnation;
+      record.notify_path = made[0].path;
+      record.notify_incarnation = ucx_.paths()[made[0].path].incarnation;
     }
     record.open = 1;
     std::lock_guard lock(ended_mutex_);
@@ -422,10 +427,9 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
   }
   const std::uint64_t id = sub.id;
   BatchRecord& record = batches_.at(id);
-  Status refused = made ? Status::ok() : made.error();
-  for (std::size_t i = from; made && i < to; ++i) {
+  for (std::size_t i = from; i < from + made.size(); ++i) {
     const Request& r = batch.requests[i];
-    const Checked& c = (*made)[i - from];
+    const Checked& c = made[i - from];
     RegionRecord& local = *c.local;
     sched::TransferRequest t;
     t.from = c.from;
@@ -476,7 +480,8 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
   }
   if (!refused.is_ok()) {
     // The requests already admitted go on; the others end failed, with the
-    // reason, so the batch still reports every request.
+    // reason (one turn for all of them: a rare path, ~50 ns a request), so
+    // the batch still reports every request.
     baton::logger().warn("submit: batch {}: {} of its {} requests were not admitted: {}", id,
                          n - record.requests.size(), n, refused.message());
     for (std::size_t i = record.requests.size(); i < n; ++i) {
@@ -490,6 +495,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
       s.deadline_ns = r.deadline_ns;
       s.submitted_ns = now_ns;
       s.completed_ns = now_ns;
+      ++record.refused_ops[r.op == Op::kRead ? 0 : 1];
     }
   }
   if (--record.open == 0) ending_.emplace_back().id = id;
@@ -790,28 +796,33 @@ std::optional<Status> Datapath::poll_step(BatchHandle handle, std::size_t& next,
 
 std::optional<Status> Datapath::cancel_step(Cancellation& c, TimeNs now_ns) {
   auto it = batches_.find(c.id);
-  if (c.next == 0) {
-    if (it == batches_.end()) return Status::not_found("cancel: no batch {}", c.id);
-    if (it->second.ended || it->second.open == 0) return Status::invalid_argument("cancel: batch {} already ended", c.id);
-  } else if (it == batches_.end() || it->second.ended) {
-    return Status::ok();  // its last requests ended meanwhile, and it was released
-  }
+  if (c.next == 0 && it == batches_.end()) return Status::not_found("cancel: no batch {}", c.id);
+  // Ended meanwhile (released, maybe), or stopped by a shutdown, which
+  // cancels every request itself.
+  const bool over = it == batches_.end() || it->second.ended || it->second.open == 0;
+  if (c.cancelled_any && (over || shut_down_)) return Status::ok();
+  if (over) return Status::invalid_argument("cancel: batch {} already ended", c.id);
+  if (shut_down_) return Status::ok();
   const std::vector<sched::RequestId>& requests = it->second.requests;
   const std::size_t to = std::min(requests.size(), c.next + kRequestsPerTurn);
   for (std::size_t i = c.next; i < to; ++i) {
     auto s = admission_.status(requests[i]);
-    if (s && !ended_state(s->state)) {
+    if (!s) continue;
+    if (!ended_state(s->state)) {
       (void)admission_.cancel(requests[i], now_ns);
       c.cancelled_any = true;
+    } else {
+      c.stopping_any = c.stopping_any || s->state == sched::RequestState::kCancelling;
     }
   }
   c.next = to;
   if (c.next < requests.size()) return std::nullopt;
-  if (!c.cancelled_any) {
+  if (c.cancelled_any) return Status::ok();
+  if (c.stopping_any) {
     return Status::invalid_argument(
         "cancel: batch {} is already stopping (its requests wait for slices UCX cannot recall)", c.id);
   }
-  return Status::ok();
+  return Status::invalid_argument("cancel: batch {} already ended", c.id);
 }
 
 void Datapath::cancel_running(const BatchRecord& batch, TimeNs now_ns) {
@@ -893,7 +904,14 @@ void Datapath::end_batches(std::size_t per_batch) {
       if (b.targets[i] != kNoTarget) --regions_.at(b.targets[i]).live_requests;
       loop_requests_.fetch_sub(1, std::memory_order_relaxed);
       const std::size_t before = snapshot.status.requests.size();
-      if (!append_status(b, i, snapshot.status).is_ok()) continue;
+      if (Status lost = append_status(b, i, snapshot.status); !lost.is_ok()) {
+        // Not expected (a request is forgotten only after its batch's
+        // release): the request still has its place in the batch.
+        sched::RequestStatus& placeholder = snapshot.status.requests.emplace_back();
+        placeholder.state = sched::RequestState::kFailed;
+        placeholder.status = std::move(lost);
+        if (snapshot.status.status.is_ok()) snapshot.status.status = placeholder.status;
+      }
       const sched::RequestStatus& s = snapshot.status.requests[before];
       const int op = b.ops[i] == Op::kRead ? 0 : 1;
       const bool ok = s.state == sched::RequestState::kCompleted;
@@ -912,6 +930,7 @@ void Datapath::end_batches(std::size_t per_batch) {
 void Datapath::finish_ending(Ending& e, BatchRecord& b) {
   append_refused(b, e.node.mapped().status);
   e.all_ok = e.all_ok && b.refused.empty();
+  for (int op = 0; op < 2; ++op) e.ended[op][static_cast<std::size_t>(sched::RequestState::kFailed)] += b.refused_ops[op];
   for (int op = 0; op < 2; ++op) {
     const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
     for (std::size_t state = 0; state < 8; ++state) {

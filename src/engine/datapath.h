@@ -85,6 +85,7 @@ class Datapath {
     std::uint64_t id = 0;
     std::size_t next = 0;
     bool cancelled_any = false;
+    bool stopping_any = false;  // a request was cancelling already
   };
   [[nodiscard]] std::optional<Status> cancel_step(Cancellation& cancellation, TimeNs now_ns);
   // Forgets the batch's record at once; its requests' records go a part a
@@ -184,6 +185,7 @@ class Datapath {
     // a huge batch's checks and their admission (a region unregistered, the
     // peer failed): never admitted, failed with the reason.
     std::vector<sched::RequestStatus> refused;
+    std::uint64_t refused_ops[2]{};  // of them, per op (read, write)
     bool ended = false;
     bool clean_at_end = false;  // no slice of it was on the wire when it ended
   };
@@ -214,10 +216,12 @@ class Datapath {
     transport::RegionHandle target_key = 0;
   };
   [[nodiscard]] Result<Checked> check(const Request& r, std::size_t index);
-  // Requests [from, to) of a batch, and the batch as a whole; nothing
-  // changes but the regions' keys with the local GPU paths (made at their
-  // first use). The pointers hold for this loop turn.
-  [[nodiscard]] Result<std::vector<Checked>> check_part(const Batch& batch, std::size_t from, std::size_t to);
+  // Requests [from, to) of a batch, and the batch as a whole: into
+  // `checked`, those that passed, in order, up to the first that did not,
+  // and why that one did not (ok when all passed). Nothing changes but the
+  // regions' keys with the local GPU paths (made at their first use). The
+  // pointers hold for this loop turn.
+  [[nodiscard]] Status check_part(const Batch& batch, std::size_t from, std::size_t to, std::vector<Checked>& checked);
   // A request between two of this engine's regions, over the local GPU paths.
   [[nodiscard]] Result<Checked> check_local(const Request& r, RegionRecord& local);
   // The region's registration with the local GPU paths, made at its first use.

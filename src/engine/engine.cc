@@ -94,6 +94,13 @@ Engine::~Engine() {
   // A thread still in wait() returns `unavailable` before the datapath it
   // reads goes: a batch still cancelling would never end once the loop stops.
   state_->datapath->close_waiters();
+  // A call whose work spans loop turns (a huge batch's submit, poll or
+  // cancel) gets its answer before the loop stops: after the shutdown each
+  // ends within a few turns.
+  const auto bound = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (state_->core->in_steps.load() > 0 && std::chrono::steady_clock::now() < bound) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   state_->core->wall->stop();  // the loop thread goes before what it uses
 }
 

@@ -57,17 +57,18 @@ struct Pair {
     peer = initiator->connect(holder->address()).value();
   }
 
-  // Request i reads block i of the holder into block i here.
+  // Request i reads block i of the holder into block i here (i modulo the
+  // blocks there are).
   [[nodiscard]] Batch reads(std::size_t n, sched::QosClass qos = sched::QosClass::kPrefillBulk) const {
     Batch b;
     b.requests.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       b.requests.push_back(Request{.op = Op::kRead,
                                    .local_region = local.handle,
-                                   .local_offset = i * kBlock,
+                                   .local_offset = i % kRequests * kBlock,
                                    .peer = peer.address,
                                    .remote_region = remote.handle,
-                                   .remote_offset = i * kBlock,
+                                   .remote_offset = i % kRequests * kBlock,
                                    .length = kBlock,
                                    .qos = qos});
     }
@@ -272,6 +273,103 @@ TEST(UcxEngineHugeBatch, AShutdownDuringItsSubmitStillEndsEveryRequest) {
   }
   EXPECT_EQ(ended, kRequests);
   EXPECT_FALSE(st->status.is_ok());
+  // Each counted once in the metrics, those never admitted too.
+  EXPECT_EQ(pair.requests_metric("completed") + pair.requests_metric("cancelled") + pair.requests_metric("failed"),
+            static_cast<double>(kRequests));
+}
+
+// A region unregistered between the checks of a huge batch and the
+// admission of its requests: those on it end failed (not_found), with their
+// place in the batch; those before it go on. Where the unregister lands
+// decides which of three things happens; each is checked exactly.
+TEST(UcxEngineHugeBatch, ARegionUnregisteredWhileItIsAdmittedFailsOnlyTheRequestsOnIt) {
+  Pair pair;
+  Engine& e = *pair.initiator;
+  // The first half reads into the pair's region, the second into another.
+  constexpr std::size_t kHalf = kRequests / 2;  // 24 000: inside a part of 512
+  std::vector<std::byte> second(kHalf * kBlock);
+  const Region other = e.register_memory(second.data(), second.size()).value();
+  Batch batch = pair.reads(kRequests);
+  batch.notification = "all landed";
+  for (std::size_t i = kHalf; i < kRequests; ++i) {
+    batch.requests[i].local_region = other.handle;
+    batch.requests[i].local_offset = (i - kHalf) * kBlock;
+  }
+  const double failed_before = pair.requests_metric("failed");
+  std::atomic<bool> submitting{false};
+  Status unregistered;
+  std::thread closer([&] {
+    while (!submitting.load()) std::this_thread::yield();
+    const std::uint64_t turns = e.loop_turns();
+    while (e.loop_turns() < turns + 25) std::this_thread::yield();  // the checks are 12 turns
+    unregistered = e.unregister(other.handle);
+  });
+  submitting = true;
+  auto h = e.submit(batch);
+  closer.join();
+  const std::string on_it = fmt::format("request {} of the batch", kHalf);
+  if (!h.has_value()) {  // during the checks: refused whole
+    EXPECT_EQ(h.error().code(), StatusCode::kNotFound) << h.error().to_string();
+    EXPECT_NE(h.error().message().find(on_it), std::string::npos) << h.error().message();
+    EXPECT_TRUE(unregistered.is_ok());
+    return;
+  }
+  ASSERT_TRUE(e.wait(*h, 120 * kSecond).is_ok());
+  auto st = e.poll(*h);
+  ASSERT_TRUE(st.has_value());
+  ASSERT_EQ(st->requests.size(), kRequests);
+  if (!unregistered.is_ok()) {  // after its requests were in: refused, and all complete
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    return;
+  }
+  for (std::size_t i = 0; i < kRequests; ++i) {
+    if (i < kHalf) {
+      ASSERT_EQ(st->requests[i].state, sched::RequestState::kCompleted) << "request " << i;
+    } else {
+      ASSERT_EQ(st->requests[i].state, sched::RequestState::kFailed) << "request " << i;
+      ASSERT_EQ(st->requests[i].status.code(), StatusCode::kNotFound) << st->requests[i].status.to_string();
+      ASSERT_EQ(st->requests[i].bytes_done, 0u);
+    }
+  }
+  EXPECT_EQ(st->status.code(), StatusCode::kNotFound);
+  EXPECT_NE(st->status.message().find(on_it), std::string::npos) << st->status.message();
+  EXPECT_EQ(st->bytes_done, kHalf * kBlock);
+  EXPECT_EQ(pair.requests_metric("failed") - failed_before, static_cast<double>(kHalf));
+  ASSERT_TRUE(e.release(*h).is_ok());
+  // Not every request landed: no notification.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(pair.holder->take_notifications().empty());
+}
+
+// The engine destroyed while another thread's cancel of a huge batch is
+// under way, a part a turn: the cancel is answered before the loop stops
+// (it waited for good when the loop stopped under it).
+TEST(UcxEngineHugeBatch, DestroyingTheEngineAnswersACancelUnderWay) {
+  Pair pair;
+  // 200 000 requests of 16 B: a cancel of ~400 turns, and a shutdown that
+  // finds little on the wire, so it is over before the cancel.
+  Batch batch = pair.reads(200'000);
+  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
+    batch.requests[i].length = 16;
+    batch.requests[i].local_offset = batch.requests[i].remote_offset = i * 16;
+  }
+  auto h = pair.initiator->submit(batch);
+  ASSERT_TRUE(h.has_value()) << h.error().to_string();
+  std::atomic<bool> cancelling{false}, answered{false};
+  std::thread canceller([&] {
+    cancelling = true;
+    (void)pair.initiator->cancel(*h);
+    answered = true;
+  });
+  while (!cancelling.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  pair.initiator.reset();
+  for (int i = 0; i < 3000 && !answered.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!answered.load()) {
+    canceller.detach();  // blocked for good: the process ends it
+    FAIL() << "the cancel was never answered";
+  }
+  canceller.join();
 }
 
 }  // namespace

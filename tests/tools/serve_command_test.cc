@@ -621,7 +621,6 @@ TEST(BenchLatency, BesideBatchesOfBulkReadsTheReadsAreCountedAgainstTheirDeadlin
   EXPECT_EQ(j["beside_block"], 1024);
   EXPECT_GE(j["beside_batches"].get<std::uint64_t>(), 1u);
   EXPECT_EQ(j["deadline_us"].get<double>(), 1e6);
-  EXPECT_LE(j["deadline_misses"].get<std::uint64_t>(), 300u);
   // A miss is a read slower than its deadline: none can be when none took
   // that long.
   if (j["max_us"].get<double>() < 1e6) {

@@ -134,7 +134,8 @@ int run_latency(const LatencyOptions& o) {
     std::ranges::fill(buffer, std::byte{0});
   }
   engine::Batch batch{{bp.request(op, 0, *block)}, {}};
-  batch.requests[0].qos = sched::QosClass::kDecodeCritical;  // a decode step's block
+  // Beside bulk batches, a decode step's block (alone, the class changes nothing).
+  if (o.beside_batch > 0) batch.requests[0].qos = sched::QosClass::kDecodeCritical;
   engine::PreparedBatch prepared(o.prepared ? batch : engine::Batch{});
   std::optional<BesideBatches> beside;
   if (o.beside_batch > 0) beside.emplace(bp, o.beside_batch, beside_block, *block, beside_bytes);
@@ -257,7 +258,7 @@ Command add_bench_latency(CLI::App& bench) {
                   "Each request's deadline after its submit (duration); misses are counted (not with --prepared)");
   app->add_option("--beside-batch", o->beside_batch,
                   "Meanwhile, another thread runs batches of this many prefill_bulk reads, one after another "
-                  "(a connector's pull of many small blocks); the measured requests are decode_critical")
+                  "(a connector's pull of many small blocks); the measured requests are then decode_critical")
       ->check(CLI::Range(0, 10'000'000));
   app->add_option("--beside-block", o->beside_block, "Bytes per beside read (size, at most 64 MiB)");
   add_ucx_options(*app, o->peer.ucx);
