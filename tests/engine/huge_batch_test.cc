@@ -356,9 +356,10 @@ TEST(UcxEngineHugeBatch, DestroyingTheEngineAnswersACancelUnderWay) {
   auto h = pair.initiator->submit(batch);
   ASSERT_TRUE(h.has_value()) << h.error().to_string();
   std::atomic<bool> cancelling{false}, answered{false};
+  Engine* engine = pair.initiator.get();  // the pointer is reset below, the engine outlives the call
   std::thread canceller([&] {
     cancelling = true;
-    (void)pair.initiator->cancel(*h);
+    (void)engine->cancel(*h);
     answered = true;
   });
   while (!cancelling.load()) std::this_thread::yield();
