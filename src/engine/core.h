@@ -74,27 +74,7 @@ struct Core {
   // thread owns the state); directly, after the pending commands, otherwise.
   template <typename F>
   auto on_loop(F f) -> decltype(f()) {
-    if (!wall) {
-      if (loop->has_commands()) loop->tick(now_ns());
-      return f();
-    }
-    // Not a promise: its set_value and a waiter's zero-timeout checks are
-    // futex syscalls each, a third of a small request's round trip (perf).
-    // The waiter spins on a plain atomic and sleeps on it only after that.
-    struct Reply {
-      std::optional<decltype(f())> value;
-      std::atomic<int> ready{0};
-    };
-    auto reply = std::make_shared<Reply>();
-    loop->post([reply, f = std::move(f)](admission::AdmissionController&, TimeNs) mutable {
-      reply->value.emplace(f());
-      reply->ready.store(1, std::memory_order_release);
-      reply->ready.notify_one();
-    });
-    if (!spin_until([&] { return reply->ready.load(std::memory_order_acquire) != 0; })) {
-      reply->ready.wait(0, std::memory_order_acquire);
-    }
-    return std::move(*reply->value);
+    return on_loop_steps([f = std::move(f)]() mutable { return std::optional<decltype(f())>(f()); });
   }
 
   // Runs `step` on the loop, once a turn, until it returns a value (a
@@ -110,6 +90,9 @@ struct Core {
         loop->tick(now_ns());
       }
     }
+    // Not a promise: its set_value and a waiter's zero-timeout checks are
+    // futex syscalls each, a third of a small request's round trip (perf).
+    // The waiter spins on a plain atomic and sleeps on it only after that.
     struct Reply {
       std::optional<Value> value;
       std::atomic<int> ready{0};

@@ -33,6 +33,15 @@ bool ended_state(sched::RequestState s) {
 
 std::string_view op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
 
+// Empties a status about to be filled request by request (its storage kept).
+void restart(BatchStatus& out, bool done) {
+  out.done = done;
+  out.status = Status::ok();
+  out.bytes = 0;
+  out.bytes_done = 0;
+  out.requests.clear();
+}
+
 }  // namespace
 
 Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission::AdmissionController& admission,
@@ -777,13 +786,7 @@ std::optional<Status> Datapath::poll_step(BatchHandle handle, std::size_t& next,
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("poll: no batch {}", handle.id);
   const BatchRecord& b = it->second;
-  if (next == 0) {
-    out.done = b.ended;  // an ended batch is read from its final status, unless being released
-    out.status = Status::ok();
-    out.bytes = 0;
-    out.bytes_done = 0;
-    out.requests.clear();
-  }
+  if (next == 0) restart(out, b.ended);  // an ended batch is read from its final status, unless being released
   const std::size_t to = std::min(b.requests.size(), next + kRequestsPerTurn);
   for (std::size_t i = next; i < to; ++i) {
     if (Status s = append_status(b, i, out); !s.is_ok()) return s;
@@ -847,11 +850,7 @@ Status Datapath::release(BatchHandle handle) {
       }
     }
   }
-  if (released_.empty()) {
-    released_ = std::move(it->second.requests);
-  } else {
-    released_.insert(released_.end(), it->second.requests.begin(), it->second.requests.end());
-  }
+  released_.insert(released_.end(), it->second.requests.begin(), it->second.requests.end());
   batches_.erase(it);
   std::lock_guard lock(ended_mutex_);
   ended_.erase(handle.id);
@@ -859,16 +858,10 @@ Status Datapath::release(BatchHandle handle) {
 }
 
 void Datapath::forget_released() {
-  const std::size_t to = std::min(released_.size(), released_next_ + kRequestsPerTurn);
-  for (std::size_t i = released_next_; i < to; ++i) {
-    (void)admission_.forget(released_[i]);
-    batch_of_.erase(released_[i]);
-  }
-  released_next_ = to;
-  if (released_next_ == released_.size()) {
-    released_.clear();
-    released_next_ = 0;
-    if (released_.capacity() > kScratchKept) released_ = {};
+  for (std::size_t n = 0; n < kRequestsPerTurn && !released_.empty(); ++n) {
+    (void)admission_.forget(released_.front());
+    batch_of_.erase(released_.front());
+    released_.pop_front();
   }
 }
 
@@ -887,12 +880,7 @@ void Datapath::end_batches(std::size_t per_batch) {
     BatchRecord& b = batches_.at(e.id);
     if (e.next == 0) {
       e.node = spare_ended_node();  // a released batch's, its storage reused
-      BatchStatus& out = e.node.mapped().status;
-      out.done = true;
-      out.status = Status::ok();
-      out.bytes = 0;
-      out.bytes_done = 0;
-      out.requests.clear();
+      restart(e.node.mapped().status, true);
       e.node.mapped().clean = true;
       e.node.mapped().direct = false;
     }

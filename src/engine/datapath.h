@@ -306,8 +306,7 @@ class Datapath {
   // Whether anyone asked for ended_fd(): else a batch's end writes nothing
   // (a syscall per batch on the loop-free path).
   mutable std::atomic<bool> ended_fd_used_{false};
-  std::vector<sched::RequestId> released_;  // requests of released batches, forgotten in on_turn
-  std::size_t released_next_ = 0;
+  std::deque<sched::RequestId> released_;  // requests of released batches, forgotten in on_turn
   std::vector<PendingConnect> connects_;
   std::vector<PendingRefresh> refreshes_;
   std::vector<PendingUnregister> unregisters_;

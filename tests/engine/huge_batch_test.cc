@@ -16,6 +16,7 @@
 #include "baton/engine/pattern.h"
 #include "engine/datapath.h"
 #include "engine/metric_value.h"
+#include "engine/run_batch.h"
 
 namespace baton::engine {
 namespace {
@@ -210,12 +211,7 @@ TEST(UcxEngineHugeBatch, IsPolledAndCancelledAPartATurnAndCountsEveryRequestOnce
   EXPECT_EQ(completed + cancelled, kRequests);
   EXPECT_GT(cancelled, kRequests / 2) << "the cancel came after most requests had completed";
   EXPECT_EQ(st->status.code(), StatusCode::kCancelled);
-  Status released;
-  for (int i = 0; i < 2000; ++i) {
-    released = pair.initiator->release(*h);
-    if (released.is_ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const Status released = testing::release_when_landed(*pair.initiator, *h);
   ASSERT_TRUE(released.is_ok()) << released.to_string();
   EXPECT_EQ(pair.requests_metric("completed") + pair.requests_metric("cancelled") - before,
             static_cast<double>(kRequests + other.count()));

@@ -376,12 +376,7 @@ TEST(UcxEngineBatch, CancelEndsTheBatchAndASecondCancelIsRefused) {
   EXPECT_EQ(st->status.message(), first);
   EXPECT_EQ(local.engine->cancel(*h).code(), StatusCode::kInvalidArgument);
   // Posted slices UCX could not recall finish; then the batch and the region go.
-  Status released;
-  for (int i = 0; i < 2000; ++i) {
-    released = local.engine->release(*h);
-    if (released.is_ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const Status released = testing::release_when_landed(*local.engine, *h);
   EXPECT_TRUE(released.is_ok()) << released.to_string();
   EXPECT_EQ(local.engine->poll(*h).error().code(), StatusCode::kNotFound);
   EXPECT_TRUE(local.engine->unregister(local.region.handle).is_ok());
