@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baton/common/address_ranges.h"
+#include "baton/common/copy.h"
 
 #include <algorithm>
 #include <cstring>
@@ -148,7 +149,7 @@ Result<std::uint64_t> VramStaging::serve(int device, void* dst, const void* src,
   auto buffer = served_buffer(bytes);
   if (!buffer) return std::unexpected(Status::unavailable("no staging buffer: {}", buffer.error().message()));
   ServedCopy c{device, *stream, buffer->first, buffer->second, bytes, write, 0};
-  if (write) std::memcpy(c.data, src, bytes);
+  if (write) copy_bytes(c.data, src, bytes);
   if (Status s = write ? copy(device, dst, c.data, bytes, c.event, true) : copy(device, c.data, src, bytes, c.event, true);
       !s.is_ok()) {
     retire_serve_stream(device, *stream);

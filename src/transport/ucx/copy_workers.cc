@@ -1,8 +1,8 @@
 #include "transport/ucx/copy_workers.h"
 
-
 #include <chrono>
-#include <cstring>
+
+#include "baton/common/copy.h"
 
 namespace baton::transport::ucx {
 namespace {
@@ -80,7 +80,7 @@ bool CopyWorkers::arm() {
 void CopyWorkers::run(Worker& w) {
   while (true) {
     if (auto job = w.jobs.pop()) {
-      std::memcpy(job->to, job->from, job->bytes);
+      copy_bytes(job->to, job->from, job->bytes);
       copies_.fetch_add(1, std::memory_order_relaxed);
       // Never full: the loop posts at most kDepth jobs not taken back.
       (void)w.done.push(job->tag);

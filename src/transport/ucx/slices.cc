@@ -3,6 +3,7 @@
 // or bundled), and handing completions and same-host copies to the loop.
 #include "transport/ucx/state.h"
 
+#include "baton/common/copy.h"
 #include "baton/common/log.h"
 
 namespace baton::transport {
@@ -175,7 +176,7 @@ Status UcxTransport::State::unpack(const SliceDescriptor& d, std::span<const std
     if (data.size() != d.payload_len) {
       return Status::invalid_argument("raw slice of {} bytes, {} announced", data.size(), d.payload_len);
     }
-    std::memcpy(out, in.data(), in.size());
+    copy_bytes(out, in.data(), in.size());
     return Status::ok();
   }
   return codec_for(d.codec)->decompress(in, std::span(out, d.payload_len));

@@ -1,6 +1,7 @@
 // UcxTransport: the Transport interface over its State (state.h, which
 // describes the design), whose methods live by job in rails.cc,
 // slices.cc, regions.cc, listener.cc and initiator.cc.
+#include "baton/common/copy.h"
 #include "baton/common/log.h"
 #include "baton/transport/ucx_transport.h"
 
@@ -736,9 +737,9 @@ Status UcxTransport::submit(const SliceSubmit& slice, TimeNs now_ns) {
         return Status::ok();
       }
       if (m.op == Op::kRead) {
-        std::memcpy(m.local, there, slice.bytes);
+        copy_bytes(m.local, there, slice.bytes);
       } else {
-        std::memcpy(there, m.local, slice.bytes);
+        copy_bytes(there, m.local, slice.bytes);
       }
     } else if (s.cma_copier()) {
       // CMA on the copier's thread: it completes in collect_copies().
@@ -1000,9 +1001,9 @@ Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, ResolvedCop
   for (const ResolvedCopies::Copy* c = begin; c != end; ++c, ++result) {
     if (c->mapped != nullptr) {
       if (c->op == Op::kRead) {
-        std::memcpy(c->local, c->mapped, c->bytes);
+        copy_bytes(c->local, c->mapped, c->bytes);
       } else {
-        std::memcpy(c->mapped, c->local, c->bytes);
+        copy_bytes(c->mapped, c->local, c->bytes);
       }
       if (!result->is_ok()) *result = Status::ok();  // a caller's reused span
     } else {
