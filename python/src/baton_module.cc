@@ -1127,6 +1127,17 @@ PYBIND11_MODULE(_baton, m) {
              if (metrics_address) c.metrics_address = *metrics_address;
              if (secret_file) c.ucx.secret_file = *secret_file;
              if (topology_model) c.topology_model = *topology_model;
+             // Checked here too, so the error names this call's argument,
+             // not the C++ field behind it (lanes_per_peer).
+             if (lanes < 1 || lanes > baton::sched::PathCredits::kMaxLanes) {
+               raise(StatusCode::kInvalidArgument,
+                     fmt::format("Engine: lanes={} (expected 1..{})", lanes, baton::sched::PathCredits::kMaxLanes));
+             }
+             if (!nics.empty() && static_cast<std::size_t>(lanes) < nics.size()) {
+               raise(StatusCode::kInvalidArgument,
+                     fmt::format("Engine: lanes={} for {} nics (every NIC needs a lane: lanes >= len(nics))", lanes,
+                                 nics.size()));
+             }
              c.ucx.lanes_per_peer = lanes;
              c.ucx.peer_failure_detection = peer_failure_detection;
              c.ucx.same_host_copy = same_host_copy;

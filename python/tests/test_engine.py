@@ -613,8 +613,10 @@ def test_timeouts_lanes_and_export_names_are_checked(holder, engine):
     with pytest.raises(baton.InvalidArgument, match="NUL"):
         baton.Engine(policy_file="/dev/null\0.yaml")
     for lanes in (0, 65, 1 << 30):
-        with pytest.raises(baton.InvalidArgument, match="lanes"):
+        with pytest.raises(baton.InvalidArgument, match=rf"Engine: lanes={lanes} \(expected 1\.\.64\)"):
             baton.Engine(lanes=lanes)
+    with pytest.raises(baton.InvalidArgument, match=r"lanes=1 for 2 nics"):
+        baton.Engine(lanes=1, nics=["lo", "lo"])
     with pytest.raises(baton.InvalidArgument, match="direct_copy_max_bytes is -1"):
         baton.Engine(direct_copy_max_bytes=-1)
     kw = dict(op="read", local=local, peer=peer, remote=holder.handle)
