@@ -433,7 +433,7 @@ Status AdmissionController::submit(RequestId id, const TransferRequest& request,
   // Refused here, not only when the scheduler takes it: a waiting owner is
   // counted (bytes, class) before it is admitted.
   if (Status s = sched::check_request(id, request); !s.is_ok()) return s;
-  if (st.owners.contains(id) || st.ended.contains(id) || st.scheduler.status(id)) {
+  if (st.owners.contains(id) || st.ended.contains(id) || st.scheduler.has(id)) {
     return Status::already_exists("submit: request {} exists already", id);
   }
   auto path = st.scheduler.route(request.from, request.to, now_ns);

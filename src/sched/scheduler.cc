@@ -1048,6 +1048,8 @@ Result<RequestStatus> Scheduler::status(RequestId id) const {
   return s;
 }
 
+bool Scheduler::has(RequestId id) const { return state_->requests.contains(id); }
+
 Result<RequestProgress> Scheduler::progress(RequestId id) const {
   const auto it = state_->requests.find(id);
   if (it == state_->requests.end()) return std::unexpected(Status::not_found("progress: no request {}", id));

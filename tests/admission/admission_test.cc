@@ -492,5 +492,34 @@ TEST(Admission, OwnersOfAPeerWhosePathIdWasTakenDoNotCountAheadOfTheNewcomer) {
   EXPECT_EQ(a->status(3)->state, RequestState::kQueued);
 }
 
+// An id is refused while any layer holds it: waiting here, admitted (the
+// scheduler's), or ended; once forgotten everywhere it may be used again.
+TEST(Admission, ASubmitOfAnIdStillHeldIsRefusedWhereverItIs) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  sched::GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", topology::PathType::kTcp, 2, 3.0, 30.0});
+  SchedPolicy p = SchedPolicy::defaults();
+  p.admission.max_owners = 1;
+  auto s = sched::Scheduler::create(graph, p, transport).value();
+  auto a = AdmissionController::create(p, *s, transport).value();
+  s->set_finish_hook([&](RequestId id) { a->on_finish(id); });
+  const TransferRequest r{"127.0.0.1:5000", "127.0.0.1:6000", kMiB, QosClass::kHotKv, 0, true};
+  ASSERT_TRUE(a->submit(1, r, 0).is_ok());  // admitted
+  ASSERT_TRUE(a->submit(2, r, 0).is_ok());  // waits for the one owner slot
+  ASSERT_EQ(a->waiting(), 1u);
+  EXPECT_TRUE(s->has(1));
+  EXPECT_FALSE(s->has(2));
+  for (RequestId id : {1, 2}) {
+    const Status again = a->submit(id, r, 0);
+    EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << id;
+    EXPECT_NE(again.message().find("exists already"), std::string::npos) << again.message();
+  }
+  ASSERT_TRUE(a->cancel(2, 0).is_ok());  // ended here, never admitted
+  EXPECT_EQ(a->submit(2, r, 0).code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(a->forget(2).is_ok());
+  EXPECT_TRUE(a->submit(2, r, 0).is_ok());
+  EXPECT_FALSE(s->has(99));
+}
+
 }  // namespace
 }  // namespace baton::admission

@@ -190,6 +190,9 @@ class Scheduler {
   [[nodiscard]] Result<RequestStatus> status(RequestId id) const;
   // not_found for an unknown (or forgotten) id.
   [[nodiscard]] Result<RequestProgress> progress(RequestId id) const;
+  // Whether `id` is held here (live, or ended and not forgotten): status()
+  // without building its answer or its not_found.
+  [[nodiscard]] bool has(RequestId id) const;
   // Drops an ended request's record (status() then answers not_found), so a
   // long-running loop does not grow. invalid_argument while it is still live.
   [[nodiscard]] Status forget(RequestId id);
