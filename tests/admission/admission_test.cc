@@ -492,8 +492,8 @@ TEST(Admission, OwnersOfAPeerWhosePathIdWasTakenDoNotCountAheadOfTheNewcomer) {
   EXPECT_EQ(a->status(3)->state, RequestState::kQueued);
 }
 
-// An id is refused while any layer holds it: waiting here, admitted (the
-// scheduler's), or ended; once forgotten everywhere it may be used again.
+// An id is refused while any layer holds it: waiting here, admitted, held
+// by the scheduler alone, or ended; once forgotten it may be used again.
 TEST(Admission, ASubmitOfAnIdStillHeldIsRefusedWhereverItIs) {
   const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
   sched::GrowingTransport transport;
@@ -514,6 +514,9 @@ TEST(Admission, ASubmitOfAnIdStillHeldIsRefusedWhereverItIs) {
     EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << id;
     EXPECT_NE(again.message().find("exists already"), std::string::npos) << again.message();
   }
+  // An id only the scheduler holds (a caller that used it directly).
+  ASSERT_TRUE(s->submit(7, r, 0).is_ok());
+  EXPECT_EQ(a->submit(7, r, 0).code(), StatusCode::kAlreadyExists);
   ASSERT_TRUE(a->cancel(2, 0).is_ok());  // ended here, never admitted
   EXPECT_EQ(a->submit(2, r, 0).code(), StatusCode::kAlreadyExists);
   ASSERT_TRUE(a->forget(2).is_ok());

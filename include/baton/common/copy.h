@@ -22,6 +22,8 @@ namespace detail {
 // upper bound on it streams with non-temporal stores, which mind no alignment.
 inline constexpr std::size_t kLoopCopyFrom = 2048;
 inline constexpr std::size_t kLoopCopyBelow = std::size_t{4} << 20;
+// n >= 16 (the head it copies to align the stores); copy_bytes calls it
+// from kLoopCopyFrom on.
 void copy_loop(void* to, const void* from, std::size_t n) noexcept;
 }  // namespace detail
 
