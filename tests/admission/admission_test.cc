@@ -448,18 +448,32 @@ TEST(BandwidthEstimator, APathsNewIncarnationStartsFromItsSeed) {
   EXPECT_DOUBLE_EQ(e.estimate_gbps(0), 3.0);
 }
 
+// A scheduler and admission over one TCP path between two peers, with room
+// for one admitted owner: a second request waits.
+struct OneOwnerRig {
+  topology::TopologyGraph graph =
+      topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  sched::GrowingTransport transport;
+  std::unique_ptr<sched::Scheduler> s;
+  std::unique_ptr<AdmissionController> a;
+
+  OneOwnerRig() {
+    transport.add({"127.0.0.1:5000", "127.0.0.1:6000", topology::PathType::kTcp, 2, 3.0, 30.0});
+    SchedPolicy p = SchedPolicy::defaults();
+    p.admission.max_owners = 1;
+    s = sched::Scheduler::create(graph, p, transport).value();
+    a = AdmissionController::create(p, *s, transport).value();
+    s->set_finish_hook([this](RequestId id) { a->on_finish(id); });
+  }
+};
+
 // A path's id taken by another peer: owners of the old peer still waiting
 // for capacity no longer count ahead of the newcomer's deadline requests
 // (they fail unavailable once admitted); the newcomer's own waiting owners do.
 TEST(Admission, OwnersOfAPeerWhosePathIdWasTakenDoNotCountAheadOfTheNewcomer) {
-  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
-  sched::GrowingTransport transport;
-  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", topology::PathType::kTcp, 2, 3.0, 30.0});
-  SchedPolicy p = SchedPolicy::defaults();
-  p.admission.max_owners = 1;
-  auto s = sched::Scheduler::create(graph, p, transport).value();
-  auto a = AdmissionController::create(p, *s, transport).value();
-  s->set_finish_hook([&](RequestId id) { a->on_finish(id); });
+  OneOwnerRig rig;
+  sched::GrowingTransport& transport = rig.transport;
+  AdmissionController* a = rig.a.get();
   const TransferRequest to_old{"127.0.0.1:5000", "127.0.0.1:6000", kMiB, QosClass::kHotKv, 0, true};
   TransferRequest old_waiting = to_old;
   old_waiting.bytes = 8 * kMiB;
@@ -495,14 +509,9 @@ TEST(Admission, OwnersOfAPeerWhosePathIdWasTakenDoNotCountAheadOfTheNewcomer) {
 // An id is refused while any layer holds it: waiting here, admitted, held
 // by the scheduler alone, or ended; once forgotten it may be used again.
 TEST(Admission, ASubmitOfAnIdStillHeldIsRefusedWhereverItIs) {
-  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
-  sched::GrowingTransport transport;
-  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", topology::PathType::kTcp, 2, 3.0, 30.0});
-  SchedPolicy p = SchedPolicy::defaults();
-  p.admission.max_owners = 1;
-  auto s = sched::Scheduler::create(graph, p, transport).value();
-  auto a = AdmissionController::create(p, *s, transport).value();
-  s->set_finish_hook([&](RequestId id) { a->on_finish(id); });
+  OneOwnerRig rig;
+  sched::Scheduler* s = rig.s.get();
+  AdmissionController* a = rig.a.get();
   const TransferRequest r{"127.0.0.1:5000", "127.0.0.1:6000", kMiB, QosClass::kHotKv, 0, true};
   ASSERT_TRUE(a->submit(1, r, 0).is_ok());  // admitted
   ASSERT_TRUE(a->submit(2, r, 0).is_ok());  // waits for the one owner slot
