@@ -841,8 +841,7 @@ Status Datapath::release(BatchHandle handle) {
   if (!it->second.ended) return Status::invalid_argument("release: batch {} is still running", handle.id);
   if (!it->second.clean_at_end) {  // a cancelled batch, maybe: look again
     for (sched::RequestId id : it->second.requests) {
-      auto p = scheduler_.progress(id);
-      if (p && !p->posted.empty()) {
+      if (scheduler_.posted_slices(id) > 0) {
         return Status::invalid_argument(
             "release: batch {} still has slices on the wire (cancelled, and UCX cannot recall them); release after "
             "they land",
@@ -883,6 +882,7 @@ void Datapath::end_batches(std::size_t per_batch) {
       restart(e.node.mapped().status, true);
       e.node.mapped().clean = true;
       e.node.mapped().direct = false;
+      e.node.mapped().status.requests.reserve(b.requests.size() + b.refused.size());
     }
     Ended& snapshot = e.node.mapped();
     const std::size_t to = e.next + std::min(per_batch, b.requests.size() - e.next);
@@ -906,7 +906,7 @@ void Datapath::end_batches(std::size_t per_batch) {
       e.all_ok = e.all_ok && ok;
       ++e.ended[op][static_cast<std::size_t>(s.state) & 7];
       if (ok) e.bytes[op] += s.bytes;
-      if (auto p = scheduler_.progress(b.requests[i]); p && !p->posted.empty()) snapshot.clean = false;
+      if (scheduler_.posted_slices(b.requests[i]) > 0) snapshot.clean = false;
     }
     e.next = to;
     if (e.next < b.requests.size()) return false;

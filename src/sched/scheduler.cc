@@ -1049,6 +1049,10 @@ Result<RequestStatus> Scheduler::status(RequestId id) const {
 }
 
 bool Scheduler::has(RequestId id) const { return state_->requests.contains(id); }
+std::size_t Scheduler::posted_slices(RequestId id) const {
+  const auto it = state_->requests.find(id);
+  return it == state_->requests.end() ? 0 : static_cast<std::size_t>(it->second.inflight);
+}
 
 Result<RequestProgress> Scheduler::progress(RequestId id) const {
   const auto it = state_->requests.find(id);

@@ -634,6 +634,33 @@ void drain(Scheduler& s, GrowingTransport& t, TimeNs now) {
   }
 }
 
+// posted_slices counts what progress() lists as posted: while slices are on
+// the wire, once they fail and are sent again, and once they land.
+TEST(Scheduler, PostedSlicesCountsWhatProgressListsAsPosted) {
+  const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
+  GrowingTransport transport;
+  transport.add({"127.0.0.1:5000", "127.0.0.1:6000", PathType::kTcp, 2, 3.0, 30.0});
+  auto s = Scheduler::create(graph, SchedPolicy::defaults(), transport).value();
+  ASSERT_TRUE(s->submit(1, {"127.0.0.1:5000", "127.0.0.1:6000", 8 * kMiB, QosClass::kHotKv, 0, true}, 0).is_ok());
+  EXPECT_EQ(s->posted_slices(1), 0u);  // queued
+  transport.hold(true);
+  s->dispatch(0);
+  ASSERT_GT(transport.held(), 0u);
+  EXPECT_EQ(s->posted_slices(1), transport.held());
+  EXPECT_EQ(s->posted_slices(1), s->progress(1)->posted.size());
+  transport.fail_held();  // each failed slice is re-queued: none posted
+  std::vector<transport::Completion> failed;
+  transport.poll(0, failed);
+  for (const auto& c : failed) (void)s->on_completion(c, 0);
+  EXPECT_EQ(s->posted_slices(1), 0u);
+  EXPECT_TRUE(s->progress(1)->posted.empty());
+  transport.hold(false);
+  drain(*s, transport, 0);
+  EXPECT_EQ(s->status(1)->state, RequestState::kCompleted);
+  EXPECT_EQ(s->posted_slices(1), 0u);
+  EXPECT_EQ(s->posted_slices(99), 0u);  // not held
+}
+
 TEST(Scheduler, RoutesPeersOnTransportPathsThatAppearWhileRunning) {
   const auto graph = topology::TopologyGraph::build(topology::load_model("pcie4").value()).value();
   GrowingTransport transport;

@@ -193,6 +193,9 @@ class Scheduler {
   // Whether `id` is held here (live, or ended and not forgotten): status()
   // without building its answer or its not_found.
   [[nodiscard]] bool has(RequestId id) const;
+  // How many of `id`'s slices are posted and not yet settled (0 for an id
+  // not held): progress().posted's count, without building it.
+  [[nodiscard]] std::size_t posted_slices(RequestId id) const;
   // Drops an ended request's record (status() then answers not_found), so a
   // long-running loop does not grow. invalid_argument while it is still live.
   [[nodiscard]] Status forget(RequestId id);
