@@ -25,8 +25,8 @@ constexpr std::size_t kReadChunk = 64U << 10;
 
 // Frames go out at once (TCP_NODELAY), and a peer that vanished without a
 // word (its host down, a partition: no FIN, no RST) is found by the
-// kernel's keepalive: an idle connection is probed after 10 s, every 5 s,
-// and fails after 3 probes go unanswered (ETIMEDOUT on the next read), so
+// kernel's keepalive: an idle connection is probed after 10 s, every 2 s,
+// and fails after 9 probes go unanswered (ETIMEDOUT on the next read), so
 // the path or the session closes. Without it a listener kept the session
 // of an initiator gone behind a partition for good — one of its
 // max_sessions — and an idle initiator never learned its holder was gone.
