@@ -629,18 +629,12 @@ TEST(BenchLatency, BesideBatchesOfBulkReadsTheReadsAreCountedAgainstTheirDeadlin
 }
 
 TEST(BenchLatency, RefusesBadInput) {
-  EXPECT_EQ(run_baton("bench latency --spawn --deadline 0ms").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --deadline soon").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --deadline 5ms --prepared").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch 10 --beside-block 0").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch 10 --beside-block 1GiB").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --beside-batch -1").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --op copy").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --block-size 0").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --block-size 2GiB").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --iterations 0").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --direct-copy-max lots").exit_code, 2);
-  EXPECT_EQ(run_baton("bench latency --spawn --target 127.0.0.1:9").exit_code, 2);
+  for (const char* args : {"--deadline 0ms", "--deadline soon", "--deadline 5ms --prepared",
+                           "--beside-batch 10 --beside-block 0", "--beside-batch 10 --beside-block 1GiB",
+                           "--beside-batch -1", "--op copy", "--block-size 0", "--block-size 2GiB", "--iterations 0",
+                           "--direct-copy-max lots", "--target 127.0.0.1:9"}) {
+    EXPECT_EQ(run_baton(std::string("bench latency --spawn ") + args).exit_code, 2) << args;
+  }
   EXPECT_EQ(run_baton("bench latency").exit_code, 2);
   const CommandRun r = run_baton("bench latency --target 127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 1);
