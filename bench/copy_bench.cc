@@ -1,5 +1,6 @@
 // copy_bytes against std::memcpy, the destination 0 or 16 bytes past the
-// source modulo 64 (a malloc'd buffer against a page-aligned region), over a
+// source modulo 64 (a malloc'd buffer against a page-aligned region; other
+// offsets at 64 KiB), over a
 // 16 MiB working set a block at a time, as a same-host transfer copies
 // (docs/results.md, "Misaligned copies").
 #include <benchmark/benchmark.h>
@@ -48,6 +49,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   for (std::int64_t block : {4 << 10, 64 << 10, 256 << 10, 1 << 20}) {
     for (std::int64_t apart : {0, 16}) b->Args({block, apart});
   }
+  for (std::int64_t apart : {8, 24, 32, 40, 48, 56}) b->Args({64 << 10, apart});  // which offsets are slow
   b->ArgNames({"block", "apart"});
 }
 

@@ -7,8 +7,9 @@
 namespace baton::detail {
 
 // SSE2, which every x86-64 has: 16-byte unaligned loads, aligned stores, 64
-// bytes a turn. Within 10% of an aligned memcpy here at 4 KiB .. 4 MiB
-// (bench/copy_bench.cc), where `rep movsb` reached a fifth of it.
+// bytes a turn. As fast as an aligned memcpy here at 4 KiB .. 1 MiB, within
+// the runs' spread (bench/copy_bench.cc), where `rep movsb` reached a fifth
+// of it.
 void copy_loop(void* to, const void* from, std::size_t n) noexcept {
 #if defined(__x86_64__)
   auto* d = static_cast<std::byte*>(to);

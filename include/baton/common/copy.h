@@ -5,7 +5,8 @@
 // Why not std::memcpy alone: glibc copies 2 KiB .. a few MiB with `rep movsb`,
 // and on AMD EPYC (this project's machines, glibc 2.36) that instruction runs
 // at a fifth of its speed when the destination sits 8..24 bytes past the
-// source modulo 64: 2.7 GB/s against 13-16 for a 4-256 KiB copy. A buffer
+// source modulo 64: 2.0-2.8 GB/s against 10-20 for a 4-256 KiB copy
+// (BM_Memcpy in bench/copy_bench.cc). A buffer
 // from malloc (16 bytes past a page, as std::vector's and numpy's large
 // arrays are) against a page-aligned peer region is exactly that case, and
 // it made reads through the loop 5x slower (docs/results.md, "Misaligned
