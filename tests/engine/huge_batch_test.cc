@@ -160,7 +160,10 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
   // ended before its waiter woke: none could while one turn admitted, or
   // ended, the whole batch.
   EXPECT_GE(other.within(submit_start, submit_end), 2) << other.count() << " reads in all";
-  EXPECT_GE(other.within(last_completed, waited), 2) << other.count() << " reads in all";
+  // The end is the cheapest phase (94 turns of a few hundred µs in all on a
+  // loaded 2-core machine, one read's round trip over TCP): one read is
+  // what tells it from an end in one turn, which lets none through.
+  EXPECT_GE(other.within(last_completed, waited), 1) << other.count() << " reads in all";
 
   ASSERT_TRUE(e.release(*h).is_ok());
   // Every request counted once, the batch's and the other caller's.
