@@ -28,6 +28,11 @@ constexpr std::uint64_t kLocalSalt = 11;
 constexpr std::size_t kRequests = 48'000;
 constexpr std::uint64_t kBlock = 256;
 constexpr std::size_t kBytes = kRequests * kBlock;
+// The same bytes as 192 000 requests of 64 B, for the test of the end:
+// 375 parts, an end of ~35 ms here against a read's 0.2-0.6 ms beside it.
+// At 94 parts (~8 ms) a loaded CI run saw none of those reads in the end.
+constexpr std::uint64_t kSmallBlock = 64;
+constexpr std::size_t kSmallRequests = kBytes / kSmallBlock;
 
 std::unique_ptr<Engine> tcp_engine() {
   EngineConfig config;
@@ -113,10 +118,6 @@ class DecodeReads {
   [[nodiscard]] int within(TimeNs from, TimeNs to) const {
     return static_cast<int>(std::ranges::count_if(spans_, [&](const Span& s) { return s.start > from && s.end <= to; }));
   }
-  // After stop(): the reads that ended after `from` and by `to`.
-  [[nodiscard]] int ended_within(TimeNs from, TimeNs to) const {
-    return static_cast<int>(std::ranges::count_if(spans_, [&](const Span& s) { return s.end > from && s.end <= to; }));
-  }
   [[nodiscard]] std::size_t count() const { return spans_.size(); }
   [[nodiscard]] int failures() const { return failures_.load(); }
 
@@ -137,7 +138,11 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
   Pair pair;
   Engine& e = *pair.initiator;
   const double completed_before = pair.requests_metric("completed");
-  const Batch batch = pair.reads(kRequests);
+  Batch batch = pair.reads(kSmallRequests);
+  for (std::size_t i = 0; i < kSmallRequests; ++i) {
+    batch.requests[i].length = kSmallBlock;
+    batch.requests[i].local_offset = batch.requests[i].remote_offset = i * kSmallBlock;
+  }
   DecodeReads other(pair);
   const TimeNs submit_start = e.now_ns();
   auto h = e.submit(batch);
@@ -150,10 +155,10 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
 
   auto st = e.poll(*h);
   ASSERT_TRUE(st.has_value());
-  ASSERT_EQ(st->requests.size(), kRequests);
+  ASSERT_EQ(st->requests.size(), kSmallRequests);
   EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
   TimeNs last_completed = 0;
-  for (std::size_t i = 0; i < kRequests; ++i) {
+  for (std::size_t i = 0; i < kSmallRequests; ++i) {
     ASSERT_EQ(st->requests[i].state, sched::RequestState::kCompleted) << "request " << i;
     last_completed = std::max(last_completed, st->requests[i].completed_ns);
   }
@@ -164,14 +169,11 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
   // ended before its waiter woke: none could while one turn admitted, or
   // ended, the whole batch.
   EXPECT_GE(other.within(submit_start, submit_end), 2) << other.count() << " reads in all";
-  // The end is the cheapest phase, shorter than one read's round trip over
-  // TCP on a loaded 2-core machine: a read that ends during it is what
-  // tells it from an end in one turn, which lets none end.
-  EXPECT_GE(other.ended_within(last_completed, waited), 1) << other.count() << " reads in all";
+  EXPECT_GE(other.within(last_completed, waited), 2) << other.count() << " reads in all";
 
   ASSERT_TRUE(e.release(*h).is_ok());
   // Every request counted once, the batch's and the other caller's.
-  EXPECT_EQ(pair.requests_metric("completed") - completed_before, static_cast<double>(kRequests + other.count()));
+  EXPECT_EQ(pair.requests_metric("completed") - completed_before, static_cast<double>(kSmallRequests + other.count()));
   // The released batch's requests are forgotten a part a turn; its regions
   // are free once it ended.
   EXPECT_TRUE(e.unregister(pair.local.handle).is_ok());
