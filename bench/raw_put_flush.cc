@@ -11,7 +11,7 @@
 //   baton_raw_put_flush --connect HOST:PORT --size BYTES --window N --duration S [--err-peer]
 //
 // The client prints one JSON line: {"size", "window", "puts", "seconds",
-// "gbps", "puts_per_s"}. UCX settings come from the environment (UCX_TLS,
+// "gbps", "puts_per_s", "window_p50_us", "window_p99_us"}. UCX settings come from the environment (UCX_TLS,
 // UCX_TCP_*), as for ucx_perftest. Addresses and the rkey travel over a plain
 // TCP socket first, as perftest's do.
 #include <arpa/inet.h>
@@ -21,6 +21,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -222,14 +223,22 @@ int client(const std::string& target, std::uint64_t size, int window, double sec
   const auto start = Clock::now();
   std::uint64_t puts = 0;
   double elapsed = 0;
+  std::vector<double> window_us;  // each window's time, as Baton's batch latency
   while (elapsed < seconds) {
+    const auto before = Clock::now();
     flushed_window();
     puts += static_cast<std::uint64_t>(window);
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const auto after = Clock::now();
+    window_us.push_back(std::chrono::duration<double, std::micro>(after - before).count());
+    elapsed = std::chrono::duration<double>(after - start).count();
   }
-  std::printf("{\"size\": %llu, \"window\": %d, \"puts\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"puts_per_s\": %.1f}\n",
-              static_cast<unsigned long long>(size), window, static_cast<unsigned long long>(puts), elapsed,
-              static_cast<double>(puts * size) / elapsed / 1e9, static_cast<double>(puts) / elapsed);
+  std::sort(window_us.begin(), window_us.end());
+  const auto at = [&](double q) { return window_us[static_cast<std::size_t>(q * static_cast<double>(window_us.size() - 1))]; };
+  std::printf(
+      "{\"size\": %llu, \"window\": %d, \"puts\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"puts_per_s\": %.1f, "
+      "\"window_p50_us\": %.1f, \"window_p99_us\": %.1f}\n",
+      static_cast<unsigned long long>(size), window, static_cast<unsigned long long>(puts), elapsed,
+      static_cast<double>(puts * size) / elapsed / 1e9, static_cast<double>(puts) / elapsed, at(0.5), at(0.99));
   ucp_rkey_destroy(rkey);
   close_ep(ucx, ep);
   ::close(fd);

@@ -33,6 +33,7 @@ import json, sys
 r = json.loads(sys.argv[1])
 assert r["size"] == 4096 and r["window"] == 4, r
 assert r["puts"] > 0 and r["puts"] % 4 == 0, r  # whole windows only
+assert 0 < r["window_p50_us"] <= r["window_p99_us"] <= r["seconds"] * 1e6, r
 assert abs(r["gbps"] - r["puts"] * 4096 / r["seconds"] / 1e9) < 1e-3 * r["gbps"] + 1e-9, r
 PY
 echo "raw_put_flush_test: ok ($out)"
