@@ -7,7 +7,7 @@
 // "Writes that landed"). Same working set as perftest: every put of a window
 // goes to one block at the same offset.
 //
-//   baton_raw_put_flush --listen PORT [--err-peer]
+//   baton_raw_put_flush --listen [HOST:]PORT [--err-peer]   (HOST: 127.0.0.1)
 //   baton_raw_put_flush --connect HOST:PORT --size BYTES --window N --duration S [--err-peer]
 //
 // The client prints one JSON line: {"size", "window", "puts", "seconds",
@@ -62,6 +62,9 @@ std::vector<char> recv_blob(int fd) {
   return out;
 }
 
+constexpr auto kWaitLimit = std::chrono::seconds(30);
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 30;
+
 struct Ucx {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
@@ -101,11 +104,17 @@ struct Ucx {
   }
 
   // Progresses until the request (or an immediate status) is done.
+  // Progresses until the request (or an immediate status) is done; a peer
+  // that stopped answering ends the run after kWaitLimit, not never.
   void wait(ucs_status_ptr_t r, const char* what) const {
     if (r == nullptr) return;
     if (UCS_PTR_IS_ERR(r)) check(UCS_PTR_STATUS(r), what);
+    const auto limit = std::chrono::steady_clock::now() + kWaitLimit;
     ucs_status_t s;
-    while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    for (unsigned n = 0; (s = ucp_request_check_status(r)) == UCS_INPROGRESS; ++n) {
+      ucp_worker_progress(worker);
+      if (n % 1024 == 0 && std::chrono::steady_clock::now() > limit) die(std::string(what) + ": no answer in 30 s");
+    }
     ucp_request_free(r);
     check(s, what);
   }
@@ -123,23 +132,25 @@ void close_ep(const Ucx& ucx, ucp_ep_h ep) {
 }
 
 // The target: a registered buffer, progressed until the client hangs up.
-int serve(int port, bool err_peer) {
+// It listens on 127.0.0.1 unless given a host: it answers anyone who
+// connects with memory to write into.
+int serve(const std::string& host, int port, bool err_peer) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_port = htons(static_cast<std::uint16_t>(port));
-  at.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (::inet_pton(AF_INET, host.c_str(), &at.sin_addr) != 1) die("--listen: " + host + " is not an IPv4 address");
   if (::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 || ::listen(listener, 1) != 0) {
-    die("listen on port " + std::to_string(port));
+    die("cannot listen on " + host + ":" + std::to_string(port));
   }
   const int fd = ::accept(listener, nullptr, nullptr);
   ::close(listener);
   if (fd < 0) die("accept");
   const std::vector<char> wanted = recv_blob(fd);  // the client's worker address, then the buffer size
   std::uint64_t bytes = 0;
-  if (::recv(fd, &bytes, sizeof bytes, MSG_WAITALL) != sizeof bytes || bytes == 0 || bytes > (1ull << 32)) {
+  if (::recv(fd, &bytes, sizeof bytes, MSG_WAITALL) != sizeof bytes || bytes == 0 || bytes > kMaxBytes) {
     die("setup: buffer size");
   }
   Ucx ucx;
@@ -157,7 +168,8 @@ int serve(int port, bool err_peer) {
   std::size_t rkey_bytes = 0;
   check(ucp_rkey_pack(ucx.context, mem, &rkey, &rkey_bytes), "ucp_rkey_pack");
   const auto base = reinterpret_cast<std::uint64_t>(buffer.get());
-  send_blob(fd, ucx.address().data(), ucx.address().size());
+  const std::vector<char> mine = ucx.address();
+  send_blob(fd, mine.data(), mine.size());
   send_blob(fd, rkey, rkey_bytes);
   send_blob(fd, &base, sizeof base);
   ucp_rkey_buffer_release(rkey);
@@ -275,13 +287,15 @@ int main(int argc, char** argv) {
       die("unknown argument " + a);
     }
   }
-  if (!listen.empty() == !target.empty()) die("give one of --listen PORT and --connect HOST:PORT");
+  if (!listen.empty() == !target.empty()) die("give one of --listen [HOST:]PORT and --connect HOST:PORT");
   if (!listen.empty()) {
-    const int port = std::atoi(listen.c_str());
+    const auto colon = listen.rfind(':');
+    const std::string host = colon == std::string::npos ? "127.0.0.1" : listen.substr(0, colon);
+    const int port = std::atoi(listen.substr(colon == std::string::npos ? 0 : colon + 1).c_str());
     if (port <= 0 || port > 65535) die("--listen wants a port in 1..65535");
-    return serve(port, err_peer);
+    return serve(host, port, err_peer);
   }
-  if (size == 0 || size > (1ull << 30)) die("--size wants 1 .. 1 GiB");
+  if (size == 0 || size > kMaxBytes) die("--size wants 1 .. 1 GiB");
   if (window < 1 || window > 4096) die("--window wants 1 .. 4096");
   if (!(seconds > 0 && seconds <= 600)) die("--duration wants (0, 600] seconds");
   return client(target, size, window, seconds, err_peer);
