@@ -198,14 +198,19 @@ int client(const std::string& target, std::uint64_t size, int window, double sec
   if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints, &found) != 0) {
     die("cannot resolve " + target);
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  bool connected = false;
-  for (int attempt = 0; attempt < 200 && !connected; ++attempt) {  // the server may still be starting
-    connected = ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
-    if (!connected) ::usleep(10'000);
+  // The server may still be starting: a fresh socket each try (one whose
+  // connect failed is in no defined state to try again).
+  int fd = -1;
+  for (int attempt = 0; attempt < 200 && fd < 0; ++attempt) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      ::close(fd);
+      fd = -1;
+      ::usleep(10'000);
+    }
   }
   ::freeaddrinfo(found);
-  if (!connected) die("cannot connect to " + target);
+  if (fd < 0) die("cannot connect to " + target);
   Ucx ucx;
   const std::vector<char> mine = ucx.address();
   send_blob(fd, mine.data(), mine.size());

@@ -63,20 +63,21 @@ struct Pair {
     peer = initiator->connect(holder->address()).value();
   }
 
-  // Request i reads block i of the holder into block i here (i modulo the
-  // blocks there are).
-  [[nodiscard]] Batch reads(std::size_t n, sched::QosClass qos = sched::QosClass::kPrefillBulk) const {
+  // Request i reads the i-th `block` of the holder into the same place
+  // here (wrapping around the buffers).
+  [[nodiscard]] Batch reads(std::size_t n, std::uint64_t block = kBlock) const {
     Batch b;
     b.requests.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t offset = i * block % kBytes;
       b.requests.push_back(Request{.op = Op::kRead,
                                    .local_region = local.handle,
-                                   .local_offset = i % kRequests * kBlock,
+                                   .local_offset = offset,
                                    .peer = peer.address,
                                    .remote_region = remote.handle,
-                                   .remote_offset = i % kRequests * kBlock,
-                                   .length = kBlock,
-                                   .qos = qos});
+                                   .remote_offset = offset,
+                                   .length = block,
+                                   .qos = sched::QosClass::kPrefillBulk});
     }
     return b;
   }
@@ -138,11 +139,7 @@ TEST(UcxEngineHugeBatch, IsAdmittedAndEndedAPartATurnWhileAnotherCallersReadsCom
   Pair pair;
   Engine& e = *pair.initiator;
   const double completed_before = pair.requests_metric("completed");
-  Batch batch = pair.reads(kSmallRequests);
-  for (std::size_t i = 0; i < kSmallRequests; ++i) {
-    batch.requests[i].length = kSmallBlock;
-    batch.requests[i].local_offset = batch.requests[i].remote_offset = i * kSmallBlock;
-  }
+  const Batch batch = pair.reads(kSmallRequests, kSmallBlock);
   DecodeReads other(pair);
   const TimeNs submit_start = e.now_ns();
   auto h = e.submit(batch);
@@ -353,12 +350,7 @@ TEST(UcxEngineHugeBatch, DestroyingTheEngineAnswersACancelUnderWay) {
   Pair pair;
   // 200 000 requests of 16 B: a cancel of ~400 turns, and a shutdown that
   // finds little on the wire, so it is over before the cancel.
-  Batch batch = pair.reads(200'000);
-  for (std::size_t i = 0; i < batch.requests.size(); ++i) {
-    batch.requests[i].length = 16;
-    batch.requests[i].local_offset = batch.requests[i].remote_offset = i * 16;
-  }
-  auto h = pair.initiator->submit(batch);
+  auto h = pair.initiator->submit(pair.reads(200'000, 16));
   ASSERT_TRUE(h.has_value()) << h.error().to_string();
   std::atomic<bool> cancelling{false}, answered{false};
   Engine* engine = pair.initiator.get();  // the pointer is reset below, the engine outlives the call
