@@ -21,7 +21,6 @@ Result<std::unique_ptr<UcxRig>> connect_rig(const sched::SchedPolicy& policy, co
                                             const transport::UcxConfig& ucx, std::uint64_t buffer_bytes,
                                             const std::function<void(engine::Engine&)>& prepare) {
   auto rig = std::make_unique<UcxRig>();
-  rig->buffer.resize(buffer_bytes);
   engine::EngineConfig config{.ucx = ucx};
   config.policy = policy;
   auto engine = engine::Engine::create(config);
@@ -29,9 +28,6 @@ Result<std::unique_ptr<UcxRig>> connect_rig(const sched::SchedPolicy& policy, co
   rig->engine = std::move(*engine);
   engine::Engine& e = *rig->engine;
   if (prepare) prepare(e);
-  auto local = e.register_memory(rig->buffer.data(), rig->buffer.size());
-  if (!local) return std::unexpected(local.error());
-  rig->local = *local;
   auto peer = e.connect(peer_address);
   if (!peer) return std::unexpected(peer.error());
   rig->peer = *peer;
@@ -39,10 +35,16 @@ Result<std::unique_ptr<UcxRig>> connect_rig(const sched::SchedPolicy& policy, co
   if (!regions) return std::unexpected(regions.error());
   if (regions->empty()) return std::unexpected(Status::out_of_range("peer {} registered no memory", peer->address));
   rig->remote = *std::ranges::max_element(*regions, {}, &transport::RemoteRegion::length);
+  // Checked before this side's buffer is allocated and touched: a workload
+  // the peer cannot hold is refused at once, not after filling gigabytes.
   if (rig->remote.length < buffer_bytes) {
     return std::unexpected(Status::out_of_range("the peer's largest region has {} bytes; the workload needs {}",
                                                 rig->remote.length, buffer_bytes));
   }
+  rig->buffer.resize(buffer_bytes);
+  auto local = e.register_memory(rig->buffer.data(), rig->buffer.size());
+  if (!local) return std::unexpected(local.error());
+  rig->local = *local;
   return rig;
 }
 

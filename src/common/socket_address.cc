@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace baton {
@@ -63,6 +64,19 @@ int port_of(const sockaddr* address) {
     return ntohs(reinterpret_cast<const sockaddr_in6*>(address)->sin6_port);
   }
   return -1;
+}
+
+std::string reachable_address(const sockaddr* listen, const sockaddr* local) {
+  const bool wildcard =
+      (listen->sa_family == AF_INET && reinterpret_cast<const sockaddr_in*>(listen)->sin_addr.s_addr == INADDR_ANY) ||
+      (listen->sa_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(listen)->sin6_addr));
+  if (!wildcard || (local->sa_family != AF_INET && local->sa_family != AF_INET6)) return format_socket_address(listen);
+  sockaddr_storage named{};
+  std::memcpy(&named, local, local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  const auto port = htons(static_cast<std::uint16_t>(port_of(listen)));
+  if (local->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(&named)->sin_port = port;
+  else reinterpret_cast<sockaddr_in6*>(&named)->sin6_port = port;
+  return format_socket_address(reinterpret_cast<const sockaddr*>(&named));
 }
 
 bool is_loopback(const sockaddr* address) {

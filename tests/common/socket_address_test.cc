@@ -22,6 +22,23 @@ TEST(SocketAddress, ParsesAndFormats) {
   EXPECT_FALSE(is_loopback(any->get()));
 }
 
+TEST(SocketAddress, AWildcardListenerIsNamedByTheInterfaceItReachesAPeerThrough) {
+  auto address = [](const char* text) {
+    auto a = parse_socket_address(text);
+    EXPECT_TRUE(a.has_value()) << text;
+    return a.value_or(SocketAddress{});
+  };
+  const auto local = address("10.1.2.3:45678");  // a connected socket's own end
+  EXPECT_EQ(reachable_address(address("0.0.0.0:7000").get(), local.get()), "10.1.2.3:7000");
+  EXPECT_EQ(reachable_address(address("[::]:7000").get(), local.get()), "10.1.2.3:7000");
+  EXPECT_EQ(reachable_address(address("[::]:7000").get(), address("[fd00::5]:1").get()), "[fd00::5]:7000");
+  // A listen address with a host names itself, whatever the socket.
+  EXPECT_EQ(reachable_address(address("127.0.0.1:7000").get(), local.get()), "127.0.0.1:7000");
+  EXPECT_EQ(reachable_address(address("10.9.9.9:7000").get(), local.get()), "10.9.9.9:7000");
+  const SocketAddress unknown;  // not a socket address: the listen address stands
+  EXPECT_EQ(reachable_address(address("0.0.0.0:7000").get(), unknown.get()), "0.0.0.0:7000");
+}
+
 TEST(SocketAddress, RefusesWhatIsNotAnAddress) {
   // ".invalid" never resolves (RFC 6761), with or without a resolver.
   for (const char* bad : {"", "127.0.0.1", ":4000", "127.0.0.1:", "127.0.0.1:xx", "127.0.0.1:65536",

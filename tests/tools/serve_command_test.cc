@@ -663,6 +663,20 @@ TEST(BenchThroughput, RefusesBadInput) {
   EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;
 }
 
+// A workload the peer cannot hold is refused before this side allocates
+// its buffer: 16 blocks of 64 GiB would be a terabyte, which no allocation
+// here gets (an exception, or a machine filling its memory).
+TEST(BenchThroughput, AWorkloadLargerThanThePeersRegionIsRefusedBeforeItsBufferExists) {
+  ServeChild server = serve({"--buffer-size", "1MiB"});
+  const CommandRun r = run_baton("bench throughput --target " + server.address() +
+                                 " --block-size 64GiB --batch-size 16 --duration 100ms");
+  EXPECT_EQ(r.exit_code, 2) << r.err;  // bad input
+  EXPECT_NE(r.err.find("the peer's largest region has 1048576 bytes; the workload needs 1099511627776"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(server.stop().is_ok());
+}
+
 // The JSON lists the UCX settings the engine chose (what scripts/bench-vs-perftest
 // gives ucx_perftest): the TCP segment, and the socket buffers unless
 // --tcp-receive-buffer 0 leaves them to the kernel (or the kernel's cap is lower).

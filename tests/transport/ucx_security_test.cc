@@ -559,6 +559,30 @@ TEST_F(UcxSecurityTest, RegionsAreSeenOnlyWhereExported) {
   EXPECT_EQ(keys(*c_, pc), (std::vector<RegionHandle>{*hidden}));
 }
 
+// A peer listening on every interface names itself by the one it reaches
+// the exporter through: "0.0.0.0:P" is no address anyone could export to.
+TEST_F(UcxSecurityTest, APeerListeningOnEveryInterfaceIsNamedByItsAddress) {
+  UcxConfig wildcard = config();
+  wildcard.listen_address = "0.0.0.0:0";
+  b_ = make(config());
+  a_ = make(wildcard);
+  ASSERT_TRUE(a_ && b_);
+  const std::string port = a_->address().substr(a_->address().rfind(':') + 1);
+  ASSERT_EQ(a_->address(), "0.0.0.0:" + port);
+  auto& mem = buffer(2 * 4096);
+  auto named = b_->register_memory(mem.data(), 4096);
+  auto wildcard_named = b_->register_memory(mem.data() + 4096, 4096);
+  ASSERT_TRUE(named && wildcard_named);
+  ASSERT_TRUE(b_->export_region(*named, {"127.0.0.1:" + port}).is_ok());
+  ASSERT_TRUE(b_->export_region(*wildcard_named, {"0.0.0.0:" + port}).is_ok());
+  const PathId path = connect(*a_, *b_);
+  ASSERT_EQ(a_->path_state(path), PathState::kReady);
+  const auto regions = a_->remote_regions(path);
+  ASSERT_TRUE(regions.has_value());
+  ASSERT_EQ(regions->size(), 1u);
+  EXPECT_EQ(regions->front().key, *named);
+}
+
 TEST_F(UcxSecurityTest, UnregisterWaitsUntilPeersFinishedAndAcknowledged) {
   b_ = make(config());
   a_ = make(config());

@@ -321,7 +321,7 @@ int run_fault_bench(const DualPathBenchOptions& o) {
   j["workload"] = workload_json(o, *w);
   j["timeline"] = timeline;
   if (o.json_path != "-") {
-    fmt::print("{} handoffs of {}, direct dead {} -> {} ms ({}): {} completed, {} dropped, {} affected\n", o.requests,
+    fmt::print("{} handoffs of {}, direct dead {:.4g} -> {:.4g} ms ({}): {} completed, {} dropped, {} affected\n", o.requests,
                format_size(w->bytes), o.kill_at_ms, o.restore_at_ms, dualpath::to_string(race->strategy), completed,
                o.requests - static_cast<int>(completed), affected);
     fmt::print("  {}; {}; {} failovers, {} probes\n",

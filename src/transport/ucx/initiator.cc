@@ -191,6 +191,16 @@ void UcxTransport::State::become_ready(PathId id) {
   baton::logger().debug("ucx: path {} ready: {}", id, infos[id].name());
 }
 
+// The name a hello gives: the listen address, as the peer can name it
+// (its exports name us so): a wildcard listener (0.0.0.0, [::]) names
+// itself by the handshake's local address, with its port.
+std::string UcxTransport::State::name_for(const ControlConnection& control) const {
+  const auto listen = bound_address(listener->fd());
+  const auto local = bound_address(control.fd());
+  if (!listen || !local) return address;
+  return reachable_address(listen->get(), local->get());
+}
+
 Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
   Peer& peer = peers[id];
   switch (peer.stage) {
@@ -205,7 +215,7 @@ Status UcxTransport::State::initiator_frame(PathId id, const Frame& frame) {
       if (!nonce) return nonce.error();
       peer.nonce = *nonce;
       peer.challenge = challenge->nonce;
-      ucx::Hello hello{peer.nonce, {}, address, static_cast<std::uint16_t>(peer.lanes.size()), {}};
+      ucx::Hello hello{peer.nonce, {}, name_for(*peer.control), static_cast<std::uint16_t>(peer.lanes.size()), {}};
       for (const Rail& rail : rails) hello.worker_addresses.push_back(rail.worker_address);
       hello.proof = ucx::initiator_proof(secret, peer.challenge, peer.nonce, ucx::hello_description(hello));
       peer.stage = Stage::kAwaitWelcome;

@@ -733,6 +733,7 @@ struct UcxTransport::State {
   Status create_lanes(PathId id, const std::vector<std::vector<std::uint8_t>>& addresses);
   Status welcome(PathId id, const Frame& frame, std::uint64_t& token);
   Status initiator_frame(PathId id, const Frame& frame);
+  std::string name_for(const ControlConnection& control) const;
   void become_ready(PathId id);
   void drive_paths(TimeNs now_ns);
 };
