@@ -9,13 +9,10 @@ python3). Usage: scripts/gpu-copy-engine.py (or .gpu/gpu-copy-engine.py).
 Slices below 1 MiB are limited by Python's call rate (~20 us a copy), not
 by the copy engine.
 """
+import argparse
 import time
 
-import torch
-
 TOTAL = 1 << 30
-host = torch.empty(TOTAL, dtype=torch.uint8).pin_memory()
-dev = torch.empty(TOTAL, dtype=torch.uint8, device="cuda")
 
 
 def rate(slice_bytes, nstreams, events=True, direction="h2d"):
@@ -44,37 +41,47 @@ def percentiles(samples, *ps):
     return [samples[int(p / 100 * len(samples))] for p in ps]
 
 
-for direction in ("h2d", "d2h"):
-    for kib in (64, 256, 512, 1024, 2048, 4096):
-        sb = kib << 10
-        row = " ".join(f"{rate(sb, n, direction=direction):6.1f}" for n in (1, 2, 4))
-        print(f"{direction} slice {kib:5d} KiB  streams 1/2/4: {row} GB/s"
-              f"  (no events, 1 stream: {rate(sb, 1, False, direction):.1f})", flush=True)
+def main():
+    for direction in ("h2d", "d2h"):
+        for kib in (64, 256, 512, 1024, 2048, 4096):
+            sb = kib << 10
+            row = " ".join(f"{rate(sb, n, direction=direction):6.1f}" for n in (1, 2, 4))
+            print(f"{direction} slice {kib:5d} KiB  streams 1/2/4: {row} GB/s"
+                  f"  (no events, 1 stream: {rate(sb, 1, False, direction):.1f})", flush=True)
 
-small = 256 << 10
-s = torch.cuda.Stream()
-lat = []
-for _ in range(2000):
-    t = time.perf_counter()
-    with torch.cuda.stream(s):
-        dev[:small].copy_(host[:small], non_blocking=True)
-    s.synchronize()
-    lat.append((time.perf_counter() - t) * 1e6)
-p50, p95, p99 = percentiles(lat, 50, 95, 99)
-print(f"one 256 KiB h2d + synchronize: p50 {p50:.1f} us  p95 {p95:.1f} us  p99 {p99:.1f} us")
+    small = 256 << 10
+    s = torch.cuda.Stream()
+    lat = []
+    for _ in range(2000):
+        t = time.perf_counter()
+        with torch.cuda.stream(s):
+            dev[:small].copy_(host[:small], non_blocking=True)
+        s.synchronize()
+        lat.append((time.perf_counter() - t) * 1e6)
+    p50, p95, p99 = percentiles(lat, 50, 95, 99)
+    print(f"one 256 KiB h2d + synchronize: p50 {p50:.1f} us  p95 {p95:.1f} us  p99 {p99:.1f} us")
 
-bulk, urgent = torch.cuda.Stream(), torch.cuda.Stream()
-lat = []
-for _ in range(200):
-    with torch.cuda.stream(bulk):
-        for k in range(1, 9):
-            dev[k << 21:(k + 1) << 21].copy_(host[k << 21:(k + 1) << 21], non_blocking=True)
-    time.sleep(0.00002)
-    t = time.perf_counter()
-    with torch.cuda.stream(urgent):
-        dev[:small].copy_(host[:small], non_blocking=True)
-    urgent.synchronize()
-    lat.append((time.perf_counter() - t) * 1e6)
-    bulk.synchronize()
-p50, p95 = percentiles(lat, 50, 95)
-print(f"256 KiB on its own stream behind 16 MiB of queued bulk: p50 {p50:.1f} us  p95 {p95:.1f} us")
+    bulk, urgent = torch.cuda.Stream(), torch.cuda.Stream()
+    lat = []
+    for _ in range(200):
+        with torch.cuda.stream(bulk):
+            for k in range(1, 9):
+                dev[k << 21:(k + 1) << 21].copy_(host[k << 21:(k + 1) << 21], non_blocking=True)
+        time.sleep(0.00002)
+        t = time.perf_counter()
+        with torch.cuda.stream(urgent):
+            dev[:small].copy_(host[:small], non_blocking=True)
+        urgent.synchronize()
+        lat.append((time.perf_counter() - t) * 1e6)
+        bulk.synchronize()
+    p50, p95 = percentiles(lat, 50, 95)
+    print(f"256 KiB on its own stream behind 16 MiB of queued bulk: p50 {p50:.1f} us  p95 {p95:.1f} us")
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    # After the arguments: --help needs neither PyTorch nor a GPU.
+    import torch
+    host = torch.empty(TOTAL, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(TOTAL, dtype=torch.uint8, device="cuda")
+    main()
