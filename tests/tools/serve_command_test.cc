@@ -663,18 +663,31 @@ TEST(BenchThroughput, RefusesBadInput) {
   EXPECT_NE(r.err.find("unavailable"), std::string::npos) << r.err;
 }
 
-// A workload the peer cannot hold is refused before this side allocates
-// its buffer: 16 blocks of 64 GiB would be a terabyte, which no allocation
-// here gets (an exception, or a machine filling its memory).
-TEST(BenchThroughput, AWorkloadLargerThanThePeersRegionIsRefusedBeforeItsBufferExists) {
+// A workload the peer or this machine cannot hold is refused, as bad input,
+// before the buffers exist: a terabyte is no allocation that fails here
+// but one that fills the machine's memory (or throws) first.
+TEST(BenchThroughput, AWorkloadThePeerOrThisMachineCannotHoldIsRefusedBeforeItsBuffersExist) {
   ServeChild server = serve({"--buffer-size", "1MiB"});
-  const CommandRun r = run_baton("bench throughput --target " + server.address() +
-                                 " --block-size 64GiB --batch-size 16 --duration 100ms");
-  EXPECT_EQ(r.exit_code, 2) << r.err;  // bad input
-  EXPECT_NE(r.err.find("the peer's largest region has 1048576 bytes; the workload needs 1099511627776"),
+  const CommandRun small_peer = run_baton("bench throughput --target " + server.address() +
+                                          " --block-size 16MiB --batch-size 4 --duration 100ms");
+  EXPECT_EQ(small_peer.exit_code, 2) << small_peer.err;
+  EXPECT_NE(small_peer.err.find("the peer's largest region has 1048576 bytes; the workload needs 67108864"),
             std::string::npos)
-      << r.err;
+      << small_peer.err;
+  // This side's buffer and the memcpy reference's: two terabytes.
+  const CommandRun huge = run_baton("bench throughput --target " + server.address() +
+                                    " --block-size 64GiB --batch-size 16 --duration 100ms");
+  EXPECT_EQ(huge.exit_code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("this side's buffers: 2 TiB is more than this machine can give"), std::string::npos)
+      << huge.err;
   EXPECT_TRUE(server.stop().is_ok());
+  // With --spawn the peer's buffer is on this machine too: three terabytes,
+  // refused before a child exists.
+  const CommandRun spawned = run_baton("bench throughput --spawn --block-size 64GiB --batch-size 16 --duration 100ms");
+  EXPECT_EQ(spawned.exit_code, 2) << spawned.err;
+  EXPECT_NE(spawned.err.find("the peer's buffer and this side's (--spawn): 3 TiB is more than this machine can give"),
+            std::string::npos)
+      << spawned.err;
 }
 
 // The JSON lists the UCX settings the engine chose (what scripts/bench-vs-perftest

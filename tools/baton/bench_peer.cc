@@ -1,5 +1,8 @@
 #include "bench_peer.h"
 
+#include <cstdint>
+
+#include "baton/common/memory_budget.h"
 #include "baton/sched/policy.h"
 #include "ucx_options.h"
 
@@ -15,6 +18,15 @@ Result<BenchPeer> BenchPeer::open(const BenchPeerOptions& o, std::uint64_t buffe
     if (!loaded) return std::unexpected(loaded.error());
     policy = std::move(*loaded);
   }
+  // What this machine must hold: this side's buffer, the bench's scratch
+  // and, with --spawn, the peer's buffer. A workload it cannot hold is
+  // refused (bad input) before anything is made, not after filling memory
+  // it does not have.
+  const auto plus = [](std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; };
+  const std::uint64_t here = plus(plus(buffer_bytes, o.scratch_bytes), o.spawn ? buffer_bytes : 0);
+  const Status fits = check_shared_allocation(
+      o.spawn ? "the peer's buffer and this side's (--spawn)" : "this side's buffers", here);
+  if (fits.code() == StatusCode::kResourceExhausted) return std::unexpected(Status::out_of_range("{}", fits.message()));
   BenchPeer b;
   std::string target = o.target;
   if (o.spawn) {

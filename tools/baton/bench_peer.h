@@ -21,6 +21,10 @@ struct BenchPeerOptions {
   bool spawn = false;  // one started here with a buffer of the bench's size
   transport::UcxConfig ucx;
   std::string policy_file;
+  // What the bench allocates on this machine besides the buffer (throughput's
+  // memcpy reference: a second buffer as large), counted when checking that
+  // the workload fits.
+  std::uint64_t scratch_bytes = 0;
 };
 
 class BenchPeer {

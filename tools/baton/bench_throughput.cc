@@ -109,7 +109,7 @@ int run_throughput(const ThroughputOptions& o) {
     fmt::print(stderr, "baton bench throughput: {}\n", plan.error().message());
     return 2;
   }
-  auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file}, plan->span);
+  auto opened = BenchPeer::open({o.target, o.spawn, o.ucx, o.policy_file, plan->span}, plan->span);
   if (!opened) {
     fmt::print(stderr, "baton bench throughput: {}\n", opened.error().to_string());
     return exit_code(opened.error());
