@@ -195,6 +195,7 @@ void UcxTransport::State::become_ready(PathId id) {
 // (its exports name us so): a wildcard listener (0.0.0.0, [::]) names
 // itself by the handshake's local address, with its port.
 std::string UcxTransport::State::name_for(const ControlConnection& control) const {
+  if (!listener) return address;  // shut down: no hello goes out any more
   const auto listen = bound_address(listener->fd());
   const auto local = bound_address(control.fd());
   if (!listen || !local) return address;
