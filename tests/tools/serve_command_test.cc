@@ -538,7 +538,31 @@ TEST(BenchThroughput, SpawnsAPeerMovesVerifiedBytesAndWritesTheJsonContract) {
     EXPECT_EQ(r.out.find("throughput "), std::string::npos) << r.out;
     EXPECT_NE(r.err.find("throughput "), std::string::npos) << r.err;
     EXPECT_EQ(j["blocks"], 4);  // one block per request by default
+    EXPECT_EQ(j["bytes"].get<std::uint64_t>(), j["batches"].get<std::uint64_t>() * 4 * (256 << 10));
   }
+}
+
+// The figures say which path carried the batches: a same-host batch up to
+// --direct-copy-max is copied on the submitting thread (the loop idle
+// between one thread's batches), a larger one goes through the loop.
+TEST(BenchThroughput, SaysHowManyBatchesTheLoopFreePathCopied) {
+  for (const char* batch : {"16", "17"}) {  // 16 MiB and 17 MiB of 1 MiB blocks
+    const CommandRun r = run_baton(fmt::format(
+        "bench throughput --spawn --op read --block-size 1MiB --batch-size {} --duration 200ms --json -", batch));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = json_of(r);
+    const auto batches = j["batches"].get<std::uint64_t>();
+    ASSERT_GT(batches, 0u);
+    EXPECT_EQ(j["direct_batches"].get<std::uint64_t>(), std::string(batch) == "16" ? batches : 0u) << batch;
+  }
+  // Turned off, none is.
+  const CommandRun off = run_baton(
+      "bench throughput --spawn --op read --block-size 1MiB --batch-size 16 --duration 200ms --direct-copy-max 0 "
+      "--json -");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_EQ(json_of(off)["direct_batches"], 0);
+  EXPECT_NE(off.err.find("0 of "), std::string::npos) << off.err;
+  EXPECT_NE(off.err.find("(the rest through the loop)"), std::string::npos) << off.err;
 }
 
 // --blocks 1: every request of a batch on one block (ucx_perftest's working

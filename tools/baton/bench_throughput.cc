@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -103,6 +104,17 @@ double memcpy_reference(std::span<const std::byte> working_set, std::uint64_t bl
   return static_cast<double>(copied) / std::chrono::duration<double>(took).count() / 1e9;
 }
 
+// The batches the loop-free path copied on the submitting thread (the
+// engine's counter, read from its metrics text): a same-host batch above
+// --direct-copy-max takes the loop instead, several times slower for small
+// requests (docs/results.md), and the figures should say which ran.
+std::uint64_t direct_batches(engine::Engine& e) {
+  const std::string text = "\n" + e.metrics_text();
+  constexpr std::string_view kSeries = "\nbaton_engine_direct_batches_total ";
+  const std::size_t at = text.find(kSeries);
+  return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + kSeries.size(), nullptr, 10);
+}
+
 int run_throughput(const ThroughputOptions& o) {
   auto plan = check_options(o);
   if (!plan) {
@@ -185,6 +197,7 @@ int run_throughput(const ThroughputOptions& o) {
   stop = true;
   for (auto& w : workers) w.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::uint64_t direct = direct_batches(bp.engine());  // before the check's batches below
   for (const Status& s : errors) {
     if (!s.is_ok()) {
       fmt::print(stderr, "baton bench throughput: a batch failed: {}\n", s.to_string());
@@ -236,7 +249,8 @@ int run_throughput(const ThroughputOptions& o) {
   fmt::print("op {} block {} batch {} on {} block(s){} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n",
              o.op, plan->block, o.batch_size, plan->blocks, o.prepared ? " (prepared)" : "", o.threads, transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
              bytes.load(), seconds);
-  fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us\n", p50, p99);
+  fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us; {} of {} batches copied on the submitting thread{}\n", p50,
+             p99, direct, all.size(), direct < all.size() && transport == "shm" ? " (the rest through the loop)" : "");
   fmt::print("throughput {:.3f} GB/s, {:.0f} requests/s; memcpy of the same working set {:.3f} GB/s ({:.2f}x)\n", gbps,
              requests_per_s, memcpy_gbps, memcpy_gbps > 0 ? gbps / memcpy_gbps : 0.0);
   nlohmann::json j{{"op", o.op},
@@ -253,6 +267,8 @@ int run_throughput(const ThroughputOptions& o) {
                    {"transport", transport},
                    {"p50_us", p50},
                    {"p99_us", p99},
+                   {"batches", all.size()},
+                   {"direct_batches", direct},
                    {"ucx_tls", o.ucx.tls},
                    {"peer_failure_detection", o.ucx.peer_failure_detection},
                    {"same_host_copy", o.ucx.same_host_copy},
