@@ -66,11 +66,17 @@ int port_of(const sockaddr* address) {
   return -1;
 }
 
+bool is_wildcard(const sockaddr* address) {
+  return (address->sa_family == AF_INET &&
+          reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr == INADDR_ANY) ||
+         (address->sa_family == AF_INET6 &&
+          IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr));
+}
+
 std::string reachable_address(const sockaddr* listen, const sockaddr* local) {
-  const bool wildcard =
-      (listen->sa_family == AF_INET && reinterpret_cast<const sockaddr_in*>(listen)->sin_addr.s_addr == INADDR_ANY) ||
-      (listen->sa_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(listen)->sin6_addr));
-  if (!wildcard || (local->sa_family != AF_INET && local->sa_family != AF_INET6)) return format_socket_address(listen);
+  if (!is_wildcard(listen) || (local->sa_family != AF_INET && local->sa_family != AF_INET6)) {
+    return format_socket_address(listen);
+  }
   sockaddr_storage named{};
   std::memcpy(&named, local, local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
   const auto port = htons(static_cast<std::uint16_t>(port_of(listen)));

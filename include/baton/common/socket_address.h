@@ -41,6 +41,9 @@ struct SocketAddress {
 // 127.0.0.0/8, ::1 or an IPv4-mapped 127.x: reachable from this host only.
 [[nodiscard]] bool is_loopback(const sockaddr* address);
 
+// 0.0.0.0 or ::, any port: every interface, no host a peer could name.
+[[nodiscard]] bool is_wildcard(const sockaddr* address);
+
 // A listen address as a peer can name it: `listen` itself, or, where its
 // host is a wildcard (0.0.0.0, ::), which names no host, `local`'s host (a
 // connected socket's own address: the interface this host reaches that

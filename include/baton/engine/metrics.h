@@ -41,7 +41,8 @@ class MetricsRegistry {
   // Sets a gauge's series.
   void set(std::string_view name, const Labels& labels, std::uint64_t value);
 
-  // Current value (a counter's or a gauge's), for tests; 0 for an unknown series.
+  // Current value (a counter's or a gauge's), for tests and tools; 0 for an
+  // unknown series.
   [[nodiscard]] std::uint64_t counter(std::string_view name, const Labels& labels = {}) const;
   [[nodiscard]] std::uint64_t histogram_count(std::string_view name, const Labels& labels = {}) const;
 

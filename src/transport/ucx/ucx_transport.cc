@@ -377,11 +377,9 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
     }
     // Peers say their listen address with a numeric host: a host name here
     // would match none of them, and the export would reach no one silently.
-    in_addr v4{};
-    in6_addr v6{};
+    in6_addr numeric{};
     const std::string host(split->host);
-    const bool is_v4 = ::inet_pton(AF_INET, host.c_str(), &v4) == 1;
-    if (!is_v4 && ::inet_pton(AF_INET6, host.c_str(), &v6) != 1) {
+    if (::inet_pton(AF_INET, host.c_str(), &numeric) != 1 && ::inet_pton(AF_INET6, host.c_str(), &numeric) != 1) {
       return Status::invalid_argument(
           "UcxTransport::export_region: peer \"{}\": name a peer by its numeric listen address (as "
           "Peer::address says it), not a host name",
@@ -389,11 +387,11 @@ Status UcxTransport::export_region(RegionHandle handle, const std::vector<std::s
     }
     // No peer says a wildcard: one listening on every interface names
     // itself by the interface it reaches us through (reachable_address).
-    if (is_v4 ? v4.s_addr == INADDR_ANY : IN6_IS_ADDR_UNSPECIFIED(&v6)) {
+    if (const auto at = parse_socket_address(name); at && is_wildcard(at->get())) {
       return Status::invalid_argument(
           "UcxTransport::export_region: peer \"{}\" names every interface, not a peer: one listening so names "
           "itself by the address of the interface it reaches this engine through ({}:{} over loopback)",
-          shown(name), is_v4 ? "127.0.0.1" : "[::1]", split->port);
+          shown(name), at->get()->sa_family == AF_INET ? "127.0.0.1" : "[::1]", split->port);
     }
   }
   if (peers.empty()) {
