@@ -60,9 +60,11 @@ Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission:
   (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
   (void)metrics_.declare_counter("baton_engine_notifications_sent_total", "Batch notifications sent to peers");
   (void)metrics_.declare_counter("baton_engine_direct_batches_total",
-                                 "Batches copied on the submitting thread (same-host, without the loop)");
+                                 "Same-host batches copied without the loop (within submit, or on the copier's thread)");
   (void)metrics_.declare_gauge("baton_engine_batches_held",
                                "Batches submitted and not yet released, running or ended (each holds its statuses)");
+  copier_ = std::make_unique<DirectCopier>(
+      ucx_, [this](DirectCopier::Job& job) { end_copied(job); }, [this] { return clock_ ? clock_() : 0; });
 }
 
 Result<Region> Datapath::register_memory(void* ptr, std::size_t length, MemoryKind kind, int device) {
@@ -123,13 +125,14 @@ Status Datapath::unregister(RegionHandle handle, std::function<void(Status)> don
     }
     return Status::not_found("unregister: no region {} (never registered, or already unregistered)", handle);
   }
-  if (it->second.live_requests > 0) {
+  // The copier's batches count until they end, as the loop's do.
+  if (const std::uint64_t live = it->second.live_requests + copier_->requests_naming(handle); live > 0) {
     // Counted per batch until the whole batch ends: a request that ended
     // early in a batch still running counts too, so the message says so.
     return Status::failed_precondition(
         "unregister: region {} is named by {} requests of batches that have not ended (wait for them, or cancel "
         "and wait)",
-        handle, it->second.live_requests);
+        handle, live);
   }
   if (auto key = local_keys_.find(handle); key != local_keys_.end()) {
     if (Status s = staging_.local()->unregister(key->second); !s.is_ok()) {
@@ -513,7 +516,8 @@ std::optional<Result<BatchHandle>> Datapath::submit_step(Submission& sub, TimeNs
 }
 
 std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
-                                                          transport::UcxTransport::ResolvedCopies* resolved) {
+                                                          transport::UcxTransport::ResolvedCopies* resolved,
+                                                          DirectMode mode) {
   if (batch.requests.empty() || batch.notification.size() > transport::kMaxNotificationBytes) return std::nullopt;
   if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
   // Scratch kept per thread: a batch of small requests paid an allocation
@@ -527,7 +531,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   const bool checked = resolved != nullptr && resolved->generation != 0 &&
                        resolved->generation == ucx_.direct_generation();
   std::uint64_t bytes = 0;
-  bool deadlines = false;
+  TimeNs earliest = 0;  // deadline
   const bool one_peer = !batch.notification.empty();
   // Written through a pointer into storage sized once: push_back's
   // capacity check per request showed in callgrind.
@@ -535,7 +539,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   transport::UcxTransport::DirectCopy* copy = copies.data();
   for (const Request& r : checked ? std::span<const Request>{} : std::span<const Request>(batch.requests)) {
     // What check() refuses goes the loop's way, which says why.
-    if (r.length > max_bytes - bytes || r.timeout_ns < 0 || r.deadline_ns < 0 ||
+    if (r.length > UINT64_MAX - bytes || r.timeout_ns < 0 || r.deadline_ns < 0 ||
         static_cast<int>(r.qos) >= sched::kQosClassCount) {
       return std::nullopt;
     }
@@ -545,54 +549,115 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
       return std::nullopt;
     }
     if (one_peer && r.peer != batch.requests[0].peer) return std::nullopt;
-    deadlines = deadlines || r.deadline_ns != 0;
+    if (r.deadline_ns != 0 && (earliest == 0 || r.deadline_ns < earliest)) earliest = r.deadline_ns;
     bytes += r.length;
     *copy++ = {r.peer, r.op, r.local_region, r.local_offset, r.remote_region, r.remote_offset, r.length};
+  }
+  if (!checked && bytes > max_bytes) {
+    if (mode == DirectMode::kSubmit) return submit_copying(batch, now_ns, copies, bytes, earliest);
+    resolved = nullptr;  // copied here since the caller waits, but not kept for a submit to copy here too
   }
   results.resize(batch.requests.size());  // copy_direct sets each, ok or not
   const Status copied = resolved != nullptr ? ucx_.copy_direct(copies, *resolved, results) : ucx_.copy_direct(copies, results);
   if (!copied.is_ok()) return std::nullopt;
   // A deadline that time brings closer is checked again on every submit.
-  if (deadlines && resolved != nullptr) resolved->generation = 0;
+  if (earliest != 0 && resolved != nullptr) resolved->generation = 0;
   const TimeNs done_ns = clock_ ? clock_() : now_ns;
 
   const std::uint64_t id = next_batch_id();
   EndedNode node = spare_ended_node();
-  Ended& ended = node.mapped();
+  const Request* requests = batch.requests.data();
+  end_direct(node.mapped(), batch.requests.size(),
+             [requests](std::size_t i) {
+               const Request& r = requests[i];
+               return DirectEnd{r.op, r.length, r.qos, r.deadline_ns};
+             },
+             results.data(), now_ns, done_ns);
+  publish_direct(id, std::move(node), batch.requests[0].peer, batch.notification);
+  return BatchHandle{id};
+}
+
+std::optional<Result<BatchHandle>> Datapath::submit_copying(const Batch& batch, TimeNs now_ns,
+                                                           std::span<const transport::UcxTransport::DirectCopy> copies,
+                                                           std::uint64_t bytes, TimeNs earliest_deadline_ns) {
+  // It waits behind the copier's queue: a deadline that the queue and the
+  // batch at 1 ns per byte would miss goes to admission.
+  const std::uint64_t ahead = copier_->queued_bytes();
+  if (earliest_deadline_ns != 0 && static_cast<std::uint64_t>(earliest_deadline_ns - now_ns) < ahead + bytes) {
+    return std::nullopt;
+  }
+  if (!ucx_.check_direct(copies).is_ok()) return std::nullopt;  // the loop says what was wrong
+  auto job = std::make_unique<DirectCopier::Job>();
+  job->id = next_batch_id();
+  job->submitted_ns = now_ns;
+  job->bytes = bytes;
+  job->notification = batch.notification;
+  job->copies.assign(copies.begin(), copies.end());
+  job->meta.resize(copies.size());
+  const TimeNs default_timeout_ns = scheduler_.policy().transfer_timeout_ns;  // fixed once the engine runs
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const Request& r = batch.requests[i];
+    if (job->peers.empty() || job->peers.back() != r.peer) job->peers.push_back(r.peer);
+    job->copies[i].peer = job->peers.back();
+    const TimeNs timeout_ns = r.timeout_ns != 0 ? r.timeout_ns : default_timeout_ns;
+    const TimeNs expires_ns = timeout_ns >= INT64_MAX - now_ns ? 0 : now_ns + timeout_ns;
+    job->meta[i] = {r.qos, r.deadline_ns, expires_ns};
+  }
+  const std::uint64_t id = job->id;
+  {
+    std::lock_guard lock(ended_mutex_);
+    running_.insert(id);
+  }
+  copier_->push(std::move(job));
+  return BatchHandle{id};
+}
+
+void Datapath::end_copied(DirectCopier::Job& job) {
+  const TimeNs done_ns = clock_ ? clock_() : job.submitted_ns;
+  EndedNode node = spare_ended_node();
+  end_direct(node.mapped(), job.copies.size(),
+             [&job](std::size_t i) {
+               return DirectEnd{job.copies[i].op, job.copies[i].bytes, job.meta[i].qos, job.meta[i].deadline_ns};
+             },
+             job.results.data(), job.submitted_ns, done_ns);
+  publish_direct(job.id, std::move(node), job.peers.empty() ? std::string() : job.peers.front(), job.notification);
+}
+
+template <class At>
+void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* copy_results, TimeNs submitted_ns,
+                          TimeNs done_ns) {
   ended.clean = true;
   ended.direct = true;
   ended.status.done = true;
   ended.status.status = Status::ok();
   // Counted here, added to the shared counters once per batch: a locked add
   // per request was a third of this function (perf).
-  std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
+  std::uint64_t counts[2][kDirectStates]{}, bytes_done[2]{};
   // A reused node keeps its statuses: overwritten in place, not rebuilt.
   // Through local pointers: indexing the vectors made the compiler reload
   // their bounds after every store (callgrind).
-  const std::size_t n_requests = batch.requests.size();
   ended.status.requests.resize(n_requests);
-  const Request* requests = batch.requests.data();
   sched::RequestStatus* statuses = ended.status.requests.data();
-  Status* copy_results = results.data();
   std::uint64_t batch_bytes = 0, batch_done = 0;
   for (std::size_t i = 0; i < n_requests; ++i) {
-    const Request& r = requests[i];
+    const DirectEnd r = at(i);
     const int op = r.op == Op::kRead ? 0 : 1;
     const bool ok = copy_results[i].is_ok();
     const std::uint64_t done = ok ? r.length : 0;
-    completed[op] += ok ? 1 : 0;
-    failed[op] += ok ? 0 : 1;
+    const sched::RequestState state = ok ? sched::RequestState::kCompleted : DirectCopier::state_of(copy_results[i]);
+    ++counts[op][state == sched::RequestState::kCompleted ? 0 : state == sched::RequestState::kCancelled ? 2
+                 : state == sched::RequestState::kTimedOut ? 3 : 1];
     bytes_done[op] += done;
     batch_bytes += r.length;
     batch_done += done;
     sched::RequestStatus& s = statuses[i];
-    s.state = ok ? sched::RequestState::kCompleted : sched::RequestState::kFailed;
+    s.state = state;
     s.qos = r.qos;
     s.bytes = r.length;
     s.bytes_done = done;
     s.bytes_unsent = r.length - done;
     s.deadline_ns = r.deadline_ns;
-    s.submitted_ns = now_ns;
+    s.submitted_ns = submitted_ns;
     s.completed_ns = done_ns;
     s.slices_spilled = 0;
     s.slices_preempted = 0;
@@ -606,10 +671,14 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   }
   ended.status.bytes = batch_bytes;
   ended.status.bytes_done = batch_done;
-  count_direct(completed, failed, bytes_done);
-  if (batch.notification.empty() || !ended.status.status.is_ok()) {
+  count_direct(counts, bytes_done);
+}
+
+void Datapath::publish_direct(std::uint64_t id, EndedNode node, const std::string& peer,
+                              const std::string& notification) {
+  if (notification.empty() || !node.mapped().status.status.is_ok()) {
     publish_ended(id, std::move(node));
-    return BatchHandle{id};
+    return;
   }
   // As on the loop's path, the batch ends once its notification is on its
   // way: a caller that waits and then shuts down does not lose it.
@@ -617,12 +686,11 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
     std::lock_guard lock(ended_mutex_);
     running_.insert(id);
   }
-  loop_.post([this, id, node = std::make_shared<EndedNode>(std::move(node)), peer = batch.requests[0].peer,
-              message = batch.notification](admission::AdmissionController&, TimeNs) {
+  loop_.post([this, id, node = std::make_shared<EndedNode>(std::move(node)), peer,
+              message = notification](admission::AdmissionController&, TimeNs) {
     notify_direct(peer, message);
     publish_ended(id, std::move(*node));
   });
-  return BatchHandle{id};
 }
 
 std::optional<Status> Datapath::run_direct(const Batch& batch, transport::UcxTransport::ResolvedCopies& resolved) {
@@ -634,21 +702,21 @@ std::optional<Status> Datapath::run_direct(const Batch& batch, transport::UcxTra
   if (results.capacity() > kScratchKept) results = {};
   results.resize(batch.requests.size());
   if (!ucx_.copy_direct({}, resolved, results).is_ok()) return std::nullopt;  // the table changed: resolve again
-  std::uint64_t completed[2]{}, failed[2]{}, bytes_done[2]{};
+  std::uint64_t counts[2][kDirectStates]{}, bytes_done[2]{};
   Status first = Status::ok();
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Request& r = batch.requests[i];
     const int op = r.op == Op::kRead ? 0 : 1;
     if (results[i].is_ok()) {
-      ++completed[op];
+      ++counts[op][0];
       bytes_done[op] += r.length;
     } else {
-      ++failed[op];
+      ++counts[op][1];
       if (first.is_ok()) first = std::move(results[i]);
       results[i] = Status::ok();
     }
   }
-  count_direct(completed, failed, bytes_done);
+  count_direct(counts, bytes_done);
   return first;
 }
 
@@ -705,13 +773,13 @@ void Datapath::notify_direct(const std::string& peer, const std::string& notific
   }
 }
 
-void Datapath::count_direct(const std::uint64_t (&completed)[2], const std::uint64_t (&failed)[2],
-                            const std::uint64_t (&bytes)[2]) {
+void Datapath::count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]) {
   ThreadCounts::Block& mine = direct_counts_.mine();
   mine.add(kDirectBatches, 1);
   for (std::size_t op = 0; op < 2; ++op) {
-    if (completed[op] != 0) mine.add(kDirectCompleted + op, completed[op]);
-    if (failed[op] != 0) mine.add(kDirectFailed + op, failed[op]);
+    for (std::size_t state = 0; state < kDirectStates; ++state) {
+      if (counts[op][state] != 0) mine.add(kDirectRequests + state * 2 + op, counts[op][state]);
+    }
     if (bytes[op] != 0) mine.add(kDirectBytes + op, bytes[op]);
   }
 }
@@ -726,13 +794,16 @@ void Datapath::flush_direct_metrics() {
   direct_flushed_ = now;
   metrics_.add("baton_engine_batches_total", {}, static_cast<double>(added[kDirectBatches]));
   metrics_.add("baton_engine_direct_batches_total", {}, static_cast<double>(added[kDirectBatches]));
+  static constexpr sched::RequestState kStates[kDirectStates] = {
+      sched::RequestState::kCompleted, sched::RequestState::kFailed, sched::RequestState::kCancelled,
+      sched::RequestState::kTimedOut};
   for (std::size_t op = 0; op < 2; ++op) {
     const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
-    if (const auto c = added[kDirectCompleted + op]) {
-      metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kCompleted))}}, static_cast<double>(c));
-    }
-    if (const auto f = added[kDirectFailed + op]) {
-      metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(sched::RequestState::kFailed))}}, static_cast<double>(f));
+    for (std::size_t state = 0; state < kDirectStates; ++state) {
+      if (const auto n = added[kDirectRequests + state * 2 + op]) {
+        metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(kStates[state]))}},
+                     static_cast<double>(n));
+      }
     }
     if (const auto b = added[kDirectBytes + op]) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
   }
@@ -836,6 +907,7 @@ void Datapath::cancel_running(const BatchRecord& batch, TimeNs now_ns) {
 }
 
 Status Datapath::release(BatchHandle handle) {
+  if (copier_->holds(handle.id)) return Status::invalid_argument("release: batch {} is still running", handle.id);
   auto it = batches_.find(handle.id);
   if (it == batches_.end()) return Status::not_found("release: no batch {}", handle.id);
   if (!it->second.ended) return Status::invalid_argument("release: batch {} is still running", handle.id);
@@ -947,6 +1019,7 @@ void Datapath::finish_ending(Ending& e, BatchRecord& b) {
 }
 
 Datapath::~Datapath() {
+  copier_.reset();  // its thread publishes the batches it ends: before the fd goes
   if (ended_fd_ >= 0) ::close(ended_fd_);
 }
 
@@ -998,6 +1071,7 @@ void Datapath::shutdown(TimeNs now_ns) {
   for (auto& [id, b] : batches_) {
     if (!b.ended) cancel_running(b, now_ns);
   }
+  copier_->cancel_all();  // its current chunk ends; shutdown_complete waits for it
   ucx_.shutdown();
   (void)on_turn(now_ns);  // fail pending connects
   end_batches(SIZE_MAX);  // the batches the cancels finished end now, whatever their size
@@ -1008,7 +1082,18 @@ bool Datapath::shutdown_complete() {
     if (local->slices_in_flight() > 0) return false;  // a CUDA copy cannot be recalled
     for (const auto& [handle, key] : std::exchange(local_keys_, {})) (void)local->unregister(key);
   }
+  if (!copier_->idle()) return false;  // its batches end (cancelled) before shutdown returns
   return ucx_.shutdown_complete();
+}
+
+std::optional<Status> Datapath::cancel_copying(std::uint64_t id) {
+  switch (copier_->cancel(id)) {
+    case DirectCopier::Cancel::kCancelled: return Status::ok();
+    case DirectCopier::Cancel::kFinishing:
+      return Status::invalid_argument("cancel: batch {} is already stopping (its last copies are under way)", id);
+    case DirectCopier::Cancel::kUnknown: break;
+  }
+  return std::nullopt;
 }
 
 bool Datapath::ended_status(std::uint64_t id, BatchStatus& out) {

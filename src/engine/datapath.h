@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -21,6 +22,7 @@
 #include "baton/engine/metrics.h"
 #include "baton/sched/scheduler.h"
 #include "baton/transport/ucx_transport.h"
+#include "engine/direct_copier.h"
 #include "engine/engine_loop.h"
 #include "engine/thread_counts.h"
 #include "engine/vram_staging.h"
@@ -114,16 +116,23 @@ class Datapath {
 
   // --- any thread ---
   // The loop-free path: a batch whose every request goes to a same-host
-  // peer, of at most `max_bytes`, while the loop holds no request of its
-  // own, is copied here (UcxTransport::copy_direct) and ends at once; its
+  // peer, while the loop holds no request of its own. Of at most
+  // `max_bytes` (or any size when the caller waits for it: kCallerWaits),
+  // it is copied here (UcxTransport::copy_direct) and ends at once; its
   // notification is posted to the loop, its counts wait for
-  // flush_direct_metrics. nullopt: it takes the loop (which also reports
-  // every invalid request).
+  // flush_direct_metrics. Larger, it is queued for the copier's thread
+  // (DirectCopier) and ends there. nullopt: it takes the loop (which also
+  // reports every invalid request).
   // With `resolved` (a PreparedBatch's), the copies are resolved once per
   // published table instead of per batch.
+  enum class DirectMode : std::uint8_t { kSubmit, kCallerWaits };
   [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(
       const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
-      transport::UcxTransport::ResolvedCopies* resolved = nullptr);
+      transport::UcxTransport::ResolvedCopies* resolved = nullptr, DirectMode mode = DirectMode::kSubmit);
+  // A batch on the copier's thread: its status so far (false when `id` is
+  // not one), a cancel (nullopt when not one), and whether it holds `id`.
+  [[nodiscard]] bool copying_status(std::uint64_t id, BatchStatus& out) const { return copier_->status(id, out); }
+  [[nodiscard]] std::optional<Status> cancel_copying(std::uint64_t id);
   // Engine::run's loop-free path: a prepared batch that submit_direct
   // already resolved against the table still published (so every check
   // passed, and it has no deadline and no notification) is copied here and
@@ -247,6 +256,25 @@ class Datapath {
   void forget_released();
   // On the loop: a direct batch's notification.
   void notify_direct(const std::string& peer, const std::string& notification);
+  // submit_direct's way for a batch above max_bytes: checked (nullopt: the
+  // loop's way), then queued for the copier.
+  [[nodiscard]] std::optional<Result<BatchHandle>> submit_copying(
+      const Batch& batch, TimeNs now_ns, std::span<const transport::UcxTransport::DirectCopy> copies,
+      std::uint64_t bytes, TimeNs earliest_deadline_ns);
+  // On the copier's thread: a queued batch's end.
+  void end_copied(DirectCopier::Job& job);
+  // A direct batch's final status from its copies' results (moved out),
+  // request i read through at(i); and its counts.
+  struct DirectEnd {
+    Op op;
+    std::uint64_t length;
+    sched::QosClass qos;
+    TimeNs deadline_ns;
+  };
+  struct Ended;
+  template <class At>
+  void end_direct(Ended& ended, std::size_t n_requests, At at, Status* copy_results, TimeNs submitted_ns,
+                  TimeNs done_ns);
 
   VramStaging& staging_;
   transport::UcxTransport& ucx_;
@@ -297,10 +325,13 @@ class Datapath {
   std::unordered_map<sched::RequestId, std::uint64_t> batch_of_;
   std::atomic<std::uint64_t> loop_requests_{0};  // submitted through the loop, not yet ended
   // Direct batches' counts, per op (read, write), added on the submitting
-  // threads; the loop adds what grew since direct_flushed_ to the metrics.
-  static constexpr std::size_t kDirectBatches = 0, kDirectCompleted = 1, kDirectFailed = 3, kDirectBytes = 5;
-  void count_direct(const std::uint64_t (&completed)[2], const std::uint64_t (&failed)[2],
-                    const std::uint64_t (&bytes)[2]);
+  // threads (and the copier's); the loop adds what grew since
+  // direct_flushed_ to the metrics. Requests per final state: completed,
+  // failed, cancelled, timed out; per state, read then write.
+  static constexpr std::size_t kDirectStates = 4;
+  static constexpr std::size_t kDirectBatches = 0, kDirectRequests = 1, kDirectBytes = 1 + 2 * kDirectStates;
+  static_assert(kDirectBytes + 2 <= ThreadCounts::kCounters);
+  void count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]);
   ThreadCounts direct_counts_;
   ThreadCounts::Totals direct_flushed_{};  // on the loop
   // Whether anyone asked for ended_fd(): else a batch's end writes nothing
@@ -336,6 +367,9 @@ class Datapath {
   std::deque<Ending> ending_;  // in the order they ended; on the loop
   // Makes an ended batch's final status visible to waiting threads.
   void publish_ended(std::uint64_t id, EndedNode node);
+  // A direct batch's end: published now, or after its notification (posted
+  // to the loop) when it has one and every request completed.
+  void publish_direct(std::uint64_t id, EndedNode node, const std::string& peer, const std::string& notification);
   // A released batch's node, its statuses' memory kept, or a new one: a
   // small direct batch paid two allocations for them (callgrind).
   [[nodiscard]] EndedNode spare_ended_node();
@@ -348,6 +382,9 @@ class Datapath {
   std::unordered_set<std::uint64_t> running_;        // guarded by ended_mutex_
   int waiters_ = 0;                         // guarded by ended_mutex_
   bool waiters_closed_ = false;             // guarded by ended_mutex_
+  // Last: it is destroyed (its thread ends every job through end_copied)
+  // while everything above still exists.
+  std::unique_ptr<DirectCopier> copier_;
 };
 
 }  // namespace baton::engine

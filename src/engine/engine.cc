@@ -58,9 +58,10 @@ struct Engine::State {
   }
 
   // Without the loop when the batch can go that way (Datapath::submit_direct).
-  Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved) {
+  Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved,
+                             Datapath::DirectMode mode = Datapath::DirectMode::kSubmit) {
     if (direct_copy_max_bytes > 0) {
-      if (auto direct = datapath->submit_direct(batch, core->now_ns(), direct_copy_max_bytes, resolved)) {
+      if (auto direct = datapath->submit_direct(batch, core->now_ns(), direct_copy_max_bytes, resolved, mode)) {
         return std::move(*direct);
       }
     }
@@ -243,7 +244,8 @@ Status Engine::check(const Batch& batch) {
 
 Status Engine::run(const Batch& batch) {
   if (Status s = state_->usable("run"); !s.is_ok()) return s;
-  return finish_run(*this, state_->submit(batch, nullptr));
+  // The caller waits anyway: a same-host batch of any size is copied on its thread.
+  return finish_run(*this, state_->submit(batch, nullptr, Datapath::DirectMode::kCallerWaits));
 }
 
 Status Engine::run(PreparedBatch& batch) {
@@ -251,7 +253,7 @@ Status Engine::run(PreparedBatch& batch) {
   if (state_->direct_copy_max_bytes > 0) {
     if (auto ran = state_->datapath->run_direct(batch.batch_, batch.resolved_)) return std::move(*ran);
   }
-  return finish_run(*this, state_->submit(batch.batch_, &batch.resolved_));
+  return finish_run(*this, state_->submit(batch.batch_, &batch.resolved_, Datapath::DirectMode::kCallerWaits));
 }
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {
@@ -262,6 +264,9 @@ Result<BatchStatus> Engine::poll(BatchHandle batch) {
 
 Status Engine::poll(BatchHandle batch, BatchStatus& out) {
   if (state_->forked()) return state_->usable("poll");
+  // The copier's batch is looked at first: it is published as it leaves
+  // the copier, so one of the two finds it.
+  if (state_->datapath->copying_status(batch.id, out)) return Status::ok();
   if (state_->datapath->ended_status(batch.id, out)) return Status::ok();
   std::size_t next = 0;
   return state_->core->on_loop_steps([&]() -> std::optional<Status> {
@@ -324,6 +329,7 @@ Status Engine::cancel(BatchHandle batch) {
   // A batch that ended on the loop-free path has no record on the loop.
   auto ended = [&] { return state_->datapath->look(batch.id) == Datapath::Look::kEnded; };
   if (ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);
+  if (auto copying = state_->datapath->cancel_copying(batch.id)) return std::move(*copying);
   Datapath::Cancellation cancellation{.id = batch.id};
   return state_->core->on_loop_steps([&]() -> std::optional<Status> {
     if (cancellation.next == 0 && ended()) return Status::invalid_argument("cancel: batch {} already ended", batch.id);

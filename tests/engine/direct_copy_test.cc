@@ -283,20 +283,65 @@ TEST(DirectCopy, PollIntoAReusedStatusReportsOnlyThisBatch) {
   }
 }
 
-TEST(DirectCopy, OffOrTooLargeTheBatchTakesTheLoop) {
+TEST(DirectCopy, OffTheBatchTakesTheLoop) {
   Pair off(0);
-  EXPECT_TRUE(off.initiator->submit(Batch{{off.request(Op::kRead, 0, off.held_region, 0, 4096)}, {}}).has_value());
-  Pair small(4096);  // a batch over the bound goes through the scheduler
-  auto big = small.initiator->submit(Batch{{small.request(Op::kRead, 0, small.held_region, 0, 8192)}, {}});
-  ASSERT_TRUE(big.has_value());
-  ASSERT_TRUE(small.initiator->wait(*big, 10 * kSecond).is_ok());
-  EXPECT_FALSE(pattern_mismatch(std::span(small.mine).first(8192), 1).has_value());
-  for (Pair* p : {&off, &small}) {
-    const std::string m = p->initiator->metrics_text();
-    EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 0);
-    EXPECT_EQ(counter(m, "baton_engine_batches_total"), 1);
-    EXPECT_GT(p->initiator->stats().slices_posted, 0u);
+  auto h = off.initiator->submit(Batch{{off.request(Op::kRead, 0, off.held_region, 0, 4096)}, {}});
+  ASSERT_TRUE(h.has_value());
+  ASSERT_TRUE(off.initiator->wait(*h, 10 * kSecond).is_ok());
+  EXPECT_FALSE(pattern_mismatch(std::span(off.mine).first(4096), 1).has_value());
+  const std::string m = off.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 0);
+  EXPECT_EQ(counter(m, "baton_engine_batches_total"), 1);
+  EXPECT_GT(off.initiator->stats().slices_posted, 0u);
+}
+
+// A batch above the bound is copied on the copier's thread: byte-exact
+// through the memfd and through CMA, both ways, a batch of many requests
+// out of order; the scheduler never sees it, and it is
+// counted as a loop-free batch. run() copies such a batch on the caller's
+// thread (it waits anyway), with the same result.
+TEST(DirectCopy, ABatchAboveTheBoundIsCopiedOnTheCopiersThreadByteExact) {
+  Pair p(4096);
+  for (int round = 0; round < 8; ++round) {
+    const bool memfd = round % 4 < 2;
+    const Region& remote = memfd ? p.allocated : p.held_region;
+    std::span<std::byte> theirs = memfd ? p.allocated_bytes() : std::span(p.held);
+    const Op op = round % 2 == 0 ? Op::kRead : Op::kWrite;
+    fill_pattern(op == Op::kRead ? theirs : std::span(p.mine), 60 + round);
+    Batch b;  // 128 requests of 4 KiB, reversed, then the rest as one
+    constexpr std::uint64_t kBlock = 4096, kBlocks = 128;
+    for (std::uint64_t i = 0; i < kBlocks; ++i) {
+      const std::uint64_t at = (kBlocks - 1 - i) * kBlock;
+      b.requests.push_back(p.request(op, at, remote, at, kBlock));
+    }
+    b.requests.push_back(p.request(op, kBlocks * kBlock, remote, kBlocks * kBlock, Pair::kBytes - kBlocks * kBlock));
+    if (round >= 4) {
+      ASSERT_TRUE(p.initiator->run(b).is_ok());
+    } else {
+      auto h = p.initiator->submit(b);
+      ASSERT_TRUE(h.has_value()) << h.error().to_string();
+      ASSERT_TRUE(p.initiator->wait(*h, 10 * kSecond).is_ok());
+      auto st = p.initiator->poll(*h);
+      ASSERT_TRUE(st.has_value());
+      EXPECT_TRUE(st->done);
+      EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+      EXPECT_EQ(st->bytes, Pair::kBytes);
+      EXPECT_EQ(st->bytes_done, Pair::kBytes);
+      ASSERT_EQ(st->requests.size(), kBlocks + 1);
+      for (const auto& r : st->requests) EXPECT_EQ(r.state, sched::RequestState::kCompleted);
+      EXPECT_EQ(p.initiator->cancel(*h).code(), StatusCode::kInvalidArgument);  // already ended
+      EXPECT_TRUE(p.initiator->release(*h).is_ok());
+      EXPECT_EQ(p.initiator->poll(*h).error().code(), StatusCode::kNotFound);
+    }
+    EXPECT_FALSE(pattern_mismatch(op == Op::kRead ? std::span(p.mine) : theirs, 60 + round).has_value())
+        << "round " << round;
   }
+  const std::string m = p.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 8);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"read\",state=\"completed\"}"), 4 * 129);
+  EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), 4.0 * Pair::kBytes);
+  EXPECT_EQ(p.initiator->stats().slices_posted, 0u);
+  EXPECT_EQ(counter(m, "baton_engine_batches_held"), 0);
 }
 
 // Batches that take the loop copy on datapath threads when there are some
@@ -331,6 +376,181 @@ TEST(DirectCopy, LoopBatchesCopyOnDatapathThreadsByteExact) {
   EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_ucx_thread_copies_total"), static_cast<double>(slices));
   // A second scrape adds nothing again.
   EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_ucx_thread_copies_total"), static_cast<double>(slices));
+}
+
+// An initiator whose copier is held in the middle of a batch, without
+// timing: batch A writes 12 MiB (12 requests of 1 MiB, three chunks) from a
+// buffer whose first page only a userfaultfd supplies, so the copier's
+// thread stops in A's first chunk until supply(). Whatever is submitted
+// meanwhile above the bound queues behind A.
+struct HeldCopier {
+  static constexpr std::size_t kPage = 4096, kMiB = 1 << 20, kBytes = 12 * kMiB;
+  static constexpr std::uint64_t kMine = 8, kTheirs = 7;  // pattern salts
+  std::unique_ptr<Engine> holder = make_engine();
+  std::unique_ptr<Engine> initiator = make_engine(4096);
+  int uffd = -1;
+  std::byte* mine = nullptr;
+  Region local, theirs;
+  Peer peer;
+  Result<BatchHandle> a = std::unexpected(Status::internal("not submitted"));
+
+  // Empty when set up, else why the test is skipped.
+  std::string set_up() {
+    uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC));
+    if (uffd < 0) return std::string("no userfaultfd here: ") + std::strerror(errno);
+    uffdio_api api{UFFD_API, 0, {}};
+    if (::ioctl(uffd, UFFDIO_API, &api) != 0) return "UFFDIO_API refused";
+    void* m = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return "mmap failed";
+    mine = static_cast<std::byte*>(m);
+    uffdio_register watch{{reinterpret_cast<unsigned long>(mine), kPage}, UFFDIO_REGISTER_MODE_MISSING, 0};
+    if (::ioctl(uffd, UFFDIO_REGISTER, &watch) != 0) return "UFFDIO_REGISTER refused";
+    fill_pattern(std::span(mine + kPage, kBytes - kPage), kMine, kPage);  // all but the held page
+    local = *initiator->register_memory(mine, kBytes);
+    theirs = *holder->allocate_memory(kBytes);
+    fill_pattern(theirs_bytes(), kTheirs);
+    EXPECT_TRUE(holder->export_region(theirs.handle).is_ok());
+    auto p = initiator->connect(holder->address());
+    if (!p) return p.error().to_string();
+    peer = *p;
+    Batch batch;
+    for (std::uint64_t i = 0; i < 12; ++i) batch.requests.push_back(write(i * kMiB, kMiB));
+    a = initiator->submit(batch);
+    if (!a) return a.error().to_string();
+    pollfd fault{uffd, POLLIN, 0};
+    if (::poll(&fault, 1, 10'000) != 1) return "the copy never reached the held page";
+    uffd_msg message{};
+    if (::read(uffd, &message, sizeof message) != static_cast<ssize_t>(sizeof message)) return "no fault message";
+    return {};
+  }
+  Request write(std::uint64_t offset, std::uint64_t length) const {
+    return {.op = Op::kWrite, .local_region = local.handle, .local_offset = offset, .peer = peer.address,
+            .remote_region = theirs.handle, .remote_offset = offset, .length = length};
+  }
+  std::span<std::byte> theirs_bytes() const { return {reinterpret_cast<std::byte*>(theirs.base), kBytes}; }
+  // Lets the held copy go on.
+  void supply() {
+    static std::byte page[kPage];
+    fill_pattern(page, kMine);
+    uffdio_copy copy{reinterpret_cast<unsigned long>(mine), reinterpret_cast<unsigned long>(page), kPage, 0, 0};
+    EXPECT_EQ(::ioctl(uffd, UFFDIO_COPY, &copy), 0);
+  }
+  ~HeldCopier() {
+    if (uffd >= 0) ::close(uffd);  // a copy still held would fault (SIGBUS is not ours to test): supplied before
+    initiator.reset();
+    holder.reset();
+    if (mine != nullptr) ::munmap(mine, kBytes);
+  }
+};
+
+// While the copier copies, a batch it holds is running (poll says which of
+// its requests are in the chunk under way and which wait), cannot be
+// released, and keeps its local region registered; a cancel ends the
+// requests no chunk took yet, whose bytes stay where they were, and a
+// request that waited past its timeout ends timed out, uncopied.
+TEST(DirectCopy, TheCopiersBatchesCanBeWatchedCancelledAndTimedOut) {
+  HeldCopier h;
+  if (std::string why = h.set_up(); !why.empty()) {
+    if (h.a) h.supply();
+    GTEST_SKIP() << why;
+  }
+  auto b = h.initiator->submit(Batch{{h.write(5 * HeldCopier::kMiB, 4096), h.write(5 * HeldCopier::kMiB + 8192, 4096)}, {}});
+  Request late = h.write(11 * HeldCopier::kMiB, 8192);
+  late.timeout_ns = 1'000'000;  // 1 ms: it waits longer behind A
+  auto c = h.initiator->submit(Batch{{late}, {}});
+  ASSERT_TRUE(b.has_value() && c.has_value());
+
+  auto a_now = h.initiator->poll(*h.a);
+  ASSERT_TRUE(a_now.has_value());
+  EXPECT_FALSE(a_now->done);
+  EXPECT_EQ(a_now->bytes, HeldCopier::kBytes);
+  EXPECT_EQ(a_now->bytes_done, 0u);
+  ASSERT_EQ(a_now->requests.size(), 12u);
+  for (std::size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(a_now->requests[i].state, i < 4 ? sched::RequestState::kRunning : sched::RequestState::kQueued) << i;
+  }
+  auto b_now = h.initiator->poll(*b);
+  ASSERT_TRUE(b_now.has_value());
+  EXPECT_FALSE(b_now->done);
+  for (const auto& r : b_now->requests) EXPECT_EQ(r.state, sched::RequestState::kQueued);
+  EXPECT_EQ(h.initiator->wait(*b, 0).code(), StatusCode::kTimeout);
+  EXPECT_EQ(h.initiator->release(*h.a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.initiator->unregister(h.local.handle).code(), StatusCode::kFailedPrecondition);
+
+  EXPECT_TRUE(h.initiator->cancel(*b).is_ok());
+  EXPECT_TRUE(h.initiator->cancel(*h.a).is_ok());  // its chunks 2 and 3 are not taken yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past c's timeout
+  h.supply();
+  for (BatchHandle handle : {*h.a, *b, *c}) ASSERT_TRUE(h.initiator->wait(handle, 10 * kSecond).is_ok());
+
+  auto a_end = h.initiator->poll(*h.a);
+  ASSERT_TRUE(a_end.has_value());
+  EXPECT_TRUE(a_end->done);
+  EXPECT_EQ(a_end->status.code(), StatusCode::kCancelled) << a_end->status.to_string();
+  EXPECT_EQ(a_end->bytes_done, 4 * HeldCopier::kMiB);
+  for (std::size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(a_end->requests[i].state, i < 4 ? sched::RequestState::kCompleted : sched::RequestState::kCancelled) << i;
+  }
+  auto b_end = h.initiator->poll(*b);
+  ASSERT_TRUE(b_end.has_value());
+  EXPECT_EQ(b_end->status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(b_end->bytes_done, 0u);
+  auto c_end = h.initiator->poll(*c);
+  ASSERT_TRUE(c_end.has_value());
+  EXPECT_EQ(c_end->status.code(), StatusCode::kTimeout) << c_end->status.to_string();
+  ASSERT_EQ(c_end->requests.size(), 1u);
+  EXPECT_EQ(c_end->requests[0].state, sched::RequestState::kTimedOut);
+  EXPECT_EQ(c_end->status.message(), "request 0 of the batch: not done 1 ms after submit (transfer timeout)");
+  EXPECT_EQ(b_end->requests[1].status.message(), "request 1 of the batch cancelled");  // as the loop says it
+  // What was copied landed; nothing else moved.
+  const std::span<std::byte> theirs = h.theirs_bytes();
+  EXPECT_FALSE(pattern_mismatch(theirs.first(4 * HeldCopier::kMiB), HeldCopier::kMine).has_value());
+  EXPECT_FALSE(pattern_mismatch(theirs.subspan(4 * HeldCopier::kMiB), HeldCopier::kTheirs, 4 * HeldCopier::kMiB).has_value());
+
+  EXPECT_EQ(h.initiator->cancel(*h.a).code(), StatusCode::kInvalidArgument);  // ended
+  const std::string m = h.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_direct_batches_total"), 3);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"completed\"}"), 4);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"cancelled\"}"), 8 + 2);
+  EXPECT_EQ(counter(m, "baton_engine_requests_total{op=\"write\",state=\"timeout\"}"), 1);
+  EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), 4.0 * HeldCopier::kMiB);
+  for (BatchHandle handle : {*h.a, *b, *c}) EXPECT_TRUE(h.initiator->release(handle).is_ok());
+  EXPECT_TRUE(h.initiator->unregister(h.local.handle).is_ok());  // nothing names it any more
+}
+
+// A batch the copier holds when the engine shuts down: shutdown returns
+// only once the chunk under way ended (it copies from the caller's memory),
+// and the chunks it had not taken end cancelled; so does a batch queued
+// behind it.
+TEST(DirectCopy, AShutdownWaitsForTheCopiersChunkAndCancelsTheRest) {
+  HeldCopier h;
+  if (std::string why = h.set_up(); !why.empty()) {
+    if (h.a) h.supply();
+    GTEST_SKIP() << why;
+  }
+  auto b = h.initiator->submit(Batch{{h.write(6 * HeldCopier::kMiB, 8192)}, {}});
+  ASSERT_TRUE(b.has_value());
+  std::atomic<bool> shut{false};
+  std::thread shutdown([&] {
+    h.initiator->shutdown();
+    shut = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(shut.load()) << "shutdown returned while a copy from the caller's memory was under way";
+  h.supply();
+  shutdown.join();
+  for (BatchHandle handle : {*h.a, *b}) {
+    ASSERT_TRUE(h.initiator->wait(handle, 10 * kSecond).is_ok());
+    auto st = h.initiator->poll(handle);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->status.code(), StatusCode::kCancelled) << st->status.to_string();
+  }
+  auto a_end = h.initiator->poll(*h.a);
+  ASSERT_TRUE(a_end.has_value());
+  EXPECT_EQ(a_end->bytes_done, 4 * HeldCopier::kMiB);
+  EXPECT_FALSE(pattern_mismatch(h.theirs_bytes().subspan(4 * HeldCopier::kMiB), HeldCopier::kTheirs,
+                                4 * HeldCopier::kMiB).has_value());
+  EXPECT_EQ(h.initiator->submit(Batch{{h.write(0, 8192)}, {}}).error().code(), StatusCode::kUnavailable);
 }
 
 TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {
@@ -405,10 +625,12 @@ TEST(DirectCopy, ABatchWaitingForItsNotificationIsNeverUnknown) {
 // A prepared batch, resolved once, must see the revocation as well: its
 // addresses are dropped with the table they were found in.
 // Engine::run, prepared, ends a resolved batch with no record at all.
-enum class Submission { kBatch, kPrepared, kRun };
+// kCopier: batches above the bound, on the copier's thread; one queued
+// before the revocation and copied after it ends `unavailable`.
+enum class Submission { kBatch, kPrepared, kRun, kCopier };
 
 void revoke_while_copying(Submission how) {
-  Pair p;
+  Pair p(how == Submission::kCopier ? 4096 : 16 << 20);
   std::atomic<bool> stop{false};
   std::atomic<int> completed{0}, refused{0}, other{0};
   std::vector<std::thread> threads;
@@ -433,7 +655,8 @@ void revoke_while_copying(Submission how) {
           continue;
         }
         auto st = p.initiator->poll(*h);
-        (st && st->status.is_ok() ? completed : other)++;
+        const bool gone = how == Submission::kCopier && st && st->status.code() == StatusCode::kUnavailable;
+        (st && st->status.is_ok() ? completed : gone ? refused : other)++;
         (void)p.initiator->release(*h);
       }
     });
@@ -461,6 +684,8 @@ TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) { revoke_whi
 TEST(DirectCopy, ARevocationEndsAPreparedBatchsCopiesToo) { revoke_while_copying(Submission::kPrepared); }
 
 TEST(DirectCopy, ARevocationEndsRunsOfAPreparedBatchToo) { revoke_while_copying(Submission::kRun); }
+
+TEST(DirectCopy, ARevocationEndsTheCopiersBatchesToo) { revoke_while_copying(Submission::kCopier); }
 
 // A prepared batch submitted again and again moves the bytes of each
 // submission, stays right while regions come and go around it (each change
@@ -709,9 +934,11 @@ TEST(DirectCopy, RunsFromManyThreadsAreEachCounted) {
 // supplied 300 ms later). The holder takes the initiator's going as leave to
 // unmap and reuse the memory, so the initiator must not go before its
 // copies ended: the holder's unregister returned at once, and the copy then
-// wrote 4096 bytes into the memory it had reused. `direct`: the copy runs
-// on the submitting thread; else on the loop's CMA thread.
-void shutdown_under_a_held_copy(bool direct) {
+// wrote 4096 bytes into the memory it had reused. The copy runs on the
+// caller's thread (run), on the loop's CMA thread, or on the copier's.
+enum class Copier { kCaller, kLoop, kCopier };
+
+void shutdown_under_a_held_copy(Copier where) {
   constexpr std::size_t kPage = 4096, kBytes = 16 * kPage;
   auto put = [](int fd, const std::string& s) {
     const auto n = static_cast<std::uint32_t>(s.size());
@@ -763,7 +990,7 @@ void shutdown_under_a_held_copy(bool direct) {
   }
   const std::string hello = get(from_holder[0]);
   ASSERT_NE(hello.find(' '), std::string::npos);
-  auto initiator = make_engine(direct ? 16 << 20 : 0);
+  auto initiator = make_engine(where == Copier::kCaller ? 16 << 20 : where == Copier::kLoop ? 0 : 4096);
   auto* mine = static_cast<unsigned char*>(
       ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   std::memset(mine, 0xAA, kBytes - kPage);  // the last page is supplied by the fault handler below
@@ -778,7 +1005,14 @@ void shutdown_under_a_held_copy(bool direct) {
                 .remote_region = static_cast<RegionHandle>(std::stoul(hello.substr(hello.find(' ') + 1))),
                 .length = kBytes};
   Status copied;
-  std::thread copier([&] { copied = initiator->run(Batch{{write}, {}}); });
+  std::thread copier([&] {
+    if (where != Copier::kCopier) {
+      copied = initiator->run(Batch{{write}, {}});
+      return;
+    }
+    auto h = initiator->submit(Batch{{write}, {}});
+    copied = h ? initiator->wait(*h, 10 * kSecond) : h.error();
+  });
   pollfd fault{uffd, POLLIN, 0};
   ASSERT_EQ(::poll(&fault, 1, 10'000), 1) << "the copy never reached the held page";
   uffd_msg message{};
@@ -808,10 +1042,12 @@ void shutdown_under_a_held_copy(bool direct) {
 }
 
 TEST(DirectCopy, AnInitiatorThatShutsDownLeavesItsSameHostHolderOnlyOnceItsCopiesEnded) {
-  shutdown_under_a_held_copy(/*direct=*/true);
+  shutdown_under_a_held_copy(Copier::kCaller);
 }
 
-TEST(DirectCopy, TheLoopsCmaCopiesAreWaitedForToo) { shutdown_under_a_held_copy(/*direct=*/false); }
+TEST(DirectCopy, TheLoopsCmaCopiesAreWaitedForToo) { shutdown_under_a_held_copy(Copier::kLoop); }
+
+TEST(DirectCopy, TheCopiersCmaCopiesAreWaitedForToo) { shutdown_under_a_held_copy(Copier::kCopier); }
 
 }  // namespace
 }  // namespace baton::engine

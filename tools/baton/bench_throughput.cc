@@ -103,12 +103,13 @@ double memcpy_reference(std::span<const std::byte> working_set, std::uint64_t bl
   return static_cast<double>(copied) / std::chrono::duration<double>(took).count() / 1e9;
 }
 
-// The batches the loop-free path copied on the submitting thread (the
-// engine's counter): a same-host batch above --direct-copy-max takes the
-// loop instead, several times slower for small requests (docs/results.md),
-// and the figures should say which ran.
+// The batches the loop-free path copied (the engine's counter: within
+// submit, or on the copier's thread above --direct-copy-max): a same-host
+// batch submitted while the loop holds requests, or with the path off,
+// takes the loop instead, several times slower for small requests
+// (docs/results.md), and the figures should say which ran.
 std::uint64_t direct_batches(engine::Engine& e) {
-  (void)e.metrics_text();  // a scrape adds the submitting threads' counts to the registry
+  (void)e.metrics_text();  // a scrape adds the copying threads' counts to the registry
   return e.metrics().counter("baton_engine_direct_batches_total");
 }
 
@@ -246,7 +247,7 @@ int run_throughput(const ThroughputOptions& o) {
   fmt::print("op {} block {} batch {} on {} block(s){} threads {} over {} (tls {}): {} bytes in {:.2f} s, data verified\n",
              o.op, plan->block, o.batch_size, plan->blocks, o.prepared ? " (prepared)" : "", o.threads, transport, o.ucx.tls.empty() ? "default" : o.ucx.tls,
              bytes.load(), seconds);
-  fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us; {} of {} batches copied on the submitting thread{}\n", p50,
+  fmt::print("batch latency p50 {:.1f} us, p99 {:.1f} us; {} of {} batches copied without the loop{}\n", p50,
              p99, direct, all.size(), direct < all.size() && transport == "shm" ? " (the rest through the loop)" : "");
   fmt::print("throughput {:.3f} GB/s, {:.0f} requests/s; memcpy of the same working set {:.3f} GB/s ({:.2f}x)\n", gbps,
              requests_per_s, memcpy_gbps, memcpy_gbps > 0 ? gbps / memcpy_gbps : 0.0);

@@ -48,8 +48,9 @@ std::vector<const CLI::Option*> add_ucx_options(CLI::App& app, transport::UcxCon
            if (!bytes) throw BadValue("--direct-copy-max: " + bytes.error().message());
            ucx.direct_copy_max_bytes = *bytes;
          },
-         "Copy same-host batches of at most this size on the submitting thread, without the loop, while the "
-         "loop holds no request (size; 0: always through the loop; default 16MiB)"));
+         "Copy same-host batches of at most this size on the submitting thread, larger ones on the engine's "
+         "copier thread, without the loop, while the loop holds no request (size; 0: always through the loop; "
+         "default 16MiB)"));
   added.push_back(app.add_option_function<std::string>(
          "--tcp-receive-buffer",
          [&ucx](const std::string& text) {

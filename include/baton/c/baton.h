@@ -264,7 +264,8 @@ BATON_C_API int baton_poll(baton_engine* engine, uint64_t batch, baton_batch_sta
  * inside baton_submit while the engine's loop holds no request of its own
  * and no deadline of it is closer than 1 ns a byte: it has ended when
  * submit returns, unless it has a notification (it ends once the loop sent
- * that, just after). Any other batch goes through the loop. */
+ * that, just after); a larger one is copied on the engine's copier thread
+ * and ends there. Any other batch goes through the loop. */
 BATON_C_API int baton_wait(baton_engine* engine, uint64_t batch, int64_t timeout_ns);
 /* Cancels the batch's running requests and returns at once; wait() before
  * reusing their memory. A batch that already ended: BATON_INVALID_ARGUMENT. */

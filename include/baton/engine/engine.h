@@ -253,9 +253,11 @@ class Engine {
   // range outside its region; unavailable for a failed peer. Then admits the
   // requests, 512 a loop turn (the first move while the rest go in); should
   // a peer fail or a region go meanwhile, the requests not yet admitted end
-  // failed with the reason. A same-host batch (UcxConfig::direct_copy_max_bytes) is copied
-  // here, on the calling thread, while the loop holds no request: it has
-  // ended when submit returns (docs/engine.md, "The loop-free path").
+  // failed with the reason. A same-host batch, while the loop holds no
+  // request, skips the loop: up to UcxConfig::direct_copy_max_bytes it is
+  // copied here, on the calling thread, and has ended when submit returns;
+  // larger, it is copied on the engine's copier thread (docs/engine.md,
+  // "The loop-free path").
   [[nodiscard]] Result<BatchHandle> submit(const Batch& batch);
   [[nodiscard]] Result<BatchHandle> submit(PreparedBatch& batch);
   // What submit() would refuse of `batch`, with the same Status, without

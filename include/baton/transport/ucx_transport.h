@@ -97,13 +97,13 @@ struct UcxConfig {
   // same-host slices too (TCP under peer_failure_detection).
   bool same_host_copy = true;
   // The engine copies a batch whose every request goes to a same-host peer
-  // on the submitting thread, without a loop round trip, when it holds at
-  // most this many bytes and the loop has no request of its own in flight
-  // (so no scheduling decision is skipped). 0: every batch takes the loop.
+  // without the loop while the loop has no request of its own in flight
+  // (so no scheduling decision is skipped): on the submitting thread when
+  // it holds at most this many bytes, else on the engine's copier thread.
+  // 0: every batch takes the loop.
   std::uint64_t direct_copy_max_bytes = 16ULL << 20;
   // Datapath threads for the same-host copies the loop posts (batches that
-  // take the loop: larger than direct_copy_max_bytes, or while the loop
-  // holds requests): each lane of a same-host path copies on one of them,
+  // take the loop while it holds requests): each lane of a same-host path copies on one of them,
   // in order, so the loop schedules while they copy. Slices under 32 KiB,
   // and CMA copies, stay where they were. -1: one per 8 cores, at most 4,
   // none below 8 cores — on this 2-core VM a thread lifted bulk copies
@@ -404,6 +404,10 @@ class UcxTransport final : public Transport {
   };
   [[nodiscard]] Status copy_direct(std::span<const DirectCopy> copies, ResolvedCopies& resolved,
                                    std::span<Status> results) const;
+  // What copy_direct would answer before copying anything: ok when every
+  // copy can go this way now, else failed_precondition saying why. Copies
+  // nothing (a caller that copies later, on another thread, checks first).
+  [[nodiscard]] Status check_direct(std::span<const DirectCopy> copies) const;
   // The published table's generation (0: none). Any thread.
   [[nodiscard]] std::uint64_t direct_generation() const;
 

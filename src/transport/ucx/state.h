@@ -668,6 +668,11 @@ struct UcxTransport::State {
   void check_holders(TimeNs now_ns);
   void hand_out(TimeNs now_ns, std::vector<Completion>& out);
 
+  // ucx_transport.cc: copy_direct's checks of `copies` against `table`,
+  // into `resolved` (generation set once every copy passed).
+  static Status resolve_direct(const DirectTable& table, std::span<const UcxTransport::DirectCopy> copies,
+                               UcxTransport::ResolvedCopies& resolved);
+
   // regions.cc
   void publish_direct();
   bool retired_in_use();

@@ -23,6 +23,9 @@ namespace baton::transport {
 
 namespace {
 
+// Why copy_direct takes nothing at all.
+constexpr std::string_view kNoDirectCopies = "no direct copies here (same_host_copy off, a codec set, or shut down)";
+
 // A copy's peer against the one before it, without a memcmp call per copy
 // (it was a fifth of copy_direct's checks, callgrind): a batch names one
 // peer again and again, and an address of 8..16 characters ("127.0.0.1:7000")
@@ -940,61 +943,80 @@ std::uint64_t UcxTransport::direct_generation() const {
   return state_->direct_generation.load(std::memory_order_acquire);
 }
 
+Status UcxTransport::State::resolve_direct(const DirectTable& table, std::span<const DirectCopy> copies,
+                                          ResolvedCopies& resolved) {
+  auto refuse = [](std::size_t i, std::string_view why) {
+    return Status::failed_precondition("copy_direct: copy {}: {}", i, why);
+  };
+  resolved.generation = 0;
+  resolved.copies.resize(copies.size());
+  // A batch mostly names one peer and the same two regions: each lookup
+  // is redone only when its key changes from the copy before.
+  const DirectTable::Peer* peer = nullptr;
+  std::string_view peer_name;
+  const DirectTable::Local* local = nullptr;
+  const DirectTable::Remote* remote = nullptr;
+  for (std::size_t i = 0; i < copies.size(); ++i) {  // everything checked before anything is copied
+    const DirectCopy& c = copies[i];
+    if (peer == nullptr || !same_name(c.peer, peer_name)) {
+      const auto it = table.peers.find(c.peer);
+      if (it == table.peers.end()) return refuse(i, "not a ready same-host peer");
+      peer = &it->second;
+      peer_name = it->first;
+      remote = nullptr;
+    }
+    if (local == nullptr || i == 0 || c.local != copies[i - 1].local) {
+      const auto it = table.locals.find(c.local);
+      local = it == table.locals.end() ? nullptr : &it->second;
+    }
+    if (remote == nullptr || c.remote != copies[i - 1].remote) {
+      const auto it = peer->regions.find(c.remote);
+      remote = it == peer->regions.end() ? nullptr : &it->second;
+    }
+    if (local == nullptr || remote == nullptr) return refuse(i, "unknown region");
+    const std::uint64_t local_room = local->length, remote_room = remote->length;
+    if (c.bytes == 0 || c.local_offset > local_room || c.bytes > local_room - c.local_offset ||
+        c.remote_offset > remote_room || c.bytes > remote_room - c.remote_offset) {
+      return refuse(i, "a range outside its region");
+    }
+    if (c.op != Op::kRead && c.op != Op::kWrite) return refuse(i, "unknown op");
+    if (peer->self && ranges_overlap(reinterpret_cast<std::uintptr_t>(local->base) + c.local_offset,
+                                     remote->base + c.remote_offset, c.bytes)) {
+      return refuse(i, "its two ranges overlap");  // the loop's check says so
+    }
+    resolved.copies[i] = {local->base + c.local_offset,
+                          remote->mapping ? remote->mapping->address() + c.remote_offset : nullptr,
+                          remote->base + c.remote_offset, peer->pid, c.op, c.bytes};
+  }
+  resolved.generation = table.generation;
+  return Status::ok();
+}
+
+Status UcxTransport::check_direct(std::span<const DirectCopy> copies) const {
+  thread_local ResolvedCopies resolved;  // per thread: no allocation per batch
+  if (resolved.copies.capacity() > 4096) resolved.copies = {};  // ... nor does one huge batch stay pinned
+  const ucx::Readers::Section reading;
+  const State::DirectTable* const table = state_->direct_table.load(std::memory_order_seq_cst);
+  if (!table || state_->codec_set) {
+    return Status::failed_precondition("copy_direct: copy 0: {}", kNoDirectCopies);
+  }
+  return State::resolve_direct(*table, copies, resolved);
+}
+
 Status UcxTransport::copy_direct(std::span<const DirectCopy> copies, ResolvedCopies& resolved,
                                  std::span<Status> results) const {
   // A table the loop replaces meanwhile is freed only after this section
   // (a revocation waits for it).
   const ucx::Readers::Section reading;
   const State::DirectTable* const table = state_->direct_table.load(std::memory_order_seq_cst);
-  auto refuse = [](std::size_t i, std::string_view why) {
-    return Status::failed_precondition("copy_direct: copy {}: {}", i, why);
-  };
   if (!table || state_->codec_set) {
-    return refuse(0, "no direct copies here (same_host_copy off, a codec set, or shut down)");
+    return Status::failed_precondition("copy_direct: copy 0: {}", kNoDirectCopies);
   }
   if (resolved.generation != table->generation) {
-    if (copies.empty()) return refuse(0, "the table changed since these copies were resolved");
-    resolved.generation = 0;
-    resolved.copies.resize(copies.size());
-    // A batch mostly names one peer and the same two regions: each lookup
-    // is redone only when its key changes from the copy before.
-    const State::DirectTable::Peer* peer = nullptr;
-    std::string_view peer_name;
-    const State::DirectTable::Local* local = nullptr;
-    const State::DirectTable::Remote* remote = nullptr;
-    for (std::size_t i = 0; i < copies.size(); ++i) {  // everything checked before anything is copied
-      const DirectCopy& c = copies[i];
-      if (peer == nullptr || !same_name(c.peer, peer_name)) {
-        const auto it = table->peers.find(c.peer);
-        if (it == table->peers.end()) return refuse(i, "not a ready same-host peer");
-        peer = &it->second;
-        peer_name = it->first;
-        remote = nullptr;
-      }
-      if (local == nullptr || i == 0 || c.local != copies[i - 1].local) {
-        const auto it = table->locals.find(c.local);
-        local = it == table->locals.end() ? nullptr : &it->second;
-      }
-      if (remote == nullptr || c.remote != copies[i - 1].remote) {
-        const auto it = peer->regions.find(c.remote);
-        remote = it == peer->regions.end() ? nullptr : &it->second;
-      }
-      if (local == nullptr || remote == nullptr) return refuse(i, "unknown region");
-      const std::uint64_t local_room = local->length, remote_room = remote->length;
-      if (c.bytes == 0 || c.local_offset > local_room || c.bytes > local_room - c.local_offset ||
-          c.remote_offset > remote_room || c.bytes > remote_room - c.remote_offset) {
-        return refuse(i, "a range outside its region");
-      }
-      if (c.op != Op::kRead && c.op != Op::kWrite) return refuse(i, "unknown op");
-      if (peer->self && ranges_overlap(reinterpret_cast<std::uintptr_t>(local->base) + c.local_offset,
-                                       remote->base + c.remote_offset, c.bytes)) {
-        return refuse(i, "its two ranges overlap");  // the loop's check says so
-      }
-      resolved.copies[i] = {local->base + c.local_offset,
-                            remote->mapping ? remote->mapping->address() + c.remote_offset : nullptr,
-                            remote->base + c.remote_offset, peer->pid, c.op, c.bytes};
+    if (copies.empty()) {
+      return Status::failed_precondition("copy_direct: copy 0: the table changed since these copies were resolved");
     }
-    resolved.generation = table->generation;
+    if (Status s = State::resolve_direct(*table, copies, resolved); !s.is_ok()) return s;
   }
   if (results.size() != resolved.copies.size()) {
     return Status::invalid_argument("copy_direct: {} results for {} copies", results.size(), resolved.copies.size());
