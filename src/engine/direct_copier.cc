@@ -14,6 +14,7 @@ DirectCopier::~DirectCopier() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    exiting_ = true;
     for (auto& job : jobs_) job->cancelled = true;
   }
   wake_.notify_all();
@@ -39,7 +40,7 @@ DirectCopier::Cancel DirectCopier::cancel(std::uint64_t id) {
   const auto it = by_id_.find(id);
   if (it == by_id_.end()) return Cancel::kUnknown;
   Job& job = *it->second;
-  if (job.cancelled) return Cancel::kCancelled;  // a second cancel answers as the first
+  if (job.cancelled) return Cancel::kFinishing;  // a second cancel: already stopping, as on the loop
   if (job.started == job.copies.size()) return Cancel::kFinishing;
   job.cancelled = true;
   return Cancel::kCancelled;
@@ -115,8 +116,9 @@ bool DirectCopier::status(std::uint64_t id, BatchStatus& out) const {
 void DirectCopier::run() {
   std::unique_lock lock(mutex_);
   while (true) {
-    wake_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
-    if (jobs_.empty()) return;  // stopping, nothing left
+    // Not on stopping_: a batch pushed during a shutdown still ends here.
+    wake_.wait(lock, [&] { return !jobs_.empty() || exiting_; });
+    if (jobs_.empty()) return;  // the destructor, nothing left
     Job& job = *jobs_.front();
     lock.unlock();
     copy(job);

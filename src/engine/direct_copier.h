@@ -104,7 +104,8 @@ class DirectCopier {
   std::unordered_map<std::uint64_t, Job*> by_id_;   // jobs_, by batch id
   std::unordered_map<transport::RegionHandle, std::uint64_t> naming_;  // requests_naming
   std::uint64_t queued_bytes_ = 0;
-  bool stopping_ = false;
+  bool stopping_ = false;  // cancel_all: jobs pushed from now on end cancelled
+  bool exiting_ = false;   // the destructor: the thread ends once the queue is empty
   std::thread thread_;  // started by the first push
 };
 

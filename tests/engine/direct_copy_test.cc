@@ -479,6 +479,7 @@ TEST(DirectCopy, TheCopiersBatchesCanBeWatchedCancelledAndTimedOut) {
 
   EXPECT_TRUE(h.initiator->cancel(*b).is_ok());
   EXPECT_TRUE(h.initiator->cancel(*h.a).is_ok());  // its chunks 2 and 3 are not taken yet
+  EXPECT_EQ(h.initiator->cancel(*b).code(), StatusCode::kInvalidArgument);  // already stopping, as on the loop
   std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past c's timeout
   h.supply();
   for (BatchHandle handle : {*h.a, *b, *c}) ASSERT_TRUE(h.initiator->wait(handle, 10 * kSecond).is_ok());
