@@ -28,6 +28,7 @@ void DirectCopier::push(std::unique_ptr<Job> job) {
     for (const auto& c : job->copies) ++naming_[c.local];
     queued_bytes_ += job->bytes;
     by_id_.emplace(job->id, job.get());
+    held_.fetch_add(1);
     if (stopping_) job->cancelled = true;  // a shutdown under way: it ends at once, cancelled
     jobs_.push_back(std::move(job));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -36,6 +37,7 @@ void DirectCopier::push(std::unique_ptr<Job> job) {
 }
 
 DirectCopier::Cancel DirectCopier::cancel(std::uint64_t id) {
+  if (held_.load() == 0) return Cancel::kUnknown;
   std::lock_guard lock(mutex_);
   const auto it = by_id_.find(id);
   if (it == by_id_.end()) return Cancel::kUnknown;
@@ -69,6 +71,7 @@ std::uint64_t DirectCopier::requests_naming(transport::RegionHandle local) const
 }
 
 bool DirectCopier::holds(std::uint64_t id) const {
+  if (held_.load() == 0) return false;
   std::lock_guard lock(mutex_);
   return by_id_.contains(id);
 }
@@ -83,6 +86,7 @@ sched::RequestState DirectCopier::state_of(const Status& result) {
 }
 
 bool DirectCopier::status(std::uint64_t id, BatchStatus& out) const {
+  if (held_.load() == 0) return false;
   std::lock_guard lock(mutex_);
   const auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;
@@ -133,6 +137,7 @@ void DirectCopier::run() {
     std::unique_ptr<Job> ended = std::move(jobs_.front());
     jobs_.pop_front();
     done_(*ended);
+    held_.fetch_sub(1);  // after the publication (see held_)
   }
 }
 

@@ -104,6 +104,10 @@ class DirectCopier {
   std::unordered_map<std::uint64_t, Job*> by_id_;   // jobs_, by batch id
   std::unordered_map<transport::RegionHandle, std::uint64_t> naming_;  // requests_naming
   std::uint64_t queued_bytes_ = 0;
+  // by_id_.size(), read without the mutex: a poll or cancel of a batch that
+  // never came here (nearly all) takes no lock. Lowered only after the
+  // batch was published, so a reader that sees 0 finds it ended.
+  std::atomic<std::size_t> held_{0};
   bool stopping_ = false;  // cancel_all: jobs pushed from now on end cancelled
   bool exiting_ = false;   // the destructor: the thread ends once the queue is empty
   std::thread thread_;  // started by the first push
