@@ -276,6 +276,9 @@ Result<MixedResult> run_mixed_ucx(const MixedWorkload& w, const sched::SchedPoli
   result.prefill_requests = std::move(prefill_done);
   result.end_ns = e.now_ns();
   result.stats = e.stats();
+  result.batches = batches.size();
+  (void)e.metrics_text();  // a scrape adds the copying threads' counts to the registry
+  result.direct_batches = e.metrics().counter("baton_engine_direct_batches_total");
   return result;
 }
 

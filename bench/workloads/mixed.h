@@ -59,6 +59,11 @@ struct MixedResult {
   TimeNs end_ns = 0;
   sched::SchedStats stats;
   std::uint64_t bytes_delivered = 0;  // by the transport
+  // run_mixed_ucx: the batches submitted, and of them those copied without
+  // the loop (same-host, the loop idle: docs/engine.md) — which no policy
+  // ordered. The other runs leave both 0.
+  std::uint64_t batches = 0;
+  std::uint64_t direct_batches = 0;
 };
 
 [[nodiscard]] Result<MixedResult> run_mixed(const MixedWorkload& workload, const sched::SchedPolicy& policy);

@@ -755,8 +755,22 @@ TEST(BenchMixedUcx, RunsBothPoliciesOverARealLinkWithTheSimJsonShape) {
     EXPECT_GT(p["decode_critical"]["count"].get<int>(), 0) << policy;
     EXPECT_GT(p["prefill_bulk"]["count"].get<int>(), 0) << policy;
     EXPECT_EQ(p["decode_critical"]["cdf_us"].size(), 101u);
+    // Same-host, so batches skip the loop while it is idle; the figures say
+    // how many (none of those was ordered by the policy).
+    EXPECT_GT(p["batches"].get<std::uint64_t>(), 0u) << policy;
+    EXPECT_GT(p["direct_batches"].get<std::uint64_t>(), 0u) << policy;
+    EXPECT_LE(p["direct_batches"].get<std::uint64_t>(), p["batches"].get<std::uint64_t>()) << policy;
   }
   EXPECT_TRUE(j.contains("decode_p99_reduction"));
+  // Through the loop, every batch is the policy's to order.
+  const CommandRun loop = run_baton("bench mixed --transport ucx --spawn --duration-ms 200 --direct-copy-max 0 --json -");
+  ASSERT_EQ(loop.exit_code, 0) << loop.err;
+  const auto through_loop = json_of(loop);
+  for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
+    const auto& p = through_loop["policies"][policy];
+    EXPECT_GT(p["batches"].get<std::uint64_t>(), 0u) << policy;
+    EXPECT_EQ(p["direct_batches"].get<std::uint64_t>(), 0u) << policy;
+  }
   // Usage errors exit 2, as CLI11's own.
   EXPECT_EQ(run_baton("bench mixed --transport carrier-pigeon").exit_code, 2);
   EXPECT_EQ(run_baton("bench mixed --spawn").exit_code, 2);
@@ -1133,21 +1147,26 @@ TEST_F(ServeProcessTwoNicsThreads, BothNicsCarryAReadAndADeadOnesLanesFailOver) 
   EXPECT_GT(received(0) - at_cut0, 64ULL << 20);
 }
 
-TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndChecksEveryByte) {
+TEST(Demo, PullsTheKvCacheUnderBothPoliciesAndTheDefaultsAndChecksEveryByte) {
   const CommandRun r = run_baton("demo --layers 2 --tp 2 --blocks 64 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_of(r);
-  for (const char* policy : {"baseline_fifo", "deadline_aware"}) {
+  // The two policies through the scheduler, and the defaults (loop_free).
+  ASSERT_EQ(j["policies"].size(), 3u) << j["policies"].dump();
+  for (const char* policy : {"baseline_fifo", "deadline_aware", "loop_free"}) {
     const auto& p = j["policies"][policy];
     EXPECT_GT(p["ops"].get<int>(), 0) << policy;
     EXPECT_GE(p["bytes_verified"].get<std::uint64_t>(), p["kv_bytes"].get<std::uint64_t>()) << policy;
     EXPECT_GT(p["plan_wire_bytes"].get<int>(), 0) << policy;
-    // 8 MiB is copied inside submit: no step races it, and no percentile
-    // stands in for the missing samples.
-    EXPECT_EQ(p["decode_steps"], 0) << policy;
-    EXPECT_TRUE(p["decode_p50_us"].is_null() && p["decode_p99_us"].is_null()) << policy;
   }
-  EXPECT_NE(r.err.find("no decode step raced the pull: a pull of at most --direct-copy-max"), std::string::npos);
+  // On the loop-free path 8 MiB is copied inside submit: no step races it,
+  // and no percentile stands in for the missing samples.
+  const auto& loop_free = j["policies"]["loop_free"];
+  EXPECT_EQ(loop_free["decode_steps"], 0);
+  EXPECT_TRUE(loop_free["decode_p50_us"].is_null() && loop_free["decode_p99_us"].is_null());
+  EXPECT_NE(r.err.find("loop_free: no decode step raced the pull: a pull of at most --direct-copy-max"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("every batch through the scheduler"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("every byte checked"), std::string::npos);  // stdout holds the JSON alone
   // The store leg: every block put by prefill and fetched back by decode.
   const auto& store = j["store"];

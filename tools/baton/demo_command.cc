@@ -83,12 +83,22 @@ std::vector<std::uint64_t> region_offsets(const std::vector<plan::FixtureRegion>
   return offsets;
 }
 
-Result<RunResult> run_policy(const DemoOptions& o, sched::PolicyKind kind, const std::string& peer_address,
+// One row of the table: a policy with every batch through the scheduler
+// (the loop-free path off, as for a peer on another host), or the defaults,
+// where same-host batches skip the loop and no policy orders them.
+struct Row {
+  sched::PolicyKind kind;
+  bool through_scheduler;
+  std::string name;
+};
+
+Result<RunResult> run_policy(const DemoOptions& o, const Row& row, const std::string& peer_address,
                              const std::vector<std::uint64_t>& offsets, std::uint64_t decode_bytes) {
   RunResult out;
-  out.policy = std::string(sched::to_string(kind));
+  out.policy = row.name;
   engine::EngineConfig config = engine::EngineConfig{.ucx = o.ucx};
-  config.policy.kind = kind;
+  config.policy.kind = row.kind;
+  if (row.through_scheduler) config.ucx.direct_copy_max_bytes = 0;
   auto created = engine::Engine::create(config);
   if (!created) return std::unexpected(created.error());
   engine::Engine& e = **created;
@@ -320,11 +330,15 @@ int run_demo(const DemoOptions& o) {
              "{} ms due in {} ms\n",
              target, o.kv.layers, o.kv.tp, o.kv.blocks, o.kv.block_tokens, format_size(total), format_size(*decode_bytes),
              o.decode_interval_ms, o.decode_deadline_ms);
+  std::vector<Row> rows{{sched::PolicyKind::kBaselineFifo, true, "baseline_fifo"},
+                        {sched::PolicyKind::kDeadlineAware, true, "deadline_aware"}};
+  const bool loop_free = o.ucx.same_host_copy && o.ucx.direct_copy_max_bytes > 0;
+  if (loop_free) rows.push_back({sched::PolicyKind::kDeadlineAware, false, "loop_free"});
   std::vector<RunResult> results;
-  for (sched::PolicyKind kind : {sched::PolicyKind::kBaselineFifo, sched::PolicyKind::kDeadlineAware}) {
-    auto r = run_policy(o, kind, target, offsets, *decode_bytes);
+  for (const Row& row : rows) {
+    auto r = run_policy(o, row, target, offsets, *decode_bytes);
     if (!r) {
-      fmt::print(stderr, "baton demo: {}: {}\n", sched::to_string(kind), r.error().to_string());
+      fmt::print(stderr, "baton demo: {}: {}\n", row.name, r.error().to_string());
       return 1;
     }
     results.push_back(*r);
@@ -340,11 +354,11 @@ int run_demo(const DemoOptions& o) {
   nlohmann::json j{{"kv", {{"layers", o.kv.layers}, {"tp", o.kv.tp}, {"blocks", o.kv.blocks},
                            {"block_tokens", o.kv.block_tokens}, {"bytes", total}}},
                    {"policies", nlohmann::json::object()}};
-  bool no_race = false;
+  bool no_race = false, no_race_loop_free = false;
   for (const RunResult& r : results) {
     // No decode step, no percentile: "n/a" and null, not a 0 that reads as instant.
     const bool steps = r.decode_count > 0;
-    no_race = no_race || !steps;
+    (r.policy == "loop_free" ? no_race_loop_free : no_race) |= !steps;
     auto us = [steps](double v) { return steps ? fmt::format("{:.1f} us", v) : std::string("n/a"); };
     fmt::print("{:<15} {:>10} {:>6} {:>9.3f} {:>9} {:>7} {:>13} {:>13} {:>7} {:>10}\n", r.policy,
                format_size(r.kv_bytes), r.ops, static_cast<double>(r.kv_bytes) / r.kv_seconds / 1e9, r.plan_wire_bytes,
@@ -359,12 +373,17 @@ int run_demo(const DemoOptions& o) {
                                {"decode_missed", r.decode_missed},
                                {"bytes_verified", r.bytes_verified}};
   }
-  if (no_race && total <= o.ucx.direct_copy_max_bytes) {
-    fmt::print("no decode step raced the pull: a pull of at most --direct-copy-max ({}) is copied inside submit, "
-               "before the first step; more --blocks, or --direct-copy-max 0, make them race\n",
-               format_size(o.ucx.direct_copy_max_bytes));
-  } else if (no_race) {
+  fmt::print("baseline_fifo, deadline_aware: every batch through the scheduler (as to a peer on another host); "
+             "loop_free: the defaults on one host: batches copied without the loop, which no policy orders\n");
+  if (no_race) {
     fmt::print("no decode step raced the pull: it ended before the first step; more --blocks make them race\n");
+  }
+  if (no_race_loop_free && total <= o.ucx.direct_copy_max_bytes) {
+    fmt::print("loop_free: no decode step raced the pull: a pull of at most --direct-copy-max ({}) is copied inside "
+               "submit, before the first step\n",
+               format_size(o.ucx.direct_copy_max_bytes));
+  } else if (no_race_loop_free) {
+    fmt::print("loop_free: no decode step raced the pull: it ended before the first step\n");
   }
   fmt::print("every byte checked against the holder's pattern: ok\n");
 
@@ -391,7 +410,8 @@ int run_demo(const DemoOptions& o) {
 Command add_demo_command(CLI::App& parent) {
   auto o = std::make_shared<DemoOptions>();
   CLI::App* app = parent.add_subcommand(
-      "demo", "Pull a vLLM-shaped KV cache from a `baton serve` peer with decode reads racing it: FIFO vs deadline-aware");
+      "demo", "Pull a vLLM-shaped KV cache from a `baton serve` peer with decode reads racing it: FIFO vs deadline-aware "
+      "through the scheduler, and the same-host defaults");
   app->add_option("--target", o->target, "A running `baton serve` (host:port); default: spawn one on 127.0.0.1")->check(kHostPort);
   add_ucx_options(*app, o->ucx);
   app->add_option("--layers", o->kv.layers, "Model layers")->check(CLI::Range(1, 1024));
