@@ -554,8 +554,10 @@ TEST(DirectCopy, AShutdownWaitsForTheCopiersChunkAndCancelsTheRest) {
   EXPECT_EQ(h.initiator->submit(Batch{{h.write(0, 8192)}, {}}).error().code(), StatusCode::kUnavailable);
 }
 
-TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {
-  Pair p;
+// `bound`: direct_copy_max_bytes; 1 sends every batch the copier's way,
+// whose check on the submitting thread must refuse as the loop does.
+void bad_requests_refused(std::uint64_t bound) {
+  Pair p(bound);
   const std::vector<std::byte> before(p.held.begin(), p.held.end());
   const Request good = p.request(Op::kWrite, 0, p.held_region, 0, 4096);
   auto refused = [&](Request bad) {
@@ -583,6 +585,10 @@ TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) {
   EXPECT_EQ(p.held, before);  // the good write of each refused batch did not happen
   EXPECT_EQ(counter(p.initiator->metrics_text(), "baton_engine_batches_total"), 0);
 }
+
+TEST(DirectCopy, ABadRequestGetsTheLoopsErrorAndNothingIsCopied) { bad_requests_refused(16 << 20); }
+
+TEST(DirectCopy, ABadRequestInABatchForTheCopierGetsTheLoopsErrorToo) { bad_requests_refused(1); }
 
 TEST(DirectCopy, ANotificationFollowsTheBytes) {
   Pair p;
