@@ -620,7 +620,7 @@ void Datapath::end_copied(DirectCopier::Job& job) {
                return DirectEnd{job.copies[i].op, job.copies[i].bytes, job.meta[i].qos, job.meta[i].deadline_ns};
              },
              job.results.data(), job.submitted_ns, done_ns);
-  publish_direct(job.id, std::move(node), job.peers.empty() ? std::string() : job.peers.front(), job.notification);
+  publish_direct(job.id, std::move(node), job.peers.front(), job.notification);  // a batch names a peer at least once
 }
 
 template <class At>
@@ -645,8 +645,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
     const bool ok = copy_results[i].is_ok();
     const std::uint64_t done = ok ? r.length : 0;
     const sched::RequestState state = ok ? sched::RequestState::kCompleted : DirectCopier::state_of(copy_results[i]);
-    ++counts[op][state == sched::RequestState::kCompleted ? 0 : state == sched::RequestState::kCancelled ? 2
-                 : state == sched::RequestState::kTimedOut ? 3 : 1];
+    ++counts[op][ok ? 0 : direct_state_index(state)];
     bytes_done[op] += done;
     batch_bytes += r.length;
     batch_done += done;
@@ -794,14 +793,11 @@ void Datapath::flush_direct_metrics() {
   direct_flushed_ = now;
   metrics_.add("baton_engine_batches_total", {}, static_cast<double>(added[kDirectBatches]));
   metrics_.add("baton_engine_direct_batches_total", {}, static_cast<double>(added[kDirectBatches]));
-  static constexpr sched::RequestState kStates[kDirectStates] = {
-      sched::RequestState::kCompleted, sched::RequestState::kFailed, sched::RequestState::kCancelled,
-      sched::RequestState::kTimedOut};
   for (std::size_t op = 0; op < 2; ++op) {
     const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
     for (std::size_t state = 0; state < kDirectStates; ++state) {
       if (const auto n = added[kDirectRequests + state * 2 + op]) {
-        metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(kStates[state]))}},
+        metrics_.add("baton_engine_requests_total", {{"op", name}, {"state", std::string(sched::to_string(kDirectStateOrder[state]))}},
                      static_cast<double>(n));
       }
     }

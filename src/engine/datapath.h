@@ -329,6 +329,15 @@ class Datapath {
   // direct_flushed_ to the metrics. Requests per final state: completed,
   // failed, cancelled, timed out; per state, read then write.
   static constexpr std::size_t kDirectStates = 4;
+  static constexpr sched::RequestState kDirectStateOrder[kDirectStates] = {
+      sched::RequestState::kCompleted, sched::RequestState::kFailed, sched::RequestState::kCancelled,
+      sched::RequestState::kTimedOut};
+  static constexpr std::size_t direct_state_index(sched::RequestState state) {
+    for (std::size_t i = 0; i < kDirectStates; ++i) {
+      if (kDirectStateOrder[i] == state) return i;
+    }
+    return 1;  // any other end counts as failed
+  }
   static constexpr std::size_t kDirectBatches = 0, kDirectRequests = 1, kDirectBytes = 1 + 2 * kDirectStates;
   static_assert(kDirectBytes + 2 <= ThreadCounts::kCounters);
   void count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]);
