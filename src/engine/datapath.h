@@ -140,6 +140,10 @@ class Datapath {
   // or the first failed copy's. nullopt: it takes submit's way.
   [[nodiscard]] std::optional<Status> run_direct(const Batch& batch,
                                                  transport::UcxTransport::ResolvedCopies& resolved);
+  // The same for a batch not prepared: checked and copied as submit_direct
+  // would, of any size, with no record. nullopt (it takes submit's way) for
+  // a request with a deadline, whose miss only a record would show.
+  [[nodiscard]] std::optional<Status> run_direct(const Batch& batch);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
   // It is written only once somebody asked for it; a batch that ended
   // before (one copied within submit, say) makes it readable at that first
@@ -341,6 +345,13 @@ class Datapath {
   static constexpr std::size_t kDirectBatches = 0, kDirectRequests = 1, kDirectBytes = 1 + 2 * kDirectStates;
   static_assert(kDirectBytes + 2 <= ThreadCounts::kCounters);
   void count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]);
+  // run_direct's end: the counts, and ok or the first failed copy's status.
+  [[nodiscard]] Status count_ran(const Batch& batch, std::vector<Status>& results);
+  // submit_direct's checks of each request, gathering its copies: false
+  // when one takes the loop's way (which says why).
+  [[nodiscard]] static bool gather_direct(const Batch& batch, TimeNs now_ns,
+                                          std::vector<transport::UcxTransport::DirectCopy>& copies,
+                                          std::uint64_t& bytes, TimeNs& earliest_deadline_ns);
   ThreadCounts direct_counts_;
   ThreadCounts::Totals direct_flushed_{};  // on the loop
   // Whether anyone asked for ended_fd(): else a batch's end writes nothing

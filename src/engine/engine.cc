@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <mutex>
@@ -244,7 +245,12 @@ Status Engine::check(const Batch& batch) {
 
 Status Engine::run(const Batch& batch) {
   if (Status s = state_->usable("run"); !s.is_ok()) return s;
-  // The caller waits anyway: a same-host batch of any size is copied on its thread.
+  // The caller waits anyway: a same-host batch of any size is copied on its
+  // thread, with no record when no deadline asks for its stamps.
+  if (state_->direct_copy_max_bytes > 0 &&
+      std::ranges::none_of(batch.requests, [](const Request& r) { return r.deadline_ns != 0; })) {
+    if (auto ran = state_->datapath->run_direct(batch)) return std::move(*ran);
+  }
   return finish_run(*this, state_->submit(batch, nullptr, Datapath::DirectMode::kCallerWaits));
 }
 

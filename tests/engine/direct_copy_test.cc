@@ -631,10 +631,10 @@ TEST(DirectCopy, ABatchWaitingForItsNotificationIsNeverUnknown) {
 // every batch ends (completed before, not_found after); nothing crashes.
 // A prepared batch, resolved once, must see the revocation as well: its
 // addresses are dropped with the table they were found in.
-// Engine::run, prepared, ends a resolved batch with no record at all.
-// kCopier: batches above the bound, on the copier's thread; one queued
+// Engine::run ends a batch with no record at all, prepared (resolved once)
+// or not (resolved each run). kCopier: batches above the bound, on the copier's thread; one queued
 // before the revocation and copied after it ends `unavailable`.
-enum class Submission { kBatch, kPrepared, kRun, kCopier };
+enum class Submission { kBatch, kPrepared, kRun, kRunPlain, kCopier };
 
 void revoke_while_copying(Submission how) {
   Pair p(how == Submission::kCopier ? 4096 : 16 << 20);
@@ -647,8 +647,8 @@ void revoke_while_copying(Submission how) {
       const Batch b{{p.request(t % 2 == 0 ? Op::kRead : Op::kWrite, offset, p.allocated, offset, 64 << 10)}, {}};
       PreparedBatch pb(b);
       while (!stop) {
-        if (how == Submission::kRun) {
-          const Status s = p.initiator->run(pb);
+        if (how == Submission::kRun || how == Submission::kRunPlain) {
+          const Status s = how == Submission::kRun ? p.initiator->run(pb) : p.initiator->run(b);
           (s.is_ok() ? completed : s.code() == StatusCode::kNotFound ? refused : other)++;
           continue;
         }
@@ -691,6 +691,8 @@ TEST(DirectCopy, ARevocationWaitsForCopiesUnderWayAndLaterOnesFail) { revoke_whi
 TEST(DirectCopy, ARevocationEndsAPreparedBatchsCopiesToo) { revoke_while_copying(Submission::kPrepared); }
 
 TEST(DirectCopy, ARevocationEndsRunsOfAPreparedBatchToo) { revoke_while_copying(Submission::kRun); }
+
+TEST(DirectCopy, ARevocationEndsRunsOfAPlainBatchToo) { revoke_while_copying(Submission::kRunPlain); }
 
 TEST(DirectCopy, ARevocationEndsTheCopiersBatchesToo) { revoke_while_copying(Submission::kCopier); }
 

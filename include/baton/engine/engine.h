@@ -271,9 +271,10 @@ class Engine {
   // may land in the caller's memory after run returns) until
   // UcxConfig::stall_timeout_ms fails the path, so that bounds run too, and
   // with a stall timeout of 0 nothing does: submit and wait() give a bound
-  // of the caller's own. A prepared same-host batch on the loop-free path, resolved
-  // by an earlier call, leaves no record at all: only its copies and its
-  // counts (docs/engine.md, "The loop-free path").
+  // of the caller's own. A same-host batch on the loop-free path with no
+  // deadline leaves no record at all: only its copies and its counts; a
+  // prepared one resolved by an earlier call skips the resolution too
+  // (docs/engine.md, "The loop-free path").
   [[nodiscard]] Status run(const Batch& batch);
   [[nodiscard]] Status run(PreparedBatch& batch);
   // A snapshot of every request's state and bytes (of a running batch, taken
