@@ -401,7 +401,8 @@ baton::transport::RegionHandle remote_handle(const py::object& remote, const std
     const auto& r = remote.cast<const PyRemoteRegion&>();
     if (r.peer != peer) {
       raise(StatusCode::kInvalidArgument,
-            fmt::format("remote: region {} is peer \"{}\"'s, not \"{}\"'s (the same handle there is another region)",
+            fmt::format("remote: region {} is peer \"{}\"'s, not \"{}\"'s: pass the Peer it came from, or the "
+                        "address as connected (a handle names a region only at the peer that listed it)",
                         r.region.key, r.peer, peer));
     }
     return r.region.key;

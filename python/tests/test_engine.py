@@ -185,6 +185,26 @@ def test_batches_report_bytes_and_states(holder, engine):
     assert words[1:] == ["1", "sixteen", "landed"]
 
 
+def test_a_timeout_stops_one_large_same_host_request_between_its_parts():
+    """The copier copies a request above 4 MiB in parts: read(timeout=) ends it, cancelled, part way."""
+    size = 256 << 20  # a copy of milliseconds anywhere; the timeout is a microsecond
+    with baton.Engine() as h, baton.Engine() as e:
+        src = h.allocate(size)
+        h.export(src)
+        peer = e.connect(h.address)
+        local = np.ones(size, dtype=np.uint8)
+        region = e.register(local)
+        with pytest.raises(baton.Timeout, match="read: not done within 1e-06 s; the request was cancelled"):
+            e.read(local=region, peer=peer, remote=peer.regions[0], length=size, timeout=1e-6)
+        batch = e.submit([baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=size)])
+        batch.cancel()  # the first cancel is taken: parts are left
+        with pytest.raises(baton.Cancelled):
+            batch.wait(timeout=30)
+        assert batch.states == ["cancelled"]
+        assert batch.bytes_done < size and batch.bytes_done % (4 << 20) == 0  # whole parts, or none
+        batch.release()
+
+
 def test_a_same_host_batch_has_ended_when_submit_returns(holder):
     """The loop-free path: same-host batches are copied inside submit(); off, the scheduler carries them."""
     for limit, direct in ((16 << 20, 1), (0, 0)):

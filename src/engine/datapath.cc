@@ -652,7 +652,8 @@ void Datapath::end_copied(DirectCopier::Job& job) {
   EndedNode node = spare_ended_node();
   end_direct(node.mapped(), job.copies.size(),
              [&job](std::size_t i) {
-               return DirectEnd{job.copies[i].op, job.copies[i].bytes, job.meta[i].qos, job.meta[i].deadline_ns};
+               return DirectEnd{job.copies[i].op, job.copies[i].bytes, job.meta[i].qos, job.meta[i].deadline_ns,
+                                job.landed[i]};
              },
              job.results.data(), job.submitted_ns, done_ns);
   publish_direct(job.id, std::move(node), job.peers.front(), job.notification);  // a batch names a peer at least once
@@ -678,7 +679,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
     const DirectEnd r = at(i);
     const int op = r.op == Op::kRead ? 0 : 1;
     const bool ok = copy_results[i].is_ok();
-    const std::uint64_t done = ok ? r.length : 0;
+    const std::uint64_t done = ok ? r.length : r.landed_if_not_ok;
     const sched::RequestState state = ok ? sched::RequestState::kCompleted : DirectCopier::state_of(copy_results[i]);
     ++counts[op][ok ? 0 : direct_state_index(state)];
     bytes_done[op] += done;

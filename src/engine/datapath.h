@@ -274,6 +274,7 @@ class Datapath {
     std::uint64_t length;
     sched::QosClass qos;
     TimeNs deadline_ns;
+    std::uint64_t landed_if_not_ok = 0;  // a request the copier stopped between two of its parts
   };
   struct Ended;
   template <class At>

@@ -1,5 +1,6 @@
 #include "engine/direct_copier.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
@@ -23,6 +24,7 @@ DirectCopier::~DirectCopier() {
 
 void DirectCopier::push(std::unique_ptr<Job> job) {
   job->results.resize(job->copies.size());  // before a poll can look at it
+  job->landed.resize(job->copies.size());
   {
     std::lock_guard lock(mutex_);
     for (const auto& c : job->copies) ++naming_[c.local];
@@ -43,7 +45,7 @@ DirectCopier::Cancel DirectCopier::cancel(std::uint64_t id) {
   if (it == by_id_.end()) return Cancel::kUnknown;
   Job& job = *it->second;
   if (job.cancelled) return Cancel::kFinishing;  // a second cancel: already stopping, as on the loop
-  if (job.started == job.copies.size()) return Cancel::kFinishing;
+  if (job.started == job.copies.size() && job.parts_left == 0) return Cancel::kFinishing;
   job.cancelled = true;
   return Cancel::kCancelled;
 }
@@ -100,12 +102,19 @@ bool DirectCopier::status(std::uint64_t id, BatchStatus& out) const {
     sched::RequestStatus& s = out.requests[i];
     const std::uint64_t length = job.copies[i].bytes;
     const bool final = i < job.finished;
-    s.state = final ? state_of(job.results[i]) : i < job.started ? sched::RequestState::kRunning
-                                                                 : sched::RequestState::kQueued;
-    s.status = final ? job.results[i] : Status::ok();
+    // After a cancel, a request no chunk took is as good as ended
+    // cancelled, and one copied in parts stops after the part under way.
+    const bool dropped = job.cancelled && i >= job.started;
+    const bool stopping = job.cancelled && i + 1 == job.started && job.parts_left > 0;
+    s.state = final      ? state_of(job.results[i])
+              : dropped  ? sched::RequestState::kCancelled
+              : stopping ? sched::RequestState::kCancelling
+              : i < job.started ? sched::RequestState::kRunning
+                                : sched::RequestState::kQueued;
+    s.status = final ? job.results[i] : dropped ? Status::cancelled("request {} of the batch cancelled", i) : Status::ok();
     s.qos = job.meta[i].qos;
     s.bytes = length;
-    s.bytes_done = final && job.results[i].is_ok() ? length : 0;
+    s.bytes_done = final ? job.landed[i] : i + 1 == job.started ? job.parts_landed : 0;
     s.bytes_unsent = length - s.bytes_done;
     s.deadline_ns = job.meta[i].deadline_ns;
     s.submitted_ns = job.submitted_ns;
@@ -145,9 +154,16 @@ void DirectCopier::copy(Job& job) {
   const std::size_t n = job.copies.size();
   std::size_t from = 0;
   while (from < n) {
+    if (job.copies[from].bytes > kChunkBytes) {
+      if (!copy_in_parts(job, from)) break;
+      ++from;
+      continue;
+    }
     std::size_t to = from;
     std::uint64_t bytes = 0;
-    while (to < n && (to == from || bytes + job.copies[to].bytes <= kChunkBytes)) bytes += job.copies[to++].bytes;
+    while (to < n && job.copies[to].bytes <= kChunkBytes && bytes + job.copies[to].bytes <= kChunkBytes) {
+      bytes += job.copies[to++].bytes;
+    }
     {
       std::lock_guard lock(mutex_);
       if (job.cancelled) break;
@@ -164,15 +180,65 @@ void DirectCopier::copy(Job& job) {
     if (expired || !ucx_.copy_direct(chunk, results).is_ok()) copy_each(job, from, to, now_ns);
     {
       std::lock_guard lock(mutex_);
+      for (std::size_t i = from; i < to; ++i) job.landed[i] = job.results[i].is_ok() ? job.copies[i].bytes : 0;
       job.finished = to;
     }
     from = to;
   }
-  for (std::size_t i = from; i < n; ++i) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = job.finished; i < n; ++i) {
     job.results[i] = Status::cancelled("request {} of the batch cancelled", i);  // as the loop says it
   }
-  std::lock_guard lock(mutex_);
   job.finished = n;
+}
+
+bool DirectCopier::copy_in_parts(Job& job, std::size_t i) {
+  const transport::UcxTransport::DirectCopy& whole = job.copies[i];
+  const Job::Meta& meta = job.meta[i];
+  std::uint64_t landed = 0;
+  Status result = Status::ok();
+  bool cancelled = false;
+  while (landed < whole.bytes) {
+    const std::uint64_t part = std::min(kChunkBytes, whole.bytes - landed);
+    {
+      std::lock_guard lock(mutex_);
+      cancelled = job.cancelled;
+      if (cancelled) break;
+      job.started = i + 1;
+      job.parts_left = whole.bytes - landed - part;
+    }
+    if (meta.expires_ns != 0 && clock_() >= meta.expires_ns) {
+      result = Status::timeout("request {} of the batch: not done {} after submit (transfer timeout)", i,
+                               format_duration(meta.expires_ns - job.submitted_ns));
+      break;
+    }
+    transport::UcxTransport::DirectCopy piece = whole;
+    piece.local_offset += landed;
+    piece.remote_offset += landed;
+    piece.bytes = part;
+    Status copied;
+    if (Status s = ucx_.copy_direct(std::span(&piece, 1), std::span(&copied, 1)); !s.is_ok()) {
+      // Its region was unregistered or revoked, or its peer failed, since submit.
+      result = Status::unavailable("request {} of the batch: not copied: {}", i, s.message());
+      break;
+    }
+    if (!copied.is_ok()) {
+      result = std::move(copied);
+      break;
+    }
+    landed += part;
+    std::lock_guard lock(mutex_);
+    job.parts_landed = landed;
+  }
+  if (cancelled) result = Status::cancelled("request {} of the batch cancelled", i);
+  std::lock_guard lock(mutex_);
+  job.results[i] = std::move(result);
+  job.landed[i] = landed;
+  job.parts_landed = 0;
+  job.parts_left = 0;
+  job.started = std::max(job.started, i + 1);
+  job.finished = i + 1;
+  return !cancelled;
 }
 
 void DirectCopier::copy_each(Job& job, std::size_t from, std::size_t to, TimeNs now_ns) {

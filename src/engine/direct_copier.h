@@ -39,6 +39,7 @@ class DirectCopier {
     std::vector<transport::UcxTransport::DirectCopy> copies;  // one per request, in the batch's order
     std::vector<Meta> meta;                                   // per request
     std::vector<Status> results;                              // per request, once copied (or not)
+    std::vector<std::uint64_t> landed;                        // per request, once final: its bytes copied
     std::string notification;
     std::uint64_t bytes = 0;
     // Requests whose result is final: results[0, finished) may be read
@@ -46,6 +47,10 @@ class DirectCopier {
     std::size_t finished = 0;  // guarded by the copier's mutex
     std::size_t started = 0;   // requests a chunk took; guarded
     bool cancelled = false;    // guarded
+    // A request larger than a chunk is copied a chunk-sized part at a time
+    // (copy_in_parts): its bytes copied so far and those no part took yet.
+    std::uint64_t parts_landed = 0;  // guarded
+    std::uint64_t parts_left = 0;    // guarded
   };
   // Runs on the copier's thread once a job's every result is in: publishes it.
   using Done = std::function<void(Job&)>;
@@ -81,9 +86,10 @@ class DirectCopier {
   // The batch's final statuses: the state each result stands for.
   [[nodiscard]] static sched::RequestState state_of(const Status& result);
 
-  // A chunk's bytes: small enough that a cancel or a revocation waits for
-  // one of them (about 0.5 ms at memcpy's speed), large enough that the
-  // checks between them cost nothing measurable.
+  // A chunk's bytes: small enough that a cancel, a timeout or a revocation
+  // waits for one of them (about 0.5 ms at memcpy's speed), large enough
+  // that the checks between them cost nothing measurable. A larger request
+  // is copied in parts of this size.
   static constexpr std::uint64_t kChunkBytes = 4ULL << 20;
 
  private:
@@ -93,6 +99,9 @@ class DirectCopier {
   // Copies requests [from, to), which need a copy each (the chunk failed as
   // a whole, or some of it timed out): each gets its own result.
   void copy_each(Job& job, std::size_t from, std::size_t to, TimeNs now_ns);
+  // Copies request `i`, larger than a chunk, a chunk-sized part at a time;
+  // false when a cancel stopped it (what landed stays counted).
+  [[nodiscard]] bool copy_in_parts(Job& job, std::size_t i);
 
   const transport::UcxTransport& ucx_;
   Done done_;

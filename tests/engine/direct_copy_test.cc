@@ -24,6 +24,7 @@
 
 #include "baton/engine/engine.h"
 #include "baton/engine/pattern.h"
+#include "engine/direct_copier.h"
 #include "engine/metric_value.h"
 
 namespace baton::engine {
@@ -379,11 +380,14 @@ TEST(DirectCopy, LoopBatchesCopyOnDatapathThreadsByteExact) {
 }
 
 // An initiator whose copier is held in the middle of a batch, without
-// timing: batch A writes 12 MiB (12 requests of 1 MiB, three chunks) from a
-// buffer whose first page only a userfaultfd supplies, so the copier's
-// thread stops in A's first chunk until supply(). Whatever is submitted
-// meanwhile above the bound queues behind A.
+// timing: batch A writes 12 MiB (12 requests of 1 MiB, three chunks; or,
+// with `one_request`, one request of 12 MiB, three parts) from a buffer
+// whose first page only a userfaultfd supplies, so the copier's thread
+// stops in A's first chunk until supply(). Whatever is submitted meanwhile
+// above the bound queues behind A.
 struct HeldCopier {
+  bool one_request = false;
+  TimeNs a_timeout_ns = 0;
   static constexpr std::size_t kPage = 4096, kMiB = 1 << 20, kBytes = 12 * kMiB;
   static constexpr std::uint64_t kMine = 8, kTheirs = 7;  // pattern salts
   std::unique_ptr<Engine> holder = make_engine();
@@ -414,7 +418,10 @@ struct HeldCopier {
     if (!p) return p.error().to_string();
     peer = *p;
     Batch batch;
-    for (std::uint64_t i = 0; i < 12; ++i) batch.requests.push_back(write(i * kMiB, kMiB));
+    for (std::uint64_t i = 0; i < (one_request ? 1 : 12); ++i) {
+      batch.requests.push_back(write(i * kMiB, one_request ? kBytes : kMiB));
+      batch.requests.back().timeout_ns = a_timeout_ns;
+    }
     a = initiator->submit(batch);
     if (!a) return a.error().to_string();
     pollfd fault{uffd, POLLIN, 0};
@@ -517,6 +524,74 @@ TEST(DirectCopy, TheCopiersBatchesCanBeWatchedCancelledAndTimedOut) {
   EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), 4.0 * HeldCopier::kMiB);
   for (BatchHandle handle : {*h.a, *b, *c}) EXPECT_TRUE(h.initiator->release(handle).is_ok());
   EXPECT_TRUE(h.initiator->unregister(h.local.handle).is_ok());  // nothing names it any more
+}
+
+// A request larger than a chunk is copied a chunk-sized part at a time, so
+// a cancel or its timeout stops it between two parts, as the loop stops a
+// request between two slices: what landed stays counted, the rest stays
+// where it was. Unheld, the same request is copied whole, byte-exact.
+TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
+  constexpr std::uint64_t kPart = DirectCopier::kChunkBytes;
+  static_assert(HeldCopier::kBytes == 3 * kPart);
+  for (const bool timed_out : {false, true}) {
+    SCOPED_TRACE(timed_out ? "timeout" : "cancel");
+    HeldCopier h;
+    h.one_request = true;
+    h.a_timeout_ns = timed_out ? 1'000'000 : 0;
+    if (std::string why = h.set_up(); !why.empty()) {
+      if (h.a) h.supply();
+      GTEST_SKIP() << why;
+    }
+    auto now = h.initiator->poll(*h.a);
+    ASSERT_TRUE(now.has_value());
+    ASSERT_EQ(now->requests.size(), 1u);
+    EXPECT_EQ(now->requests[0].state, sched::RequestState::kRunning);
+    EXPECT_EQ(now->bytes_done, 0u);
+    if (timed_out) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its timeout, in its first part
+    } else {
+      EXPECT_TRUE(h.initiator->cancel(*h.a).is_ok()) << "its parts 2 and 3 are not taken yet";
+      now = h.initiator->poll(*h.a);
+      ASSERT_TRUE(now.has_value());
+      EXPECT_EQ(now->requests[0].state, sched::RequestState::kCancelling);
+      const Status again = h.initiator->cancel(*h.a);
+      EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(again.message().find("already stopping"), std::string::npos) << again.message();
+    }
+    h.supply();
+    ASSERT_TRUE(h.initiator->wait(*h.a, 10 * kSecond).is_ok());
+    auto end = h.initiator->poll(*h.a);
+    ASSERT_TRUE(end.has_value());
+    EXPECT_TRUE(end->done);
+    const sched::RequestStatus& r = end->requests.at(0);
+    EXPECT_EQ(end->status.code(), timed_out ? StatusCode::kTimeout : StatusCode::kCancelled) << end->status.to_string();
+    EXPECT_EQ(r.state, timed_out ? sched::RequestState::kTimedOut : sched::RequestState::kCancelled);
+    EXPECT_EQ(r.status.message(), timed_out ? "request 0 of the batch: not done 1 ms after submit (transfer timeout)"
+                                            : "request 0 of the batch cancelled");
+    EXPECT_EQ(r.bytes_done, kPart);
+    EXPECT_EQ(r.bytes_unsent, 2 * kPart);
+    EXPECT_EQ(end->bytes_done, kPart);
+    const std::span<std::byte> theirs = h.theirs_bytes();
+    EXPECT_FALSE(pattern_mismatch(theirs.first(kPart), HeldCopier::kMine).has_value());
+    EXPECT_FALSE(pattern_mismatch(theirs.subspan(kPart), HeldCopier::kTheirs, kPart).has_value());
+    const std::string m = h.initiator->metrics_text();
+    EXPECT_EQ(counter(m, timed_out ? "baton_engine_requests_total{op=\"write\",state=\"timeout\"}"
+                                   : "baton_engine_requests_total{op=\"write\",state=\"cancelled\"}"),
+              1);
+    EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), static_cast<double>(kPart));
+    EXPECT_TRUE(h.initiator->release(*h.a).is_ok());
+
+    // The page is there now: the same request, whole.
+    auto whole = h.initiator->submit(Batch{{h.write(0, HeldCopier::kBytes)}, {}});
+    ASSERT_TRUE(whole.has_value());
+    ASSERT_TRUE(h.initiator->wait(*whole, 10 * kSecond).is_ok());
+    auto st = h.initiator->poll(*whole);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(st->status.is_ok()) << st->status.to_string();
+    EXPECT_EQ(st->requests.at(0).bytes_done, HeldCopier::kBytes);
+    EXPECT_FALSE(pattern_mismatch(theirs, HeldCopier::kMine).has_value());
+    EXPECT_TRUE(h.initiator->release(*whole).is_ok());
+  }
 }
 
 // A batch the copier holds when the engine shuts down: shutdown returns
