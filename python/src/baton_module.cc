@@ -1049,6 +1049,19 @@ PYBIND11_MODULE(_baton, m) {
                                for (const auto& r : st.requests) out.push_back(state_name(r.state));
                                return out;
                              })
+      .def_property_readonly("deadlines_missed",
+                             [](const PyBatch& b) {
+                               auto st = value_or_raise(b.engine->get("deadlines_missed")->poll(b.handle));
+                               std::size_t missed = 0;
+                               for (const auto& r : st.requests) {
+                                 const bool ended = r.state != baton::sched::RequestState::kQueued &&
+                                                    r.state != baton::sched::RequestState::kRunning &&
+                                                    r.state != baton::sched::RequestState::kCancelling;
+                                 missed += ended && r.deadline_missed() ? 1 : 0;
+                               }
+                               return missed;
+                             },
+                             "Requests with a deadline that ended after it, or ended without completing")
       .def("_engine_fd", [](const PyBatch& b) { return b.engine->get("await")->batch_event_fd(); })
       .def_property_readonly("_engine", [](const PyBatch& b) { return b.engine; })
       .def("cancel", [](const PyBatch& b) { ok_or_raise(b.engine->get("cancel")->cancel(b.handle)); })

@@ -205,6 +205,26 @@ def test_a_timeout_stops_one_large_same_host_request_between_its_parts():
         batch.release()
 
 
+def test_a_deadline_that_cannot_be_met_runs_late_and_is_counted_missed():
+    """No local-recompute path from Python: the request is not refused, it ends late, and says so."""
+    size = 64 << 20
+    with baton.Engine() as h, baton.Engine() as e:
+        src = h.allocate(size)
+        h.export(src)
+        peer = e.connect(h.address)
+        local = np.zeros(size, dtype=np.uint8)
+        region = e.register(local)
+        late = baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=size,
+                             qos="hot_kv", deadline_ms=0.001)
+        plain = baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=4096)
+        batch = e.submit([late, plain])
+        batch.wait(timeout=30)
+        assert batch.status == "ok" and batch.states == ["completed", "completed"]
+        assert batch.deadlines_missed == 1
+        batch.release()
+        assert 'baton_engine_deadlines_missed_total{qos="hot_kv"} 1' in e.metrics_text()
+
+
 def test_a_same_host_batch_has_ended_when_submit_returns(holder):
     """The loop-free path: same-host batches are copied inside submit(); off, the scheduler carries them."""
     for limit, direct in ((16 << 20, 1), (0, 0)):

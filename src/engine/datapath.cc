@@ -66,6 +66,8 @@ Datapath::Datapath(VramStaging& staging, sched::Scheduler& scheduler, admission:
   (void)metrics_.declare_counter("baton_engine_requests_total", "Requests ended, per op and final state");
   (void)metrics_.declare_counter("baton_engine_bytes_total", "Bytes delivered, per op");
   (void)metrics_.declare_counter("baton_engine_batches_total", "Batches submitted");
+  (void)metrics_.declare_counter("baton_engine_deadlines_missed_total",
+                                 "Requests with a deadline that completed after it or ended without completing, per QoS class");
   (void)metrics_.declare_counter("baton_engine_notifications_sent_total", "Batch notifications sent to peers");
   (void)metrics_.declare_counter("baton_engine_direct_batches_total",
                                  "Same-host batches copied without the loop (within submit, or on the copier's thread)");
@@ -668,7 +670,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
   ended.status.status = Status::ok();
   // Counted here, added to the shared counters once per batch: a locked add
   // per request was a third of this function (perf).
-  std::uint64_t counts[2][kDirectStates]{}, bytes_done[2]{};
+  std::uint64_t counts[2][kDirectStates]{}, bytes_done[2]{}, missed[sched::kQosClassCount]{};
   // A reused node keeps its statuses: overwritten in place, not rebuilt.
   // Through local pointers: indexing the vectors made the compiler reload
   // their bounds after every store (callgrind).
@@ -682,6 +684,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
     const std::uint64_t done = ok ? r.length : r.landed_if_not_ok;
     const sched::RequestState state = ok ? sched::RequestState::kCompleted : DirectCopier::state_of(copy_results[i]);
     ++counts[op][ok ? 0 : direct_state_index(state)];
+    if (r.deadline_ns != 0 && (!ok || done_ns > r.deadline_ns)) ++missed[static_cast<std::size_t>(r.qos)];
     bytes_done[op] += done;
     batch_bytes += r.length;
     batch_done += done;
@@ -706,7 +709,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
   }
   ended.status.bytes = batch_bytes;
   ended.status.bytes_done = batch_done;
-  count_direct(counts, bytes_done);
+  count_direct(counts, bytes_done, missed);
 }
 
 void Datapath::publish_direct(std::uint64_t id, EndedNode node, const std::string& peer,
@@ -824,7 +827,8 @@ void Datapath::notify_direct(const std::string& peer, const std::string& notific
   }
 }
 
-void Datapath::count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]) {
+void Datapath::count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2],
+                            const std::uint64_t (&missed)[sched::kQosClassCount]) {
   ThreadCounts::Block& mine = direct_counts_.mine();
   mine.add(kDirectBatches, 1);
   for (std::size_t op = 0; op < 2; ++op) {
@@ -832,6 +836,18 @@ void Datapath::count_direct(const std::uint64_t (&counts)[2][kDirectStates], con
       if (counts[op][state] != 0) mine.add(kDirectRequests + state * 2 + op, counts[op][state]);
     }
     if (bytes[op] != 0) mine.add(kDirectBytes + op, bytes[op]);
+  }
+  for (std::size_t q = 0; q < sched::kQosClassCount; ++q) {
+    if (missed[q] != 0) mine.add(kDirectMissed + q, missed[q]);
+  }
+}
+
+void Datapath::count_missed(const std::uint64_t (&missed)[sched::kQosClassCount]) {
+  for (std::size_t q = 0; q < sched::kQosClassCount; ++q) {
+    if (missed[q] == 0) continue;
+    metrics_.add("baton_engine_deadlines_missed_total",
+                 {{"qos", std::string(sched::to_string(static_cast<sched::QosClass>(q)))}},
+                 static_cast<double>(missed[q]));
   }
 }
 
@@ -855,6 +871,9 @@ void Datapath::flush_direct_metrics() {
     }
     if (const auto b = added[kDirectBytes + op]) metrics_.add("baton_engine_bytes_total", {{"op", name}}, static_cast<double>(b));
   }
+  std::uint64_t missed[sched::kQosClassCount]{};
+  for (std::size_t q = 0; q < sched::kQosClassCount; ++q) missed[q] = added[kDirectMissed + q];
+  count_missed(missed);
 }
 
 void Datapath::before_scrape() {
@@ -1025,6 +1044,7 @@ void Datapath::end_batches(std::size_t per_batch) {
       const bool ok = s.state == sched::RequestState::kCompleted;
       e.all_ok = e.all_ok && ok;
       ++e.ended[op][static_cast<std::size_t>(s.state) & 7];
+      if (s.deadline_missed()) ++e.missed[static_cast<std::size_t>(s.qos)];
       if (ok) e.bytes[op] += s.bytes;
       if (scheduler_.posted_slices(b.requests[i]) > 0) snapshot.clean = false;
     }
@@ -1039,6 +1059,10 @@ void Datapath::finish_ending(Ending& e, BatchRecord& b) {
   append_refused(b, e.node.mapped().status);
   e.all_ok = e.all_ok && b.refused.empty();
   for (int op = 0; op < 2; ++op) e.ended[op][static_cast<std::size_t>(sched::RequestState::kFailed)] += b.refused_ops[op];
+  for (const sched::RequestStatus& s : b.refused) {
+    if (s.deadline_missed()) ++e.missed[static_cast<std::size_t>(s.qos)];
+  }
+  count_missed(e.missed);
   for (int op = 0; op < 2; ++op) {
     const std::string name(op_name(op == 0 ? Op::kRead : Op::kWrite));
     for (std::size_t state = 0; state < 8; ++state) {

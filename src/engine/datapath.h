@@ -343,9 +343,13 @@ class Datapath {
     }
     return 1;  // any other end counts as failed
   }
-  static constexpr std::size_t kDirectBatches = 0, kDirectRequests = 1, kDirectBytes = 1 + 2 * kDirectStates;
-  static_assert(kDirectBytes + 2 <= ThreadCounts::kCounters);
-  void count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2]);
+  static constexpr std::size_t kDirectBatches = 0, kDirectRequests = 1, kDirectBytes = 1 + 2 * kDirectStates,
+                               kDirectMissed = kDirectBytes + 2;  // per QoS class
+  static_assert(kDirectMissed + sched::kQosClassCount <= ThreadCounts::kCounters);
+  void count_direct(const std::uint64_t (&counts)[2][kDirectStates], const std::uint64_t (&bytes)[2],
+                    const std::uint64_t (&missed)[sched::kQosClassCount] = {});
+  // baton_engine_deadlines_missed_total, per QoS class.
+  void count_missed(const std::uint64_t (&missed)[sched::kQosClassCount]);
   // run_direct's end: the counts, and ok or the first failed copy's status.
   [[nodiscard]] Status count_ran(const Batch& batch, std::vector<Status>& results);
   // submit_direct's checks of each request, gathering its copies: false
@@ -384,6 +388,7 @@ class Datapath {
     bool all_ok = true;
     std::uint64_t ended[2][8]{};  // per op (read, write), per final state
     std::uint64_t bytes[2]{};     // delivered, per op
+    std::uint64_t missed[sched::kQosClassCount]{};  // deadlines missed, per QoS class
   };
   std::deque<Ending> ending_;  // in the order they ended; on the loop
   // Makes an ended batch's final status visible to waiting threads.

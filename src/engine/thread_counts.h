@@ -15,7 +15,7 @@ namespace baton::engine {
 
 class ThreadCounts {
  public:
-  static constexpr std::size_t kCounters = 12;
+  static constexpr std::size_t kCounters = 16;
   using Totals = std::array<std::uint64_t, kCounters>;
 
   ThreadCounts();

@@ -400,7 +400,9 @@ struct HeldCopier {
 
   // Empty when set up, else why the test is skipped.
   std::string set_up() {
-    uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC));
+    // Non-blocking: a copy that never reached the page (its request timed
+    // out first on a loaded machine) skips the test instead of hanging it.
+    uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
     if (uffd < 0) return std::string("no userfaultfd here: ") + std::strerror(errno);
     uffdio_api api{UFFD_API, 0, {}};
     if (::ioctl(uffd, UFFDIO_API, &api) != 0) return "UFFDIO_API refused";
@@ -537,7 +539,9 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
     SCOPED_TRACE(timed_out ? "timeout" : "cancel");
     HeldCopier h;
     h.one_request = true;
-    h.a_timeout_ns = timed_out ? 1'000'000 : 0;
+    // Long enough that the copier's first part starts (and is held) before
+    // it, on a loaded machine too; else set_up skips.
+    h.a_timeout_ns = timed_out ? 200'000'000 : 0;
     if (std::string why = h.set_up(); !why.empty()) {
       if (h.a) h.supply();
       GTEST_SKIP() << why;
@@ -548,7 +552,7 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
     EXPECT_EQ(now->requests[0].state, sched::RequestState::kRunning);
     EXPECT_EQ(now->bytes_done, 0u);
     if (timed_out) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its timeout, in its first part
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past its timeout, in its first part
     } else {
       EXPECT_TRUE(h.initiator->cancel(*h.a).is_ok()) << "its parts 2 and 3 are not taken yet";
       now = h.initiator->poll(*h.a);
@@ -566,7 +570,7 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
     const sched::RequestStatus& r = end->requests.at(0);
     EXPECT_EQ(end->status.code(), timed_out ? StatusCode::kTimeout : StatusCode::kCancelled) << end->status.to_string();
     EXPECT_EQ(r.state, timed_out ? sched::RequestState::kTimedOut : sched::RequestState::kCancelled);
-    EXPECT_EQ(r.status.message(), timed_out ? "request 0 of the batch: not done 1 ms after submit (transfer timeout)"
+    EXPECT_EQ(r.status.message(), timed_out ? "request 0 of the batch: not done 200 ms after submit (transfer timeout)"
                                             : "request 0 of the batch cancelled");
     EXPECT_EQ(r.bytes_done, kPart);
     EXPECT_EQ(r.bytes_unsent, 2 * kPart);
@@ -592,6 +596,56 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
     EXPECT_FALSE(pattern_mismatch(theirs, HeldCopier::kMine).has_value());
     EXPECT_TRUE(h.initiator->release(*whole).is_ok());
   }
+}
+
+// baton_engine_deadlines_missed_total counts, per QoS class, the requests
+// that ended after their deadline or without completing, on every path:
+// the loop's (a deadline already past: admission ends it infeasible), the
+// copier's (a batch queued behind a held one past its deadline), and none
+// for requests in time or without a deadline.
+TEST(DirectCopy, MissedDeadlinesAreCountedPerQosOnEveryPath) {
+  Pair loop(/*direct_copy_max_bytes=*/0);
+  Request late = loop.request(Op::kRead, 0, loop.allocated, 0, 512 << 10);
+  late.qos = sched::QosClass::kDecodeCritical;
+  late.deadline_ns = loop.initiator->now_ns() + 1;
+  Request in_time = loop.request(Op::kRead, 512 << 10, loop.allocated, 512 << 10, 4096);
+  in_time.deadline_ns = loop.initiator->now_ns() + 60 * kSecond;
+  for (const Request& r : {late, in_time, loop.request(Op::kRead, 768 << 10, loop.allocated, 768 << 10, 4096)}) {
+    auto h = loop.initiator->submit(Batch{{r}, {}});
+    ASSERT_TRUE(h.has_value()) << h.error().to_string();
+    ASSERT_TRUE(loop.initiator->wait(*h, 10 * kSecond).is_ok());
+    (void)loop.initiator->release(*h);
+  }
+  std::string m = loop.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_deadlines_missed_total{qos=\"decode_critical\"}"), 1);
+  EXPECT_EQ(counter(m, "baton_engine_deadlines_missed_total{qos=\"prefill_bulk\"}"), 0);
+
+  HeldCopier h;
+  if (std::string why = h.set_up(); !why.empty()) {
+    if (h.a) h.supply();
+    GTEST_SKIP() << why;
+  }
+  // Behind A's 12 MiB, 20 ms is feasible at 1 ns a byte: it queues on the
+  // copier, and A is held past it.
+  Request queued = h.write(11 * HeldCopier::kMiB, 8192);
+  queued.qos = sched::QosClass::kHotKv;
+  queued.deadline_ns = h.initiator->now_ns() + 20'000'000;
+  auto b = h.initiator->submit(Batch{{queued}, {}});
+  ASSERT_TRUE(b.has_value());
+  auto queued_now = h.initiator->poll(*b);
+  ASSERT_TRUE(queued_now.has_value());
+  EXPECT_EQ(queued_now->requests.at(0).state, sched::RequestState::kQueued) << "not on the copier";
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  h.supply();
+  for (BatchHandle handle : {*h.a, *b}) ASSERT_TRUE(h.initiator->wait(handle, 10 * kSecond).is_ok());
+  auto end = h.initiator->poll(*b);
+  ASSERT_TRUE(end.has_value());
+  EXPECT_TRUE(end->status.is_ok()) << "late, not failed";
+  EXPECT_TRUE(end->requests.at(0).deadline_missed());
+  m = h.initiator->metrics_text();
+  EXPECT_EQ(counter(m, "baton_engine_deadlines_missed_total{qos=\"hot_kv\"}"), 1);
+  EXPECT_EQ(counter(m, "baton_engine_deadlines_missed_total{qos=\"prefill_bulk\"}"), 0);  // A has no deadline
+  for (BatchHandle handle : {*h.a, *b}) EXPECT_TRUE(h.initiator->release(handle).is_ok());
 }
 
 // A batch the copier holds when the engine shuts down: shutdown returns
