@@ -574,8 +574,7 @@ bool Datapath::gather_direct(const Batch& batch, TimeNs now_ns, std::vector<tran
 }
 
 std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
-                                                          transport::UcxTransport::ResolvedCopies* resolved,
-                                                          DirectMode mode) {
+                                                          transport::UcxTransport::ResolvedCopies* resolved) {
   if (batch.requests.empty() || batch.notification.size() > transport::kMaxNotificationBytes) return std::nullopt;
   if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
   auto& [copies, results] = direct_scratch();
@@ -590,10 +589,7 @@ std::optional<Result<BatchHandle>> Datapath::submit_direct(const Batch& batch, T
   } else if (!gather_direct(batch, now_ns, copies, bytes, earliest)) {
     return std::nullopt;
   }
-  if (!checked && bytes > max_bytes) {
-    if (mode == DirectMode::kSubmit) return submit_copying(batch, now_ns, copies, bytes, earliest);
-    resolved = nullptr;  // copied here since the caller waits, but not kept for a submit to copy here too
-  }
+  if (!checked && bytes > max_bytes) return submit_copying(batch, now_ns, copies, bytes, earliest);
   results.resize(batch.requests.size());  // copy_direct sets each, ok or not
   const Status copied = resolved != nullptr ? ucx_.copy_direct(copies, *resolved, results) : ucx_.copy_direct(copies, results);
   if (!copied.is_ok()) return std::nullopt;
@@ -655,7 +651,7 @@ void Datapath::end_copied(DirectCopier::Job& job) {
   end_direct(node.mapped(), job.copies.size(),
              [&job](std::size_t i) {
                return DirectEnd{job.copies[i].op, job.copies[i].bytes, job.meta[i].qos, job.meta[i].deadline_ns,
-                                job.landed[i]};
+                                job.landed[i], job.completed_ns[i]};
              },
              job.results.data(), job.submitted_ns, done_ns);
   publish_direct(job.id, std::move(node), job.peers.front(), job.notification);  // a batch names a peer at least once
@@ -683,9 +679,10 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
     const bool ok = copy_results[i].is_ok();
     const std::uint64_t done = ok ? r.length : r.landed_if_not_ok;
     const sched::RequestState state = ok ? sched::RequestState::kCompleted : DirectCopier::state_of(copy_results[i]);
+    const TimeNs completed_ns = r.completed_ns != 0 ? r.completed_ns : done_ns;
     ++counts[op][ok ? 0 : direct_state_index(state)];
-    if (r.deadline_ns != 0 && (!ok || done_ns > r.deadline_ns)) ++missed[static_cast<std::size_t>(r.qos)];
-    bytes_done[op] += done;
+    if (r.deadline_ns != 0 && (!ok || completed_ns > r.deadline_ns)) ++missed[static_cast<std::size_t>(r.qos)];
+    bytes_done[op] += ok ? r.length : 0;  // delivered: completed requests, as on the loop
     batch_bytes += r.length;
     batch_done += done;
     sched::RequestStatus& s = statuses[i];
@@ -696,7 +693,7 @@ void Datapath::end_direct(Ended& ended, std::size_t n_requests, At at, Status* c
     s.bytes_unsent = r.length - done;
     s.deadline_ns = r.deadline_ns;
     s.submitted_ns = submitted_ns;
-    s.completed_ns = done_ns;
+    s.completed_ns = completed_ns;
     s.slices_spilled = 0;
     s.slices_preempted = 0;
     if (ok) {
@@ -742,14 +739,18 @@ std::optional<Status> Datapath::run_direct(const Batch& batch, transport::UcxTra
   return count_ran(batch, results);
 }
 
-std::optional<Status> Datapath::run_direct(const Batch& batch) {
+std::optional<Status> Datapath::run_direct(const Batch& batch, std::uint64_t max_bytes) {
   if (batch.requests.empty() || !batch.notification.empty()) return std::nullopt;
   if (loop_requests_.load(std::memory_order_relaxed) != 0) return std::nullopt;  // the scheduler decides
   auto& [copies, results] = direct_scratch();
   std::uint64_t bytes = 0;
   TimeNs earliest = 0;
   // No request has a deadline (the caller checked), so no clock is read.
-  if (!gather_direct(batch, /*now_ns=*/0, copies, bytes, earliest) || earliest != 0) return std::nullopt;
+  // A larger batch goes to the copier, whose parts a timeout or a
+  // revocation waits for, not the whole copy.
+  if (!gather_direct(batch, /*now_ns=*/0, copies, bytes, earliest) || earliest != 0 || bytes > max_bytes) {
+    return std::nullopt;
+  }
   results.resize(batch.requests.size());
   if (!ucx_.copy_direct(copies, results).is_ok()) return std::nullopt;  // the loop's way, which says why
   return count_ran(batch, results);

@@ -125,10 +125,9 @@ class Datapath {
   // reports every invalid request).
   // With `resolved` (a PreparedBatch's), the copies are resolved once per
   // published table instead of per batch.
-  enum class DirectMode : std::uint8_t { kSubmit, kCallerWaits };
   [[nodiscard]] std::optional<Result<BatchHandle>> submit_direct(
       const Batch& batch, TimeNs now_ns, std::uint64_t max_bytes,
-      transport::UcxTransport::ResolvedCopies* resolved = nullptr, DirectMode mode = DirectMode::kSubmit);
+      transport::UcxTransport::ResolvedCopies* resolved = nullptr);
   // A batch on the copier's thread: its status so far (false when `id` is
   // not one), a cancel (nullopt when not one), and whether it holds `id`.
   [[nodiscard]] bool copying_status(std::uint64_t id, BatchStatus& out) const { return copier_->status(id, out); }
@@ -141,9 +140,10 @@ class Datapath {
   [[nodiscard]] std::optional<Status> run_direct(const Batch& batch,
                                                  transport::UcxTransport::ResolvedCopies& resolved);
   // The same for a batch not prepared: checked and copied as submit_direct
-  // would, of any size, with no record. nullopt (it takes submit's way) for
-  // a request with a deadline, whose miss only a record would show.
-  [[nodiscard]] std::optional<Status> run_direct(const Batch& batch);
+  // would, up to `max_bytes`, with no record. nullopt (it takes submit's
+  // way, a larger batch the copier's) for a request with a deadline, whose
+  // miss only a record would show.
+  [[nodiscard]] std::optional<Status> run_direct(const Batch& batch, std::uint64_t max_bytes);
   // An eventfd counting batches that ended (see Engine::batch_event_fd).
   // It is written only once somebody asked for it; a batch that ended
   // before (one copied within submit, say) makes it readable at that first
@@ -275,6 +275,7 @@ class Datapath {
     sched::QosClass qos;
     TimeNs deadline_ns;
     std::uint64_t landed_if_not_ok = 0;  // a request the copier stopped between two of its parts
+    TimeNs completed_ns = 0;             // when it ended, if not at the batch's end (the copier's chunks)
   };
   struct Ended;
   template <class At>

@@ -25,6 +25,7 @@ DirectCopier::~DirectCopier() {
 void DirectCopier::push(std::unique_ptr<Job> job) {
   job->results.resize(job->copies.size());  // before a poll can look at it
   job->landed.resize(job->copies.size());
+  job->completed_ns.resize(job->copies.size());
   {
     std::lock_guard lock(mutex_);
     for (const auto& c : job->copies) ++naming_[c.local];
@@ -114,11 +115,13 @@ bool DirectCopier::status(std::uint64_t id, BatchStatus& out) const {
     s.status = final ? job.results[i] : dropped ? Status::cancelled("request {} of the batch cancelled", i) : Status::ok();
     s.qos = job.meta[i].qos;
     s.bytes = length;
-    s.bytes_done = final ? job.landed[i] : i + 1 == job.started ? job.parts_landed : 0;
-    s.bytes_unsent = length - s.bytes_done;
+    const bool in_parts = !final && i + 1 == job.started && (job.parts_left > 0 || job.parts_landed > 0);
+    s.bytes_done = final ? job.landed[i] : in_parts ? job.parts_landed : 0;
+    // As on the loop, what no slice (here: no part) has taken yet.
+    s.bytes_unsent = final ? length - s.bytes_done : in_parts ? job.parts_left : i < job.started ? 0 : length;
     s.deadline_ns = job.meta[i].deadline_ns;
     s.submitted_ns = job.submitted_ns;
-    s.completed_ns = 0;
+    s.completed_ns = final ? job.completed_ns[i] : 0;
     s.slices_spilled = 0;
     s.slices_preempted = 0;
     out.bytes_done += s.bytes_done;
@@ -178,16 +181,22 @@ void DirectCopier::copy(Job& job) {
     const std::span<Status> results(job.results.data() + from, to - from);
     // The chunk is checked again: a region or peer may have gone since submit.
     if (expired || !ucx_.copy_direct(chunk, results).is_ok()) copy_each(job, from, to, now_ns);
+    const TimeNs ended_ns = clock_();
     {
       std::lock_guard lock(mutex_);
-      for (std::size_t i = from; i < to; ++i) job.landed[i] = job.results[i].is_ok() ? job.copies[i].bytes : 0;
+      for (std::size_t i = from; i < to; ++i) {
+        job.landed[i] = job.results[i].is_ok() ? job.copies[i].bytes : 0;
+        job.completed_ns[i] = ended_ns;
+      }
       job.finished = to;
     }
     from = to;
   }
+  const TimeNs ended_ns = clock_();
   std::lock_guard lock(mutex_);
   for (std::size_t i = job.finished; i < n; ++i) {
     job.results[i] = Status::cancelled("request {} of the batch cancelled", i);  // as the loop says it
+    job.completed_ns[i] = ended_ns;
   }
   job.finished = n;
 }
@@ -200,17 +209,18 @@ bool DirectCopier::copy_in_parts(Job& job, std::size_t i) {
   bool cancelled = false;
   while (landed < whole.bytes) {
     const std::uint64_t part = std::min(kChunkBytes, whole.bytes - landed);
+    const bool expired = meta.expires_ns != 0 && clock_() >= meta.expires_ns;
     {
+      // Decided with the cancel's view: a cancel answered ok stops this
+      // request, and one that comes after this ends "already stopping".
       std::lock_guard lock(mutex_);
       cancelled = job.cancelled;
-      if (cancelled) break;
+      if (cancelled || expired) {
+        job.parts_left = 0;
+        break;
+      }
       job.started = i + 1;
       job.parts_left = whole.bytes - landed - part;
-    }
-    if (meta.expires_ns != 0 && clock_() >= meta.expires_ns) {
-      result = Status::timeout("request {} of the batch: not done {} after submit (transfer timeout)", i,
-                               format_duration(meta.expires_ns - job.submitted_ns));
-      break;
     }
     transport::UcxTransport::DirectCopy piece = whole;
     piece.local_offset += landed;
@@ -219,21 +229,28 @@ bool DirectCopier::copy_in_parts(Job& job, std::size_t i) {
     Status copied;
     if (Status s = ucx_.copy_direct(std::span(&piece, 1), std::span(&copied, 1)); !s.is_ok()) {
       // Its region was unregistered or revoked, or its peer failed, since submit.
-      result = Status::unavailable("request {} of the batch: not copied: {}", i, s.message());
-      break;
+      copied = Status::unavailable("request {} of the batch: not copied: {}", i, s.message());
     }
+    std::lock_guard lock(mutex_);
     if (!copied.is_ok()) {
+      job.parts_left = 0;
       result = std::move(copied);
       break;
     }
     landed += part;
-    std::lock_guard lock(mutex_);
     job.parts_landed = landed;
   }
-  if (cancelled) result = Status::cancelled("request {} of the batch cancelled", i);
+  if (cancelled) {
+    result = Status::cancelled("request {} of the batch cancelled", i);
+  } else if (landed < whole.bytes && result.is_ok()) {
+    result = Status::timeout("request {} of the batch: not done {} after submit (transfer timeout)", i,
+                             format_duration(meta.expires_ns - job.submitted_ns));
+  }
+  const TimeNs ended_ns = clock_();
   std::lock_guard lock(mutex_);
   job.results[i] = std::move(result);
   job.landed[i] = landed;
+  job.completed_ns[i] = ended_ns;
   job.parts_landed = 0;
   job.parts_left = 0;
   job.started = std::max(job.started, i + 1);

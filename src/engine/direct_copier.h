@@ -40,6 +40,7 @@ class DirectCopier {
     std::vector<Meta> meta;                                   // per request
     std::vector<Status> results;                              // per request, once copied (or not)
     std::vector<std::uint64_t> landed;                        // per request, once final: its bytes copied
+    std::vector<TimeNs> completed_ns;                         // per request, once final: when it ended
     std::string notification;
     std::uint64_t bytes = 0;
     // Requests whose result is final: results[0, finished) may be read
@@ -65,8 +66,9 @@ class DirectCopier {
   // thread starts with the first.
   void push(std::unique_ptr<Job> job);
   // Any thread: what it did to batch `id` — kCancelled (its requests not
-  // yet in a chunk end cancelled), kFinishing (every request is in a chunk
-  // already), or kUnknown (not the copier's, or no longer).
+  // yet in a chunk end cancelled, and a request copied in parts stops after
+  // the part under way), kFinishing (every request is in a chunk already
+  // and no part is left), or kUnknown (not the copier's, or no longer).
   enum class Cancel : std::uint8_t { kCancelled, kFinishing, kUnknown };
   [[nodiscard]] Cancel cancel(std::uint64_t id);
   // Cancels every job (the engine's shutdown).

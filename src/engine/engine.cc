@@ -59,10 +59,9 @@ struct Engine::State {
   }
 
   // Without the loop when the batch can go that way (Datapath::submit_direct).
-  Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved,
-                             Datapath::DirectMode mode = Datapath::DirectMode::kSubmit) {
+  Result<BatchHandle> submit(const Batch& batch, transport::UcxTransport::ResolvedCopies* resolved) {
     if (direct_copy_max_bytes > 0) {
-      if (auto direct = datapath->submit_direct(batch, core->now_ns(), direct_copy_max_bytes, resolved, mode)) {
+      if (auto direct = datapath->submit_direct(batch, core->now_ns(), direct_copy_max_bytes, resolved)) {
         return std::move(*direct);
       }
     }
@@ -245,13 +244,13 @@ Status Engine::check(const Batch& batch) {
 
 Status Engine::run(const Batch& batch) {
   if (Status s = state_->usable("run"); !s.is_ok()) return s;
-  // The caller waits anyway: a same-host batch of any size is copied on its
-  // thread, with no record when no deadline asks for its stamps.
+  // A same-host batch is copied on the caller's thread with no record when
+  // no deadline asks for its stamps (a larger one on the copier, as submit).
   if (state_->direct_copy_max_bytes > 0 &&
       std::ranges::none_of(batch.requests, [](const Request& r) { return r.deadline_ns != 0; })) {
-    if (auto ran = state_->datapath->run_direct(batch)) return std::move(*ran);
+    if (auto ran = state_->datapath->run_direct(batch, state_->direct_copy_max_bytes)) return std::move(*ran);
   }
-  return finish_run(*this, state_->submit(batch, nullptr, Datapath::DirectMode::kCallerWaits));
+  return finish_run(*this, state_->submit(batch, nullptr));
 }
 
 Status Engine::run(PreparedBatch& batch) {
@@ -259,7 +258,7 @@ Status Engine::run(PreparedBatch& batch) {
   if (state_->direct_copy_max_bytes > 0) {
     if (auto ran = state_->datapath->run_direct(batch.batch_, batch.resolved_)) return std::move(*ran);
   }
-  return finish_run(*this, state_->submit(batch.batch_, &batch.resolved_, Datapath::DirectMode::kCallerWaits));
+  return finish_run(*this, state_->submit(batch.batch_, &batch.resolved_));
 }
 
 Result<BatchStatus> Engine::poll(BatchHandle batch) {

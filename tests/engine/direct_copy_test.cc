@@ -558,6 +558,7 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
       now = h.initiator->poll(*h.a);
       ASSERT_TRUE(now.has_value());
       EXPECT_EQ(now->requests[0].state, sched::RequestState::kCancelling);
+      EXPECT_EQ(now->requests[0].bytes_unsent, 2 * kPart);  // the parts not taken
       const Status again = h.initiator->cancel(*h.a);
       EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
       EXPECT_NE(again.message().find("already stopping"), std::string::npos) << again.message();
@@ -582,7 +583,7 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
     EXPECT_EQ(counter(m, timed_out ? "baton_engine_requests_total{op=\"write\",state=\"timeout\"}"
                                    : "baton_engine_requests_total{op=\"write\",state=\"cancelled\"}"),
               1);
-    EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), static_cast<double>(kPart));
+    EXPECT_EQ(counter(m, "baton_engine_bytes_total{op=\"write\"}"), 0);  // delivered: completed requests, as on the loop
     EXPECT_TRUE(h.initiator->release(*h.a).is_ok());
 
     // The page is there now: the same request, whole.
@@ -600,9 +601,10 @@ TEST(DirectCopy, ARequestLargerThanAChunkStopsBetweenItsParts) {
 
 // baton_engine_deadlines_missed_total counts, per QoS class, the requests
 // that ended after their deadline or without completing, on every path:
-// the loop's (a deadline already past: admission ends it infeasible), the
-// copier's (a batch queued behind a held one past its deadline), and none
-// for requests in time or without a deadline.
+// the loop's (a deadline 1 ns away: it completes late, or is ended
+// infeasible under a policy that drops such requests), the copier's (a
+// request queued behind a held batch past its deadline, stamped when its
+// own chunk ended), and none for requests in time or without a deadline.
 TEST(DirectCopy, MissedDeadlinesAreCountedPerQosOnEveryPath) {
   Pair loop(/*direct_copy_max_bytes=*/0);
   Request late = loop.request(Op::kRead, 0, loop.allocated, 0, 512 << 10);
