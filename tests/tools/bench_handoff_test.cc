@@ -171,6 +171,11 @@ TEST(BenchHandoff, DurationFlagsSayWhyTheyAreRefused) {
       {"bench handoff --spawn --requests 10 --stop-consumer-at 10", "--stop-consumer-at 10: there are 10 requests"},
       {"bench idle --duration 1e400s", "unknown unit \"e400s\""},
       {"bench throughput --duration 0s", "\"0s\" is zero"},
+      // Near INT64_MAX ns it fits, but wrapped the clock into the past: the
+      // run ended at once with exit 0 (a newcomer's audit).
+      {"bench throughput --spawn --duration 2562047h", "\"2562047h\" is more than a year"},
+      {"bench deadlines --decode-deadlines 9223372036854775807ns", "is more than a year"},
+      {"bench latency --spawn --deadline 9000h", "\"9000h\" is more than a year"},
       {"store --lock-timeout 9999999999h", "too large"},
       {"bench store --spawn --lock-timeout 0s", "\"0s\" is zero"},
       {"store --unsealed-timeout -1s", "expected a non-negative number first"},

@@ -43,7 +43,7 @@ Status fill_workload(const DeadlinesOptions& o, DeadlinesWorkload& w) {
   if (!o.decode_deadlines.empty()) {
     w.decode_deadlines_ns.clear();
     for (const std::string& text : o.decode_deadlines) {
-      auto ns = parse_duration(text);
+      auto ns = parse_flag_duration(text);
       if (!ns) return Status::invalid_argument("--decode-deadlines: {}", ns.error().message());
       w.decode_deadlines_ns.push_back(*ns);
     }

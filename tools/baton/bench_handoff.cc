@@ -525,7 +525,7 @@ std::pair<Clock::duration, Clock::duration> Bench::run_wave(const std::vector<st
 int Bench::run() {
   if (!o_.spawn) return fail(2, "--spawn is required: the bench starts one process per rank itself");
   if (o_.order != "hnd" && o_.order != "nhd") return fail(2, fmt::format("--order \"{}\": expected hnd or nhd", o_.order));
-  auto timeout = parse_duration(o_.timeout);
+  auto timeout = parse_flag_duration(o_.timeout);
   if (!timeout || *timeout <= 0) return fail(2, fmt::format("--timeout \"{}\": expected a positive duration", o_.timeout));
   timeout_ns_ = *timeout;
   auto worker_timeout = parse_duration(o_.worker_timeout);

@@ -44,7 +44,7 @@ Result<double> cpu_seconds(pid_t pid) {
 }
 
 int run_idle(const IdleOptions& o) {
-  auto duration = parse_duration(o.duration);
+  auto duration = parse_flag_duration(o.duration);
   if (!duration || *duration <= 0) {
     fmt::print(stderr, "baton bench idle: --duration: {}\n", duration ? "must be > 0" : duration.error().message());
     return 2;

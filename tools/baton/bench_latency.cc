@@ -109,7 +109,7 @@ int run_latency(const LatencyOptions& o) {
   if (*block == 0 || *block > (std::uint64_t{1} << 30)) return fail(2, "--block-size must be in (0, 1 GiB]");
   TimeNs deadline_ns = 0;
   if (!o.deadline.empty()) {
-    auto d = parse_duration(o.deadline);
+    auto d = parse_flag_duration(o.deadline);
     if (!d) return fail(2, fmt::format("--deadline: {}", d.error().message()));
     if (*d <= 0) return fail(2, "--deadline must be above 0");
     if (o.prepared) return fail(2, "--deadline needs a new request each time: not with --prepared");

@@ -65,7 +65,7 @@ Result<Plan> check_options(const ThroughputOptions& o) {
   if (!block) return std::unexpected(Status::invalid_argument("--block-size: {}", block.error().message()));
   if (*block == 0) return std::unexpected(Status::invalid_argument("--block-size must be > 0"));
   p.block = *block;
-  auto duration = parse_duration(o.duration);
+  auto duration = parse_flag_duration(o.duration);
   if (!duration) return std::unexpected(Status::invalid_argument("--duration: {}", duration.error().message()));
   if (*duration <= 0) return std::unexpected(Status::invalid_argument("--duration must be > 0"));
   p.duration_ns = *duration;

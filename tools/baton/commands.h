@@ -69,12 +69,24 @@ inline const CLI::Validator kPolicyFile(
     },
     "PATH");
 
-// A duration above zero that fits in nanoseconds ("200ms", "60s"): said
-// at parse time, with parse_duration's reason ("too large" for
-// 100000000h, not "not positive").
+// A duration flag's value: parse_duration's, at most a year. A bench adds
+// it to the clock, and a value near INT64_MAX ns wrapped into the past
+// (a 2562047h run ended at once, "verified", exit 0).
+inline Result<TimeNs> parse_flag_duration(std::string_view text) {
+  constexpr TimeNs kYearNs = TimeNs{365} * 24 * 3600 * 1'000'000'000;
+  auto ns = parse_duration(text);
+  if (ns && *ns > kYearNs) {
+    return std::unexpected(Status::invalid_argument("\"{}\" is more than a year (expected at most 8760h)", text));
+  }
+  return ns;
+}
+
+// A duration above zero that fits in nanoseconds ("200ms", "60s"), at most
+// a year: said at parse time, with parse_duration's reason ("too large"
+// for 100000000h, not "not positive").
 inline const CLI::Validator kPositiveDuration(
     [](std::string& text) -> std::string {
-      auto ns = parse_duration(text);
+      auto ns = parse_flag_duration(text);
       if (!ns) return ns.error().message();
       return *ns > 0 ? "" : "\"" + text + "\" is zero (expected a positive duration)";
     },
