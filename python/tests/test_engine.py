@@ -1,6 +1,7 @@
 """The `baton` Python module against a second process (holder.py): real UCX
 transfers over loopback, byte-exact, and every exception class."""
 import asyncio
+import contextlib
 import gc
 import hashlib
 import os
@@ -185,15 +186,20 @@ def test_batches_report_bytes_and_states(holder, engine):
     assert words[1:] == ["1", "sixteen", "landed"]
 
 
+@contextlib.contextmanager
+def same_host_pair(size):
+    """An engine reading from another one in this process that exports `size` allocated bytes."""
+    with baton.Engine() as h, baton.Engine() as e:
+        h.export(h.allocate(size))
+        peer = e.connect(h.address)
+        local = np.zeros(size, dtype=np.uint8)
+        yield e, peer, e.register(local)
+
+
 def test_a_timeout_stops_one_large_same_host_request_between_its_parts():
     """The copier copies a request above 4 MiB in parts: read(timeout=) ends it, cancelled, part way."""
     size = 256 << 20  # a copy of milliseconds anywhere; the timeout is a microsecond
-    with baton.Engine() as h, baton.Engine() as e:
-        src = h.allocate(size)
-        h.export(src)
-        peer = e.connect(h.address)
-        local = np.ones(size, dtype=np.uint8)
-        region = e.register(local)
+    with same_host_pair(size) as (e, peer, region):
         with pytest.raises(baton.Timeout, match="read: not done within 1e-06 s; the request was cancelled"):
             e.read(local=region, peer=peer, remote=peer.regions[0], length=size, timeout=1e-6)
         batch = e.submit([baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=size)])
@@ -208,12 +214,7 @@ def test_a_timeout_stops_one_large_same_host_request_between_its_parts():
 def test_a_deadline_that_cannot_be_met_runs_late_and_is_counted_missed():
     """No local-recompute path from Python: the request is not refused, it ends late, and says so."""
     size = 64 << 20
-    with baton.Engine() as h, baton.Engine() as e:
-        src = h.allocate(size)
-        h.export(src)
-        peer = e.connect(h.address)
-        local = np.zeros(size, dtype=np.uint8)
-        region = e.register(local)
+    with same_host_pair(size) as (e, peer, region):
         late = baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=size,
                              qos="hot_kv", deadline_ms=0.001)
         plain = baton.Request(op="read", local=region, peer=peer, remote=peer.regions[0], length=4096)
